@@ -1,0 +1,207 @@
+"""The one small interface every kind of machine implements.
+
+An engine moves files and starts, watches and stops one job's process on its
+machine. It knows nothing about the job store, MLflow or the other engines:
+the lifecycle (``jobs/service.py``) drives it, always from a worker thread,
+never from the server's event loop, so every method here may block.
+
+The far side of every push engine is laid out the same way (``JobDir``), so a
+job can be found again after this side restarts:
+
+    <base>/<job id>/
+        job.json      marker: job id and key, written before anything starts
+        work/         the command's working directory: inputs in, outputs out
+        mlruns/       the job-local MLflow file store (MLFLOW_TRACKING_URI); MLflow
+                      creates it: an engine must not create it empty, or MLflow
+                      finds no default experiment there
+        log           stdout and stderr, unbuffered
+        pid           the process group id of the command
+        exit_code     written atomically (temp + rename) when the command ends
+
+A pull agent or a batch scheduler implements the same methods with another
+meaning underneath (``start`` queues, ``poll`` reads what the far side
+reported); the lifecycle does not change.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+#: Where the command writes its MLflow records, relative to the job directory.
+TRACKING_DIR = "mlruns"
+#: The command's working directory, relative to the job directory.
+WORK_DIR = "work"
+
+RemoteState = Literal["running", "exited", "gone", "queued"]
+ProgressCallback = Callable[[int, int], None]
+"""Called with (bytes done, bytes total) while files move."""
+
+
+class EngineError(Exception):
+    """A machine could not do what was asked; the message is shown to the user.
+
+    ``transient`` marks failures (a dropped connection, a timeout) after which
+    the same call may succeed later: the lifecycle retries those instead of
+    failing the job.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    """One file to send: where it sits here, where it goes, and its digest."""
+
+    relpath: str  # POSIX path inside the job's work tree
+    source: Path  # absolute path on this machine
+    size: int
+    sha256: str
+    mode: int = 0o644
+
+
+@dataclasses.dataclass
+class SendStats:
+    files_sent: int = 0
+    bytes_sent: int = 0
+    files_reused: int = 0  # already present on the far side, not sent again
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteJob:
+    """What an engine needs to find a job again, across restarts of this side.
+
+    ``handle`` is the engine's own JSON-able record (a job directory, a pid, a
+    batch id); the lifecycle stores it and hands it back unchanged.
+    """
+
+    job_id: str
+    key: str
+    handle: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteStatus:
+    state: RemoteState
+    exit_code: int | None = None
+    log_size: int | None = None
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+    """How to run the command. Secret values travel here and nowhere else."""
+
+    command: str | Sequence[str]
+    env: Mapping[str, str]
+    secret_env: Mapping[str, str]
+
+
+@dataclasses.dataclass
+class FetchResult:
+    """Declared outputs as the far side saw them.
+
+    ``digests`` maps each fetched file (POSIX path relative to the work tree,
+    or to the job directory for ``mlruns/…``) to the sha256 the far side
+    computed before sending; the lifecycle re-hashes what landed here.
+    """
+
+    digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    missing: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionField:
+    """A kind-specific machine option, validated when a machine is saved."""
+
+    type: type
+    description: str
+    required: bool = False
+    secret_name: bool = False  # the value names a Secret Manager entry
+
+
+class Engine(abc.ABC):
+    """One machine of one kind. Subclasses set ``kind`` and implement the rest."""
+
+    kind: ClassVar[str]
+    label: ClassVar[str]
+    options: ClassVar[Mapping[str, OptionField]] = {}
+    #: False for the built-in machine: its files never leave this computer.
+    remote: ClassVar[bool] = True
+
+    def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
+        self.name = name
+        self.address = address
+        self.machine_options = dict(options)
+        self.context = context
+
+    @classmethod
+    def validate_address(cls, address: str) -> str:
+        """Return the normalised address or raise ValueError saying what is wrong."""
+        if not address or address != address.strip() or any(c in address for c in "\r\n\t\0"):
+            raise ValueError("address must be a non-empty host or URL without spaces or line breaks")
+        return address
+
+    # -- the job's life, in the order the lifecycle calls it ----------------
+    @abc.abstractmethod
+    def check(self) -> dict[str, Any]:
+        """Reach the machine and report facts (OS, Python, CPUs, GPUs, disk, latency)."""
+
+    @abc.abstractmethod
+    def prepare(self, job: RemoteJob) -> RemoteJob:
+        """Create the job's place on the far side (idempotent); return the job with its handle."""
+
+    @abc.abstractmethod
+    def send(self, job: RemoteJob, files: Sequence[InputFile], progress: ProgressCallback | None = None) -> SendStats:
+        """Put every input in the job's work tree, sending only what the far side lacks."""
+
+    @abc.abstractmethod
+    def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
+        """Start the command detached so it outlives this process; return the updated handle."""
+
+    @abc.abstractmethod
+    def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        """The state of many jobs of this machine in one round trip, by job id."""
+
+    @abc.abstractmethod
+    def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
+        """At most ``limit`` bytes of the log from byte ``offset``."""
+
+    @abc.abstractmethod
+    def cancel(self, job: RemoteJob, grace: float) -> None:
+        """TERM the job's process group, KILL after ``grace`` seconds, verify none remains."""
+
+    @abc.abstractmethod
+    def fetch(
+        self,
+        job: RemoteJob,
+        outputs: Sequence[str],
+        dest: Path,
+        progress: ProgressCallback | None = None,
+    ) -> FetchResult:
+        """Copy declared outputs (files or directories under ``work/``) and ``mlruns/`` into ``dest``.
+
+        ``dest`` receives ``work/<output>`` and ``mlruns/...``; it is a private
+        temporary directory, so nothing partial reaches the workspace.
+        """
+
+    @abc.abstractmethod
+    def cleanup(self, job: RemoteJob) -> None:
+        """Remove the job's directory on the far side (best effort, idempotent)."""
+
+    def close(self) -> None:  # noqa: B027 - optional: only engines holding connections need it
+        """Release connections. Engines are cached per machine and closed on shutdown."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineContext:
+    """What an engine may use from this side: a secret lookup and its settings."""
+
+    get_secret: Callable[[str], str | None]
+    scratch_dir: Path  # the built-in machine's job base
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)

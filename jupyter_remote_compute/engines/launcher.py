@@ -1,0 +1,71 @@
+"""The far-side launcher: POSIX sh that starts a job detached and records how it ended.
+
+Every push engine (local, ssh, jupyter) writes the same two scripts into the
+job directory and runs ``sh launch.sh <job dir>`` with the environment on its
+standard input, so the built-in machine exercises exactly what a remote one
+runs. Nothing beyond POSIX sh, ``setsid``, ``base64`` and ``mv`` is needed.
+
+Secrets reach the command through that standard input, base64-encoded one
+``NAME=value`` per line: never through argv (process lists are readable by
+every user) and never through a file.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+from .base import TRACKING_DIR, WORK_DIR
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Reads the environment from stdin, then starts run.sh in a new session (so
+# it outlives this shell, the connection and the server) and records its pid,
+# which is also its process group id.
+LAUNCH_SH = f"""\
+#!/bin/sh
+set -u
+jobdir=$1
+cd "$jobdir/{WORK_DIR}" || exit 97
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  name=${{line%%=*}}
+  value=$(printf '%s' "${{line#*=}}" | base64 -d) || exit 98
+  export "$name=$value"
+done
+export PYTHONUNBUFFERED=1
+export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
+export MLFLOW_ALLOW_FILE_STORE=true
+: > "$jobdir/log"
+setsid sh "$jobdir/run.sh" "$jobdir" < /dev/null >> "$jobdir/log" 2>&1 &
+printf '%s\\n' "$!" > "$jobdir/pid.tmp" && mv -f "$jobdir/pid.tmp" "$jobdir/pid"
+printf '%s\\n' "$!"
+"""
+
+# Runs the command and writes its exit code atomically, so a reader sees
+# either no file or the whole number.
+RUN_SH = """\
+#!/bin/sh
+jobdir=$1
+sh "$jobdir/command.sh"
+code=$?
+printf '%s\\n' "$code" > "$jobdir/exit_code.tmp" && mv -f "$jobdir/exit_code.tmp" "$jobdir/exit_code"
+"""
+
+
+def command_script(command: str | Sequence[str]) -> str:
+    """The job's command as a shell script: a string runs as written, argv is quoted."""
+    body = command if isinstance(command, str) else "exec " + shlex.join(command)
+    return "#!/bin/sh\n" + body + "\n"
+
+
+def launch_input(env: Mapping[str, str], secret_env: Mapping[str, str]) -> bytes:
+    """The launcher's standard input: every variable, one base64 line each."""
+    lines = []
+    for name, value in {**env, **secret_env}.items():
+        if not ENV_NAME.match(name):
+            raise ValueError(f"env: {name!r} is not a valid environment variable name")
+        lines.append(name + "=" + base64.b64encode(value.encode()).decode("ascii"))
+    return ("\n".join(lines) + "\n").encode("ascii")

@@ -1,0 +1,123 @@
+"""The jupyter_server extension: settings, the job service, the background poller, events."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import IOLoop
+from traitlets import Float, Int, Unicode
+
+from .handlers import HANDLERS, RemoteComputeContext
+from .jobs.service import JobService, ServiceSettings
+from .jobs.store import Job
+from .tracking import TrackingSettings
+from .workspace import Workspace
+
+EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"
+EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_remote_compute/job"
+
+
+class RemoteComputeApp(ExtensionApp):
+    name = "jupyter_remote_compute"
+
+    workspace = Unicode(
+        "",
+        config=True,
+        help="The workspace folder. Default: the nearest folder holding .punica/ upward from the server's root dir, "
+        "else the root dir itself.",
+    )
+    poll_interval = Float(2.0, config=True, help="Seconds between polls of unfinished jobs.")
+    cancel_grace = Float(10.0, config=True, help="Seconds between SIGTERM and SIGKILL when a job is cancelled.")
+    scratch_dir = Unicode(
+        "", config=True, help="Where the built-in machine keeps job directories (default: in Jupyter's data dir)."
+    )
+    mlflow_tracking_uri = Unicode(
+        "", config=True, help="MLflow tracking URI. Default: MLFLOW_TRACKING_URI, else <workspace>/mlflow.db."
+    )
+    mlflow_experiment = Unicode("remote-compute", config=True, help="MLflow experiment that job runs go to.")
+    artifact_size_cap = Int(
+        100 * 1024 * 1024, config=True, help="Outputs larger than this many bytes in total are not copied to MLflow."
+    )
+    max_workers = Int(8, config=True, help="Threads for blocking work (transfers, hashing, MLflow).")
+
+    def initialize_settings(self) -> None:
+        root = self.serverapp.root_dir
+        workspace = Workspace.find(self.workspace or root, fallback=self.workspace or root)
+        settings = ServiceSettings(
+            poll_interval=self.poll_interval,
+            cancel_grace=self.cancel_grace,
+            scratch_dir=Path(self.scratch_dir) if self.scratch_dir else None,
+            tracking=TrackingSettings(
+                tracking_uri=self.mlflow_tracking_uri or None,
+                experiment=self.mlflow_experiment,
+                artifact_size_cap=self.artifact_size_cap,
+            ),
+        )
+        self.service = JobService(workspace, settings)
+        self.executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="remote-compute")
+        self.context = RemoteComputeContext(self.service, self.executor)
+        self.settings["remote_compute"] = self.context
+        self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
+        self._emitted: dict[str, tuple[str, str, int]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        # Also scheduled here: a host that never runs the start hook (pytest-jupyter's server)
+        # still gets its poller once the loop runs. Starting is idempotent.
+        IOLoop.current().add_callback(self._start_poller)
+        self.log.info("remote-compute: workspace %s", workspace.root)
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(HANDLERS)
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        self._start_poller()
+
+    def _start_poller(self) -> None:
+        if self._poller is not None:
+            return
+        loop = asyncio.get_running_loop()
+        # Changes made by this process's worker threads reach the event bus on the loop's thread.
+        self.service.add_listener(lambda job: loop.call_soon_threadsafe(self._emit, job))
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    def _emit(self, job: Job) -> None:
+        seen = (job.state, job.updated, job.log_size)
+        if self._emitted.get(job.id) == seen:
+            return
+        self._emitted[job.id] = seen
+        self.serverapp.event_logger.emit(
+            schema_id=EVENT_SCHEMA_ID,
+            data={
+                "id": job.id,
+                "name": job.name,
+                "machine": job.machine,
+                "state": job.state,
+                "reason": job.reason,
+                "updated": job.updated,
+                "log_size": job.log_size,
+            },
+        )
+
+    async def _poll_forever(self) -> None:
+        """Reconcile at start, then drive every unfinished job, including ones other processes submitted."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await loop.run_in_executor(self.executor, self.service.poll_active)
+                jobs = await loop.run_in_executor(self.executor, self.service.list_jobs)
+                for job in jobs:  # also announces changes other processes (CLI, kernels) made
+                    self._emit(job)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("remote-compute: polling jobs failed")
+            await asyncio.sleep(self.poll_interval)
+
+    async def stop_extension(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.service.close()

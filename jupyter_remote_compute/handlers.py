@@ -1,0 +1,239 @@
+"""Thin REST handlers under ``/remote-compute/``: parse, call the service off the loop, serialise.
+
+Errors of the domain (``errors.RemoteComputeError``) become ``{code, message, field?}``
+JSON with their 4xx/5xx status in one place, ``RemoteComputeHandler.call``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+
+from .engines import engine_class, engine_kinds
+from .errors import InvalidSettings, RemoteComputeError
+from .jobs.service import JobService
+from .jobs.spec import JobSpec
+
+T = TypeVar("T")
+PREFIX = r"/remote-compute"
+JOB_ID = r"(?P<job_id>[A-Za-z0-9_-]+)"
+MACHINE = r"(?P<name>[A-Za-z0-9_.-]+)"
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteComputeContext:
+    service: JobService
+    executor: ThreadPoolExecutor
+
+
+class RemoteComputeHandler(APIHandler):
+    @property
+    def context(self) -> RemoteComputeContext:
+        return self.settings["remote_compute"]
+
+    @property
+    def service(self) -> JobService:
+        return self.context.service
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking service code in the worker pool, never on the IOLoop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.context.executor, lambda: fn(*args, **kwargs))
+
+    def body(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise InvalidSettings("the request body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise InvalidSettings("the request body must be a JSON object")
+        return data
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data, default=str))
+
+    def fail(self, error: RemoteComputeError) -> None:
+        self.reply(error.to_json(), error.status)
+
+
+def api(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Authenticated; the domain's errors answered as JSON."""
+
+    @tornado.web.authenticated
+    async def wrapper(self: RemoteComputeHandler, *args: Any, **kwargs: Any) -> None:
+        try:
+            await method(self, *args, **kwargs)
+        except RemoteComputeError as e:
+            self.fail(e)
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+def kinds_json() -> list[dict[str, Any]]:
+    out = []
+    for kind in engine_kinds():
+        cls = engine_class(kind)
+        out.append(
+            {
+                "kind": kind,
+                "label": cls.label,
+                "remote": cls.remote,
+                "options": {
+                    name: {
+                        "type": field.type.__name__,
+                        "description": field.description,
+                        "required": field.required,
+                        "secret_name": field.secret_name,
+                    }
+                    for name, field in cls.options.items()
+                },
+            }
+        )
+    return out
+
+
+# -- machines ---------------------------------------------------------------
+class MachinesHandler(RemoteComputeHandler):
+    @api
+    async def get(self) -> None:
+        registry = self.service.machines
+        # Read the version first: a write carrying it fails if the file changed after this read.
+        version = await self.call(registry.version)
+        machines = await self.call(registry.list)
+        self.reply({"machines": [m.to_json() for m in machines], "version": version, "kinds": kinds_json()})
+
+    @api
+    async def post(self) -> None:
+        body = self.body()
+        machine = await self.call(
+            self.service.add_machine,
+            body.get("name"),
+            body.get("kind"),
+            body.get("address"),
+            body.get("options") or {},
+            enabled=body.get("enabled", True),
+            token=body.get("token"),
+            expected_version=body.get("version"),
+        )
+        self.reply(machine.to_json(), 201)
+
+
+class MachineHandler(RemoteComputeHandler):
+    @api
+    async def get(self, name: str) -> None:
+        machine = await self.call(self.service.machines.get, name)
+        self.reply(machine.to_json())
+
+    @api
+    async def patch(self, name: str) -> None:
+        body = self.body()
+        machine = await self.call(
+            self.service.update_machine,
+            name,
+            address=body.get("address"),
+            options=body.get("options"),
+            enabled=body.get("enabled"),
+            token=body.get("token"),
+            expected_version=body.get("version"),
+        )
+        self.reply(machine.to_json())
+
+    @api
+    async def delete(self, name: str) -> None:
+        await self.call(self.service.machines.remove, name, expected_version=self.get_argument("version", None))
+        self.set_status(204)
+        self.finish()
+
+
+class MachineCheckHandler(RemoteComputeHandler):
+    @api
+    async def post(self, name: str) -> None:
+        facts = await self.call(self.service.check_machine, name)
+        self.reply({"name": name, "ok": True, "facts": facts})
+
+
+# -- jobs -------------------------------------------------------------------
+class JobsHandler(RemoteComputeHandler):
+    @api
+    async def get(self) -> None:
+        jobs = await self.call(
+            self.service.list_jobs, machine=self.get_argument("machine", None), state=self.get_argument("state", None)
+        )
+        self.reply({"jobs": [j.public_json() for j in jobs]})
+
+    @api
+    async def post(self) -> None:
+        body = self.body()
+        new = bool(body.pop("new", False))
+        spec = JobSpec.from_json(body)
+        result = await self.call(self.service.submit, spec, new=new)
+        if not result.attached:
+            # Start sending now; the poller would pick it up too, a little later.
+            asyncio.get_running_loop().run_in_executor(self.context.executor, self.service.advance, result.job.id)
+        self.reply({"job": result.job.public_json(), "attached": result.attached}, 200 if result.attached else 201)
+
+
+class JobHandler(RemoteComputeHandler):
+    @api
+    async def get(self, job_id: str) -> None:
+        job = await self.call(self.service.get, job_id)
+        data = job.public_json()
+        progress = self.service.progress.get(job_id)
+        if progress:
+            data["progress"] = {"done": progress[0], "total": progress[1]}
+        self.reply(data)
+
+    @api
+    async def delete(self, job_id: str) -> None:
+        await self.call(self.service.delete, job_id)
+        self.set_status(204)
+        self.finish()
+
+
+class JobCancelHandler(RemoteComputeHandler):
+    @api
+    async def post(self, job_id: str) -> None:
+        who = self.current_user.username if getattr(self.current_user, "username", None) else "user"
+        job = await self.call(self.service.cancel, job_id, by=who)
+        self.reply(job.public_json())
+
+
+class JobLogHandler(RemoteComputeHandler):
+    @api
+    async def get(self, job_id: str) -> None:
+        try:
+            offset = max(0, int(self.get_argument("offset", "0")))
+            limit = min(4 << 20, max(1, int(self.get_argument("limit", str(1 << 20)))))
+        except ValueError:
+            raise InvalidSettings("offset and limit must be whole numbers", field="offset") from None
+        chunk = await self.call(self.service.read_log, job_id, offset, limit)
+        self.reply(
+            {
+                "data": chunk.data.decode("utf-8", errors="replace"),
+                "offset": chunk.offset,
+                "next_offset": chunk.next_offset,
+                "complete": chunk.complete,
+            }
+        )
+
+
+HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
+    (rf"{PREFIX}/machines", MachinesHandler),
+    (rf"{PREFIX}/machines/{MACHINE}", MachineHandler),
+    (rf"{PREFIX}/machines/{MACHINE}/check", MachineCheckHandler),
+    (rf"{PREFIX}/jobs", JobsHandler),
+    (rf"{PREFIX}/jobs/{JOB_ID}", JobHandler),
+    (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
+    (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
+]

@@ -1,0 +1,238 @@
+"""One MLflow run per finished job, in the workspace's own tracking store.
+
+The job wrote its own records (params, metrics with steps, tags, artifacts)
+into a file store inside its job directory; collection brought that store back
+and ``record_job`` replays it into the local run, so a run trained elsewhere
+reads like one trained here and the far side never reaches this store.
+
+Exactly once: the run is looked up by its job-id tag before one is created, so
+a crash between creating and recording never yields a second run. Collection is
+exclusive (the lifecycle's lease), so two processes never record concurrently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+TAG_JOB_ID = "remote_compute.job_id"
+TAG_MACHINE = "remote_compute.machine"
+TAG_ENGINE = "remote_compute.engine"
+TAG_KEY = "remote_compute.key"
+TAG_SOURCE_RUN = "remote_compute.source_run_id"
+TAG_REPLAYED = "remote_compute.replayed"
+BATCH = 1000
+
+STATUS_BY_STATE = {"succeeded": "FINISHED", "failed": "FAILED", "lost": "FAILED", "cancelled": "KILLED"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackingSettings:
+    tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db
+    experiment: str = "remote-compute"
+    artifact_size_cap: int = 100 * 1024 * 1024  # outputs larger than this in total are not copied
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRecord:
+    """What the lifecycle knows about a finished job, for its run."""
+
+    job_id: str
+    key: str
+    name: str
+    machine: str
+    engine: str
+    state: str
+    reason: str | None
+    command: str
+    started: float | None  # epoch seconds
+    ended: float
+    log_path: Path | None
+    outputs: Mapping[str, Path]  # workspace-relative path -> file as landed
+    inputs_manifest: Path | None
+    far_store: Path | None  # the job's brought-back mlruns/
+
+
+def tracking_uri(workspace: Path, settings: TrackingSettings) -> str:
+    return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace / 'mlflow.db'}"
+
+
+def _is_local_store(uri: str) -> bool:
+    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+
+
+def _git_commit(workspace: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(workspace), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _experiment_id(client: Any, workspace: Path, uri: str, name: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    # A local store would otherwise put artifacts under the *process's* working directory.
+    location = (workspace / "mlartifacts").as_uri() if _is_local_store(uri) else None
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException:
+        # Another process created it meanwhile.
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def find_run(client: Any, experiment_id: str, tag: str, value: str) -> str | None:
+    from mlflow.entities import ViewType
+
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{tag}` = '{value}'", run_view_type=ViewType.ALL, max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
+    """Create (or find) the job's run, replay what the job logged, attach artifacts, close it."""
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(workspace, settings)
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = _experiment_id(client, workspace, uri, settings.experiment)
+
+    run_id = find_run(client, experiment_id, TAG_JOB_ID, job.job_id)
+    if run_id is None:
+        tags = {
+            TAG_JOB_ID: job.job_id,
+            TAG_KEY: job.key,
+            TAG_MACHINE: job.machine,
+            TAG_ENGINE: job.engine,
+            "mlflow.runName": job.name[:250],
+            "mlflow.source.name": job.command[:500],
+            "mlflow.source.type": "JOB",
+            "mlflow.user": getpass.getuser(),
+        }
+        commit = _git_commit(workspace)
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        start_ms = int((job.started or job.ended) * 1000)
+        run_id = client.create_run(experiment_id, start_time=start_ms, tags=tags).info.run_id
+
+    run = client.get_run(run_id)
+    if run.data.tags.get(TAG_REPLAYED) != "true":
+        if job.far_store is not None and job.far_store.is_dir():
+            _replay(client, experiment_id, run_id, job.far_store)
+        _attach_artifacts(client, run_id, job, settings.artifact_size_cap)
+        client.set_tag(run_id, TAG_REPLAYED, "true")
+    if job.reason:
+        client.set_tag(run_id, "remote_compute.reason", job.reason[:5000])
+    client.set_terminated(run_id, status=STATUS_BY_STATE[job.state], end_time=int(job.ended * 1000))
+    return run_id
+
+
+def _attach_artifacts(client: Any, run_id: str, job: JobRecord, cap: int) -> None:
+    if job.log_path and job.log_path.exists():
+        client.log_artifact(run_id, str(job.log_path), "remote_compute")
+    if job.inputs_manifest and job.inputs_manifest.exists():
+        client.log_artifact(run_id, str(job.inputs_manifest), "remote_compute")
+    total = 0
+    skipped = []
+    for rel, path in sorted(job.outputs.items()):
+        size = path.stat().st_size
+        if total + size > cap:
+            skipped.append(rel)
+            continue
+        total += size
+        parent = os.path.dirname(rel)
+        client.log_artifact(run_id, str(path), "outputs/" + parent if parent else "outputs")
+    if skipped:
+        client.set_tag(run_id, "remote_compute.outputs_not_copied", json.dumps(skipped)[:5000])
+
+
+# -- replaying the job's own file store ------------------------------------
+def _far_runs(far_store: Path) -> list[Any]:
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # reading the job's file store only
+    from mlflow.entities import ViewType
+    from mlflow.store.tracking.file_store import FileStore
+
+    store = FileStore(str(far_store))
+    experiment_ids = [e.experiment_id for e in store.search_experiments(view_type=ViewType.ALL)]
+    runs = []
+    page_token = None
+    while experiment_ids:
+        page = store.search_runs(experiment_ids, "", ViewType.ALL, max_results=1000, page_token=page_token)
+        runs.extend(page)
+        page_token = page.token
+        if not page_token:
+            break
+    runs.sort(key=lambda r: r.info.start_time or 0)
+    return [(store, run) for run in runs]
+
+
+def _replay(client: Any, experiment_id: str, job_run_id: str, far_store: Path) -> None:
+    """The first top-level run becomes the job's run; every other run becomes its child."""
+    far = _far_runs(far_store)
+    if not far:
+        return
+    roots = [r for _, r in far if "mlflow.parentRunId" not in r.data.tags]
+    main = roots[0] if roots else far[0][1]
+    mapping = {main.info.run_id: job_run_id}
+    for store, run in far:
+        source_id = run.info.run_id
+        if source_id not in mapping:
+            existing = find_run(client, experiment_id, TAG_SOURCE_RUN, source_id)
+            if existing is None:
+                parent = mapping.get(run.data.tags.get("mlflow.parentRunId", ""), job_run_id)
+                existing = client.create_run(
+                    experiment_id,
+                    start_time=run.info.start_time,
+                    tags={
+                        TAG_SOURCE_RUN: source_id,
+                        "mlflow.parentRunId": parent,
+                        "mlflow.runName": run.info.run_name or source_id,
+                    },
+                ).info.run_id
+            mapping[source_id] = existing
+        _copy_run(client, store, run, mapping[source_id], far_store, is_child=source_id != main.info.run_id)
+
+
+def _copy_run(client: Any, store: Any, run: Any, target: str, far_store: Path, *, is_child: bool) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+
+    params = [Param(k, v) for k, v in run.data.params.items()]
+    tags = [
+        RunTag(k, v)
+        for k, v in run.data.tags.items()
+        if not k.startswith(("mlflow.", "remote_compute.")) or k in ("mlflow.note.content",)
+    ]
+    metrics: list[Metric] = []
+    for key in run.data.metrics:
+        metrics.extend(store.get_metric_history(run.info.run_id, key))
+    for chunk_params, chunk_metrics, chunk_tags in _batches(params, metrics, tags):
+        client.log_batch(target, metrics=chunk_metrics, params=chunk_params, tags=chunk_tags)
+    artifacts = far_store / run.info.experiment_id / run.info.run_id / "artifacts"
+    if artifacts.is_dir() and any(artifacts.iterdir()):
+        client.log_artifacts(target, str(artifacts))
+    if is_child:
+        end = run.info.end_time or int(time.time() * 1000)
+        client.set_terminated(target, status=run.info.status, end_time=end)
+
+
+def _batches(params: list, metrics: list, tags: list) -> Iterable[tuple[list, list, list]]:
+    # MLflow caps a batch at 1000 entries in all and 100 params.
+    for i in range(0, len(params), 100):
+        yield params[i : i + 100], [], []
+    for i in range(0, len(metrics), BATCH):
+        yield [], metrics[i : i + BATCH], []
+    for i in range(0, len(tags), 100):
+        yield [], [], tags[i : i + 100]

@@ -1,0 +1,1 @@
+"""Moving files: which inputs a job sends and their digests."""

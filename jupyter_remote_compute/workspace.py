@@ -1,0 +1,69 @@
+"""Where a workspace is and where its files live.
+
+The workspace is the nearest directory upward holding ``.punica/`` (as git
+finds ``.git``), else the given fallback (the server's root dir) or the
+current directory. Every entry point resolves it the same way, so the
+server, a kernel, the CLI and a pipeline runner see the same machines and jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+PUNICA_DIR = ".punica"
+
+
+def find_workspace(start: Path | str | None = None, fallback: Path | str | None = None) -> Path:
+    here = Path(start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / PUNICA_DIR).is_dir():
+            return candidate
+    return Path(fallback).resolve() if fallback else here
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @classmethod
+    def find(cls, start: Path | str | None = None, fallback: Path | str | None = None) -> Workspace:
+        return cls(find_workspace(start, fallback))
+
+    @property
+    def punica_dir(self) -> Path:
+        return self.root / PUNICA_DIR
+
+    @property
+    def compute_yaml(self) -> Path:
+        return self.punica_dir / "compute.yaml"
+
+    @property
+    def policy_yaml(self) -> Path:
+        return self.punica_dir / "policy.yaml"
+
+    @property
+    def state_file(self) -> Path:
+        return self.punica_dir / "jobs.json"
+
+    @property
+    def digest_cache(self) -> Path:
+        return self.punica_dir / "digests.json"
+
+    def job_dir(self, job_id: str) -> Path:
+        """This side's per-job files (inputs manifest, the collected log)."""
+        return self.punica_dir / "jobs" / job_id
+
+    def ensure(self) -> None:
+        self.punica_dir.mkdir(parents=True, exist_ok=True)
+
+
+def default_scratch_dir() -> Path:
+    """Where the built-in machine keeps job directories: outside every workspace."""
+    configured = os.environ.get("JUPYTER_REMOTE_COMPUTE_SCRATCH")
+    if configured:
+        return Path(configured)
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "remote-compute" / "jobs"

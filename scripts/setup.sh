@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up a fresh clone: system packages the tests use, a virtualenv in .venv, and the
+# extension installed into it in editable mode (this builds the JupyterLab front end).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt_packages=(openssh-server openssh-client rsync git)
+  missing=()
+  for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+echo "set up: .venv ($(.venv/bin/python --version)), jupyter-remote-compute installed in editable mode"

@@ -1,0 +1,173 @@
+"""The REST API against a real jupyter_server running the extension."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_remote_compute import engines
+from jupyter_remote_compute.engines.local import LocalEngine
+
+
+async def _json(jp_fetch, *path, method="GET", body=None, **params):
+    kwargs = {"method": method, "params": params}
+    if body is not None:
+        kwargs["body"] = json.dumps(body)
+    response = await jp_fetch("remote-compute", *path, **kwargs)
+    return response.code, (json.loads(response.body) if response.body else None)
+
+
+async def _error(jp_fetch, *path, method="GET", body=None):
+    with pytest.raises(HTTPClientError) as info:
+        await _json(jp_fetch, *path, method=method, body=body)
+    return info.value.code, json.loads(info.value.response.body)
+
+
+async def _wait_job(jp_fetch, job_id, states, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        _, job = await _json(jp_fetch, "jobs", job_id)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"job stuck in {job['state']}"
+        await asyncio.sleep(0.1)
+
+
+async def test_machines_list_has_the_builtin_machine(jp_fetch):
+    code, data = await _json(jp_fetch, "machines")
+    assert code == 200
+    local = data["machines"][0]
+    assert local["name"] == "local" and local["builtin"] is True
+    assert "version" in data
+    assert "local" in {k["kind"] for k in data["kinds"]}
+
+
+async def test_quickstart_through_the_api(jp_fetch, server_workspace: Path):
+    spec = {
+        "machine": "local",
+        "command": "python train.py",
+        "send": ["train.py", "data/points.csv"],
+        "bring_back": ["model.pkl", "metrics.json"],
+    }
+    code, data = await _json(jp_fetch, "jobs", method="POST", body=spec)
+    assert code == 201 and data["attached"] is False
+    job_id = data["job"]["id"]
+    code, again = await _json(jp_fetch, "jobs", method="POST", body=spec)
+    if again["job"]["state"] not in ("succeeded", "failed"):
+        assert code == 200 and again["attached"] is True and again["job"]["id"] == job_id
+
+    job = await _wait_job(jp_fetch, job_id, {"succeeded", "failed", "lost", "cancelled"})
+    assert job["state"] == "succeeded", job["reason"]
+    assert (server_workspace / "model.pkl").is_file()
+    assert job["mlflow_run_id"]
+    _, log = await _json(jp_fetch, "jobs", job_id, "log")
+    assert "trained on 40 rows" in log["data"] and log["complete"] is True
+    _, listed = await _json(jp_fetch, "jobs", state="succeeded")
+    assert [j["id"] for j in listed["jobs"]] == [job_id]
+    assert "lease" not in listed["jobs"][0]
+
+    code, _ = await _json(jp_fetch, "jobs", job_id, method="DELETE")
+    assert code == 204
+    code, err = await _error(jp_fetch, "jobs", job_id)
+    assert code == 404 and err["code"] == "not_found"
+
+
+async def test_cancel_through_the_api(jp_fetch):
+    _, data = await _json(jp_fetch, "jobs", method="POST", body={"command": "echo go; sleep 120"})
+    job_id = data["job"]["id"]
+    await _wait_job(jp_fetch, job_id, {"running"})
+    code, job = await _json(jp_fetch, "jobs", job_id, "cancel", method="POST", body={})
+    assert code == 200
+    job = await _wait_job(jp_fetch, job_id, {"cancelled"})
+    assert job["reason"].startswith("cancelled by")
+    code, err = await _error(jp_fetch, "jobs", job_id, "cancel", method="POST", body={})
+    assert code == 409 and err["code"] == "conflict"
+
+
+async def test_bad_settings_name_the_field(jp_fetch):
+    code, err = await _error(jp_fetch, "jobs", method="POST", body={"command": "true", "send": ["../x"]})
+    assert code == 400 and err["field"] == "send[0]"
+    code, err = await _error(jp_fetch, "jobs", method="POST", body={"command": "true", "timeout": "soon"})
+    assert code == 400 and err["field"] == "timeout"
+    code, err = await _error(jp_fetch, "jobs", method="POST", body={"command": "true", "colour": "red"})
+    assert code == 400 and err["field"] == "colour"
+    code, err = await _error(jp_fetch, "machines", method="POST", body={"name": "x", "kind": "nope", "address": "h"})
+    assert code == 400 and err["field"] == "kind"
+
+
+class BoxEngine(LocalEngine):
+    """A second kind for the test server: behaves like the built-in machine, but may be added to compute.yaml."""
+
+    kind = "testbox"
+    label = "Test box"
+
+
+@pytest.fixture
+def testbox_kind(monkeypatch):
+    monkeypatch.setitem(engines._registry(), "testbox", BoxEngine)
+
+
+async def test_machines_are_added_checked_and_removed(jp_fetch, server_workspace: Path, testbox_kind):
+    _, data = await _json(jp_fetch, "machines")
+    code, machine = await _json(
+        jp_fetch,
+        "machines",
+        method="POST",
+        body={"name": "box", "kind": "testbox", "address": "here", "version": data["version"]},
+    )
+    assert code == 201 and machine["created"].endswith("Z")
+    text = (server_workspace / ".punica/compute.yaml").read_text()
+    assert text.startswith("# Machines this workspace may train on.") and "box:" in text
+    code, checked = await _json(jp_fetch, "machines", "box", "check", method="POST", body={})
+    assert code == 200 and checked["facts"]["cpus"] >= 1
+    code, machine = await _json(jp_fetch, "machines", "box", method="PATCH", body={"enabled": False})
+    assert machine["enabled"] is False
+    code, err = await _error(jp_fetch, "jobs", method="POST", body={"machine": "box", "command": "true"})
+    assert code == 400 and err["field"] == "machine" and "disabled" in err["message"]
+    code, _ = await _json(jp_fetch, "machines", "box", method="DELETE")
+    assert code == 204
+    code, err = await _error(jp_fetch, "machines", "box")
+    assert code == 404
+
+
+async def test_a_stale_machine_write_is_refused(jp_fetch, server_workspace: Path, testbox_kind):
+    _, data = await _json(jp_fetch, "machines")
+    compute = server_workspace / ".punica/compute.yaml"
+    compute.write_text(compute.read_text() + "# a hand edit made meanwhile\n")
+    body = {"name": "box", "kind": "testbox", "address": "here", "version": data["version"]}
+    code, err = await _error(jp_fetch, "machines", method="POST", body=body)
+    assert code == 409 and err["code"] == "conflict" and "changed on disk" in err["message"]
+    assert compute.read_text().endswith("# a hand edit made meanwhile\n") and "box:" not in compute.read_text()
+
+
+async def test_every_verb_needs_authentication(jp_fetch, jp_serverapp, jp_base_url, http_server_client):
+    for path, method in [("machines", "GET"), ("jobs", "GET"), ("jobs", "POST")]:
+        with pytest.raises(HTTPClientError) as info:
+            await http_server_client.fetch(
+                f"{jp_base_url}remote-compute/{path}", method=method, body=b"{}" if method == "POST" else None
+            )
+        assert info.value.code == 403
+
+
+async def test_state_changes_are_emitted_as_events(jp_fetch, jp_serverapp):
+    seen: list[dict] = []
+
+    async def listener(logger, schema_id, data):
+        seen.append(data)
+
+    schema_id = "https://events.jupyter.org/jupyter_remote_compute/job"
+    jp_serverapp.event_logger.add_listener(schema_id=schema_id, listener=listener)
+    _, data = await _json(jp_fetch, "jobs", method="POST", body={"command": "echo hello"})
+    job_id = data["job"]["id"]
+    await _wait_job(jp_fetch, job_id, {"succeeded"})
+    deadline = time.monotonic() + 10
+    while not any(e["id"] == job_id and e["state"] == "succeeded" for e in seen):
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.05)
+    states = [e["state"] for e in seen if e["id"] == job_id]
+    assert states[0] == "queued" and "running" in states

@@ -1,0 +1,105 @@
+"""`jupyter remote-compute` as a user types it, in real subprocesses on a real workspace."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+
+@pytest.fixture
+def cli(quickstart: Path, scratch_dir: Path, tracking_uri: str):  # type: ignore[no-untyped-def]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
+
+    def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "jupyter_remote_compute.cli", *args],
+            cwd=quickstart,
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if check:
+            assert proc.returncode == 0, proc.stderr
+        return proc
+
+    run.env = env  # type: ignore[attr-defined]
+    return run
+
+
+def test_machines_list_shows_this_machine(cli) -> None:
+    machines = json.loads(cli("machines", "list", "--json").stdout)
+    assert machines[0]["name"] == "local" and machines[0]["builtin"]
+
+
+def test_run_streams_the_log_and_brings_outputs_back(cli, quickstart: Path) -> None:
+    proc = cli(
+        "run", "--machine", "local", "--send", "train.py", "--send", "data/*.csv",
+        "--bring-back", "model.pkl", "--bring-back", "metrics.json", "--name", "from-cli",
+        "--", "python", "train.py",
+    )  # fmt: skip
+    assert "trained on 40 rows" in proc.stdout
+    assert "succeeded" in proc.stderr and "MLflow run" in proc.stderr
+    assert (quickstart / "model.pkl").is_file()
+    jobs = json.loads(cli("jobs", "list", "--json").stdout)
+    assert [j["name"] for j in jobs] == ["from-cli"] and jobs[0]["state"] == "succeeded"
+    shown = json.loads(cli("jobs", "show", jobs[0]["id"], "--json").stdout)
+    assert set(shown["outputs"]) == {"model.pkl", "metrics.json"}
+    assert "trained on 40 rows" in cli("jobs", "log", jobs[0]["id"]).stdout
+
+
+def test_a_failing_job_exits_non_zero_with_its_reason(cli) -> None:
+    proc = cli("run", "--", "sh", "-c", "echo boom >&2; exit 4", check=False)
+    assert proc.returncode == 1
+    assert "exit code 4" in proc.stderr and "boom" in proc.stderr
+
+
+def test_bad_input_is_a_clear_error(cli) -> None:
+    proc = cli("run", "--send", "../elsewhere", "--", "true", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: send[0]:") and "Traceback" not in proc.stderr
+
+
+def test_secrets_are_read_from_stdin_and_listed_by_name(cli) -> None:
+    cli("secrets", "set", "cli/token", stdin="tok-" + "x" * 20 + "\n")
+    listed = cli("secrets", "list").stdout
+    assert "cli/token" in listed and "tok-" not in listed
+    cli("secrets", "delete", "cli/token")
+    assert "cli/token" not in cli("secrets", "list").stdout
+
+
+def test_ctrl_c_detaches_and_the_job_keeps_running(cli, quickstart: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_remote_compute.cli", "run", "--", "sh", "-c", "echo up; sleep 120"],
+        cwd=quickstart,
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        jobs = wait_for(
+            lambda: [j for j in json.loads(cli("jobs", "list", "--json").stdout) if j["state"] == "running"],
+            timeout=60,
+            message="the job to run",
+        )
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3
+    assert "keeps running" in err and f"jobs cancel {jobs[0]['id']}" in err
+    assert json.loads(cli("jobs", "show", jobs[0]["id"], "--json").stdout)["state"] == "running"
+    # Running the same command again attaches instead of starting a second job.
+    attach = cli("run", "--detach", "--", "sh", "-c", "echo up; sleep 120")
+    assert f"attached to running job {jobs[0]['id']}" in attach.stderr
+    cancelled = cli("jobs", "cancel", jobs[0]["id"])
+    assert "cancelled" in cancelled.stdout

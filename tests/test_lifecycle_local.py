@@ -1,0 +1,274 @@
+"""The whole lifecycle on the built-in machine, with a real MLflow store and real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from mlflow.tracking import MlflowClient
+
+from jupyter_remote_compute.engines.local import group_members
+from jupyter_remote_compute.errors import InvalidSettings, NotTrained
+from jupyter_remote_compute.jobs.service import require_trained
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+QUICKSTART_SPEC = {
+    "machine": "local",
+    "command": "python train.py",
+    "send": ["train.py", "data/*.csv"],
+    "bring_back": ["model.pkl", "metrics.json"],
+    "name": "quickstart",
+}
+
+
+def _runs(tracking_uri: str, job_id: str) -> list:
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("tests")
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job_id}'")
+
+
+def test_quickstart_job_lands_verified_outputs_and_one_mlflow_run(quickstart, make_service, tracking_uri, scratch_dir):
+    service = make_service(quickstart)
+    result = service.submit(JobSpec.from_json(QUICKSTART_SPEC))
+    assert not result.attached
+    job = service.wait(result.job.id, timeout=120)
+
+    assert job.state == "succeeded", job.reason
+    require_trained(job)
+    # Outputs are in the workspace, and their recorded digests are the files' own.
+    for name in ("model.pkl", "metrics.json"):
+        landed = quickstart / name
+        assert landed.is_file()
+        assert job.outputs[name]["sha256"] == hashlib.sha256(landed.read_bytes()).hexdigest()
+    assert json.loads((quickstart / "metrics.json").read_text())["rows"] == 40
+    # The job ran in its own scratch directory, not in the workspace.
+    assert (scratch_dir / job.id / "work" / "train.py").is_file()
+
+    runs = _runs(tracking_uri, job.id)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_id == job.mlflow_run_id
+    assert run.info.status == "FINISHED"
+    # What train.py logged on the far side, replayed here.
+    assert run.data.params["rows"] == "40"
+    assert "mse" in run.data.metrics
+    history = MlflowClient(tracking_uri).get_metric_history(run.info.run_id, "residual")
+    assert sorted(m.step for m in history) == list(range(40))
+    assert run.data.tags["remote_compute.machine"] == "local"
+    assert run.data.tags["remote_compute.engine"] == "local"
+    assert run.data.tags["remote_compute.key"] == job.key
+    assert run.data.tags["mlflow.runName"] == "quickstart"
+    artifacts = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id, "remote_compute")}
+    assert {"remote_compute/log", "remote_compute/inputs.json"} <= artifacts
+    outputs = {a.path for a in MlflowClient(tracking_uri).list_artifacts(run.info.run_id, "outputs")}
+    assert outputs == {"outputs/model.pkl", "outputs/metrics.json"}
+
+
+def test_same_work_attaches_to_the_running_job(workspace, make_service):
+    (workspace / "wait.sh").write_text("while [ ! -f go ]; do sleep 0.05; done\n")
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "sh wait.sh", "send": ["wait.sh"]})
+    first = service.submit(spec)
+    service.advance(first.job.id)
+    second = service.submit(spec)
+    assert second.attached and second.job.id == first.job.id
+    # --new starts another one regardless.
+    third = service.submit(spec, new=True)
+    assert not third.attached and third.job.id != first.job.id
+    for job_id in (first.job.id, third.job.id):
+        service.cancel(job_id)
+    # Once the first has ended, the same spec is new work again.
+    assert not service.submit(spec).attached
+
+
+def test_editing_an_input_changes_the_key(workspace, make_service):
+    (workspace / "data.txt").write_text("one")
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "cat data.txt", "send": ["data.txt"]})
+    first = service.submit(spec).job
+    (workspace / "data.txt").write_text("two")
+    second = service.submit(spec)
+    assert not second.attached and second.job.key != first.key
+
+
+def test_nonzero_exit_fails_with_code_and_log_tail(workspace, make_service, tracking_uri):
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": "echo preparing; echo 'bad input' >&2; exit 3"})).job
+    job = service.wait(job.id, timeout=60)
+    assert job.state == "failed"
+    assert job.reason.startswith("exit code 3:")
+    assert "bad input" in job.reason
+    with pytest.raises(NotTrained) as info:
+        require_trained(job)
+    assert info.value.job_id == job.id and "exit code 3" in str(info.value)
+    runs = _runs(tracking_uri, job.id)
+    assert len(runs) == 1 and runs[0].info.status == "FAILED"
+
+
+def test_missing_output_fails_and_nothing_partial_lands(workspace, make_service):
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "echo hi > a.txt", "bring_back": ["a.txt", "b.txt"]})
+    job = service.wait(service.submit(spec).job.id, timeout=60)
+    assert job.state == "failed"
+    assert job.reason == "missing outputs: b.txt"
+    assert not (workspace / "a.txt").exists()  # a.txt was fine, but the job is not trained: nothing lands
+
+
+def test_output_directory_comes_back_whole(workspace, make_service):
+    service = make_service(workspace)
+    spec = JobSpec.from_json(
+        {"command": "mkdir -p out/sub && echo 1 > out/a && echo 2 > out/sub/b", "bring_back": ["out"]}
+    )
+    job = service.wait(service.submit(spec).job.id, timeout=60)
+    assert job.state == "succeeded", job.reason
+    assert (workspace / "out/a").read_text() == "1\n"
+    assert (workspace / "out/sub/b").read_text() == "2\n"
+    assert set(job.outputs) == {"out/a", "out/sub/b"}
+
+
+def test_cancel_kills_the_whole_process_group(workspace, make_service, tracking_uri):
+    service = make_service(workspace, cancel_grace=1.0)
+    # The job starts children that ignore nothing special: a background sleep and a subshell.
+    spec = JobSpec.from_json({"command": "sleep 300 & (sleep 300) & echo started; wait"})
+    job = service.submit(spec).job
+    service.advance(job.id)
+    wait_for(lambda: b"started" in service.read_log(job.id).data, message="the job to print 'started'")
+    pgid = service.get(job.id).handle["pid"]
+    assert len(group_members(pgid)) >= 3
+    job = service.cancel(job.id, by="tester")
+    assert job.state == "cancelled"
+    assert job.reason == "cancelled by tester"
+    assert group_members(pgid) == []
+    runs = _runs(tracking_uri, job.id)
+    assert len(runs) == 1 and runs[0].info.status == "KILLED"
+
+
+def test_a_term_ignoring_job_is_killed_after_the_grace_period(workspace, make_service):
+    service = make_service(workspace, cancel_grace=0.5)
+    job = service.submit(JobSpec.from_json({"command": "trap '' TERM; echo ready; while :; do sleep 0.1; done"})).job
+    service.advance(job.id)
+    wait_for(lambda: b"ready" in service.read_log(job.id).data, message="the job to start")
+    pgid = service.get(job.id).handle["pid"]
+    assert service.cancel(job.id).state == "cancelled"
+    assert group_members(pgid) == []
+
+
+def test_timeout_stops_the_job_and_says_so(workspace, make_service):
+    service = make_service(workspace, cancel_grace=0.5)
+    job = service.submit(JobSpec.from_json({"command": "sleep 60", "timeout": "1s"})).job
+    job = service.wait(job.id, timeout=30)
+    assert job.state == "failed"
+    assert job.reason == "timed out after 1s"
+
+
+def test_a_vanished_process_makes_the_job_lost(workspace, make_service):
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": "echo up; sleep 300"})).job
+    service.advance(job.id)
+    wait_for(lambda: b"up" in service.read_log(job.id).data, message="the job to start")
+    pgid = service.get(job.id).handle["pid"]
+    # Killing the whole group with SIGKILL leaves no exit code behind, as a machine crash would.
+    os.killpg(pgid, signal.SIGKILL)
+    wait_for(lambda: not group_members(pgid), message="the group to die")
+    job = service.wait(job.id, timeout=30)
+    assert job.state == "lost"
+    assert job.reason.startswith("lost: the process vanished on local")
+
+
+def test_log_reads_from_an_offset(workspace, make_service):
+    service = make_service(workspace)
+    job = service.wait(service.submit(JobSpec.from_json({"command": "seq 1 2000"})).job.id, timeout=60)
+    whole = service.read_log(job.id, 0).data
+    assert whole.decode().split() == [str(i) for i in range(1, 2001)]
+    part = service.read_log(job.id, 100, 50)
+    assert part.data == whole[100:150]
+    assert part.next_offset == 150
+
+
+def test_secret_reference_reaches_the_job_but_no_file(workspace, make_service, tracking_uri, tmp_path, scratch_dir):
+    service = make_service(workspace)
+    value = "s3cr3t-Value-" + os.urandom(8).hex()
+    service.secrets.set("test/api", value)
+    (workspace / "check.sh").write_text('case "$API_KEY" in s3cr3t-Value-*) echo match ;; esac\necho "key=$API_KEY"\n')
+    spec = JobSpec.from_json({"command": "sh check.sh", "send": ["check.sh"], "env": {"API_KEY": "secret:test/api"}})
+    job = service.wait(service.submit(spec).job.id, timeout=60)
+    assert job.state == "succeeded", job.reason
+    log = service.read_log(job.id).data
+    assert b"match" in log  # the job saw the value...
+    assert value.encode() not in log  # ...and the log shows it masked
+    assert b"key=" + b"*" * len(value) in log
+    # Nowhere on this side: the workspace (state file, collected log), the MLflow store. The far side's own
+    # raw log (the scratch dir) holds what the command itself printed, as it would on any machine.
+    needle = value.encode()
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and scratch_dir not in path.parents:
+            assert needle not in path.read_bytes(), path
+
+
+def test_delete_removes_a_finished_job_and_its_scratch(workspace, make_service, scratch_dir):
+    service = make_service(workspace)
+    job = service.wait(service.submit(JobSpec.from_json({"command": "true"})).job.id, timeout=60)
+    assert (scratch_dir / job.id).is_dir()
+    service.delete(job.id)
+    assert job.id not in service.store.jobs()
+    assert not (scratch_dir / job.id).exists()
+
+
+def test_a_disabled_or_unknown_machine_is_refused(workspace, make_service):
+    service = make_service(workspace)
+    with pytest.raises(Exception) as info:
+        service.submit(JobSpec.from_json({"machine": "nowhere", "command": "true"}))
+    assert "nowhere" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "send",
+    ["../outside.txt", "/etc/passwd", "data/../../x", "~/x", ".punica/jobs.json"],
+)
+def test_send_paths_must_stay_in_the_workspace(workspace, make_service, send):
+    with pytest.raises(InvalidSettings) as info:
+        JobSpec.from_json({"command": "true", "send": [send]})
+    assert info.value.field == "send[0]"
+
+
+def test_a_symlink_out_of_the_workspace_is_refused(workspace, make_service, tmp_path):
+    (tmp_path / "secret.txt").write_text("x")
+    (workspace / "link.txt").symlink_to(tmp_path / "secret.txt")
+    service = make_service(workspace)
+    with pytest.raises(InvalidSettings) as info:
+        service.submit(JobSpec.from_json({"command": "true", "send": ["link.txt"]}))
+    assert "leads out of the workspace" in info.value.message
+    assert service.store.jobs() == {}
+
+
+def test_digest_cache_skips_rehashing_unchanged_inputs(workspace, make_service, monkeypatch):
+    from jupyter_remote_compute.transfer import manifest
+
+    (workspace / "big.bin").write_bytes(os.urandom(1 << 20))
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "true", "send": ["big.bin"]})
+    first = service.submit(spec).job
+    calls = []
+    real = manifest.sha256_file
+    monkeypatch.setattr(manifest, "sha256_file", lambda p: calls.append(p) or real(p))
+    # A new service (as another process would be) reads the cache from disk.
+    again = make_service(workspace).submit(spec)
+    assert again.attached and again.job.id == first.id
+    assert calls == []
+
+
+def test_inputs_are_copied_not_linked(workspace, make_service, scratch_dir):
+    (workspace / "in.txt").write_text("original")
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "echo changed > in.txt", "send": ["in.txt"]})
+    job = service.wait(service.submit(spec).job.id, timeout=60)
+    assert job.state == "succeeded"
+    assert (workspace / "in.txt").read_text() == "original"
+    assert Path(scratch_dir / job.id / "work" / "in.txt").read_text() == "changed\n"

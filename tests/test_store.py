@@ -1,0 +1,81 @@
+"""The job state file under concurrent writers, and what happens when it is damaged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from jupyter_remote_compute.jobs.store import Job, JobStore
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from jupyter_remote_compute.jobs.spec import JobSpec
+    from jupyter_remote_compute.jobs.service import JobService
+    from jupyter_remote_compute.workspace import Workspace
+
+    root, tag = Path(sys.argv[1]), sys.argv[2]
+    service = JobService(Workspace(root))
+    for i in range(50):
+        service.submit(JobSpec.from_json({"command": f"echo {tag}-{i}"}))
+    """
+)
+
+
+def test_three_processes_submitting_fifty_jobs_each_lose_nothing(workspace: Path) -> None:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(workspace), f"p{n}"], stderr=subprocess.PIPE)
+        for n in range(3)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err.decode()
+    raw = json.loads((workspace / ".punica/jobs.json").read_text())
+    commands = sorted(job["spec"]["command"] for job in raw["jobs"].values())
+    assert commands == sorted(f"echo p{n}-{i}" for n in range(3) for i in range(50))
+    assert len({job["id"] for job in raw["jobs"].values()}) == 150
+    assert not list((workspace / ".punica").glob("*.tmp"))
+
+
+def test_an_unreadable_state_file_is_moved_aside_and_reported(workspace: Path) -> None:
+    path = workspace / ".punica/jobs.json"
+    path.write_text('{"schema": 1, "jobs": {"x": ')
+    store = JobStore(path)
+    assert store.jobs() == {}
+    assert store.recovered_from is not None
+    assert store.recovered_from.read_text() == '{"schema": 1, "jobs": {"x": '  # kept, byte for byte
+    # The store works again, and a new job is written to a fresh file.
+    with store.transaction() as jobs:
+        jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"})
+    assert set(JobStore(path).jobs()) == {"a"}
+
+
+def test_a_file_from_a_newer_version_is_not_overwritten_silently(workspace: Path) -> None:
+    path = workspace / ".punica/jobs.json"
+    path.write_text('{"schema": 99, "jobs": {}}')
+    store = JobStore(path)
+    assert store.jobs() == {}
+    assert store.recovered_from is not None and "99" in store.recovered_from.read_text()
+
+
+def test_a_reader_sees_changes_made_by_another_store(workspace: Path) -> None:
+    path = workspace / ".punica/jobs.json"
+    reader, writer = JobStore(path), JobStore(path)
+    assert reader.jobs() == {}
+    with writer.transaction() as jobs:
+        jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"})
+    assert set(reader.jobs()) == {"a"}
+    with writer.transaction() as jobs:
+        jobs["a"].state = "running"
+    assert reader.get("a").state == "running"
+
+
+def test_state_file_is_private_to_its_owner(workspace: Path) -> None:
+    store = JobStore(workspace / ".punica/jobs.json")
+    with store.transaction() as jobs:
+        jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"})
+    assert (workspace / ".punica/jobs.json").stat().st_mode & 0o077 == 0
