@@ -10,6 +10,7 @@ A file that cannot be read is moved aside (kept, never deleted) and reported.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -121,7 +122,8 @@ class Job:
         return self.state in ACTIVE_STATES
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Shallow on purpose: values are JSON already, and asdict's deep copy dominates large stores.
+        return {name: getattr(self, name) for name in _JOB_FIELDS}
 
     def public_json(self) -> dict[str, Any]:
         """What the API and the CLI show: no lease bookkeeping, a display name."""
@@ -132,8 +134,58 @@ class Job:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in _JOB_FIELDS})
+
+
+_JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    """The file as this process last read or wrote it: its stat, its jobs, each job's JSON text."""
+
+    token: tuple[int, int, int] | None
+    jobs: dict[str, Job]
+    fragments: dict[str, str]
+
+
+def _fragment(job: Job) -> str:
+    return json.dumps(job.to_json(), separators=(",", ":"))
+
+
+class JobMap(dict):  # type: ignore[type-arg]
+    """A transaction's view of the jobs: a job is copied the first time it is looked up by id.
+
+    Looking a job up (``jobs[id]``, ``jobs.get(id)``) gives a private copy to change; iterating
+    gives the shared snapshot, to read only. Only looked-up jobs are serialised again on commit.
+    """
+
+    def __init__(self, jobs: dict[str, Job]) -> None:
+        super().__init__(jobs)
+        self.touched: set[str] = set()
+        self.removed: set[str] = set()
+
+    def __getitem__(self, job_id: str) -> Job:
+        job = super().__getitem__(job_id)
+        if job_id not in self.touched:
+            job = copy.deepcopy(job)
+            super().__setitem__(job_id, job)
+            self.touched.add(job_id)
+        return job
+
+    def get(self, job_id: str, default: Job | None = None) -> Job | None:  # type: ignore[override]
+        return self[job_id] if job_id in self else default  # noqa: SIM401 - self.get would recurse
+
+    def __setitem__(self, job_id: str, job: Job) -> None:
+        super().__setitem__(job_id, job)
+        self.touched.add(job_id)
+        self.removed.discard(job_id)
+
+    def pop(self, job_id: str, *default: Any) -> Any:  # type: ignore[override]
+        if job_id in self:
+            self.removed.add(job_id)
+            self.touched.discard(job_id)
+        return super().pop(job_id, *default)
 
 
 class StoreUnreadable(RemoteComputeError):
@@ -145,7 +197,7 @@ class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
-        self._cache: tuple[tuple[int, int, int], dict[str, Job]] | None = None
+        self._snapshot = _Snapshot(None, {}, {})
         #: Set when a broken state file was moved aside, for the API and CLI to report.
         self.recovered_from: Path | None = None
 
@@ -157,7 +209,8 @@ class JobStore:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
-    def _parse(self, raw_bytes: bytes) -> dict[str, Job]:
+    @staticmethod
+    def _parse(raw_bytes: bytes) -> dict[str, Job]:
         raw = json.loads(raw_bytes)
         if not isinstance(raw, dict) or not isinstance(raw.get("jobs"), dict):
             raise ValueError("no 'jobs' object")
@@ -165,30 +218,25 @@ class JobStore:
             raise ValueError(f"schema {raw.get('schema')!r}, this version reads {SCHEMA_VERSION}")
         return {job_id: Job.from_json(data) for job_id, data in raw["jobs"].items()}
 
-    def _read(self, *, locked: bool) -> tuple[bytes, dict[str, Job]]:
-        """The file's bytes and its jobs, freshly parsed (the caller may change them)."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return b"", {}
-        try:
-            return data, self._parse(data)
-        except (ValueError, TypeError, KeyError) as e:
-            if not locked:
-                # Only a writer holding the lock may move the file; readers take it to do so.
-                with self._lock:
-                    return self._read(locked=True)
-            return b"", self._move_aside(e)
-
-    def _load(self) -> dict[str, Job]:
+    def _refresh(self, *, locked: bool) -> _Snapshot:
+        """The snapshot, read again only if the file changed since this process last saw it."""
         token = self._stat_token()
         if token is None:
-            return {}
-        if self._cache and self._cache[0] == token:
-            return self._cache[1]
-        _, jobs = self._read(locked=False)
-        self._cache = (token, jobs)
-        return jobs
+            self._snapshot = _Snapshot(None, {}, {})
+        elif token != self._snapshot.token:
+            try:
+                jobs = self._parse(self.path.read_bytes())
+            except FileNotFoundError:
+                jobs = {}
+            except (ValueError, TypeError, KeyError) as e:
+                if not locked:
+                    # Only a writer holding the lock may move the file; readers take it to do so.
+                    with self._lock:
+                        return self._refresh(locked=True)
+                jobs = self._move_aside(e)
+                token = None
+            self._snapshot = _Snapshot(token, jobs, {})
+        return self._snapshot
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
         aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
@@ -198,9 +246,9 @@ class JobStore:
         return {}
 
     def jobs(self) -> dict[str, Job]:
-        """Every job by id, as on disk now. Callers must not change what they get."""
+        """Every job by id, as on disk now. Shared: callers read it and must not change it."""
         try:
-            return self._load()
+            return self._refresh(locked=False).jobs
         except Timeout:
             raise StoreUnreadable(f"{self.path}: another process holds its lock; try again") from None
 
@@ -212,25 +260,34 @@ class JobStore:
 
     # -- changing ---------------------------------------------------------
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[dict[str, Job]]:
-        """Lock, read, let the caller change the mapping, write it back atomically."""
+    def transaction(self) -> Iterator[JobMap]:
+        """Lock, read what changed, let the caller change jobs, write the file back atomically."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire()
         except Timeout:
             raise StoreUnreadable(f"{self.path}: could not take its lock within {LOCK_TIMEOUT:.0f} s") from None
         try:
-            before, jobs = self._read(locked=True)
+            snapshot = self._refresh(locked=True)
+            jobs = JobMap(snapshot.jobs)
             yield jobs
-            after = self._serialise(jobs)
-            if after != before:
-                atomic_write(self.path, after, mode=0o600)
-                token = self._stat_token()
-                self._cache = (token, jobs) if token else None
+            self._commit(snapshot, jobs)
         finally:
             self._lock.release()
 
-    @staticmethod
-    def _serialise(jobs: dict[str, Job]) -> bytes:
-        payload = {"schema": SCHEMA_VERSION, "jobs": {job_id: job.to_json() for job_id, job in jobs.items()}}
-        return json.dumps(payload, separators=(",", ":")).encode()
+    def _commit(self, snapshot: _Snapshot, jobs: JobMap) -> None:
+        fragments = {job_id: frag for job_id, frag in snapshot.fragments.items() if job_id not in jobs.removed}
+        changed = bool(jobs.removed)
+        for job_id in jobs.touched:
+            job = dict.__getitem__(jobs, job_id)
+            if job_id not in snapshot.jobs or job != snapshot.jobs[job_id]:
+                changed = True
+                fragments[job_id] = _fragment(job)
+        if not changed:
+            return
+        # Unchanged jobs keep the text they had; only jobs never serialised here are dumped.
+        parts = [f"{json.dumps(job_id)}:{fragments.get(job_id) or _fragment(job)}" for job_id, job in dict.items(jobs)]
+        payload = '{"schema":' + str(SCHEMA_VERSION) + ',"jobs":{' + ",".join(parts) + "}}"
+        atomic_write(self.path, payload.encode(), mode=0o600)
+        full = {job_id: fragments.get(job_id) or _fragment(job) for job_id, job in dict.items(jobs)}
+        self._snapshot = _Snapshot(self._stat_token(), dict(dict.items(jobs)), full)
