@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -272,3 +274,62 @@ def test_inputs_are_copied_not_linked(workspace, make_service, scratch_dir):
     assert job.state == "succeeded"
     assert (workspace / "in.txt").read_text() == "original"
     assert Path(scratch_dir / job.id / "work" / "in.txt").read_text() == "changed\n"
+
+
+SWEEP = """
+import mlflow
+mlflow.set_experiment("far-side-sweep")
+with mlflow.start_run(run_name="parent"):
+    mlflow.log_param("kind", "sweep")
+    with open("notes.txt", "w") as f:
+        f.write("from the far side")
+    mlflow.log_artifact("notes.txt", "extra")
+    mlflow.set_tag("team", "vision")
+    for lr in (0.1, 0.01):
+        with mlflow.start_run(run_name=f"lr={lr}", nested=True):
+            mlflow.log_param("lr", lr)
+            mlflow.log_metric("loss", lr * 10, step=1)
+"""
+
+
+def test_nested_runs_are_replayed_as_children_with_artifacts_and_tags(workspace, make_service, tracking_uri):
+    (workspace / "sweep.py").write_text(SWEEP)
+    service = make_service(workspace)
+    job = service.wait(
+        service.submit(JobSpec.from_json({"command": "python sweep.py", "send": ["sweep.py"]})).job.id, timeout=120
+    )
+    assert job.state == "succeeded", job.reason
+    client = MlflowClient(tracking_uri)
+    run = client.get_run(job.mlflow_run_id)
+    assert run.data.params == {"kind": "sweep"}
+    assert run.data.tags["team"] == "vision"
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "extra")] == ["extra/notes.txt"]
+    experiment_id = run.info.experiment_id
+    children = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'")
+    assert sorted(c.data.params["lr"] for c in children) == ["0.01", "0.1"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    # Collecting again (as after a crash) finds every run instead of creating new ones.
+    from jupyter_remote_compute import tracking
+
+    assert len(client.search_runs([experiment_id])) == 3
+    record = tracking.JobRecord(
+        job_id=job.id, key=job.key, name=job.name, machine="local", engine="local", state="succeeded", reason=None,
+        command="python sweep.py", started=None, ended=time.time(), log_path=None, outputs={}, inputs_manifest=None,
+        far_store=None,
+    )  # fmt: skip
+    assert tracking.record_job(workspace, tracking.TrackingSettings(tracking_uri, "tests"), record) == run.info.run_id
+    assert len(client.search_runs([experiment_id])) == 3
+
+
+def test_the_run_carries_the_workspace_git_commit(workspace, make_service, tracking_uri):
+    git = ["git", "-C", str(workspace), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (workspace / "f.txt").write_text("x")
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "m"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    service = make_service(workspace)
+    job = service.wait(service.submit(JobSpec.from_json({"command": "true"})).job.id, timeout=60)
+    run = MlflowClient(tracking_uri).get_run(job.mlflow_run_id)
+    assert run.data.tags["mlflow.source.git.commit"] == head
+    assert run.data.tags["mlflow.user"]
