@@ -8,7 +8,7 @@ never from the server's event loop, so every method here may block.
 The far side of every push engine is laid out the same way (``JobDir``), so a
 job can be found again after this side restarts:
 
-    <base>/<job id>/
+    <job base>/<job id>/
         job.json      marker: job id and key, written before anything starts
         work/         the command's working directory: inputs in, outputs out
         mlruns/       the job-local MLflow file store (MLFLOW_TRACKING_URI); MLflow
@@ -106,9 +106,10 @@ class LaunchSpec:
 class FetchResult:
     """Declared outputs as the far side saw them.
 
-    ``digests`` maps each fetched file (POSIX path relative to the work tree,
-    or to the job directory for ``mlruns/…``) to the sha256 the far side
-    computed before sending; the lifecycle re-hashes what landed here.
+    ``digests`` maps each fetched output file, as a POSIX path relative to the
+    work tree (``model.pkl``, ``out/sub/b``; the file itself lands at
+    ``dest/work/<path>``), to the sha256 the far side computed before sending;
+    the lifecycle re-hashes what landed here. ``mlruns/`` is not listed.
     """
 
     digests: dict[str, str] = dataclasses.field(default_factory=dict)

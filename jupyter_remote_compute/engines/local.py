@@ -199,7 +199,7 @@ class LocalEngine(Engine):
                 target = dest / WORK_DIR / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 # The far side's digest, taken before the copy, as a remote engine would report it.
-                result.digests[f"{WORK_DIR}/{rel}"] = sha256_file(path)
+                result.digests[rel] = sha256_file(path)
                 shutil.copyfile(path, target)
         tracking = jobdir / TRACKING_DIR
         if tracking.is_dir():

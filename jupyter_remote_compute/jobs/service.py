@@ -249,9 +249,8 @@ class JobService:
                     field=f"env.{env_name}",
                 )
 
-        files = build_manifest(self.workspace.root, spec.send, self.digests)
+        files, key = self._inputs_and_key(spec)
         check_egress(self.workspace.policy_yaml, machine.name, cls.remote, [f.relpath for f in files])
-        key = spec.key or job_key(spec, files)
 
         job_id = new_job_id()
         jobdir = self.workspace.job_dir(job_id)
@@ -276,6 +275,30 @@ class JobService:
             jobs[job_id] = job
         self._emit(job)
         return SubmitResult(job, attached=False)
+
+    def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str]:
+        """The inputs, hashed, and the idempotency key: the one place both are derived."""
+        files = build_manifest(self.workspace.root, spec.send, self.digests)
+        return files, spec.key or job_key(spec, files)
+
+    def latest_same_work(self, spec: JobSpec) -> Job | None:
+        """The newest job doing the same work as ``spec`` (same key), whatever its state."""
+        _, key = self._inputs_and_key(spec)
+        same = [j for j in self.list_jobs(machine=spec.machine) if j.key == key]
+        return same[0] if same else None
+
+    def changed_outputs(self, job: Job) -> list[str]:
+        """Outputs of ``job`` no longer in the workspace as it brought them back."""
+        changed = []
+        for rel, info in sorted(job.outputs.items()):
+            path = self.workspace.root / rel
+            try:
+                same = path.is_file() and sha256_file(path) == info["sha256"]
+            except OSError:
+                same = False
+            if not same:
+                changed.append(rel)
+        return changed
 
     def _stored_secret_values(self) -> list[str]:
         try:
@@ -718,16 +741,15 @@ def _verify(incoming: Path, wanted: Sequence[str], result: FetchResult) -> tuple
     for output in wanted:
         if output in missing:
             continue
-        prefix = f"{WORK_DIR}/{output}"
-        entries = {k: v for k, v in result.digests.items() if k == prefix or k.startswith(prefix + "/")}
+        entries = {k: v for k, v in result.digests.items() if k == output or k.startswith(output + "/")}
         if not entries:
             missing.append(output)
-        for far_path, far_digest in entries.items():
-            here = incoming / far_path
+        for rel, far_digest in entries.items():
+            here = incoming / WORK_DIR / rel
             if not here.is_file() or sha256_file(here) != far_digest:
-                mismatched.append(far_path[len(WORK_DIR) + 1 :])
+                mismatched.append(rel)
             else:
-                verified[far_path[len(WORK_DIR) + 1 :]] = far_digest
+                verified[rel] = far_digest
     if missing:
         return {}, "missing outputs: " + ", ".join(missing)
     if mismatched:
