@@ -1,0 +1,668 @@
+"""The ssh engine against a real OpenSSH sshd and ssh-agent on loopback (see sshd_fixture.py).
+
+The far side is this same machine, reached as a dedicated user, so a test may
+check what landed there by looking at the user's files directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import subprocess
+import tarfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import sshd_fixture
+from sshd_fixture import TestBed, keygen, wait_for
+
+from jupyter_remote_compute.engines import ssh_config
+from jupyter_remote_compute.engines.base import EngineContext, EngineError, InputFile, LaunchSpec, RemoteJob
+from jupyter_remote_compute.engines.ssh import AuthenticationFailed, HostKeyChanged, HostKeyUnknown, SSHEngine
+from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive, parse_sha256sum
+
+# the shared fixtures, by name
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+
+
+def make_engine(bed: TestBed, tmp_path: Path, address: str = "127.0.0.1", **options) -> SSHEngine:
+    ctx = EngineContext(get_secret=lambda name: None, scratch_dir=tmp_path)
+    opts = (
+        bed.options(**options)
+        if address == "127.0.0.1"
+        else {
+            "known_hosts": str(bed.known_hosts),
+            "ssh_config": str(bed.ssh_config),
+            "base_dir": bed.base_dir,
+            **options,
+        }
+    )
+    return SSHEngine("testmachine", address, opts, ctx)
+
+
+@pytest.fixture
+def engine(ssh_agent_env: TestBed, tmp_path: Path):
+    eng = make_engine(ssh_agent_env, tmp_path)
+    yield eng
+    eng.close()
+
+
+def new_job() -> RemoteJob:
+    return RemoteJob(job_id=f"job-{uuid.uuid4().hex[:12]}", key=uuid.uuid4().hex, handle={})
+
+
+def input_file(root: Path, relpath: str, data: bytes, mode: int = 0o644) -> InputFile:
+    path = root / relpath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return InputFile(relpath, path, len(data), hashlib.sha256(data).hexdigest(), mode)
+
+
+def sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def wait_exited(engine: SSHEngine, job: RemoteJob, timeout: float = 30):
+    def done():
+        status = engine.poll([job])[job.job_id]
+        return status if status.state != "running" else None
+
+    return wait_for(done, timeout, f"job {job.job_id} to end", interval=0.1)
+
+
+def far(bed: TestBed, job: RemoteJob) -> Path:
+    """The job directory as seen from this side (same machine)."""
+    return Path(job.handle["dir"])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, read from /proc independently of the engine."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def run_job(engine: SSHEngine, files: list[InputFile], command: str, **env) -> RemoteJob:
+    job = engine.prepare(new_job())
+    engine.send(job, files)
+    return engine.start(job, LaunchSpec(command=command, env=env, secret_env={}))
+
+
+# -- the whole life of a job ------------------------------------------------------------
+
+
+def test_end_to_end(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
+    src = tmp_path / "src"
+    files = [
+        input_file(src, "train.sh", b"#!/bin/sh\necho trained\n", 0o755),
+        input_file(src, "data/a.txt", b"alpha\n" * 1000),
+        input_file(src, "data/nested/b.bin", os.urandom(200_000)),
+    ]
+    job = engine.prepare(new_job())
+    d = far(ssh_agent_env, job)
+    assert d.is_absolute() and (d / "work").is_dir() and (d / "mlruns").is_dir()
+    marker = (d / "job.json").read_text()
+    assert job.job_id in marker and job.key in marker
+    assert engine.prepare(job).handle["dir"] == job.handle["dir"]  # idempotent
+
+    seen = []
+    stats = engine.send(job, files, progress=lambda done, total: seen.append((done, total)))
+    assert stats.files_sent == 3 and stats.files_reused == 0
+    assert stats.bytes_sent == sum(f.size for f in files)
+    assert seen and seen[-1][0] == seen[-1][1] == stats.bytes_sent
+    assert sha(d / "work/data/nested/b.bin") == files[2].sha256
+    assert os.access(d / "work/train.sh", os.X_OK)
+
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    command = r"""
+set -e
+echo "starting $GREETING"
+./train.sh
+mkdir -p out/model
+cat data/a.txt data/nested/b.bin > out/model/weights.bin
+printf '%s' "$API_TOKEN" | sha256sum | cut -c1-64 > out/token.sha
+store=${MLFLOW_TRACKING_URI#file://}
+mkdir -p "$store/0/run1/metrics"
+echo "1700000000000 0.5 1" > "$store/0/run1/metrics/loss"
+i=0; while [ $i -lt 200 ]; do echo "line $i"; i=$((i+1)); done
+exit 3
+"""
+    job = engine.start(job, LaunchSpec(command=command, env={"GREETING": "hello"}, secret_env={"API_TOKEN": secret}))
+    assert isinstance(job.handle["pid"], int)
+    status = wait_exited(engine, job)
+    assert status.state == "exited" and status.exit_code == 3
+    log = (d / "log").read_bytes()
+    assert status.log_size == len(log)
+    assert log.startswith(b"starting hello\ntrained\n")
+
+    # read_log from offsets, in pieces, gives back the whole log
+    pieces, offset = [], 0
+    while chunk := engine.read_log(job, offset, 97):
+        pieces.append(chunk)
+        offset += len(chunk)
+    assert b"".join(pieces) == log
+    assert engine.read_log(job, 6, 5) == log[6:11]
+    assert engine.read_log(job, len(log) + 10, 100) == b""
+
+    # the secret reached the command, and no file of the job holds it
+    dest = tmp_path / "fetched"
+    result = engine.fetch(job, ["out", "missing.txt"], dest)
+    assert result.missing == ["missing.txt"]
+    assert (dest / "work/out/token.sha").read_text().strip() == hashlib.sha256(secret.encode()).hexdigest()
+    for path in d.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+    expected = {"out/model/weights.bin", "out/token.sha", "mlruns/0/run1/metrics/loss"}
+    assert expected <= set(result.digests)
+    for name, digest in result.digests.items():
+        local = dest / (name if name.startswith("mlruns/") else f"work/{name}")
+        assert sha(local) == digest, name
+    assert (dest / "work/out/model/weights.bin").read_bytes() == b"alpha\n" * 1000 + files[2].source.read_bytes()
+
+    engine.cleanup(job)
+    assert not d.exists()
+    engine.cleanup(job)  # idempotent
+
+
+def test_check_reports_facts(engine: SSHEngine):
+    facts = engine.check()
+    assert set(facts) >= {"os", "kernel", "python", "cpus", "memory_bytes", "gpus", "disk_free_bytes", "rtt_ms"}
+    assert "Linux" in facts["kernel"]
+    assert facts["cpus"] >= 1 and facts["memory_bytes"] > 1 << 20 and facts["disk_free_bytes"] > 0
+    assert isinstance(facts["gpus"], list)
+    assert facts["python"] and facts["python"][0] == "3"
+    assert 0 < facts["rtt_ms"] < 1000
+
+
+def test_resend_reuses_cache(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
+    src = tmp_path / "src"
+    files = [input_file(src, f"d/f{i}.bin", os.urandom(50_000 + i)) for i in range(20)]
+    files.append(input_file(src, "dup.bin", files[0].source.read_bytes()))  # same content twice
+    first = engine.prepare(new_job())
+    s1 = engine.send(first, files)
+    assert s1.files_sent == 20 and s1.files_reused == 1
+    second = engine.prepare(new_job())
+    s2 = engine.send(second, files)
+    assert s2.files_sent == 0 and s2.bytes_sent == 0 and s2.files_reused == 21
+    for f in files:
+        landed = far(ssh_agent_env, second) / "work" / f.relpath
+        assert sha(landed) == f.sha256
+        # a hard link to the read-only cache object, not a copy
+        assert landed.stat().st_nlink >= 3 and not landed.stat().st_mode & 0o222
+    # a changed file is sent again, by content, whatever its mtime
+    changed = input_file(src, "d/f0.bin", b"new content")
+    os.utime(changed.source, (files[0].source.stat().st_mtime,) * 2)
+    s3 = engine.send(engine.prepare(new_job()), [changed, *files[1:]])
+    assert s3.files_sent == 1 and s3.bytes_sent == len(b"new content")
+
+
+@pytest.mark.parametrize("size", [1000, 1024, 600_000], ids=["small", "block-aligned", "large"])
+def test_file_changed_while_sending_is_not_cached(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path, size):
+    ok = input_file(tmp_path, "ok.bin", os.urandom(2048))
+    f = input_file(tmp_path, "a.bin", b"x" * size)
+    f.source.write_bytes(b"y" * size)  # the digest no longer matches the content
+    job = engine.prepare(new_job())
+    with pytest.raises(EngineError, match="changed while it was being sent"):
+        engine.send(job, [ok, f])
+    cache = Path(job.handle["dir"]).parent.parent / "cache"
+    assert not (cache / f.sha256).exists()
+    assert not list(cache.glob(".incoming-*"))
+
+
+def test_start_is_not_repeated(engine: SSHEngine):
+    job = run_job(engine, [], "sleep 30")
+    again = engine.start(job, LaunchSpec(command="sleep 30", env={}, secret_env={}))
+    assert again.handle["pid"] == job.handle["pid"]
+    engine.cancel(job, grace=1)
+
+
+def test_poll_many_jobs_is_one_round_trip(engine: SSHEngine, tmp_path: Path):
+    jobs = [run_job(engine, [], f"exit {i}") for i in range(3)]
+    running = run_job(engine, [], "sleep 30")
+    vanished = RemoteJob("job-gone", "k", {"dir": "/nonexistent/jrc/jobs/job-gone"})
+    for j in jobs:
+        wait_exited(engine, j)
+    before = engine.channels_opened
+    status = engine.poll([*jobs, running, vanished])
+    assert engine.channels_opened == before + 1
+    assert [status[j.job_id].exit_code for j in jobs] == [0, 1, 2]
+    assert status[running.job_id].state == "running"
+    assert status["job-gone"].state == "gone"
+    engine.cancel(running, grace=1)
+    after = engine.poll([running])[running.job_id]
+    assert after.state == "gone" and after.detail == "cancelled"
+
+
+def test_cancel_kills_background_children(engine: SSHEngine):
+    # children in the background, one of which ignores TERM: KILL after the grace period gets it
+    command = "sleep 300 & (sleep 301; echo) & sh -c 'trap \"\" TERM; sleep 302' & echo started; wait"
+    job = run_job(engine, [], command)
+    pgid = job.handle["pid"]
+    wait_for(lambda: len(group_members(pgid)) >= 5, 10, "the children to start")
+    t0 = time.monotonic()
+    engine.cancel(job, grace=1.0)
+    assert time.monotonic() - t0 < 15
+    assert group_members(pgid) == []
+    assert engine.poll([job])[job.job_id].state == "gone"
+
+
+def test_connection_dropped_mid_run(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
+    job = run_job(engine, [], "sleep 2; echo finished > done.txt")
+    assert engine.poll([job])[job.job_id].state == "running"
+    made = engine.connections_made
+    # kill the sshd processes serving this connection: the network drops, the job must not care
+    for pid in ssh_agent_env.sshd.session_pids():
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not engine._link.active(), 10, "the client to notice the drop")
+    status = wait_exited(engine, job)
+    assert status.state == "exited" and status.exit_code == 0
+    assert engine.connections_made == made + 1
+    assert (far(ssh_agent_env, job) / "work/done.txt").read_text() == "finished\n"
+
+
+def test_dropped_connection_is_transient_for_streams(engine: SSHEngine, ssh_agent_env: TestBed):
+    engine.check()
+    transport = engine._link.target
+    transport.close()  # drop it under the engine
+    # read-only calls reconnect by themselves
+    assert engine.check()["cpus"] >= 1
+
+
+def test_concurrent_calls_share_one_connection(engine: SSHEngine):
+    job = run_job(engine, [], "echo hi; sleep 1")
+    made = engine.connections_made
+
+    def call(i: int):
+        if i % 2:
+            return engine.poll([job])[job.job_id].state
+        return engine.read_log(job, 0, 10)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(24)))
+    assert len(results) == 24
+    assert engine.connections_made == made
+    wait_exited(engine, job)
+
+
+# -- names that a shell would mangle ----------------------------------------------------------
+
+HOSTILE = [
+    "with space.txt",
+    'quote\'s "double".txt',
+    "$HOME and `id` and $(id).txt",
+    "new\nline.txt",
+    "-leading-dash.txt",
+    "back\\slash.txt",
+    "ünïcødé ✓.txt",
+    "dir with space/-sub/*glob?[x].txt",
+    "semi;colon&amp|pipe>.txt",
+]
+
+
+def test_hostile_file_names(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
+    src = tmp_path / "src"
+    files = [input_file(src, name, f"content of {name}".encode()) for name in HOSTILE]
+    job = run_job(engine, files, "true")
+    for f in files:
+        assert (far(ssh_agent_env, job) / "work" / f.relpath).read_bytes() == f.source.read_bytes()
+    wait_exited(engine, job)
+    dest = tmp_path / "back"
+    result = engine.fetch(job, HOSTILE, dest)
+    assert result.missing == []
+    for f in files:
+        assert result.digests[f.relpath] == f.sha256
+        assert (dest / "work" / f.relpath).read_bytes() == f.source.read_bytes()
+
+
+def test_parse_sha256sum_escapes():
+    data = b"\\" + b"a" * 64 + b"  work/new\\nline\\\\x\n" + b"b" * 64 + b"  plain name\n"
+    assert parse_sha256sum(data) == {"work/new\nline\\x": "a" * 64, "plain name": "b" * 64}
+
+
+# -- archives that try to escape ---------------------------------------------------------------
+
+
+def _evil_tar(kind: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+
+        def add(info: tarfile.TarInfo, data: bytes = b""):
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+        add(tarfile.TarInfo("work/out/ok.txt"), b"fine")
+        if kind == "dotdot":
+            add(tarfile.TarInfo("work/out/../../../escaped.txt"), b"evil")
+        elif kind == "absolute":
+            add(tarfile.TarInfo("/tmp/jrc-escaped.txt"), b"evil")
+        elif kind == "symlink":
+            info = tarfile.TarInfo("work/out/link")
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc"
+            add(info)
+            add(tarfile.TarInfo("work/out/link/passwd"), b"evil")
+        elif kind == "hardlink":
+            info = tarfile.TarInfo("work/out/hard")
+            info.type, info.linkname = tarfile.LNKTYPE, "/etc/passwd"
+            add(info)
+        elif kind == "device":
+            info = tarfile.TarInfo("work/out/dev")
+            info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
+            add(info)
+        elif kind == "unrequested":
+            add(tarfile.TarInfo("work/other/secret.txt"), b"not asked for")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink", "hardlink", "device", "unrequested"])
+def test_escaping_tar_entries_are_refused(engine: SSHEngine, tmp_path: Path, kind: str):
+    evil = input_file(tmp_path / "src", "evil.tar", _evil_tar(kind))
+    job = run_job(engine, [evil], "true")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    wanted = ("work/out",)
+    with pytest.raises(UnsafeArchive, match="refused"):
+        engine._extract_command(
+            f"cat {job.handle['dir']}/work/evil.tar", dest, lambda n: n.startswith(wanted) or n == "work"
+        )
+    assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/jrc-escaped.txt").exists()
+    outside = [p for p in dest.rglob("*") if not str(p.resolve()).startswith(str(dest.resolve()))]
+    assert outside == []
+    assert not any(p.is_symlink() for p in dest.rglob("*"))
+
+
+def test_fetch_refuses_symlinked_output(engine: SSHEngine, tmp_path: Path):
+    job = run_job(engine, [], "mkdir -p out && echo x > out/a && ln -s /etc/passwd out/link")
+    wait_exited(engine, job)
+    with pytest.raises(UnsafeArchive, match="symbolic link"):
+        engine.fetch(job, ["out"], tmp_path / "dest")
+    assert not (tmp_path / "dest/work/out/link").exists()
+
+
+def test_fetch_hard_linked_outputs(engine: SSHEngine, tmp_path: Path):
+    # two names of one inode come back as a tar hard link: accepted as a copy of the first one
+    data = input_file(tmp_path / "src", "same.bin", b"z" * 5000)
+    job = run_job(engine, [data], "mkdir out && ln same.bin out/a && ln same.bin out/b")
+    wait_exited(engine, job)
+    result = engine.fetch(job, ["out"], tmp_path / "dest")
+    assert (tmp_path / "dest/work/out/a").read_bytes() == (tmp_path / "dest/work/out/b").read_bytes() == b"z" * 5000
+    assert result.digests["out/a"] == result.digests["out/b"] == data.sha256
+
+
+# -- host keys -----------------------------------------------------------------------------------
+
+
+def _fingerprint(pub_line: str) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", "-"], input=pub_line, capture_output=True, text=True, check=True)
+    return out.stdout.split()[1]
+
+
+def test_unknown_host_refused_then_trusted(ssh_agent_env: TestBed, tmp_path: Path):
+    known = tmp_path / "kh" / "known_hosts"  # does not exist yet
+    eng = make_engine(ssh_agent_env, tmp_path, known_hosts=str(known))
+    fp = _fingerprint(ssh_agent_env.sshd.host_pub)
+    with pytest.raises(HostKeyUnknown) as err:
+        eng.check()
+    assert fp in str(err.value) and "ssh-ed25519" in str(err.value) and "trust" in str(err.value)
+    assert err.value.fingerprint == fp and not err.value.transient
+    assert eng.host_key() == ("ssh-ed25519", fp)
+    assert eng.trust_host() == fp
+    # recorded so that OpenSSH itself finds it (hashed here: Debian's ssh_config says HashKnownHosts yes)
+    found = subprocess.run(
+        ["ssh-keygen", "-F", f"[127.0.0.1]:{ssh_agent_env.sshd.port}", "-f", str(known)], capture_output=True, text=True
+    )
+    assert found.returncode == 0 and "ssh-ed25519" in found.stdout
+    assert eng.check()["cpus"] >= 1
+    assert eng.trust_host() == fp  # already trusted: nothing added
+    assert known.read_text().count("ssh-ed25519") == 1
+    eng.close()
+
+
+def test_hashed_known_hosts_entry(ssh_agent_env: TestBed, tmp_path: Path):
+    known = tmp_path / "known_hosts"
+    known.write_text(ssh_agent_env.sshd.known_hosts_line)
+    subprocess.run(["ssh-keygen", "-H", "-f", str(known)], check=True, capture_output=True)
+    assert known.read_text().startswith("|1|")
+    eng = make_engine(ssh_agent_env, tmp_path, known_hosts=str(known))
+    assert eng.check()["cpus"] >= 1
+    eng.close()
+
+
+def test_changed_host_key_refused_and_not_trusted(ssh_agent_env: TestBed, tmp_path: Path):
+    other = keygen(tmp_path / "other_host_key", "impostor")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{ssh_agent_env.sshd.port} {' '.join(other.split()[:2])}\n")
+    before = known.read_text()
+    eng = make_engine(ssh_agent_env, tmp_path, known_hosts=str(known))
+    with pytest.raises(HostKeyChanged, match="CHANGED") as err:
+        eng.check()
+    assert _fingerprint(ssh_agent_env.sshd.host_pub) in str(err.value)
+    assert _fingerprint(other) in str(err.value)
+    with pytest.raises(HostKeyChanged):
+        eng.trust_host()
+    assert known.read_text() == before
+
+
+def test_known_hosts_patterns(tmp_path: Path):
+    blob = b"\x00\x00\x00\x0bssh-ed25519" + b"\x00\x00\x00\x20" + b"k" * 32
+    import base64
+
+    b64 = base64.b64encode(blob).decode()
+    known = tmp_path / "kh"
+    known.write_text(f"# comment\n*.lab,!bad.lab {b64[:4]}x ssh-ed25519\n*.lab,!bad.lab ssh-ed25519 {b64}\n")
+    hop = ssh_config.Hop("a", "gpu.lab", 22, "u", (), False, 0, 5, (str(known),), False)
+    assert ssh_config.check_host_key(hop, blob)[0] == "ok"
+    bad = ssh_config.Hop("a", "bad.lab", 22, "u", (), False, 0, 5, (str(known),), False)
+    assert ssh_config.check_host_key(bad, blob)[0] == "unknown"
+    port = ssh_config.Hop("a", "gpu.lab", 2222, "u", (), False, 0, 5, (str(known),), False)
+    assert port.known_hosts_name == "[gpu.lab]:2222"
+    assert ssh_config.check_host_key(port, blob)[0] == "unknown"
+
+
+# -- sign-in and routes --------------------------------------------------------------------------
+
+
+def test_alias_with_user_port_identity_file_and_no_agent(sshd_bed: TestBed, tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    eng = make_engine(sshd_bed, tmp_path, address="testbox")
+    hop = eng.hop()
+    assert (hop.hostname, hop.port, hop.user) == ("127.0.0.1", sshd_bed.sshd.port, sshd_bed.user)
+    assert hop.identity_files == (str(sshd_bed.user_key),) and hop.identities_only
+    assert hop.keepalive == 5
+    assert eng.check()["cpus"] >= 1
+    eng.close()
+
+
+def test_explicit_options_override_the_config(ssh_agent_env: TestBed, tmp_path: Path):
+    eng = make_engine(ssh_agent_env, tmp_path, address="testbox", port=1, user="nobody-else")
+    hop = eng.hop()
+    assert hop.port == 1 and hop.user == "nobody-else" and hop.hostname == "127.0.0.1"
+
+
+def test_encrypted_key_without_agent_is_a_clear_error(sshd_bed: TestBed, tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    eng = make_engine(sshd_bed, tmp_path, address="lockedbox")
+    with pytest.raises(AuthenticationFailed) as err:
+        eng.check()
+    msg = str(err.value)
+    assert "encrypted" in msg and f"ssh-add {sshd_bed.locked_key}" in msg and not err.value.transient
+
+
+def test_authentication_failure_lists_what_was_tried(sshd_bed: TestBed, tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    stranger = tmp_path / "id_stranger"
+    keygen(stranger, "stranger")
+    eng = make_engine(sshd_bed, tmp_path, identity_file=str(stranger))
+    with pytest.raises(AuthenticationFailed) as err:
+        eng.check()
+    msg = str(err.value)
+    assert "authentication failed" in msg and str(stranger) in msg and "publickey" in msg
+
+
+def test_agent_key_is_used(ssh_agent_env: TestBed, tmp_path: Path):
+    # no IdentityFile anywhere: only the agent holds the key
+    eng = make_engine(ssh_agent_env, tmp_path, ssh_config=str(tmp_path / "no-config"))
+    assert eng.check()["cpus"] >= 1
+    eng.close()
+
+
+def test_proxyjump(ssh_agent_env: TestBed, tmp_path: Path):
+    log = ssh_agent_env.jump.log
+    before = log.read_text().count("direct-tcpip")
+    eng = make_engine(ssh_agent_env, tmp_path, address="viajump")
+    assert [h.port for h in eng.hop().via] == [ssh_agent_env.jump.port]
+    job = run_job(eng, [], "echo via jump")
+    assert wait_exited(eng, job).exit_code == 0
+    assert eng.read_log(job, 0, 100) == b"via jump\n"
+    assert len(eng._link.transports) == 2
+    assert log.read_text().count("direct-tcpip") > before
+    eng.close()
+
+
+def test_proxyjump_two_hops(ssh_agent_env: TestBed, tmp_path: Path):
+    eng = make_engine(ssh_agent_env, tmp_path, address="viatwojumps")
+    assert len(eng.hop().via) == 2
+    assert eng.check()["cpus"] >= 1
+    assert len(eng._link.transports) == 3
+    eng.close()
+
+
+def test_network_errors_are_specific_and_transient(ssh_agent_env: TestBed, tmp_path: Path):
+    closed = make_engine(ssh_agent_env, tmp_path, port=sshd_fixture.free_port())
+    with pytest.raises(EngineError, match="connection refused") as err:
+        closed.check()
+    assert err.value.transient
+    nowhere = make_engine(ssh_agent_env, tmp_path, address="no-such-host.invalid")
+    with pytest.raises(EngineError, match="cannot resolve host name") as err:
+        nowhere.check()
+    assert err.value.transient
+
+
+@pytest.mark.parametrize(
+    "address", ["a b", "-oProxyCommand=x", "host;rm -rf", "h\nx", "$(id)", "`id`", "h|x", "", "h'q"]
+)
+def test_validate_address_refuses_shell_characters(address: str):
+    with pytest.raises(ValueError):
+        SSHEngine.validate_address(address)
+
+
+def test_validate_address_accepts_hosts():
+    for address in ("gpu-box.lab", "10.0.0.5", "ana@gpu-box", "my_alias", "::1"):
+        assert SSHEngine.validate_address(address) == address
+
+
+def test_prepare_refuses_a_directory_of_another_job(engine: SSHEngine):
+    job = engine.prepare(new_job())
+    with pytest.raises(EngineError, match="another job"):
+        engine.prepare(RemoteJob(job.job_id, "other-key", {}))
+
+
+def test_ssh_config_include_and_jump_parsing(tmp_path: Path):
+    inc = tmp_path / "inc.conf"
+    inc.write_text("Host inner\n  HostName 10.1.1.1\n  Port 2200\n  User bob\n")
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Include {inc}\nHost outer\n  HostName 10.2.2.2\n  ProxyJump inner,carol@10.3.3.3:2201\n")
+    config = ssh_config.load_config(str(cfg))
+    hop = ssh_config.resolve("outer", config=config, known_hosts=str(tmp_path / "kh"))
+    assert [(h.hostname, h.port, h.user) for h in hop.via] == [("10.1.1.1", 2200, "bob"), ("10.3.3.3", 2201, "carol")]
+    assert hop.hostname == "10.2.2.2"
+
+
+# -- big transfers -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_transfer_over_512_mib_both_ways(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
+    """600 MiB up and 600 MiB down on one connection: past paramiko's 2^29-byte re-key point each way."""
+    size = 600 << 20
+    block = os.urandom(1 << 20)
+    path = tmp_path / "big.bin"
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        for i in range(size >> 20):
+            chunk = block[i:] + block[:i]  # not one repeated block: every MiB differs
+            f.write(chunk)
+            h.update(chunk)
+    big = InputFile("big.bin", path, size, h.hexdigest())
+    job = engine.prepare(new_job())
+    t0 = time.monotonic()
+    stats = engine.send(job, [big])
+    assert stats.bytes_sent == size
+    job = engine.start(job, LaunchSpec(command="cp big.bin copy.bin", env={}, secret_env={}))
+    assert wait_exited(engine, job, 60).exit_code == 0
+    result = engine.fetch(job, ["copy.bin"], tmp_path / "back")
+    assert result.digests["copy.bin"] == big.sha256 == sha(tmp_path / "back/work/copy.bin")
+    assert time.monotonic() - t0 < 120
+    assert engine.connections_made == 1  # no re-key deadlock, no reconnect
+    engine.cleanup(job)
+
+
+@pytest.mark.timeout(180)
+def test_rekey_point_at_the_end_of_a_channel(ssh_agent_env: TestBed, tmp_path: Path):
+    """The case that deadlocks paramiko: its 2^29-byte re-key fires while a channel's last window is in flight.
+
+    The server's CLOSE then reaches paramiko inside its own key exchange, whose answer it can no longer
+    read ("Key-exchange timed out waiting for key negotiation" after 30 s). Each read below is sized from
+    the transport's byte counter so that 2^29 is crossed just before the channel ends. Without the
+    engine's defence one of these fails (seen here at 1 MiB before the end); with it, all pass at speed.
+    """
+    size = 700_000_000
+    setup = make_engine(ssh_agent_env, tmp_path)
+    job = run_job(setup, [], f"head -c {size} /dev/zero")
+    assert wait_exited(setup, job, 60).exit_code == 0
+    setup.close()
+    for tail_kib in (512, 1024, 1536):
+        eng = make_engine(ssh_agent_env, tmp_path)
+        first = len(eng.read_log(job, 0, 32 << 20))
+        counter = getattr(eng._link.target.packetizer, "_Packetizer__received_bytes", None)
+        if counter is None:  # paramiko renamed its counter: still move > 512 MiB through one channel
+            want = 520 << 20
+        else:
+            ratio = counter / first  # wire bytes per log byte (packet framing, MAC)
+            want = int(((1 << 29) - counter) / ratio) + tail_kib * 1024
+        t0 = time.monotonic()
+        assert eng.read_log(job, first, want) == b"\0" * want
+        assert time.monotonic() - t0 < 25, "stalled at the re-key point"
+        assert eng.connections_made == 1
+        eng.close()
+    setup.cleanup(job)
+
+
+@pytest.mark.timeout(120)
+def test_server_initiated_rekeys(ssh_agent_env: TestBed, tmp_path: Path):
+    """The jump sshd re-keys every 64 MiB by itself: 300 MiB each way crosses several re-keys."""
+    eng = make_engine(ssh_agent_env, tmp_path, port=ssh_agent_env.jump.port)
+    data = input_file(tmp_path, "mid.bin", os.urandom(1 << 20) * 300)
+    job = run_job(eng, [data], "cp mid.bin out.bin")
+    assert wait_exited(eng, job, 60).exit_code == 0
+    result = eng.fetch(job, ["out.bin"], tmp_path / "back")
+    assert result.digests["out.bin"] == data.sha256 == sha(tmp_path / "back/work/out.bin")
+    assert eng.connections_made == 1
+    eng.cleanup(job)
+    eng.close()
+
+
+def test_close_ends_the_connection_threads(engine: SSHEngine):
+    engine.check()
+    transports = list(engine._link.transports)
+    engine.close()
+    wait_for(lambda: not any(t.is_alive() for t in transports), 10, "the transport threads to end")
+    assert engine.check()["cpus"] >= 1  # usable again after close: it reconnects
