@@ -20,6 +20,7 @@ from .errors import RemoteComputeError
 from .jobs.service import JobService, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.store import TERMINAL_STATES, Job
+from .run_options import add_run_options, command_of, spec_settings
 from .workspace import Workspace
 
 EXIT_FAILED = 1
@@ -150,28 +151,10 @@ def _follow(service: JobService, job: Job) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = command_of(args)
     if not command:
         raise RemoteComputeError("run: give the command after --, e.g. run --machine local -- python train.py")
-    env: dict[str, str] = {}
-    for pair in args.env or ():
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise RemoteComputeError(f"--env {name!r}: write NAME=VALUE or NAME=secret:SECRET_NAME")
-        env[name] = value
-    spec = JobSpec.from_json(
-        {
-            "machine": args.machine,
-            "command": command[0] if len(command) == 1 else command,
-            "send": args.send or [],
-            "bring_back": args.bring_back or [],
-            "env": env,
-            "name": args.name or "",
-            "timeout": args.timeout,
-        }
-    )
+    spec = JobSpec.from_json(spec_settings(args, command))
     service = _service(args)
     result = service.submit(spec, new=args.new)
     job = result.job
@@ -282,15 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-stdin", action="store_true")
 
     run = sub.add_parser("run", help="submit a job (or attach to the same one running) and follow its log")
-    run.add_argument("--machine", default="local")
-    run.add_argument("--send", action="append", metavar="PATH_OR_GLOB")
-    run.add_argument("--bring-back", dest="bring_back", action="append", metavar="PATH")
-    run.add_argument("--env", action="append", metavar="NAME=VALUE|NAME=secret:NAME")
-    run.add_argument("--name")
-    run.add_argument("--timeout", help="the longest the job may run, e.g. 3600, 30m, 2h")
-    run.add_argument("--detach", action="store_true", help="submit and return at once")
-    run.add_argument("--new", action="store_true", help="start a new job even if the same work is running")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    add_run_options(run)
 
     jobs = sub.add_parser("jobs", help="list, show, follow, cancel and delete jobs")
     jsub = jobs.add_subparsers(dest="action", required=True)

@@ -228,6 +228,17 @@ class JobLogHandler(RemoteComputeHandler):
         )
 
 
+# -- pipeline steps ------------------------------------------------------------
+class StepsHandler(RemoteComputeHandler):
+    @api
+    async def get(self) -> None:
+        """The pipeline steps this package offers, with the machine choice limited to enabled machines."""
+        from .steps import describe_steps
+
+        machines = await self.call(self.service.machines.list)
+        self.reply({"steps": describe_steps([m.name for m in machines if m.enabled])})
+
+
 HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/machines", MachinesHandler),
     (rf"{PREFIX}/machines/{MACHINE}", MachineHandler),
@@ -236,4 +247,5 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/jobs/{JOB_ID}", JobHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
+    (rf"{PREFIX}/steps", StepsHandler),
 ]

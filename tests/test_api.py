@@ -171,3 +171,14 @@ async def test_state_changes_are_emitted_as_events(jp_fetch, jp_serverapp):
         await asyncio.sleep(0.05)
     states = [e["state"] for e in seen if e["id"] == job_id]
     assert states[0] == "queued" and "running" in states
+
+
+async def test_steps_lists_the_training_step_with_enabled_machines(jp_fetch, testbox_kind):
+    await _json(jp_fetch, "machines", method="POST", body={"name": "on", "kind": "testbox", "address": "a"})
+    await _json(
+        jp_fetch, "machines", method="POST", body={"name": "off", "kind": "testbox", "address": "b", "enabled": False}
+    )
+    _, data = await _json(jp_fetch, "steps")
+    step = next(s for s in data["steps"] if s["id"] == "train-on-remote-machine")
+    assert step["label"] == "Train on a Remote Machine"
+    assert step["settings"]["properties"]["machine"]["enum"] == ["local", "on"]

@@ -1,0 +1,50 @@
+"""The options every face takes to run a job (the CLI's ``run``, ``%remote_train``), parsed one way."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .errors import InvalidSettings
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, then ``--`` and the command."""
+    parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
+    parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
+    parser.add_argument(
+        "--bring-back", dest="bring_back", action="append", default=[], metavar="PATH", help="files the job writes"
+    )
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="NAME=VALUE or NAME=secret:SECRET_NAME"
+    )
+    parser.add_argument("--name", default="", help="a name for the job (panel, MLflow run)")
+    parser.add_argument("--timeout", help="the longest the job may run, e.g. 3600, 30m, 2h")
+    parser.add_argument("--detach", action="store_true", help="start the job and return at once")
+    parser.add_argument("--new", action="store_true", help="start a new job even if the same work is running")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+
+
+def command_of(args: argparse.Namespace) -> list[str]:
+    """The command after ``--``."""
+    command = list(args.command)
+    return command[1:] if command[:1] == ["--"] else command
+
+
+def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
+    """The job settings from parsed options, in the shape ``JobSpec.from_json`` validates."""
+    env: dict[str, str] = {}
+    for pair in args.env:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidSettings(f"env: {pair!r}: write NAME=VALUE or NAME=secret:SECRET_NAME", field="env")
+        env[name] = value
+    return {
+        "machine": args.machine,
+        "command": command[0] if len(command) == 1 else command,
+        "send": list(args.send),
+        "bring_back": list(args.bring_back),
+        "env": env,
+        "name": args.name,
+        "timeout": args.timeout,
+    }

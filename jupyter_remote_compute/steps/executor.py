@@ -1,0 +1,110 @@
+"""The executor of "Train on a Remote Machine": what a pipeline runner calls for one step of one run.
+
+A pipeline run is short-lived and may be re-run at any time, so the step is
+idempotent by content: the same settings over the same input files are the
+same work (the lifecycle's idempotency key). A run attaches to the job already
+doing that work, or — if that job has since finished, trained, and its outputs
+are still in the workspace as it brought them back — takes its result without
+training again. Only otherwise does it start a job.
+
+It returns only a trained job (``require_trained``): outputs back and
+verified, an MLflow run recorded. Anything else is ``NotTrained`` with the
+job's state and reason; a job still running when the wait ends keeps running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidSettings, NotTrained
+from ..jobs.spec import JobSpec, parse_duration
+from ..workspace import Workspace
+
+#: The settings a step takes; ``wait`` is the step's own, the rest make the job's spec.
+SETTINGS = ("machine", "command", "send", "bring_back", "env", "timeout", "wait", "name")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What the pipeline runner tells the step about this run."""
+
+    workspace: Path | str  # the workspace folder (or a folder inside it)
+    run_id: str | None = None  # the pipeline run, for the runner's own records
+    on_log: Callable[[bytes], None] | None = None  # the job's log as it arrives, e.g. to the runner's console
+
+    @classmethod
+    def coerce(cls, context: StepContext | Mapping[str, Any]) -> StepContext:
+        if isinstance(context, StepContext):
+            return context
+        if not isinstance(context, Mapping) or not context.get("workspace"):
+            raise InvalidSettings("context: give the workspace path, e.g. {'workspace': '/path/to/project'}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in context.items() if k in known})
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """A trained job: its outputs in the workspace, verified, and its MLflow run."""
+
+    job_id: str
+    state: str
+    machine: str
+    outputs: dict[str, dict[str, Any]]  # workspace-relative path -> {sha256, size, path}
+    mlflow_run_id: str | None
+    attached: bool  # the work was already under way (or done) when this run asked
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_settings(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
+    """The job's spec and how long to wait; every error names the setting."""
+    if not isinstance(settings, Mapping):
+        raise InvalidSettings("settings: expected an object of settings")
+    for name in settings:
+        if name not in SETTINGS:
+            raise InvalidSettings(f"{name}: unknown setting; this step takes {', '.join(SETTINGS)}", field=str(name))
+    wait = parse_duration(settings.get("wait"), "wait")
+    spec = JobSpec.from_json({k: v for k, v in settings.items() if k != "wait"})
+    return spec, wait
+
+
+def run_step(settings: Mapping[str, Any], context: StepContext | Mapping[str, Any]) -> StepResult:
+    """Submit (or attach to) the job, wait up to ``wait``, return it only once trained.
+
+    Raises ``InvalidSettings`` (bad setting, ``field`` names it), ``PolicyDenied``,
+    ``SecretInSettings``, or ``NotTrained`` (``state``: still running when the wait
+    ended, failed with exit code and log tail, cancelled, lost, missing outputs).
+    """
+    # The lifecycle (engines, MLflow) is imported here so discovering the step stays cheap.
+    from ..jobs.service import JobService, require_trained
+
+    ctx = StepContext.coerce(context)
+    spec, wait = parse_settings(settings)
+    root = Path(os.fspath(ctx.workspace))
+    service = JobService(Workspace.find(root, fallback=root))
+    try:
+        previous = service.latest_same_work(spec)
+        if previous is not None and previous.state == "succeeded" and not service.changed_outputs(previous):
+            job, attached = previous, True
+        else:
+            submitted = service.submit(spec)
+            job, attached = submitted.job, submitted.attached
+            job = service.wait(job.id, timeout=wait, on_log=ctx.on_log)
+        require_trained(job)
+        changed = service.changed_outputs(job)
+        if changed:
+            # Someone replaced an output between landing and now: what is there is not this job's.
+            reason = "outputs changed in the workspace since they came back: " + ", ".join(changed)
+            raise NotTrained(f"job {job.id}: {reason}", job_id=job.id, state=job.state, reason=reason)
+        outputs = {
+            rel: {"sha256": info["sha256"], "size": info["size"], "path": str(service.workspace.root / rel)}
+            for rel, info in sorted(job.outputs.items())
+        }
+        return StepResult(job.id, job.state, job.machine, outputs, job.mlflow_run_id, attached)
+    finally:
+        service.close()

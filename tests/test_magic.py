@@ -1,0 +1,262 @@
+"""``%remote_train`` in a real IPython kernel (jupyter_client), on a copy of the quickstart workspace."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from jupyter_client.manager import KernelManager
+
+QUICKSTART_LINE = (
+    "%remote_train --machine local --send train.py --send 'data/*.csv' --bring-back model.pkl -- python train.py"
+)
+
+
+class Cell:
+    """One execution: its iopub messages as they arrive, and its reply."""
+
+    def __init__(self, kernel: Kernel, msg_id: str) -> None:
+        self.kernel = kernel
+        self.msg_id = msg_id
+        self.messages: list[dict[str, Any]] = []
+        self.idle = False
+        self.reply: dict[str, Any] = {}
+
+    def until(self, condition: Callable[[Cell], bool], timeout: float = 120, message: str = "output") -> None:
+        deadline = time.monotonic() + timeout
+        while not condition(self):
+            if self.idle and self.reply:
+                raise AssertionError(f"the cell ended without {message}:\n{self.stdout}\n{self.stderr}\n{self.error}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {message}:\n{self.stdout}\n{self.stderr}")
+            self.kernel.pump(0.2)
+
+    def done(self, timeout: float = 120) -> Cell:
+        self.until(lambda c: c.idle and bool(c.reply), timeout, "the cell to finish")
+        return self
+
+    def _stream(self, name: str) -> str:
+        return "".join(
+            m["content"]["text"] for m in self.messages if m["msg_type"] == "stream" and m["content"]["name"] == name
+        )
+
+    @property
+    def stdout(self) -> str:
+        return self._stream("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self._stream("stderr")
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The reply's ename and evalue when the cell failed (a UsageError has no iopub error message)."""
+        return self.reply if self.reply.get("status") == "error" else None
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        results = [m["content"]["data"] for m in self.messages if m["msg_type"] == "execute_result"]
+        return results[0] if results else None
+
+
+class Kernel:
+    """A started kernel; its messages are routed to the cell (execution) they belong to."""
+
+    def __init__(self, manager: KernelManager) -> None:
+        self.manager = manager
+        self.client = manager.client()
+        self.cells: dict[str, Cell] = {}
+
+    def submit(self, code: str) -> Cell:
+        cell = Cell(self, self.client.execute(code))
+        self.cells[cell.msg_id] = cell
+        return cell
+
+    def run(self, code: str, timeout: float = 120) -> Cell:
+        return self.submit(code).done(timeout)
+
+    def pump(self, timeout: float) -> None:
+        for get, channel in ((self.client.get_iopub_msg, "iopub"), (self.client.get_shell_msg, "shell")):
+            try:
+                msg = get(timeout=timeout if channel == "iopub" else 0.01)
+            except queue.Empty:
+                continue
+            cell = self.cells.get(msg["parent_header"].get("msg_id"))
+            if cell is None:
+                continue
+            if channel == "shell":
+                cell.reply = msg["content"]
+            else:
+                cell.messages.append(msg)
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                    cell.idle = True
+
+
+@pytest.fixture
+def kernel(quickstart: Path, scratch_dir: Path, tracking_uri: str) -> Iterator[Kernel]:
+    env = {
+        **os.environ,
+        "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir),
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "PYTHON_KEYRING_BACKEND": os.environ["PYTHON_KEYRING_BACKEND"],
+        "XDG_DATA_HOME": os.environ["XDG_DATA_HOME"],
+    }
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(quickstart), env=env)
+    kernel = Kernel(manager)
+    kernel.client.start_channels()
+    try:
+        kernel.client.wait_for_ready(timeout=60)
+        loaded = kernel.run("%load_ext jupyter_remote_compute")
+        assert loaded.error is None, loaded.error
+        yield kernel
+    finally:
+        kernel.client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def _running(service: Any) -> list:
+    return [j for j in service.list_jobs() if j.state == "running"]
+
+
+def test_quickstart_streams_the_log_lands_the_model_and_returns_a_rich_job(kernel, quickstart: Path) -> None:
+    cell = kernel.run(f"job = {QUICKSTART_LINE}\njob")
+    assert cell.error is None, cell.error
+    assert "submitted job" in cell.stdout
+    assert "trained on 40 rows" in cell.stdout  # the live log
+    final = cell.stdout.strip().splitlines()[-1]
+    assert "succeeded after" in final and "outputs: model.pkl" in final and "MLflow run" in final
+    assert "sending to local" in cell.stderr  # the transfer bar
+    assert (quickstart / "model.pkl").is_file()
+    html = cell.result["text/html"]
+    assert "succeeded" in html and "model.pkl" in html and "local" in html
+    assert "<RemoteTrainJob" in cell.result["text/plain"]
+
+    outputs = kernel.run("print(sorted(job.outputs), job.mlflow_run_id is not None, job.trained)")
+    assert "['model.pkl'] True True" in outputs.stdout
+
+
+def test_interrupt_detaches_and_running_the_cell_again_attaches(kernel, quickstart: Path, make_service) -> None:
+    go = quickstart.parent / "go"
+    line = f"%remote_train --send train.py -- sh -c 'echo up; while [ ! -f {go} ]; do sleep 0.05; done; echo done'"
+    service = make_service(quickstart)
+
+    first = kernel.submit(line)
+    first.until(lambda c: "up" in c.stdout.split(), message="the job's log")
+    kernel.manager.interrupt_kernel()
+    first.done()
+
+    assert first.error is not None and first.error["ename"] == "KeyboardInterrupt"
+    [job] = service.list_jobs()
+    assert f"detached from job {job.id}; it keeps running" in first.stderr
+    assert f"%remote_jobs --cancel {job.id}" in first.stderr and "run the cell again" in first.stderr
+    # The job is not stopped by the interrupt: it is still running on its own.
+    assert service.get(job.id).state == "running"
+
+    second = kernel.submit(line)
+    second.until(lambda c: f"attached to running job {job.id}" in c.stdout, message="attaching")
+    go.touch()
+    second.done()
+    assert second.error is None, second.error
+    assert "done" in second.stdout.split()
+    assert [j.id for j in service.list_jobs()] == [job.id]
+    assert service.get(job.id).state == "succeeded"
+
+
+def test_running_the_cell_again_shows_a_job_that_ended_while_detached(kernel, quickstart: Path, make_service) -> None:
+    go = quickstart.parent / "go"
+    line = f"%remote_train --send train.py -- sh -c 'echo up; while [ ! -f {go} ]; do sleep 0.05; done; echo done'"
+    first = kernel.submit(line)
+    first.until(lambda c: "up" in c.stdout.split(), message="the job's log")
+    kernel.manager.interrupt_kernel()
+    first.done()
+    # Someone else (the server's poller, the CLI) sees it through to the end meanwhile.
+    service = make_service(quickstart)
+    [job] = service.list_jobs()
+    go.touch()
+    assert service.wait(job.id, timeout=120).state == "succeeded"
+
+    second = kernel.run(f"job = {line}\nprint(job.log())")
+    assert second.error is None, second.error
+    assert f"job {job.id} on local ended while detached" in second.stdout
+    assert f"job {job.id} on local: succeeded" in second.stdout
+    assert second.stdout.split().count("done") == 2  # streamed, then job.log()
+    assert [j.id for j in service.list_jobs()] == [job.id]
+
+
+def test_a_failing_command_raises_not_trained_with_its_reason(kernel) -> None:
+    cell = kernel.submit("%remote_train -- sh -c 'echo boom >&2; exit 4'")
+    queued = kernel.submit("print('the next cell ran')")  # as "Run All" queues it
+    cell.done()
+    queued.done()
+    assert cell.error is not None
+    assert cell.error["ename"] == "NotTrained"
+    assert "exit code 4" in cell.error["evalue"] and "boom" in cell.error["evalue"]
+    assert "failed after" in cell.stdout
+    assert queued.reply["status"] == "aborted" and "the next cell ran" not in queued.stdout
+
+
+def test_a_cell_body_runs_as_the_script_and_running_it_again_attaches(kernel, quickstart: Path, make_service) -> None:
+    go = quickstart.parent / "go-cell"
+    body = (
+        "import csv, os, time\n"
+        "rows = list(csv.DictReader(open('data/points.csv')))\n"
+        "print('rows', len(rows), flush=True)\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.05)\n"
+        "open('count.txt', 'w').write(str(len(rows)))\n"
+    )
+    code = "%%remote_train --send data/points.csv --bring-back count.txt\n" + body
+    service = make_service(quickstart)
+
+    first = kernel.submit(code)
+    first.until(lambda c: "rows 40" in c.stdout, message="the script's output")
+    kernel.manager.interrupt_kernel()
+    first.done()
+    [job] = service.list_jobs()
+
+    second = kernel.submit(code)
+    second.until(lambda c: f"attached to running job {job.id}" in c.stdout, message="attaching")
+    go.touch()
+    second.done()
+    assert second.error is None, second.error
+    assert (quickstart / "count.txt").read_text() == "40"
+    script = job.spec["command"][1]
+    assert script.startswith(".remote-compute-cells/") and (quickstart / script).read_text() == body
+    assert not list((quickstart / ".punica").rglob("*.py"))  # never written into .punica
+    assert (quickstart / ".remote-compute-cells" / ".gitignore").read_text() == "*\n"
+
+
+def test_remote_jobs_lists_and_cancels(kernel, quickstart: Path, make_service) -> None:
+    service = make_service(quickstart)
+    started = kernel.run("job = %remote_train --detach --send train.py -- sh -c 'echo up; sleep 300'")
+    assert started.error is None, started.error
+    [job] = wait_for(lambda: _running(service), message="the job to run")
+
+    table = kernel.run("%remote_jobs")
+    assert job.id in table.result["text/html"] and "running" in table.result["text/plain"]
+
+    cancelled = kernel.run(f"%remote_jobs --cancel {job.id}")
+    assert cancelled.error is None, cancelled.error
+    assert service.get(job.id).state == "cancelled"
+    assert "cancelled" in cancelled.result["text/html"]
+
+
+def test_help_shows_the_options_with_examples(kernel) -> None:
+    cell = kernel.run("%remote_train?")
+    pages = [p for p in cell.reply.get("payload", []) if p.get("source") == "page"]
+    text = pages[0]["data"]["text/plain"]
+    assert "--bring-back" in text and "--wait" in text and "examples:" in text and "%%remote_train" in text
+
+
+def test_bad_options_are_a_usage_error(kernel) -> None:
+    cell = kernel.run("%remote_train --send ../outside -- true")
+    assert cell.error["ename"] == "InvalidSettings" and "send[0]" in cell.error["evalue"]
+    cell = kernel.run("%remote_train --bogus -- true")
+    assert cell.error["ename"] == "UsageError" and "--bogus" in cell.error["evalue"]
