@@ -7,6 +7,8 @@ message names the file or setting and what to do, and never holds a secret.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RemoteComputeError(Exception):
     code = "error"
@@ -17,7 +19,7 @@ class RemoteComputeError(Exception):
         self.message = message
         self.field = field
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, Any]:
         data = {"code": self.code, "message": self.message}
         if self.field:
             data["field"] = self.field
@@ -66,10 +68,17 @@ class PolicyDenied(RemoteComputeError):
 
 
 class MachineError(RemoteComputeError):
-    """A machine could not be reached or did not do what was asked."""
+    """A machine could not be reached or did not do what was asked; ``details`` says more (a host key)."""
 
     code = "machine_error"
     status = 502
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.details = details or {}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), **({"details": self.details} if self.details else {})}
 
 
 class NotTrained(RemoteComputeError):

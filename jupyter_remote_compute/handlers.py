@@ -163,6 +163,13 @@ class MachineCheckHandler(RemoteComputeHandler):
         self.reply({"name": name, "ok": True, "facts": facts})
 
 
+class MachineTrustHandler(RemoteComputeHandler):
+    @api
+    async def post(self, name: str) -> None:
+        """Trust the SSH host key the machine presents now (after the user saw its fingerprint)."""
+        self.reply(await self.call(self.service.trust_machine, name))
+
+
 # -- jobs -------------------------------------------------------------------
 class JobsHandler(RemoteComputeHandler):
     @api
@@ -243,6 +250,7 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/machines", MachinesHandler),
     (rf"{PREFIX}/machines/{MACHINE}", MachineHandler),
     (rf"{PREFIX}/machines/{MACHINE}/check", MachineCheckHandler),
+    (rf"{PREFIX}/machines/{MACHINE}/trust", MachineTrustHandler),
     (rf"{PREFIX}/jobs", JobsHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}", JobHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),

@@ -83,3 +83,20 @@ def test_a_job_outlives_the_process_that_started_it(ssh_workspace, tracking_uri,
     assert done.state == "succeeded", done.reason
     assert (workspace / "out/digest.txt").is_file()
     assert json.loads((far_dir / "job.json").read_text())["key"] == job.key
+
+
+def test_an_unknown_host_key_is_reported_with_its_fingerprint_then_trusted(workspace, make_service, ssh_agent_env):
+    from jupyter_remote_compute.errors import MachineError
+
+    empty = workspace / "known_hosts"
+    empty.write_text("")
+    service = make_service(workspace)
+    service.machines.add("fresh", "ssh", "127.0.0.1", ssh_agent_env.options(known_hosts=str(empty)))
+    with pytest.raises(MachineError) as info:
+        service.check_machine("fresh")
+    payload = info.value.to_json()
+    fingerprint = payload["details"]["host_key"]["fingerprint"]
+    assert fingerprint.startswith("SHA256:") and payload["details"]["can_trust"] is True
+    assert service.trust_machine("fresh")["fingerprint"] == fingerprint
+    assert service.check_machine("fresh")["cpus"] >= 1
+    assert empty.read_text().strip()

@@ -49,9 +49,11 @@ class EngineError(Exception):
     failing the job.
     """
 
-    def __init__(self, message: str, *, transient: bool = False) -> None:
+    def __init__(self, message: str, *, transient: bool = False, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        #: Facts a face can act on (e.g. an unknown host key to offer "Trust this host"); never secrets.
+        self.details = dict(details or {})
 
 
 @dataclasses.dataclass(frozen=True)

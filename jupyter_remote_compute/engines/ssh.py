@@ -93,7 +93,8 @@ class HostKeyUnknown(EngineError):
     """The machine's host key is in no known_hosts file; ``trust_host`` records it."""
 
     def __init__(self, message: str, keytype: str, fingerprint: str) -> None:
-        super().__init__(message)
+        host_key = {"type": keytype, "fingerprint": fingerprint}
+        super().__init__(message, details={"host_key": host_key, "can_trust": True})
         self.keytype = keytype
         self.fingerprint = fingerprint
 

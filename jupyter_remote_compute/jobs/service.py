@@ -40,7 +40,14 @@ from ..engines.base import (
     RemoteJob,
     RemoteStatus,
 )
-from ..errors import Conflict, InvalidSettings, NotTrained, RemoteComputeError, SecretStoreUnavailable
+from ..errors import (
+    Conflict,
+    InvalidSettings,
+    MachineError,
+    NotTrained,
+    RemoteComputeError,
+    SecretStoreUnavailable,
+)
 from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, screen_settings
 from ..machines import Machine, MachineRegistry
@@ -206,9 +213,18 @@ class JobService:
         try:
             return self.engine(name).check()
         except EngineError as e:
-            from ..errors import MachineError
+            raise MachineError(f"{name}: {e}", details=e.details) from e
 
-            raise MachineError(f"{name}: {e}") from e
+    def trust_machine(self, name: str) -> dict[str, Any]:
+        """Record an SSH machine's current host key as known (an explicit user action)."""
+        engine = self.engine(name)
+        trust = getattr(engine, "trust_host", None)
+        if trust is None:
+            raise InvalidSettings(f"machine: {name!r} ({engine.kind}) has no host key to trust", field="machine")
+        try:
+            return {"name": name, "fingerprint": trust()}
+        except EngineError as e:
+            raise MachineError(f"{name}: {e}", details=e.details) from e
 
     def close(self) -> None:
         with self._engines_lock:
