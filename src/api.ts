@@ -177,12 +177,73 @@ export interface IMachine {
   options: Record<string, unknown>;
 }
 
+/**
+ * One setting a kind of machine takes (`kinds[].options` of `GET /machines`).
+ */
+export interface IKindOption {
+  /**
+   * The Python type name: `str`, `int`, `bool`, `float`.
+   */
+  type: string;
+  description: string;
+  required: boolean;
+  /**
+   * True when the option holds the *name* of a Secret Manager entry (e.g. `token_secret`):
+   * the form asks for the secret itself and sends it as `token`.
+   */
+  secret_name: boolean;
+}
+
+/**
+ * A kind of machine this installation can use.
+ */
+export interface IKind {
+  kind: string;
+  label: string;
+  remote: boolean;
+  options: Record<string, IKindOption>;
+}
+
 export interface IMachineList {
   machines: IMachine[];
   /**
    * An opaque version (etag) of compute.yaml; a write sends it back to refuse stale edits.
    */
   version: string;
+  kinds?: IKind[];
+}
+
+/**
+ * What the form sends to add a machine (`POST /machines`).
+ */
+export interface IMachineInput {
+  name: string;
+  kind: string;
+  address: string;
+  options?: Record<string, unknown>;
+  enabled?: boolean;
+  /**
+   * Stored in the Secret Manager by the server; compute.yaml keeps only its name.
+   */
+  token?: string;
+  version?: string;
+}
+
+/**
+ * What can change on an existing machine (`PATCH /machines/<name>`).
+ */
+export interface IMachinePatch {
+  address?: string;
+  options?: Record<string, unknown>;
+  enabled?: boolean;
+  token?: string;
+  version?: string;
+}
+
+export interface ICheckResult {
+  name: string;
+  ok: boolean;
+  facts: Record<string, unknown>;
 }
 
 export type JobState =
@@ -195,6 +256,54 @@ export type JobState =
   | 'cancelled'
   | 'lost';
 
+export const ACTIVE_STATES: ReadonlySet<JobState> = new Set<JobState>([
+  'queued',
+  'sending',
+  'running',
+  'collecting'
+]);
+
+export const TERMINAL_STATES: ReadonlySet<JobState> = new Set<JobState>([
+  'succeeded',
+  'failed',
+  'cancelled',
+  'lost'
+]);
+
+export const ALL_STATES: readonly JobState[] = [
+  'queued',
+  'sending',
+  'running',
+  'collecting',
+  'succeeded',
+  'failed',
+  'cancelled',
+  'lost'
+];
+
+export function isActive(state: string): boolean {
+  return ACTIVE_STATES.has(state as JobState);
+}
+
+export function isTerminal(state: string): boolean {
+  return TERMINAL_STATES.has(state as JobState);
+}
+
+/**
+ * What a job is asked to do (`JobSpec` in openapi.yaml).
+ */
+export interface IJobSpec {
+  machine?: string;
+  command: string | string[];
+  send?: string[];
+  bring_back?: string[];
+  env?: Record<string, string>;
+  timeout?: number | string | null;
+  name?: string | null;
+  key?: string | null;
+  new?: boolean;
+}
+
 /**
  * A job (`GET /remote-compute/jobs`); the server may add more fields.
  */
@@ -205,14 +314,52 @@ export interface IJob {
   state: JobState;
   reason: string | null;
   created: string | null;
+  updated?: string | null;
   started: string | null;
   ended: string | null;
+  kind?: string;
+  spec?: IJobSpec;
+  exit_code?: number | null;
+  outputs?: Record<string, { sha256?: string; size?: number }>;
+  inputs?: Record<string, number>;
+  transfer?: Record<string, number>;
+  mlflow_run_id?: string | null;
+  log_size?: number;
+  progress?: { done: number; total: number };
   [key: string]: unknown;
 }
 
 export interface IJobList {
   jobs: IJob[];
 }
+
+export interface ISubmitResult {
+  job: IJob;
+  attached: boolean;
+}
+
+/**
+ * A chunk of a job's log (`GET /jobs/<id>/log`).
+ */
+export interface ILogChunk {
+  data: string;
+  offset: number;
+  next_offset: number;
+  /**
+   * The job has ended and this is the end of its log.
+   */
+  complete: boolean;
+}
+
+function jsonBody(method: string, body: unknown): RequestInit {
+  return {
+    method,
+    body: JSON.stringify(body),
+    headers: { 'Content-Type': 'application/json' }
+  };
+}
+
+const enc = encodeURIComponent;
 
 /**
  * The machines this workspace may run on, the built-in "This machine" included.
@@ -223,11 +370,100 @@ export function listMachines(
   return requestAPI<IMachineList>('machines', { method: 'GET' }, settings);
 }
 
+export function addMachine(
+  input: IMachineInput,
+  settings?: ServerConnection.ISettings
+): Promise<IMachine> {
+  return requestAPI<IMachine>('machines', jsonBody('POST', input), settings);
+}
+
+export function updateMachine(
+  name: string,
+  patch: IMachinePatch,
+  settings?: ServerConnection.ISettings
+): Promise<IMachine> {
+  return requestAPI<IMachine>(
+    `machines/${enc(name)}`,
+    jsonBody('PATCH', patch),
+    settings
+  );
+}
+
+export async function removeMachine(
+  name: string,
+  version?: string,
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  const query = version ? `?version=${enc(version)}` : '';
+  await requestAPI<void>(
+    `machines/${enc(name)}${query}`,
+    { method: 'DELETE' },
+    settings
+  );
+}
+
+export function checkMachine(
+  name: string,
+  settings?: ServerConnection.ISettings
+): Promise<ICheckResult> {
+  return requestAPI<ICheckResult>(
+    `machines/${enc(name)}/check`,
+    { method: 'POST' },
+    settings
+  );
+}
+
 /**
- * Every job of every machine.
+ * Every job of every machine, newest first.
  */
 export function listJobs(
   settings?: ServerConnection.ISettings
 ): Promise<IJobList> {
   return requestAPI<IJobList>('jobs', { method: 'GET' }, settings);
+}
+
+export function getJob(
+  id: string,
+  settings?: ServerConnection.ISettings
+): Promise<IJob> {
+  return requestAPI<IJob>(`jobs/${enc(id)}`, { method: 'GET' }, settings);
+}
+
+export function submitJob(
+  spec: IJobSpec,
+  settings?: ServerConnection.ISettings
+): Promise<ISubmitResult> {
+  return requestAPI<ISubmitResult>('jobs', jsonBody('POST', spec), settings);
+}
+
+export function cancelJob(
+  id: string,
+  settings?: ServerConnection.ISettings
+): Promise<IJob> {
+  return requestAPI<IJob>(
+    `jobs/${enc(id)}/cancel`,
+    { method: 'POST' },
+    settings
+  );
+}
+
+export async function deleteJob(
+  id: string,
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI<void>(`jobs/${enc(id)}`, { method: 'DELETE' }, settings);
+}
+
+export function readLog(
+  id: string,
+  offset: number,
+  limit?: number,
+  settings?: ServerConnection.ISettings
+): Promise<ILogChunk> {
+  const query = `offset=${offset}` + (limit ? `&limit=${limit}` : '');
+  return requestAPI<ILogChunk>(
+    `jobs/${enc(id)}/log?${query}`,
+    { method: 'GET' },
+    settings
+  );
 }

@@ -3,11 +3,23 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import {
+  Dialog,
+  ICommandPalette,
+  Notification,
+  showDialog
+} from '@jupyterlab/apputils';
+import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
-import { ITranslator, nullTranslator } from '@jupyterlab/translation';
+import {
+  ITranslator,
+  nullTranslator,
+  TranslationBundle
+} from '@jupyterlab/translation';
+import * as React from 'react';
 
-import { registerCommands } from './commands';
+import { APIError, IJob, SERVER_EXTENSION } from './api';
+import { CommandIDs, registerCommands } from './commands';
 import { ComputePanel } from './components/ComputePanel';
 import { ComputeModel, IComputeSettings } from './model';
 
@@ -18,6 +30,112 @@ export { CommandIDs } from './commands';
 const PLUGIN_ID = 'jupyter-remote-compute:plugin';
 
 /**
+ * Say when a job ends, whether or not the panel is open.
+ */
+function notifyJobEnded(
+  app: JupyterFrontEnd,
+  job: IJob,
+  trans: TranslationBundle
+): void {
+  const name = job.name || job.id;
+  const actions: Notification.IAction[] = [
+    {
+      label: trans.__('Show log'),
+      caption: trans.__('Open the job and its log'),
+      callback: () => {
+        void app.commands.execute(CommandIDs.showJob, { id: job.id });
+      }
+    }
+  ];
+  const outputs = Object.keys(job.outputs ?? {});
+  if (job.state === 'succeeded' && outputs.length > 0) {
+    actions.push({
+      label: trans.__('Open outputs'),
+      caption: outputs.join(', '),
+      displayType: 'accent',
+      callback: () => {
+        void app.commands.execute(CommandIDs.openOutputs, { id: job.id });
+      }
+    });
+  }
+  switch (job.state) {
+    case 'succeeded':
+      Notification.success(
+        trans.__('Job %1 on %2 succeeded.', name, job.machine),
+        { autoClose: 10000, actions }
+      );
+      break;
+    case 'cancelled':
+      Notification.warning(
+        trans.__('Job %1 on %2 was cancelled.', name, job.machine),
+        { autoClose: 10000, actions }
+      );
+      break;
+    default:
+      Notification.error(
+        job.state === 'lost'
+          ? trans.__(
+              'Job %1 on %2 was lost: %3',
+              name,
+              job.machine,
+              job.reason ?? ''
+            )
+          : trans.__(
+              'Job %1 on %2 failed: %3',
+              name,
+              job.machine,
+              job.reason ?? ''
+            ),
+        { autoClose: false, actions }
+      );
+  }
+}
+
+function showServerMissing(error: APIError, trans: TranslationBundle): void {
+  const command = `jupyter server extension enable ${SERVER_EXTENSION}`;
+  const body = React.createElement(
+    'div',
+    { className: 'jp-RemoteCompute-dialogBody' },
+    React.createElement(
+      'p',
+      null,
+      trans.__(
+        'The Compute panel needs the server part of jupyter-remote-compute (%1), and it does not answer at /remote-compute/.',
+        SERVER_EXTENSION
+      )
+    ),
+    React.createElement(
+      'p',
+      null,
+      trans.__('Enable it, then restart JupyterLab:')
+    ),
+    React.createElement(
+      'pre',
+      { className: 'jp-RemoteCompute-command' },
+      command
+    ),
+    React.createElement(
+      'p',
+      null,
+      trans.__(
+        'Check with: jupyter server extension list (it should show %1 enabled and OK).',
+        SERVER_EXTENSION
+      )
+    ),
+    React.createElement(
+      'p',
+      { className: 'jp-RemoteCompute-errorDetail' },
+      trans.__('Details: %1', error.message)
+    )
+  );
+  void showDialog({
+    title: trans.__('The remote-compute server extension is missing'),
+    body,
+    buttons: [Dialog.okButton({ label: trans.__('OK') })]
+  });
+}
+
+/**
  * The Compute panel in the left sidebar and its commands.
  */
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -25,24 +143,61 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description:
     'Run a training job on a named machine and follow it from the Compute panel.',
   autoStart: true,
-  optional: [ITranslator, ICommandPalette, ILayoutRestorer, ISettingRegistry],
+  optional: [
+    ITranslator,
+    ICommandPalette,
+    ILayoutRestorer,
+    ISettingRegistry,
+    IDefaultFileBrowser
+  ],
   activate: (
     app: JupyterFrontEnd,
     translator: ITranslator | null,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
-    settingRegistry: ISettingRegistry | null
+    settingRegistry: ISettingRegistry | null,
+    fileBrowser: IDefaultFileBrowser | null
   ): void => {
     const trans = (translator ?? nullTranslator).load('jupyter_remote_compute');
 
     const model = new ComputeModel({ events: app.serviceManager.events });
-    const panel = new ComputePanel({ model, trans });
+    const panel = new ComputePanel({ model, trans, commands: app.commands });
     app.shell.add(panel, 'left', { rank: 650 });
     if (restorer) {
       restorer.add(panel, 'jupyter-remote-compute');
     }
 
-    registerCommands(app, { panel, trans, palette });
+    registerCommands({
+      app,
+      model,
+      panel,
+      trans,
+      palette,
+      selectedFile: () => {
+        if (!fileBrowser) {
+          return null;
+        }
+        const item = fileBrowser.selectedItems().next();
+        return item && !item.done && item.value.type !== 'directory'
+          ? item.value.path
+          : null;
+      }
+    });
+
+    if (fileBrowser) {
+      app.contextMenu.addItem({
+        command: CommandIDs.runFile,
+        selector: '.jp-DirListing-item[data-file-type="python"]',
+        rank: 60
+      });
+    }
+
+    model.jobEnded.connect((_, job) => notifyJobEnded(app, job, trans));
+    model.serverMissing.connect((_, error) => showServerMissing(error, trans));
+
+    // One quiet load at start: the model then knows which jobs are running, so it can say
+    // when they end even if the panel stays closed. Events keep it current afterwards.
+    void app.restored.then(() => model.refresh().catch(() => undefined));
 
     if (settingRegistry) {
       settingRegistry

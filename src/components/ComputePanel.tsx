@@ -1,19 +1,34 @@
 /**
  * The Compute panel (left sidebar): machines and jobs, or a clear message when the
- * server extension is not answering.
+ * server extension is not answering. Every action goes through a command.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import {
+  addIcon,
+  checkIcon,
+  ellipsesIcon,
   ReactWidget,
   refreshIcon,
+  runIcon,
   ToolbarButtonComponent
 } from '@jupyterlab/ui-components';
+import { CommandRegistry } from '@lumino/commands';
 import { Message } from '@lumino/messaging';
+import { Menu } from '@lumino/widgets';
 import * as React from 'react';
 
-import { APIError, IJob, IMachine, SERVER_EXTENSION } from '../api';
+import {
+  ALL_STATES,
+  APIError,
+  IJob,
+  IMachine,
+  isActive,
+  SERVER_EXTENSION
+} from '../api';
+import { jobDuration, relativeTime } from '../format';
 import { computeIcon } from '../icons';
 import { ComputeModel } from '../model';
+import { KindIcon, StateBadge, stateLabel, useNow, useSignal } from './common';
 
 /**
  * The id of the panel in the shell (also used by the layout restorer and commands).
@@ -21,18 +36,9 @@ import { ComputeModel } from '../model';
 export const PANEL_ID = 'jp-remote-compute-panel';
 
 /**
- * Re-render whenever the model changes.
+ * Height of one job row in pixels (the list is windowed on it; keep in sync with the CSS).
  */
-function useModel(model: ComputeModel): void {
-  const [, setVersion] = React.useState(0);
-  React.useEffect(() => {
-    const onChange = (): void => setVersion(v => v + 1);
-    model.changed.connect(onChange);
-    return () => {
-      model.changed.disconnect(onChange);
-    };
-  }, [model]);
-}
+export const JOB_ROW_HEIGHT = 46;
 
 function ServerMissing(props: {
   error: APIError;
@@ -86,71 +92,417 @@ function RequestFailed(props: {
   );
 }
 
-function MachineList(props: {
-  machines: readonly IMachine[];
-  trans: TranslationBundle;
-}): JSX.Element {
-  const { machines, trans } = props;
-  if (machines.length === 0) {
-    return <p className="jp-RemoteCompute-empty">{trans.__('No machines.')}</p>;
+/**
+ * Edit, duplicate, remove: the machine's less frequent actions, as a menu of commands.
+ */
+function openMachineMenu(
+  commands: CommandRegistry,
+  name: string,
+  anchor: HTMLElement | null
+): void {
+  const menu = new Menu({ commands });
+  menu.addClass('jp-RemoteCompute-menu');
+  for (const command of [
+    'remote-compute:edit-machine',
+    'remote-compute:duplicate-machine',
+    'remote-compute:remove-machine'
+  ]) {
+    menu.addItem({ command, args: { name } });
   }
+  menu.aboutToClose.connect(() => {
+    // Disposed after the click that closed it was handled.
+    requestAnimationFrame(() => menu.dispose());
+  });
+  const rect = anchor?.getBoundingClientRect();
+  menu.open(rect ? rect.left : 0, rect ? rect.bottom : 0);
+}
+
+function MachineRow(props: {
+  machine: IMachine;
+  model: ComputeModel;
+  commands: CommandRegistry;
+  trans: TranslationBundle;
+  now: number;
+}): JSX.Element {
+  const { machine, model, commands, trans, now } = props;
+  const check = model.lastCheck(machine.name);
+  const kindLabel =
+    model.kinds.find(k => k.kind === machine.kind)?.label || machine.kind;
+  const displayName = machine.builtin ? trans.__('This machine') : machine.name;
+  const args = { name: machine.name };
   return (
-    <ul className="jp-RemoteCompute-list" aria-label={trans.__('Machines')}>
-      {machines.map(machine => (
-        <li
-          key={machine.name}
-          className="jp-RemoteCompute-item"
-          data-enabled={machine.enabled ? 'true' : 'false'}
+    <li
+      className="jp-RemoteCompute-machine"
+      data-enabled={machine.enabled ? 'true' : 'false'}
+      aria-label={displayName}
+    >
+      <div className="jp-RemoteCompute-machineMain">
+        <KindIcon kind={machine.kind} label={kindLabel} />
+        <span className="jp-RemoteCompute-itemName">{displayName}</span>
+        {!machine.builtin && (
+          <label
+            className="jp-RemoteCompute-switch"
+            title={
+              machine.enabled
+                ? trans.__('Enabled: jobs may run on %1', machine.name)
+                : trans.__('Disabled: no job runs on %1', machine.name)
+            }
+          >
+            <input
+              type="checkbox"
+              role="switch"
+              checked={machine.enabled}
+              aria-label={trans.__('Enabled: %1', machine.name)}
+              onChange={e =>
+                void commands.execute('remote-compute:enable-machine', {
+                  name: machine.name,
+                  enabled: e.target.checked
+                })
+              }
+            />
+          </label>
+        )}
+        <span className="jp-RemoteCompute-rowActions">
+          <ToolbarButtonComponent
+            icon={checkIcon}
+            tooltip={trans.__('Check %1', displayName)}
+            onClick={() =>
+              void commands.execute('remote-compute:check-machine', args)
+            }
+          />
+          {!machine.builtin && (
+            <ToolbarButtonComponent
+              icon={ellipsesIcon}
+              tooltip={trans.__('More actions for %1', machine.name)}
+              onClick={() => {
+                const button = document.activeElement as HTMLElement | null;
+                openMachineMenu(commands, machine.name, button);
+              }}
+            />
+          )}
+        </span>
+      </div>
+      <div className="jp-RemoteCompute-machineLine">
+        <span className="jp-RemoteCompute-itemDetail jp-RemoteCompute-machineFacts">
+          <span className="jp-RemoteCompute-address" title={machine.address}>
+            {machine.builtin
+              ? trans.__('built in, always there')
+              : machine.address}
+          </span>
+          {machine.created && (
+            <>
+              {' · '}
+              <time dateTime={machine.created} title={machine.created}>
+                {trans.__(
+                  'added %1',
+                  relativeTime(machine.created, trans, now)
+                )}
+              </time>
+            </>
+          )}
+        </span>
+      </div>
+      {check && (
+        <div
+          className="jp-RemoteCompute-check"
+          data-ok={check.ok ? 'true' : 'false'}
+          title={check.ok ? JSON.stringify(check.facts) : check.message}
         >
-          <span className="jp-RemoteCompute-itemName">
-            {machine.builtin ? trans.__('This machine') : machine.name}
-          </span>
-          <span className="jp-RemoteCompute-itemDetail">
-            {machine.kind}
-            {machine.address ? ` · ${machine.address}` : ''}
-            {machine.enabled ? '' : ` · ${trans.__('disabled')}`}
-          </span>
-        </li>
-      ))}
-    </ul>
+          {check.ok
+            ? trans.__('Check passed %1', relativeTime(check.at, trans, now))
+            : trans.__(
+                'Check failed %1: %2',
+                relativeTime(check.at, trans, now),
+                check.message
+              )}
+        </div>
+      )}
+    </li>
   );
 }
 
-function JobList(props: {
-  jobs: readonly IJob[];
+function Machines(props: {
+  model: ComputeModel;
+  commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { jobs, trans } = props;
-  if (jobs.length === 0) {
-    return <p className="jp-RemoteCompute-empty">{trans.__('No jobs yet.')}</p>;
-  }
+  const { model, commands, trans } = props;
+  const now = useNow(true, 30000);
+  const builtin = model.machines.filter(m => m.builtin);
+  const others = model.machines.filter(m => !m.builtin);
   return (
-    <ul className="jp-RemoteCompute-list" aria-label={trans.__('Jobs')}>
-      {jobs.map(job => (
-        <li key={job.id} className="jp-RemoteCompute-item" title={job.id}>
-          <span className="jp-RemoteCompute-itemName">
-            {job.name || job.id}
-          </span>
-          <span
-            className="jp-RemoteCompute-state"
-            data-state={job.state}
-            title={job.reason ?? undefined}
-          >
-            {job.state}
-          </span>
-          <span className="jp-RemoteCompute-itemDetail">{job.machine}</span>
-        </li>
-      ))}
-    </ul>
+    <section
+      className="jp-RemoteCompute-machines"
+      aria-labelledby="jp-RemoteCompute-machines-heading"
+    >
+      <div className="jp-RemoteCompute-sectionHeader">
+        <h3
+          id="jp-RemoteCompute-machines-heading"
+          className="jp-RemoteCompute-sectionTitle"
+        >
+          {trans.__('Machines')}
+        </h3>
+        <ToolbarButtonComponent
+          icon={addIcon}
+          label={trans.__('Add a machine')}
+          tooltip={trans.__(
+            'Add an SSH host or a Jupyter Server to run jobs on'
+          )}
+          onClick={() => void commands.execute('remote-compute:add-machine')}
+        />
+      </div>
+      <ul
+        className="jp-RemoteCompute-list jp-RemoteCompute-builtin"
+        aria-label={trans.__('Built-in machine')}
+      >
+        {builtin.map(machine => (
+          <MachineRow
+            key={machine.name}
+            machine={machine}
+            model={model}
+            commands={commands}
+            trans={trans}
+            now={now}
+          />
+        ))}
+      </ul>
+      {others.length === 0 ? (
+        <p className="jp-RemoteCompute-empty">
+          {trans.__(
+            'No other machine yet. Add an SSH host or a Jupyter Server to train elsewhere.'
+          )}
+        </p>
+      ) : (
+        <ul className="jp-RemoteCompute-list" aria-label={trans.__('Machines')}>
+          {others.map(machine => (
+            <MachineRow
+              key={machine.name}
+              machine={machine}
+              model={model}
+              commands={commands}
+              trans={trans}
+              now={now}
+            />
+          ))}
+        </ul>
+      )}
+    </section>
+  );
+}
+
+function JobRow(props: {
+  job: IJob;
+  top: number;
+  now: number;
+  commands: CommandRegistry;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { job, top, now, commands, trans } = props;
+  const open = (): void =>
+    void commands.execute('remote-compute:show-job', { id: job.id });
+  const failed = job.state === 'failed' || job.state === 'lost';
+  return (
+    <li
+      className="jp-RemoteCompute-job"
+      style={{ top, height: JOB_ROW_HEIGHT }}
+      tabIndex={0}
+      aria-label={job.name || job.id}
+      data-state={job.state}
+      title={job.reason ? `${job.id}\n${job.reason}` : job.id}
+      onClick={open}
+      onKeyDown={e => {
+        if (e.key === 'Enter' || e.key === ' ') {
+          e.preventDefault();
+          open();
+        }
+      }}
+    >
+      <div className="jp-RemoteCompute-jobLine">
+        <span className="jp-RemoteCompute-jobName">{job.name || job.id}</span>
+        <StateBadge job={job} trans={trans} />
+      </div>
+      <div className="jp-RemoteCompute-jobLine jp-RemoteCompute-itemDetail">
+        <span className="jp-RemoteCompute-jobMeta">
+          {job.machine}
+          {job.started || job.created ? (
+            <>
+              {' · '}
+              <time
+                dateTime={job.started ?? job.created ?? ''}
+                title={job.started ?? job.created ?? ''}
+              >
+                {relativeTime(job.started ?? job.created, trans, now)}
+              </time>
+            </>
+          ) : null}
+          {job.started ? ` · ${jobDuration(job, now)}` : ''}
+        </span>
+        {failed && job.reason && (
+          <span className="jp-RemoteCompute-jobReason">{job.reason}</span>
+        )}
+      </div>
+    </li>
+  );
+}
+
+/**
+ * The job list, windowed: only the rows in view (plus a few) are rendered.
+ */
+function JobList(props: {
+  jobs: readonly IJob[];
+  commands: CommandRegistry;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { jobs, commands, trans } = props;
+  const scroller = React.useRef<HTMLDivElement>(null);
+  const [scrollTop, setScrollTop] = React.useState(0);
+  const [height, setHeight] = React.useState(400);
+  React.useEffect(() => {
+    const el = scroller.current;
+    if (!el) {
+      return;
+    }
+    const observer = new ResizeObserver(() =>
+      setHeight(el.clientHeight || 400)
+    );
+    observer.observe(el);
+    return () => observer.disconnect();
+  }, []);
+  const overscan = 5;
+  const first = Math.max(0, Math.floor(scrollTop / JOB_ROW_HEIGHT) - overscan);
+  const last = Math.min(
+    jobs.length,
+    Math.ceil((scrollTop + height) / JOB_ROW_HEIGHT) + overscan
+  );
+  const visible = jobs.slice(first, last);
+  const now = useNow(visible.some(j => isActive(j.state)));
+  return (
+    <div
+      ref={scroller}
+      className="jp-RemoteCompute-jobScroller"
+      onScroll={e => setScrollTop((e.target as HTMLDivElement).scrollTop)}
+    >
+      <ul
+        className="jp-RemoteCompute-jobList"
+        aria-label={trans.__('Jobs')}
+        aria-rowcount={jobs.length}
+        style={{ height: jobs.length * JOB_ROW_HEIGHT }}
+      >
+        {visible.map((job, i) => (
+          <JobRow
+            key={job.id}
+            job={job}
+            top={(first + i) * JOB_ROW_HEIGHT}
+            now={now}
+            commands={commands}
+            trans={trans}
+          />
+        ))}
+      </ul>
+    </div>
+  );
+}
+
+function Jobs(props: {
+  model: ComputeModel;
+  commands: CommandRegistry;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { model, commands, trans } = props;
+  const [machine, setMachine] = React.useState('');
+  const [state, setState] = React.useState('');
+  const machineNames = React.useMemo(() => {
+    const names = new Set<string>(model.machines.map(m => m.name));
+    for (const job of model.jobs) {
+      names.add(job.machine);
+    }
+    return [...names].sort();
+  }, [model.machines, model.jobs]);
+  const jobs = React.useMemo(
+    () =>
+      model.jobs.filter(
+        j =>
+          (!machine || j.machine === machine) &&
+          (!state ||
+            (state === 'active' ? isActive(j.state) : j.state === state))
+      ),
+    [model.jobs, machine, state]
+  );
+  return (
+    <section
+      className="jp-RemoteCompute-jobs"
+      aria-labelledby="jp-RemoteCompute-jobs-heading"
+    >
+      <div className="jp-RemoteCompute-sectionHeader">
+        <h3
+          id="jp-RemoteCompute-jobs-heading"
+          className="jp-RemoteCompute-sectionTitle"
+        >
+          {trans.__('Jobs')}
+          {model.jobs.length > 0 && (
+            <span className="jp-RemoteCompute-count">
+              {jobs.length === model.jobs.length
+                ? ` (${model.jobs.length})`
+                : ` (${jobs.length}/${model.jobs.length})`}
+            </span>
+          )}
+        </h3>
+        <ToolbarButtonComponent
+          icon={runIcon}
+          label={trans.__('New job')}
+          tooltip={trans.__('Start a job on one of the machines')}
+          onClick={() => void commands.execute('remote-compute:run')}
+        />
+      </div>
+      <div className="jp-RemoteCompute-filters">
+        <select
+          className="jp-mod-styled"
+          aria-label={trans.__('Filter jobs by machine')}
+          value={machine}
+          onChange={e => setMachine(e.target.value)}
+        >
+          <option value="">{trans.__('All machines')}</option>
+          {machineNames.map(name => (
+            <option key={name} value={name}>
+              {name === 'local' ? trans.__('This machine') : name}
+            </option>
+          ))}
+        </select>
+        <select
+          className="jp-mod-styled"
+          aria-label={trans.__('Filter jobs by state')}
+          value={state}
+          onChange={e => setState(e.target.value)}
+        >
+          <option value="">{trans.__('All states')}</option>
+          <option value="active">{trans.__('Active (not finished)')}</option>
+          {ALL_STATES.map(s => (
+            <option key={s} value={s}>
+              {stateLabel(s, trans)}
+            </option>
+          ))}
+        </select>
+      </div>
+      {model.jobs.length === 0 ? (
+        <p className="jp-RemoteCompute-empty">{trans.__('No jobs yet.')}</p>
+      ) : jobs.length === 0 ? (
+        <p className="jp-RemoteCompute-empty">
+          {trans.__('No job matches the filters.')}
+        </p>
+      ) : (
+        <JobList jobs={jobs} commands={commands} trans={trans} />
+      )}
+    </section>
   );
 }
 
 function ComputePanelComponent(props: {
   model: ComputeModel;
+  commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { model, trans } = props;
-  useModel(model);
+  const { model, commands, trans } = props;
+  useSignal(model.changed);
 
   const error = model.error;
   let body: JSX.Element;
@@ -162,24 +514,8 @@ function ComputePanelComponent(props: {
     body = (
       <>
         {error && <RequestFailed error={error} trans={trans} />}
-        <section aria-labelledby="jp-RemoteCompute-machines-heading">
-          <h3
-            id="jp-RemoteCompute-machines-heading"
-            className="jp-RemoteCompute-sectionTitle"
-          >
-            {trans.__('Machines')}
-          </h3>
-          <MachineList machines={model.machines} trans={trans} />
-        </section>
-        <section aria-labelledby="jp-RemoteCompute-jobs-heading">
-          <h3
-            id="jp-RemoteCompute-jobs-heading"
-            className="jp-RemoteCompute-sectionTitle"
-          >
-            {trans.__('Jobs')}
-          </h3>
-          <JobList jobs={model.jobs} trans={trans} />
-        </section>
+        <Machines model={model} commands={commands} trans={trans} />
+        <Jobs model={model} commands={commands} trans={trans} />
         {model.settings.mlflowUiUrl && (
           <p className="jp-RemoteCompute-footer">
             <a
@@ -201,7 +537,7 @@ function ComputePanelComponent(props: {
         <h2 className="jp-RemoteCompute-title">{trans.__('Compute')}</h2>
         <ToolbarButtonComponent
           icon={refreshIcon}
-          onClick={() => void model.refresh()}
+          onClick={() => void model.refresh().catch(() => undefined)}
           tooltip={trans.__('Refresh machines and jobs')}
         />
       </div>
@@ -211,13 +547,14 @@ function ComputePanelComponent(props: {
 }
 
 /**
- * The sidebar widget; the model refreshes while it is visible.
+ * The sidebar widget; the model's fallback poll runs while it is visible.
  */
 export class ComputePanel extends ReactWidget {
   constructor(options: ComputePanel.IOptions) {
     super();
     this._model = options.model;
     this._trans = options.trans;
+    this._commands = options.commands;
     this.id = PANEL_ID;
     this.addClass('jp-RemoteCompute-panel');
     this.title.icon = computeIcon;
@@ -239,9 +576,16 @@ export class ComputePanel extends ReactWidget {
   }
 
   render(): JSX.Element {
-    return <ComputePanelComponent model={this._model} trans={this._trans} />;
+    return (
+      <ComputePanelComponent
+        model={this._model}
+        commands={this._commands}
+        trans={this._trans}
+      />
+    );
   }
 
+  private _commands: CommandRegistry;
   private _model: ComputeModel;
   private _trans: TranslationBundle;
 }
@@ -249,6 +593,7 @@ export class ComputePanel extends ReactWidget {
 export namespace ComputePanel {
   export interface IOptions {
     model: ComputeModel;
+    commands: CommandRegistry;
     trans: TranslationBundle;
   }
 }

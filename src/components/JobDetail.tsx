@@ -1,0 +1,492 @@
+/**
+ * One job in the main area: its spec (env names only, never values), state, outputs with
+ * links that open them, the MLflow run, Cancel / Delete / Run again, and a live log that
+ * follows the server's byte offsets.
+ */
+import { TranslationBundle } from '@jupyterlab/translation';
+import { Button, ReactWidget } from '@jupyterlab/ui-components';
+import { CommandRegistry } from '@lumino/commands';
+import { Message } from '@lumino/messaging';
+import { Panel } from '@lumino/widgets';
+import * as React from 'react';
+
+import { IJob, isActive, isTerminal, readLog } from '../api';
+import { formatSize, jobDuration, relativeTime } from '../format';
+import { computeIcon } from '../icons';
+import { LogView } from '../logview';
+import { asAPIError, ComputeModel } from '../model';
+import { StateBadge, useNow, useSignal } from './common';
+
+const LOG_CHUNK = 1 << 20;
+
+function Time(props: {
+  iso: string | null | undefined;
+  trans: TranslationBundle;
+  now: number;
+}): JSX.Element | null {
+  if (!props.iso) {
+    return null;
+  }
+  return (
+    <time dateTime={props.iso} title={props.iso}>
+      {relativeTime(props.iso, props.trans, props.now)}
+    </time>
+  );
+}
+
+/**
+ * Where the MLflow UI shows a run: `<url>/#/experiments/<exp>/runs/<id>` when the job
+ * says which experiment, else `<url>/#/runs/<id>` (the UI finds the experiment).
+ */
+export function mlflowRunUrl(
+  base: string,
+  runId: string,
+  experimentId?: unknown
+): string {
+  const root = base.replace(/\/+$/, '');
+  return typeof experimentId === 'string' && experimentId
+    ? `${root}/#/experiments/${encodeURIComponent(experimentId)}/runs/${encodeURIComponent(runId)}`
+    : `${root}/#/runs/${encodeURIComponent(runId)}`;
+}
+
+function List(props: { items: string[]; empty: string }): JSX.Element {
+  if (props.items.length === 0) {
+    return <span className="jp-RemoteCompute-muted">{props.empty}</span>;
+  }
+  return (
+    <ul className="jp-RemoteCompute-plainList">
+      {props.items.map(item => (
+        <li key={item}>
+          <code>{item}</code>
+        </li>
+      ))}
+    </ul>
+  );
+}
+
+function JobInfo(props: {
+  model: ComputeModel;
+  trans: TranslationBundle;
+  commands: CommandRegistry;
+  jobId: string;
+  error: string | null;
+}): JSX.Element {
+  const { model, trans, commands, jobId } = props;
+  useSignal(model.changed);
+  const job: IJob | undefined = model.job(jobId);
+  const now = useNow(!!job && isActive(job.state));
+  if (!job) {
+    return (
+      <div className="jp-RemoteCompute-jobInfo">
+        <p className="jp-RemoteCompute-muted">
+          {props.error ?? trans.__('Loading job %1…', jobId)}
+        </p>
+      </div>
+    );
+  }
+  const spec = job.spec ?? { command: job.name };
+  const command = Array.isArray(spec.command)
+    ? spec.command.join(' ')
+    : spec.command;
+  const envNames = Object.keys(spec.env ?? {});
+  const outputs = Object.entries(job.outputs ?? {});
+  const mlflowUrl = model.settings.mlflowUiUrl;
+  const runId = job.mlflow_run_id;
+  const inputs = job.inputs ?? {};
+
+  return (
+    <section
+      className="jp-RemoteCompute-jobInfo"
+      aria-label={trans.__('Job %1', job.name || job.id)}
+    >
+      <div className="jp-RemoteCompute-jobHeader">
+        <h2 className="jp-RemoteCompute-formTitle" title={job.id}>
+          {job.name || job.id}
+        </h2>
+        <StateBadge job={job} trans={trans} />
+      </div>
+      <div className="jp-RemoteCompute-jobActions">
+        {isActive(job.state) && (
+          <Button
+            type="button"
+            className="jp-mod-warn"
+            onClick={() =>
+              void commands.execute('remote-compute:cancel-job', { id: job.id })
+            }
+          >
+            {trans.__('Cancel')}
+          </Button>
+        )}
+        <Button
+          type="button"
+          onClick={() =>
+            void commands.execute('remote-compute:run-again', { id: job.id })
+          }
+        >
+          {trans.__('Run again')}
+        </Button>
+        {isTerminal(job.state) && (
+          <Button
+            type="button"
+            minimal
+            onClick={() =>
+              void commands.execute('remote-compute:delete-job', { id: job.id })
+            }
+          >
+            {trans.__('Delete')}
+          </Button>
+        )}
+      </div>
+      {job.reason && (
+        <div
+          className="jp-RemoteCompute-reason"
+          data-state={job.state}
+          role={
+            job.state === 'failed' || job.state === 'lost' ? 'alert' : undefined
+          }
+        >
+          {job.reason}
+        </div>
+      )}
+      {job.progress && job.state === 'sending' && job.progress.total > 0 && (
+        <progress
+          className="jp-RemoteCompute-progress"
+          value={job.progress.done}
+          max={job.progress.total}
+          aria-label={trans.__('Files sent')}
+        />
+      )}
+      <dl className="jp-RemoteCompute-facts">
+        <dt>{trans.__('Machine')}</dt>
+        <dd>
+          {job.machine}
+          {job.kind ? ` (${job.kind})` : ''}
+        </dd>
+        <dt>{trans.__('Job id')}</dt>
+        <dd>
+          <code>{job.id}</code>
+        </dd>
+        <dt>{trans.__('Created')}</dt>
+        <dd>
+          <Time iso={job.created} trans={trans} now={now} />
+        </dd>
+        <dt>{trans.__('Started')}</dt>
+        <dd>
+          {job.started ? (
+            <Time iso={job.started} trans={trans} now={now} />
+          ) : (
+            trans.__('not yet')
+          )}
+        </dd>
+        {job.ended && (
+          <>
+            <dt>{trans.__('Ended')}</dt>
+            <dd>
+              <Time iso={job.ended} trans={trans} now={now} />
+            </dd>
+          </>
+        )}
+        <dt>{trans.__('Duration')}</dt>
+        <dd>{jobDuration(job, now)}</dd>
+        {typeof job.exit_code === 'number' && (
+          <>
+            <dt>{trans.__('Exit code')}</dt>
+            <dd>{job.exit_code}</dd>
+          </>
+        )}
+        <dt>{trans.__('Command')}</dt>
+        <dd>
+          <code className="jp-RemoteCompute-codeBlock">{command}</code>
+        </dd>
+        <dt>{trans.__('Files sent')}</dt>
+        <dd>
+          <List items={spec.send ?? []} empty={trans.__('none')} />
+          {typeof inputs.files === 'number' && (
+            <span className="jp-RemoteCompute-muted">
+              {trans.__('%1 files, %2', inputs.files, formatSize(inputs.bytes))}
+            </span>
+          )}
+        </dd>
+        <dt>{trans.__('Bring back')}</dt>
+        <dd>
+          <List items={spec.bring_back ?? []} empty={trans.__('none')} />
+        </dd>
+        <dt>{trans.__('Environment')}</dt>
+        <dd>
+          {envNames.length > 0 ? (
+            <span title={trans.__('Names only; values are never shown.')}>
+              {envNames.join(', ')}
+            </span>
+          ) : (
+            <span className="jp-RemoteCompute-muted">{trans.__('none')}</span>
+          )}
+        </dd>
+        {spec.timeout !== undefined && spec.timeout !== null && (
+          <>
+            <dt>{trans.__('Timeout')}</dt>
+            <dd>{String(spec.timeout)}</dd>
+          </>
+        )}
+        <dt>{trans.__('Outputs')}</dt>
+        <dd>
+          {outputs.length === 0 ? (
+            <span className="jp-RemoteCompute-muted">
+              {isTerminal(job.state)
+                ? trans.__('none')
+                : trans.__('when the job ends')}
+            </span>
+          ) : (
+            <ul className="jp-RemoteCompute-plainList">
+              {outputs.map(([path, info]) => (
+                <li key={path}>
+                  <a
+                    href="#"
+                    className="jp-RemoteCompute-link"
+                    title={info.sha256 ? `sha256 ${info.sha256}` : path}
+                    onClick={e => {
+                      e.preventDefault();
+                      void commands.execute('docmanager:open', { path });
+                    }}
+                  >
+                    {path}
+                  </a>{' '}
+                  <span className="jp-RemoteCompute-muted">
+                    {formatSize(info.size)}
+                  </span>
+                </li>
+              ))}
+            </ul>
+          )}
+        </dd>
+        <dt>{trans.__('MLflow run')}</dt>
+        <dd>
+          {runId ? (
+            mlflowUrl ? (
+              <a
+                className="jp-RemoteCompute-link"
+                href={mlflowRunUrl(mlflowUrl, runId, job.mlflow_experiment_id)}
+                target="_blank"
+                rel="noopener noreferrer"
+              >
+                {runId}
+              </a>
+            ) : (
+              <code
+                title={trans.__(
+                  'Set "MLflow UI URL" in the settings to make this a link.'
+                )}
+              >
+                {runId}
+              </code>
+            )
+          ) : (
+            <span className="jp-RemoteCompute-muted">
+              {isTerminal(job.state)
+                ? trans.__('none')
+                : trans.__('when the job ends')}
+            </span>
+          )}
+        </dd>
+      </dl>
+      <h3 className="jp-RemoteCompute-sectionTitle">{trans.__('Log')}</h3>
+    </section>
+  );
+}
+
+/**
+ * The job detail as a main-area widget: the info above, the live log below.
+ */
+export class JobDetailWidget extends Panel {
+  constructor(options: JobDetailWidget.IOptions) {
+    super();
+    this._options = options;
+    const { model, trans, jobId } = options;
+    this.addClass('jp-RemoteCompute-jobDetail');
+    this.title.icon = computeIcon;
+    this.title.closable = true;
+    this.title.label = trans.__('Job %1', jobId);
+
+    this._info = ReactWidget.create(
+      <JobInfo
+        model={model}
+        trans={trans}
+        commands={options.commands}
+        jobId={jobId}
+        error={null}
+      />
+    );
+    this._info.addClass('jp-RemoteCompute-jobInfoWidget');
+    this._log = new LogView({
+      trans,
+      maxLines: model.settings.logLinesKept,
+      label: trans.__('Log of job %1', jobId)
+    });
+    this.addWidget(this._info);
+    this.addWidget(this._log);
+    model.changed.connect(this._onModelChanged, this);
+    model.jobChanged.connect(this._onJobChanged, this);
+    this._onModelChanged();
+    if (!model.job(jobId)) {
+      model.reloadJob(jobId).catch(error => {
+        this._setInfoError(asAPIError(error).message);
+      });
+    }
+    void this._followLog();
+  }
+
+  get jobId(): string {
+    return this._options.jobId;
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._options.model.changed.disconnect(this._onModelChanged, this);
+    this._options.model.jobChanged.disconnect(this._onJobChanged, this);
+    this._wake();
+    super.dispose();
+  }
+
+  protected onCloseRequest(msg: Message): void {
+    super.onCloseRequest(msg);
+    this.dispose();
+  }
+
+  private _setInfoError(message: string): void {
+    const { model, trans, commands, jobId } = this._options;
+    this._info.dispose();
+    this._info = ReactWidget.create(
+      <JobInfo
+        model={model}
+        trans={trans}
+        commands={commands}
+        jobId={jobId}
+        error={message}
+      />
+    );
+    this._info.addClass('jp-RemoteCompute-jobInfoWidget');
+    this.insertWidget(0, this._info);
+  }
+
+  private _onModelChanged(): void {
+    const { model, trans, jobId } = this._options;
+    const job = model.job(jobId);
+    if (job) {
+      this.title.label = trans.__('Job: %1', job.name || jobId);
+      this.title.caption = `${job.name} (${jobId}) — ${job.state}`;
+    }
+    if (this._log.maxLines !== model.settings.logLinesKept) {
+      this._log.maxLines = model.settings.logLinesKept;
+    }
+  }
+
+  private _onJobChanged(_: ComputeModel, job: IJob): void {
+    if (job.id === this._options.jobId) {
+      this._wake();
+    }
+  }
+
+  /**
+   * Resolve the pending wait of the log follower (an event said the job changed).
+   */
+  private _wake = (): void => {
+    const resolve = this._resolveWait;
+    this._resolveWait = null;
+    resolve?.();
+  };
+
+  private _wait(ms: number): Promise<void> {
+    return new Promise(resolve => {
+      const timer = window.setTimeout(() => {
+        this._resolveWait = null;
+        resolve();
+      }, ms);
+      this._resolveWait = () => {
+        window.clearTimeout(timer);
+        resolve();
+      };
+    });
+  }
+
+  /**
+   * Read the log from byte offsets until the server says it is complete: right away while
+   * chunks come back full, else when an event says the job changed (or after a fallback
+   * delay that grows while nothing new arrives).
+   */
+  private async _followLog(): Promise<void> {
+    const { trans, jobId, model } = this._options;
+    let offset = 0;
+    let idle = 0;
+    let failures = 0;
+    this._log.note = trans.__('Waiting for output…');
+    while (!this.isDisposed) {
+      let chunk;
+      try {
+        chunk = await readLog(jobId, offset, LOG_CHUNK);
+        failures = 0;
+      } catch (error) {
+        if (this.isDisposed) {
+          return;
+        }
+        const apiError = asAPIError(error);
+        if (apiError.status === 404 && apiError.fromServerExtension) {
+          this._log.note = trans.__('This job no longer exists.');
+          return;
+        }
+        failures++;
+        this._log.note = trans.__(
+          'Could not read the log: %1 (retrying)',
+          apiError.message
+        );
+        await this._wait(Math.min(30000, 1000 * 2 ** failures));
+        continue;
+      }
+      if (this.isDisposed) {
+        return;
+      }
+      if (chunk.next_offset > offset && chunk.data) {
+        this._log.append(chunk.data);
+        idle = 0;
+      } else {
+        idle++;
+      }
+      offset = Math.max(offset, chunk.next_offset);
+      if (chunk.complete) {
+        this._log.note =
+          this._log.lineCount === 0
+            ? trans.__('The log is empty.')
+            : trans.__('Log complete.');
+        return;
+      }
+      const job = model.job(jobId);
+      this._log.note =
+        job && isActive(job.state)
+          ? trans.__('Following the log…')
+          : trans.__('Waiting for output…');
+      if (chunk.next_offset - chunk.offset >= LOG_CHUNK) {
+        continue; // more is waiting
+      }
+      const known = job?.log_size;
+      if (typeof known === 'number' && known > offset && idle === 0) {
+        continue; // an event already announced more
+      }
+      // Events wake this up; the delay is only a fallback.
+      await this._wait(Math.min(5000, 1000 + idle * 250));
+    }
+  }
+
+  private _info: ReactWidget;
+  private _log: LogView;
+  private _options: JobDetailWidget.IOptions;
+  private _resolveWait: (() => void) | null = null;
+}
+
+export namespace JobDetailWidget {
+  export interface IOptions {
+    model: ComputeModel;
+    trans: TranslationBundle;
+    commands: CommandRegistry;
+    jobId: string;
+  }
+}

@@ -1,0 +1,159 @@
+/**
+ * Pieces shared by the panel, the forms and the job detail.
+ */
+import { TranslationBundle } from '@jupyterlab/translation';
+import { jupyterIcon, LabIcon, terminalIcon } from '@jupyterlab/ui-components';
+import { ISignal } from '@lumino/signaling';
+import * as React from 'react';
+
+import { IJob, isActive } from '../api';
+import { computeIcon } from '../icons';
+
+/**
+ * Re-render whenever a signal fires.
+ */
+export function useSignal<T>(signal: ISignal<T, unknown>): void {
+  const [, setVersion] = React.useState(0);
+  React.useEffect(() => {
+    const onChange = (): void => setVersion(v => v + 1);
+    signal.connect(onChange);
+    return () => {
+      signal.disconnect(onChange);
+    };
+  }, [signal]);
+}
+
+/**
+ * The current time, re-read every `interval` ms while `live` is true (for live durations).
+ */
+export function useNow(live: boolean, interval = 1000): number {
+  const [now, setNow] = React.useState(Date.now());
+  React.useEffect(() => {
+    if (!live) {
+      return;
+    }
+    const timer = window.setInterval(() => setNow(Date.now()), interval);
+    return () => window.clearInterval(timer);
+  }, [live, interval]);
+  return live ? now : Date.now();
+}
+
+/**
+ * The icon of a kind of machine.
+ */
+export function kindIcon(kind: string): LabIcon {
+  switch (kind) {
+    case 'ssh':
+      return terminalIcon;
+    case 'jupyter':
+      return jupyterIcon;
+    default:
+      return computeIcon;
+  }
+}
+
+export function KindIcon(props: { kind: string; label: string }): JSX.Element {
+  const Icon = kindIcon(props.kind);
+  return (
+    <span
+      className="jp-RemoteCompute-kindIcon"
+      role="img"
+      aria-label={props.label}
+      title={props.label}
+    >
+      <Icon.react tag="span" width="14px" height="14px" />
+    </span>
+  );
+}
+
+/**
+ * The translated name of a job state.
+ */
+export function stateLabel(state: string, trans: TranslationBundle): string {
+  switch (state) {
+    case 'queued':
+      return trans.__('queued');
+    case 'sending':
+      return trans.__('sending');
+    case 'running':
+      return trans.__('running');
+    case 'collecting':
+      return trans.__('collecting');
+    case 'succeeded':
+      return trans.__('succeeded');
+    case 'failed':
+      return trans.__('failed');
+    case 'cancelled':
+      return trans.__('cancelled');
+    case 'lost':
+      return trans.__('lost');
+    default:
+      return state;
+  }
+}
+
+export function StateBadge(props: {
+  job: Pick<IJob, 'state' | 'reason'>;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { job, trans } = props;
+  return (
+    <span
+      className="jp-RemoteCompute-state"
+      data-state={job.state}
+      data-active={isActive(job.state) ? 'true' : 'false'}
+      title={job.reason ?? undefined}
+    >
+      {stateLabel(job.state, trans)}
+    </span>
+  );
+}
+
+/**
+ * A labelled form field with its help text and inline error.
+ */
+export function Field(props: {
+  id: string;
+  label: string;
+  help?: React.ReactNode;
+  error?: string;
+  children: (aria: {
+    id: string;
+    'aria-invalid': boolean;
+    'aria-describedby'?: string;
+  }) => React.ReactNode;
+}): JSX.Element {
+  const { id, label, help, error } = props;
+  const described = [help ? `${id}-help` : '', error ? `${id}-error` : '']
+    .filter(Boolean)
+    .join(' ');
+  return (
+    <div
+      className="jp-RemoteCompute-field"
+      data-invalid={error ? 'true' : 'false'}
+    >
+      <label htmlFor={id} className="jp-RemoteCompute-fieldLabel">
+        {label}
+      </label>
+      {props.children({
+        id,
+        'aria-invalid': !!error,
+        'aria-describedby': described || undefined
+      })}
+      {help && (
+        <div id={`${id}-help`} className="jp-RemoteCompute-fieldHelp">
+          {help}
+        </div>
+      )}
+      {error && (
+        <div
+          id={`${id}-error`}
+          className="jp-RemoteCompute-fieldError"
+          role="alert"
+        >
+          {error}
+        </div>
+      )}
+    </div>
+  );
+}

@@ -1,0 +1,260 @@
+/**
+ * A live log view that stays smooth with megabytes of output.
+ *
+ * Text is appended as it arrives; ANSI escapes are stripped and carriage-return progress
+ * lines collapse to their last state. At most `maxLines` lines are kept (older ones are
+ * dropped and counted), and only the lines in view are in the DOM: the scroller holds a
+ * spacer as tall as every line, and one <pre> with the visible slice is moved over it.
+ * While the view is scrolled to the bottom it follows new lines.
+ */
+import { TranslationBundle } from '@jupyterlab/translation';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { stripAnsi } from './format';
+
+const OVERSCAN = 20;
+const FALLBACK_LINE_HEIGHT = 17;
+
+export class LogView extends Widget {
+  constructor(options: LogView.IOptions) {
+    super();
+    this._trans = options.trans;
+    this._maxLines = options.maxLines;
+    this.addClass('jp-RemoteCompute-logView');
+
+    this._status = document.createElement('div');
+    this._status.className = 'jp-RemoteCompute-logStatus';
+    this._status.setAttribute('aria-live', 'polite');
+
+    this._scroller = document.createElement('div');
+    this._scroller.className = 'jp-RemoteCompute-logScroller';
+    this._scroller.setAttribute('role', 'log');
+    this._scroller.setAttribute('aria-label', options.label);
+    this._scroller.tabIndex = 0;
+
+    this._spacer = document.createElement('div');
+    this._spacer.className = 'jp-RemoteCompute-logSpacer';
+    this._pre = document.createElement('pre');
+    this._pre.className = 'jp-RemoteCompute-logText';
+    this._scroller.appendChild(this._spacer);
+    this._scroller.appendChild(this._pre);
+
+    this.node.appendChild(this._status);
+    this.node.appendChild(this._scroller);
+    this._scroller.addEventListener('scroll', this, { passive: true });
+    this._renderStatus();
+  }
+
+  /**
+   * Lines kept (the partial last line included).
+   */
+  get lineCount(): number {
+    return this._lines.length + (this._partial ? 1 : 0);
+  }
+
+  /**
+   * Lines dropped from the top to keep at most `maxLines`.
+   */
+  get dropped(): number {
+    return this._dropped;
+  }
+
+  /**
+   * The kept text (for copying; not what is rendered).
+   */
+  get text(): string {
+    const tail = collapseCarriageReturns(this._partial);
+    return this._lines.join('\n') + (tail ? '\n' + tail : '');
+  }
+
+  get maxLines(): number {
+    return this._maxLines;
+  }
+  set maxLines(value: number) {
+    this._maxLines = Math.max(1, value);
+    this._trim();
+    this._schedule();
+  }
+
+  /**
+   * A note under the log's title ("waiting for output", "log complete", an error).
+   */
+  set note(value: string) {
+    this._note = value;
+    this._renderStatus();
+  }
+
+  append(chunk: string): void {
+    if (!chunk) {
+      return;
+    }
+    const text = stripAnsi(this._partial + chunk).replace(/\r\n/g, '\n');
+    const parts = text.split('\n');
+    // The unfinished last line stays raw: a later \r or escape may still change it.
+    this._partial = parts.pop() ?? '';
+    for (const part of parts) {
+      this._lines.push(collapseCarriageReturns(part));
+    }
+    this._trim();
+    this._schedule();
+  }
+
+  clear(): void {
+    this._lines = [];
+    this._partial = '';
+    this._dropped = 0;
+    this._schedule();
+  }
+
+  handleEvent(event: Event): void {
+    if (event.type === 'scroll') {
+      const el = this._scroller;
+      this._follow =
+        el.scrollTop + el.clientHeight >= el.scrollHeight - this._lineHeight;
+      this._schedule();
+    }
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    if (this._frame) {
+      cancelAnimationFrame(this._frame);
+    }
+    this._scroller.removeEventListener('scroll', this);
+    super.dispose();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this._measure();
+    this._schedule();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._schedule();
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._schedule();
+  }
+
+  private _trim(): void {
+    const excess = this.lineCount - this._maxLines;
+    if (excess > 0) {
+      const n = Math.min(excess, this._lines.length);
+      this._lines.splice(0, n);
+      this._dropped += n;
+    }
+  }
+
+  private _measure(): void {
+    // A block in the <pre> is exactly one line box tall (an inline span would give the
+    // font's height instead, and rows would drift).
+    const probe = document.createElement('div');
+    probe.textContent = 'M';
+    this._pre.appendChild(probe);
+    const height = probe.getBoundingClientRect().height;
+    probe.remove();
+    if (height > 0) {
+      this._lineHeight = height;
+    }
+  }
+
+  private _schedule(): void {
+    if (this._frame || this.isDisposed) {
+      return;
+    }
+    this._frame = requestAnimationFrame(() => {
+      this._frame = 0;
+      this._render();
+    });
+  }
+
+  private _render(): void {
+    if (!this.isAttached) {
+      return;
+    }
+    if (this._lineHeight === FALLBACK_LINE_HEIGHT) {
+      this._measure();
+    }
+    const lh = this._lineHeight;
+    const total = this.lineCount;
+    this._spacer.style.height = `${total * lh}px`;
+    const el = this._scroller;
+    if (this._follow) {
+      el.scrollTop = el.scrollHeight;
+    }
+    const first = Math.max(0, Math.floor(el.scrollTop / lh) - OVERSCAN);
+    const visible = Math.ceil(el.clientHeight / lh) + 2 * OVERSCAN;
+    const last = Math.min(total, first + visible);
+    const slice = this._lines.slice(first, Math.min(last, this._lines.length));
+    if (this._partial && last >= total) {
+      slice.push(collapseCarriageReturns(this._partial));
+    }
+    this._pre.textContent = slice.join('\n');
+    this._pre.style.transform = `translateY(${first * lh}px)`;
+    this._renderStatus();
+  }
+
+  private _renderStatus(): void {
+    const parts: string[] = [];
+    if (this._note) {
+      parts.push(this._note);
+    }
+    if (this._dropped > 0) {
+      parts.push(
+        this._trans.__(
+          '%1 earlier lines not shown (keeping the last %2)',
+          this._dropped,
+          this._maxLines
+        )
+      );
+    }
+    this._status.textContent = parts.join(' · ');
+  }
+
+  private _dropped = 0;
+  private _follow = true;
+  private _frame = 0;
+  private _lineHeight = FALLBACK_LINE_HEIGHT;
+  private _lines: string[] = [];
+  private _maxLines: number;
+  private _note = '';
+  private _partial = '';
+  private _pre: HTMLPreElement;
+  private _scroller: HTMLDivElement;
+  private _spacer: HTMLDivElement;
+  private _status: HTMLDivElement;
+  private _trans: TranslationBundle;
+}
+
+/**
+ * "10%\r50%\r100%" → "100%": what a terminal would show of a progress line.
+ */
+function collapseCarriageReturns(line: string): string {
+  const i = line.lastIndexOf('\r');
+  if (i < 0) {
+    return line;
+  }
+  // A trailing \r (the line is about to be redrawn) keeps the text before it.
+  if (i === line.length - 1) {
+    return collapseCarriageReturns(line.slice(0, -1));
+  }
+  return line.slice(i + 1);
+}
+
+export namespace LogView {
+  export interface IOptions {
+    trans: TranslationBundle;
+    maxLines: number;
+    /**
+     * The accessible name of the log region.
+     */
+    label: string;
+  }
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Galata UI tests of the Compute panel, in Debian's Chromium (nothing is downloaded).
+#
+#   ui-tests/run.sh [playwright args…]       e.g. ui-tests/run.sh -g "cancels"
+#
+# Needs: the package installed in the venv (default <repo>/.venv, or $VENV) with the
+# labextension built (`jlpm build` at the repo root), /usr/bin/chromium (or $CHROMIUM_PATH),
+# and port 8888 free (with CI set, Playwright starts its own server and refuses a busy port).
+# Exits non-zero when a test fails.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+venv="${VENV:-$repo/.venv}"
+if [ -d "$venv/bin" ]; then
+  export PATH="$venv/bin:$PATH"
+fi
+command -v jlpm >/dev/null || { echo "run.sh: jlpm not found (activate the venv or set VENV)" >&2; exit 2; }
+export CHROMIUM_PATH="${CHROMIUM_PATH:-/usr/bin/chromium}"
+[ -x "$CHROMIUM_PATH" ] || { echo "run.sh: no Chromium at $CHROMIUM_PATH (apt-get install -y chromium)" >&2; exit 2; }
+
+if (exec 3<>/dev/tcp/127.0.0.1/8888) 2>/dev/null; then
+  echo "run.sh: port 8888 is busy; stop the server using it first" >&2
+  exit 2
+fi
+
+cd "$here"
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
+# The lockfile is committed: a CI install must not change it.
+if [ -n "${CI:-}" ]; then immutable=1; else immutable=0; fi
+YARN_ENABLE_IMMUTABLE_INSTALLS="${YARN_ENABLE_IMMUTABLE_INSTALLS:-$immutable}" jlpm install
+
+tmp="$(mktemp -d -t remote-compute-ui-XXXXXX)"
+cleanup() { rm -rf "$tmp"; }
+trap cleanup EXIT
+export REMOTE_COMPUTE_UI_TMP="$tmp"
+# Tokens typed in the form go to a real keyring backend, inside the temp dir.
+export PYTHON_KEYRING_BACKEND=keyrings.alt.file.PlaintextKeyring
+export XDG_DATA_HOME="$tmp/xdg-data"
+
+start=$(date +%s)
+status=0
+jlpm playwright test "$@" || status=$?
+echo "run.sh: UI tests finished in $(( $(date +%s) - start )) s with status $status"
+exit "$status"
