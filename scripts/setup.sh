@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Set up a fresh clone: system packages the tests use, a virtualenv in .venv, and the
-# extension installed into it in editable mode (this builds the JupyterLab front end).
+# Set up a fresh clone: system packages the tests use (sshd for SSH machines, Chromium for
+# the UI tests), a virtualenv in .venv, and the extension installed into it in editable mode
+# (this builds the JupyterLab front end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
-  apt_packages=(openssh-server openssh-client rsync git)
+  apt_packages=(openssh-server openssh-client rsync git chromium)
   missing=()
   for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ "${#missing[@]}" -gt 0 ]; then
