@@ -8,7 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from jupyter_remote_compute.jobs.store import Job, JobStore
+import pytest
+
+from jupyter_remote_compute.jobs.store import Job, JobStore, StoreUnreadable
 
 WRITER = textwrap.dedent(
     """
@@ -54,12 +56,37 @@ def test_an_unreadable_state_file_is_moved_aside_and_reported(workspace: Path) -
     assert set(JobStore(path).jobs()) == {"a"}
 
 
-def test_a_file_from_a_newer_version_is_not_overwritten_silently(workspace: Path) -> None:
+def test_a_file_from_a_newer_version_is_left_alone_and_reported(workspace: Path) -> None:
     path = workspace / ".punica/jobs.json"
     path.write_text('{"schema": 99, "jobs": {}}')
     store = JobStore(path)
-    assert store.jobs() == {}
-    assert store.recovered_from is not None and "99" in store.recovered_from.read_text()
+    with pytest.raises(StoreUnreadable) as info:
+        store.jobs()
+    assert "newer" in info.value.message
+    with pytest.raises(StoreUnreadable), store.transaction():
+        pass
+    assert path.read_text() == '{"schema": 99, "jobs": {}}'
+
+
+def test_a_write_that_keeps_inode_size_and_mtime_is_still_seen_by_a_writer(workspace: Path) -> None:
+    """write-rename may bring back the same inode, size and (coarse) mtime: a writer compares bytes."""
+    import os
+
+    path = workspace / ".punica/jobs.json"
+    store = JobStore(path)
+    with store.transaction() as jobs:
+        jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"}, state="running")
+    st = path.stat()
+    # Another process's change of the same size, in place, with the mtime a coarse clock would give.
+    with open(path, "r+b") as f:
+        data = f.read().replace(b'"running"', b'"sending"')
+        f.seek(0)
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_ino, path.stat().st_size, path.stat().st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+    with store.transaction() as jobs:
+        seen = jobs["a"].state
+    assert seen == "sending"
 
 
 def test_a_reader_sees_changes_made_by_another_store(workspace: Path) -> None:

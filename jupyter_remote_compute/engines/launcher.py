@@ -23,11 +23,14 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Reads the environment from stdin, then starts run.sh in a new session (so
 # it outlives this shell, the connection and the server) and records its pid,
-# which is also its process group id.
+# which is also its process group id. Idempotent: a job directory with a pid
+# file has been started already.
 LAUNCH_SH = f"""\
 #!/bin/sh
 set -u
 jobdir=$1
+# Starting twice (this side crashed between start and recording it) finds the first start.
+if [ -f "$jobdir/pid" ]; then cat "$jobdir/pid"; exit 0; fi
 cd "$jobdir/{WORK_DIR}" || exit 97
 while IFS= read -r line; do
   [ -n "$line" ] || continue

@@ -142,9 +142,10 @@ _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
 
 @dataclasses.dataclass
 class _Snapshot:
-    """The file as this process last read or wrote it: its stat, its jobs, each job's JSON text."""
+    """The file as this process last read or wrote it: its stat, bytes, jobs, each job's JSON text."""
 
     token: tuple[int, int, int] | None
+    raw: bytes
     jobs: dict[str, Job]
     fragments: dict[str, str]
 
@@ -197,7 +198,7 @@ class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
-        self._snapshot = _Snapshot(None, {}, {})
+        self._snapshot = _Snapshot(None, b"", {}, {})
         #: Set when a broken state file was moved aside, for the API and CLI to report.
         self.recovered_from: Path | None = None
 
@@ -214,28 +215,46 @@ class JobStore:
         raw = json.loads(raw_bytes)
         if not isinstance(raw, dict) or not isinstance(raw.get("jobs"), dict):
             raise ValueError("no 'jobs' object")
-        if raw.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"schema {raw.get('schema')!r}, this version reads {SCHEMA_VERSION}")
+        schema = raw.get("schema")
+        if isinstance(schema, int) and schema > SCHEMA_VERSION:
+            # A newer version's file is not broken: leave it for that version and say so.
+            raise StoreUnreadable(
+                f"the job state file was written by a newer jupyter-remote-compute (schema {schema}); "
+                "upgrade this installation to use it"
+            )
+        if schema != SCHEMA_VERSION:
+            raise ValueError(f"schema {schema!r}, this version reads {SCHEMA_VERSION}")
         return {job_id: Job.from_json(data) for job_id, data in raw["jobs"].items()}
 
     def _refresh(self, *, locked: bool) -> _Snapshot:
-        """The snapshot, read again only if the file changed since this process last saw it."""
+        """The snapshot, read again only if the file changed since this process last saw it.
+
+        Readers trust the stat token; a writer holding the lock compares the bytes too, since
+        write-rename can bring back the same inode, size and (coarse) mtime.
+        """
         token = self._stat_token()
         if token is None:
-            self._snapshot = _Snapshot(None, {}, {})
-        elif token != self._snapshot.token:
-            try:
-                jobs = self._parse(self.path.read_bytes())
-            except FileNotFoundError:
-                jobs = {}
-            except (ValueError, TypeError, KeyError) as e:
-                if not locked:
-                    # Only a writer holding the lock may move the file; readers take it to do so.
-                    with self._lock:
-                        return self._refresh(locked=True)
-                jobs = self._move_aside(e)
-                token = None
-            self._snapshot = _Snapshot(token, jobs, {})
+            self._snapshot = _Snapshot(None, b"", {}, {})
+            return self._snapshot
+        if token == self._snapshot.token and not locked:
+            return self._snapshot
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            self._snapshot = _Snapshot(None, b"", {}, {})
+            return self._snapshot
+        if raw == self._snapshot.raw and self._snapshot.token is not None:
+            self._snapshot.token = token
+            return self._snapshot
+        try:
+            jobs = self._parse(raw)
+        except (ValueError, TypeError, KeyError) as e:
+            if not locked:
+                # Only a writer holding the lock may move the file; readers take it to do so.
+                with self._lock:
+                    return self._refresh(locked=True)
+            jobs, token, raw = self._move_aside(e), None, b""
+        self._snapshot = _Snapshot(token, raw, jobs, {})
         return self._snapshot
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
@@ -288,6 +307,7 @@ class JobStore:
         # Unchanged jobs keep the text they had; only jobs never serialised here are dumped.
         parts = [f"{json.dumps(job_id)}:{fragments.get(job_id) or _fragment(job)}" for job_id, job in dict.items(jobs)]
         payload = '{"schema":' + str(SCHEMA_VERSION) + ',"jobs":{' + ",".join(parts) + "}}"
-        atomic_write(self.path, payload.encode(), mode=0o600)
+        raw = payload.encode()
+        atomic_write(self.path, raw, mode=0o600)
         full = {job_id: fragments.get(job_id) or _fragment(job) for job_id, job in dict.items(jobs)}
-        self._snapshot = _Snapshot(self._stat_token(), dict(dict.items(jobs)), full)
+        self._snapshot = _Snapshot(self._stat_token(), raw, dict(dict.items(jobs)), full)
