@@ -11,7 +11,7 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import IOLoop
 from traitlets import Float, Int, Unicode
 
-from .handlers import HANDLERS, RemoteComputeContext
+from .handlers import HANDLERS, RemoteComputeContext, TransferPool
 from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job
 from .tracking import TrackingSettings
@@ -42,7 +42,8 @@ class RemoteComputeApp(ExtensionApp):
     artifact_size_cap = Int(
         100 * 1024 * 1024, config=True, help="Outputs larger than this many bytes in total are not copied to MLflow."
     )
-    max_workers = Int(8, config=True, help="Threads for blocking work (transfers, hashing, MLflow).")
+    max_workers = Int(8, config=True, help="Threads for short blocking work: requests, polls, hashing.")
+    max_transfers = Int(4, config=True, help="Threads for sending and collecting jobs (long transfers).")
 
     def initialize_settings(self) -> None:
         root = self.serverapp.root_dir
@@ -59,7 +60,9 @@ class RemoteComputeApp(ExtensionApp):
         )
         self.service = JobService(workspace, settings)
         self.executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="remote-compute")
-        self.context = RemoteComputeContext(self.service, self.executor)
+        # Long transfers get their own pool, so a gigabyte moving never starves polls and requests.
+        self.transfers = TransferPool(self.service, self.max_transfers)
+        self.context = RemoteComputeContext(self.service, self.executor, self.transfers)
         self.settings["remote_compute"] = self.context
         self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         self._emitted: dict[str, tuple[str, str, int]] = {}
@@ -106,7 +109,7 @@ class RemoteComputeApp(ExtensionApp):
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await loop.run_in_executor(self.executor, self.service.poll_active)
+                await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
                 jobs = await loop.run_in_executor(self.executor, self.service.list_jobs)
                 for job in jobs:  # also announces changes other processes (CLI, kernels) made
                     self._emit(job)
@@ -120,4 +123,5 @@ class RemoteComputeApp(ExtensionApp):
         if self._poller is not None:
             self._poller.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.transfers.shutdown()
         self.service.close()

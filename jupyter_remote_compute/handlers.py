@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import tornado.web
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
 from .errors import InvalidSettings, RemoteComputeError
 from .jobs.service import JobService
 from .jobs.spec import JobSpec
+from .jobs.store import Job
 
 T = TypeVar("T")
 PREFIX = r"/remote-compute"
@@ -27,13 +31,45 @@ JOB_ID = r"(?P<job_id>[A-Za-z0-9_-]+)"
 MACHINE = r"(?P<name>[A-Za-z0-9_.-]+)"
 
 
+class TransferPool:
+    """Sending and collecting, one job at a time each, off the request pool."""
+
+    def __init__(self, service: JobService, workers: int) -> None:
+        self.service = service
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="remote-compute-transfer")
+        self._scheduled: set[str] = set()
+        self._lock = threading.Lock()
+
+    def advance(self, job: Job) -> None:
+        with self._lock:
+            if job.id in self._scheduled:
+                return
+            self._scheduled.add(job.id)
+        self._pool.submit(self._run, job.id)
+
+    def _run(self, job_id: str) -> None:
+        try:
+            self.service.advance(job_id)
+        finally:
+            with self._lock:
+                self._scheduled.discard(job_id)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class RemoteComputeContext:
     service: JobService
     executor: ThreadPoolExecutor
+    transfers: TransferPool
 
 
 class RemoteComputeHandler(APIHandler):
+    #: jupyter_server's Authorizer sees every call as read/write on this resource (submitting a job
+    #: is "execute"), so a deployment can let some users watch jobs without running anything.
+    auth_resource = "remote-compute"
+
     @property
     def context(self) -> RemoteComputeContext:
         return self.settings["remote_compute"]
@@ -65,19 +101,20 @@ class RemoteComputeHandler(APIHandler):
         self.reply(error.to_json(), error.status)
 
 
-def api(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Authenticated; the domain's errors answered as JSON."""
+def api(method: Callable[..., Any] | None = None, *, action: str | None = None) -> Any:
+    """Authenticated and authorized (action from the HTTP verb unless given); domain errors answered as JSON."""
 
-    @tornado.web.authenticated
-    async def wrapper(self: RemoteComputeHandler, *args: Any, **kwargs: Any) -> None:
-        try:
-            await method(self, *args, **kwargs)
-        except RemoteComputeError as e:
-            self.fail(e)
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        async def handle(self: RemoteComputeHandler, *args: Any, **kwargs: Any) -> None:
+            try:
+                await method(self, *args, **kwargs)
+            except RemoteComputeError as e:
+                self.fail(e)
 
-    wrapper.__name__ = method.__name__
-    wrapper.__doc__ = method.__doc__
-    return wrapper
+        return tornado.web.authenticated(authorized(action)(handle) if action else authorized(handle))
+
+    return decorate(method) if method is not None else decorate
 
 
 def kinds_json() -> list[dict[str, Any]]:
@@ -179,7 +216,7 @@ class JobsHandler(RemoteComputeHandler):
         )
         self.reply({"jobs": [j.public_json() for j in jobs]})
 
-    @api
+    @api(action="execute")
     async def post(self) -> None:
         body = self.body()
         new = bool(body.pop("new", False))
@@ -187,7 +224,7 @@ class JobsHandler(RemoteComputeHandler):
         result = await self.call(self.service.submit, spec, new=new)
         if not result.attached:
             # Start sending now; the poller would pick it up too, a little later.
-            asyncio.get_running_loop().run_in_executor(self.context.executor, self.service.advance, result.job.id)
+            self.context.transfers.advance(result.job)
         self.reply({"job": result.job.public_json(), "attached": result.attached}, 200 if result.attached else 201)
 
 
@@ -209,7 +246,7 @@ class JobHandler(RemoteComputeHandler):
 
 
 class JobCancelHandler(RemoteComputeHandler):
-    @api
+    @api(action="execute")
     async def post(self, job_id: str) -> None:
         who = self.current_user.username if getattr(self.current_user, "username", None) else "user"
         job = await self.call(self.service.cancel, job_id, by=who)

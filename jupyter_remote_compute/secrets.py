@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -228,3 +228,12 @@ class SecretStore:
     def _try_write_names(self, backend: keyring.backend.KeyringBackend, names: list[str]) -> None:
         with suppress(SecretStoreUnavailable):  # best effort: the original failure is the one to report
             self._write_names(backend, names)
+
+
+def mask(data: bytes, secrets: Iterable[str]) -> bytes:
+    """Hide secret values in ``data``, keeping its length so byte offsets into a log stay valid."""
+    for value in secrets:
+        raw = value.encode()
+        if len(raw) >= 4:
+            data = data.replace(raw, b"*" * len(raw))
+    return data

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .secrets import mask
+
 TAG_JOB_ID = "remote_compute.job_id"
 TAG_MACHINE = "remote_compute.machine"
 TAG_ENGINE = "remote_compute.engine"
@@ -58,6 +60,7 @@ class JobRecord:
     outputs: Mapping[str, Path]  # workspace-relative path -> file as landed
     inputs_manifest: Path | None
     far_store: Path | None  # the job's brought-back mlruns/
+    mask_values: tuple[str, ...] = ()  # secret values the job saw: hidden in replayed params and tags
 
 
 def tracking_uri(workspace: Path, settings: TrackingSettings) -> str:
@@ -131,11 +134,11 @@ def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> s
     run = client.get_run(run_id)
     if run.data.tags.get(TAG_REPLAYED) != "true":
         if job.far_store is not None and job.far_store.is_dir():
-            _replay(client, experiment_id, run_id, job.far_store)
+            _replay(client, experiment_id, run_id, job.far_store, job.mask_values)
         _attach_artifacts(client, run_id, job, settings.artifact_size_cap)
         client.set_tag(run_id, TAG_REPLAYED, "true")
     if job.reason:
-        client.set_tag(run_id, "remote_compute.reason", job.reason[:5000])
+        client.set_tag(run_id, "remote_compute.reason", _hide(job.reason, job.mask_values)[:5000])
     client.set_terminated(run_id, status=STATUS_BY_STATE[job.state], end_time=int(job.ended * 1000))
     return run_id
 
@@ -179,7 +182,11 @@ def _far_runs(far_store: Path) -> list[Any]:
     return [(store, run) for run in runs]
 
 
-def _replay(client: Any, experiment_id: str, job_run_id: str, far_store: Path) -> None:
+def _hide(value: str, secrets: tuple[str, ...]) -> str:
+    return mask(value.encode(), secrets).decode(errors="replace")
+
+
+def _replay(client: Any, experiment_id: str, job_run_id: str, far_store: Path, secrets: tuple[str, ...]) -> None:
     """The first top-level run becomes the job's run; every other run becomes its child."""
     far = _far_runs(far_store)
     if not far:
@@ -203,15 +210,18 @@ def _replay(client: Any, experiment_id: str, job_run_id: str, far_store: Path) -
                     },
                 ).info.run_id
             mapping[source_id] = existing
-        _copy_run(client, store, run, mapping[source_id], far_store, is_child=source_id != main.info.run_id)
+        _copy_run(client, store, run, mapping[source_id], far_store, secrets, is_child=source_id != main.info.run_id)
 
 
-def _copy_run(client: Any, store: Any, run: Any, target: str, far_store: Path, *, is_child: bool) -> None:
+def _copy_run(
+    client: Any, store: Any, run: Any, target: str, far_store: Path, secrets: tuple[str, ...], *, is_child: bool
+) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
-    params = [Param(k, v) for k, v in run.data.params.items()]
+    # A job may log a value it was given as a secret: it is hidden here like in the log.
+    params = [Param(k, _hide(v, secrets)) for k, v in run.data.params.items()]
     tags = [
-        RunTag(k, v)
+        RunTag(k, _hide(v, secrets))
         for k, v in run.data.tags.items()
         if not k.startswith(("mlflow.", "remote_compute.")) or k in ("mlflow.note.content",)
     ]

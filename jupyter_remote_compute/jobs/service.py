@@ -17,13 +17,14 @@ worker threads, never from the event loop.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +52,34 @@ from ..errors import (
 from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, screen_settings
 from ..machines import Machine, MachineRegistry
-from ..secrets import SecretStore
+from ..secrets import SecretStore, mask
 from ..tracking import JobRecord, TrackingSettings, record_job
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..workspace import Workspace, default_scratch_dir
 from .key import job_key
-from .spec import JobSpec, format_duration
-from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, holder_alive, new_job_id, process_identity, utcnow
+from .spec import JobSpec, check_relative_path, format_duration
+from .store import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    Job,
+    JobStore,
+    holder_alive,
+    new_job_id,
+    parse_time,
+    process_identity,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
 LOG_CHUNK = 1 << 20
+MIN_LOG_READ = 64 << 10
 REASON_TAIL_LINES = 10
-MAX_TRANSIENT_RETRIES = 20
+
+# One lock per job for every JobService of this process (a pipeline runner may hold several), so two
+# threads of one process never drive the same job at once; across processes the job's lease decides.
+_JOB_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_JOB_LOCKS_GUARD = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +87,7 @@ class ServiceSettings:
     poll_interval: float = 2.0  # seconds between polls of a running job
     cancel_grace: float = 10.0  # seconds between TERM and KILL
     scratch_dir: Path | None = None  # the built-in machine's job base; None: the default
+    give_up_after: float = 3600.0  # seconds of failing to reach a machine to start, stop or collect a job
     tracking: TrackingSettings = dataclasses.field(default_factory=TrackingSettings)
 
 
@@ -99,13 +116,15 @@ def require_trained(job: Job) -> Job:
     raise NotTrained(message, job_id=job.id, state=job.state, reason=job.reason)
 
 
-def mask(data: bytes, secrets: Iterable[str]) -> bytes:
-    """Hide secret values, keeping the length so byte offsets stay valid."""
-    for value in secrets:
-        raw = value.encode()
-        if len(raw) >= 4:
-            data = data.replace(raw, b"*" * len(raw))
-    return data
+def settled_length(masked: bytes, secrets: Sequence[str]) -> int:
+    """How much of a masked log no later byte can change: it ends where a secret may be beginning."""
+    raws = [s.encode() for s in secrets if len(s.encode()) >= 4]
+    longest = max(map(len, raws), default=0)
+    for start in range(max(0, len(masked) - longest + 1), len(masked)):
+        tail = masked[start:]
+        if any(raw.startswith(tail) for raw in raws):
+            return start
+    return len(masked)
 
 
 class JobService:
@@ -123,10 +142,8 @@ class JobService:
         self.secrets = secrets or SecretStore()
         self.digests = DigestCache(workspace.digest_cache)
         self.identity = process_identity()
-        self._engines: dict[str, tuple[str, Engine]] = {}
+        self._engines: dict[tuple[str, str], Engine] = {}
         self._engines_lock = threading.Lock()
-        self._job_locks: dict[str, threading.Lock] = {}
-        self._job_locks_guard = threading.Lock()
         self._listeners: list[Callable[[Job], None]] = []
         #: Bytes moved so far for jobs this process is sending: job id -> (done, total).
         self.progress: dict[str, tuple[int, int]] = {}
@@ -152,20 +169,19 @@ class JobService:
         if snapshot is None:
             m = self._machine(machine_name)
             snapshot = {"kind": m.kind, "address": m.address, "options": dict(m.options)}
-        fingerprint = json.dumps(snapshot, sort_keys=True, default=str)
+        # Keyed by configuration too: a job started before an edit keeps the engine it started with.
+        cache_key = (machine_name, json.dumps(snapshot, sort_keys=True, default=str))
         with self._engines_lock:
-            cached = self._engines.get(machine_name)
-            if cached and cached[0] == fingerprint:
-                return cached[1]
-            if cached:
-                cached[1].close()
+            cached = self._engines.get(cache_key)
+            if cached is not None:
+                return cached
             cls = engine_class(snapshot["kind"])
             context = EngineContext(
                 get_secret=self.secrets.get,
                 scratch_dir=self.settings.scratch_dir or default_scratch_dir(),
             )
             engine = cls(machine_name, snapshot["address"], snapshot.get("options", {}), context)
-            self._engines[machine_name] = (fingerprint, engine)
+            self._engines[cache_key] = engine
             return engine
 
     def _job_engine(self, job: Job) -> Engine:
@@ -228,7 +244,7 @@ class JobService:
 
     def close(self) -> None:
         with self._engines_lock:
-            for _, engine in self._engines.values():
+            for engine in self._engines.values():
                 engine.close()
             self._engines.clear()
 
@@ -276,7 +292,7 @@ class JobService:
         with self.store.transaction() as jobs:
             if not new:
                 for existing in jobs.values():
-                    if existing.key == key and existing.active:
+                    if existing.key == key and existing.active and not existing.cancel_requested:
                         shutil.rmtree(jobdir, ignore_errors=True)
                         return SubmitResult(existing, attached=True)
             job = Job(
@@ -324,30 +340,56 @@ class JobService:
 
     # -- driving ------------------------------------------------------------
     def _job_lock(self, job_id: str) -> threading.Lock:
-        with self._job_locks_guard:
-            return self._job_locks.setdefault(job_id, threading.Lock())
+        with _JOB_LOCKS_GUARD:
+            return _JOB_LOCKS.setdefault((str(self.store.path), job_id), threading.Lock())
 
     def advance(self, job_id: str, *, progress: ProgressCallback | None = None) -> Job:
         """Take the job as far as it can go now, without waiting for it to finish."""
-        lock = self._job_lock(job_id)
+        self._drive(self.store.get(job_id), progress=progress)
+        return self.store.get(job_id)
+
+    def _drive(
+        self,
+        job: Job,
+        status: RemoteStatus | None = None,
+        *,
+        progress: ProgressCallback | None = None,
+        transfer: Callable[[Job], None] | None = None,
+    ) -> None:
+        """One step for one job. ``transfer`` takes sending and collecting elsewhere (the server's pool)."""
+        lock = self._job_lock(job.id)
         if not lock.acquire(blocking=False):
-            return self.store.get(job_id)  # another thread of this process is on it
+            return  # another thread of this process is on it
         try:
-            job = self.store.get(job_id)
+            job = self.store.get(job.id)
+            if job.state == "running":
+                self._watch(job, status)
+                job = self.store.get(job.id)
+            if job.state in ("queued", "sending", "collecting") and transfer is not None:
+                if job.lease is None or not holder_alive(job.lease):
+                    transfer(job)
+                return
             if job.state in ("queued", "sending"):
                 self._launch(job, progress)
-                job = self.store.get(job_id)
-            if job.state == "running":
-                self._watch(job)
-                job = self.store.get(job_id)
+                job = self.store.get(job.id)
+                if job.state == "running":
+                    self._watch(job)
+                    job = self.store.get(job.id)
             if job.state == "collecting":
                 self._collect(job)
-            return self.store.get(job_id)
+        except Exception as e:  # a bug or an unexpected OS error must not leave the job active for ever
+            log.exception("job %s: %s", job.id, e)
+            current = self.store.get(job.id)
+            if current.active:
+                self._retry_later(current, e, "failed", f"{current.state} failed on this side")
         finally:
             lock.release()
 
-    def poll_active(self) -> list[Job]:
-        """One pass over every unfinished job: one poll per machine, then each job advanced."""
+    def poll_active(self, transfer: Callable[[Job], None] | None = None) -> None:
+        """One pass over every unfinished job: one poll per machine, then each job advanced.
+
+        With ``transfer``, sending and collecting (long) are handed to it instead of run here.
+        """
         jobs = [j for j in self.store.jobs().values() if j.active]
         running: dict[str, list[Job]] = {}
         for job in jobs:
@@ -362,29 +404,9 @@ class JobService:
                 log.warning("polling %s failed: %s", machine, e)
             except Exception:
                 log.exception("polling %s failed", machine)
-        changed = []
         for job in jobs:
             if job.state != "running" or job.id in statuses:
-                lock = self._job_lock(job.id)
-                if not lock.acquire(blocking=False):
-                    continue
-                try:
-                    before = job.updated
-                    if job.state == "running":
-                        self._watch(job, statuses[job.id])
-                        job = self.store.get(job.id)
-                    if job.state in ("queued", "sending"):
-                        self._launch(job, None)
-                    elif job.state == "collecting":
-                        self._collect(job)
-                    after = self.store.get(job.id)
-                    if after.updated != before:
-                        changed.append(after)
-                except Exception:
-                    log.exception("advancing job %s failed", job.id)
-                finally:
-                    lock.release()
-        return changed
+                self._drive(job, statuses.get(job.id), transfer=transfer)
 
     def wait(
         self,
@@ -444,21 +466,27 @@ class JobService:
         self._emit(job)
         return job
 
-    def _transient(self, job: Job, error: Exception) -> None:
-        """A passing failure (connection dropped): give the lease back and try again on the next poll."""
-        retries = job.retries + 1
-        log.warning("job %s: %s (attempt %d)", job.id, error, retries)
-        if retries > MAX_TRANSIENT_RETRIES:
-            self._finish_later(job.id, "failed", f"gave up after {retries} attempts: {error}")
-        else:
-            self._update(job.id, lease=None, retries=retries)
+    def _retry_later(self, job: Job, error: Exception, give_up_state: str, give_up_reason: str) -> None:
+        """A passing failure (a dropped connection): let go and try on a later poll, for a while.
 
-    def _finish_later(self, job_id: str, state: str, reason: str, *, lease: bool = True) -> None:
-        """Decide the outcome now; collection records it (log, MLflow) and ends the job."""
-        changes: dict[str, Any] = {"state": "collecting", "outcome": {"state": state, "reason": reason}}
-        if not lease:
-            changes["lease"] = None
-        self._update(job_id, **changes)
+        Past ``give_up_after`` seconds of failing, the job ends with ``give_up_reason`` and nothing
+        more is asked of the machine.
+        """
+        now = time.time()
+        since = job.failing_since or now
+        log.warning("job %s: %s (failing for %.0f s)", job.id, error, now - since)
+        if now - since > self.settings.give_up_after:
+            self._finish_later(job.id, give_up_state, f"{give_up_reason}: {error}", reach_machine=False)
+        else:
+            self._update(job.id, lease=None, retries=job.retries + 1, failing_since=since)
+
+    def _finish_later(self, job_id: str, state: str, reason: str, *, reach_machine: bool = True) -> None:
+        """Decide the outcome now; collection records it (log, MLflow) and ends the job.
+
+        ``reach_machine=False``: collect without asking the machine for anything (it could not be reached).
+        """
+        outcome = {"state": state, "reason": reason, "reach_machine": reach_machine}
+        self._update(job_id, state="collecting", outcome=outcome, lease=None)
 
     # -- queued / sending → running -----------------------------------------
     def _launch(self, job: Job, progress: ProgressCallback | None) -> None:
@@ -472,12 +500,8 @@ class JobService:
         engine = self._job_engine(job)
         remote = RemoteJob(job.id, job.key, job.handle)
         try:
-            if job.state == "sending" and job.handle.get("pid"):
-                # This side stopped after starting the command: find it instead of starting it twice.
-                status = engine.poll([remote])[job.id]
-                if status.state in ("running", "exited"):
-                    self._update(job.id, state="running", lease=None, started=job.started or utcnow())
-                    return
+            # Every step is idempotent (the launcher finds a command it started already), so a
+            # job whose sender died is simply sent and started again by whoever picks it up.
             job = self._update(job.id, state="sending")
             remote = engine.prepare(remote)
             self._update(job.id, handle=dict(remote.handle))
@@ -506,10 +530,11 @@ class JobService:
                 transfer=dataclasses.asdict(stats),
                 lease=None,
                 retries=0,
+                failing_since=None,
             )
         except EngineError as e:
             if e.transient:
-                self._transient(job, e)
+                self._retry_later(job, e, "failed", f"could not start on {job.machine}")
             else:
                 self._finish_later(job.id, "failed", f"could not start on {job.machine}: {e}")
         except RemoteComputeError as e:
@@ -545,34 +570,38 @@ class JobService:
             values[env_name] = value
         return values
 
-    def _job_secrets(self, job: Job) -> list[str]:
+    def _mask_values(self, job: Job) -> list[str] | None:
+        """The values to hide in this job's log and records; None when one cannot be read (fail closed)."""
+        if not JobSpec.from_json(job.spec).secret_refs():
+            return []
         try:
             return list(self._secret_env(job).values())
         except (RemoteComputeError, SecretStoreUnavailable):
-            return []
+            return None
 
     # -- running ------------------------------------------------------------
     def _watch(self, job: Job, status: RemoteStatus | None = None) -> None:
         engine = self._job_engine(job)
         remote = RemoteJob(job.id, job.key, job.handle)
+        stop: tuple[str, str] | None = None
+        if job.cancel_requested:
+            stop = ("cancelled", f"cancelled by {job.cancel_requested}")
+        elif job.spec.get("timeout") and job.started and time.time() - parse_time(job.started) > job.spec["timeout"]:
+            stop = ("failed", f"timed out after {format_duration(job.spec['timeout'])}")
         try:
-            if job.cancel_requested:
+            if stop is not None:
                 engine.cancel(remote, self.settings.cancel_grace)
-                self._to_collecting(job, "cancelled", f"cancelled by {job.cancel_requested}")
+                self._to_collecting(job, *stop)
                 return
-            if job.spec.get("timeout") and job.started:
-                from .store import parse_time
-
-                elapsed = time.time() - parse_time(job.started)
-                if elapsed > job.spec["timeout"]:
-                    engine.cancel(remote, self.settings.cancel_grace)
-                    self._to_collecting(job, "failed", f"timed out after {format_duration(job.spec['timeout'])}")
-                    return
             if status is None:
                 status = engine.poll([remote])[job.id]
         except EngineError as e:
-            # A dropped connection is not a dead job: look again on the next poll.
-            log.warning("job %s: %s", job.id, e)
+            if stop is not None:
+                reason = f"{stop[1]}; the process could not be stopped on {job.machine} and may still run"
+                self._retry_later(job, e, stop[0], reason)
+            else:
+                # A dropped connection is not a dead job: look again on the next poll.
+                log.warning("job %s: %s", job.id, e)
             return
         if status.state == "exited":
             outcome = "succeeded" if status.exit_code == 0 else "failed"
@@ -583,11 +612,15 @@ class JobService:
             self._update(job.id, log_size=status.log_size)
 
     def _to_collecting(self, job: Job, state: str, reason: str | None, exit_code: int | None = None) -> None:
-        """running → collecting, once: whoever makes the move holds the lease and collects."""
-        outcome = {"state": state, "reason": reason}
-        claimed = self._claim(job.id, {"running"}, state="collecting", outcome=outcome, exit_code=exit_code)
-        if claimed is not None:
-            self._collect(claimed)
+        """running → collecting, once (compare-and-set); collection is the next step's work."""
+        outcome = {"state": state, "reason": reason, "reach_machine": True}
+        with self.store.transaction() as jobs:
+            current = jobs[job.id]
+            if current.state != "running":
+                return
+            current.state, current.outcome, current.exit_code = "collecting", outcome, exit_code
+            current.failing_since, current.updated = None, utcnow()
+        self._emit(current)
 
     # -- collecting → terminal ------------------------------------------------
     def _collect(self, job: Job) -> None:
@@ -603,15 +636,18 @@ class JobService:
         shutil.rmtree(incoming, ignore_errors=True)
         incoming.mkdir(parents=True)
         wanted = list(job.spec.get("bring_back", [])) if outcome["state"] == "succeeded" else []
+        secrets = self._mask_values(job)
         result = FetchResult()
         log_path: Path | None = None
-        if job.handle.get("dir"):
+        if job.handle.get("dir") and outcome.get("reach_machine", True):
             try:
                 result = engine.fetch(remote, wanted, incoming)
-                log_path = self._fetch_log(job, engine, remote, local_dir / "log")
+                log_path = self._fetch_log(job, engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:
-                    self._transient(job, e)
+                    state = "lost" if outcome["state"] == "succeeded" else outcome["state"]
+                    why = outcome.get("reason") or f"exit code {job.exit_code}"
+                    self._retry_later(job, e, state, f"{why}; could not collect from {job.machine}")
                     return
                 if outcome["state"] == "succeeded":
                     outcome = {"state": "failed", "reason": f"could not fetch outputs from {job.machine}: {e}"}
@@ -620,6 +656,8 @@ class JobService:
         verified: dict[str, str] = {}
         if outcome["state"] == "succeeded":
             verified, problem = _verify(incoming, wanted, result)
+            if not problem:
+                problem = self._check_landing(verified)
             if problem:
                 outcome = {"state": "failed", "reason": problem}
             else:
@@ -628,7 +666,7 @@ class JobService:
             outcome["reason"] = f"exit code {job.exit_code}: {_tail(log_path)}"
 
         ended = utcnow()
-        run_id = self._record(job, outcome, log_path, landed, incoming, ended)
+        run_id = self._record(job, outcome, log_path, landed, incoming, ended, secrets or [])
         shutil.rmtree(incoming, ignore_errors=True)
         self._update(
             job.id,
@@ -638,18 +676,42 @@ class JobService:
             outputs={rel: {"sha256": verified[rel], "size": path.stat().st_size} for rel, path in landed.items()},
             mlflow_run_id=run_id,
             lease=None,
+            failing_since=None,
         )
 
-    def _fetch_log(self, job: Job, engine: Engine, remote: RemoteJob, dest: Path) -> Path:
-        secrets = self._job_secrets(job)
+    def _fetch_log(
+        self, job: Job, engine: Engine, remote: RemoteJob, dest: Path, secrets: Sequence[str] | None
+    ) -> Path:
+        """The whole log, masked across chunk boundaries; withheld when a secret cannot be read to mask it."""
         tmp = dest.with_suffix(".part")
+        if secrets is None:
+            tmp.write_bytes(WITHHELD_LOG)
+            os.replace(tmp, dest)
+            return dest
         offset = 0
+        pending = b""  # masked bytes that a secret continuing in the next chunk could still change
         with open(tmp, "wb") as f:
             while chunk := engine.read_log(remote, offset, LOG_CHUNK):
-                f.write(mask(chunk, secrets))
                 offset += len(chunk)
+                buffer = mask(pending + chunk, secrets)
+                settled = settled_length(buffer, secrets)
+                f.write(buffer[:settled])
+                pending = buffer[settled:]
+            f.write(mask(pending, secrets))
         os.replace(tmp, dest)
         return dest
+
+    def _check_landing(self, verified: dict[str, str]) -> str | None:
+        """Before anything moves: every destination is inside the workspace and can take a file."""
+        root = self.workspace.root.resolve()
+        for rel in verified:
+            dst = self.workspace.root / rel
+            parent = dst.parent.resolve()
+            if not (parent == root or root in parent.parents):
+                return f"output {rel} would land outside the workspace (a folder on its path is a link)"
+            if dst.is_dir() and not dst.is_symlink():
+                return f"output {rel} cannot land: a folder of that name is in the workspace"
+        return None
 
     def _land(self, incoming: Path, verified: dict[str, str]) -> dict[str, Path]:
         """Move verified outputs into the workspace; each file appears whole or not at all."""
@@ -657,7 +719,7 @@ class JobService:
         for rel in verified:
             dst = self.workspace.root / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(incoming / WORK_DIR / rel, dst)
+            move_into_place(incoming / WORK_DIR / rel, dst)
             landed[rel] = dst
         return landed
 
@@ -669,9 +731,8 @@ class JobService:
         landed: dict[str, Path],
         incoming: Path,
         ended: str,
+        secrets: Sequence[str],
     ) -> str | None:
-        from .store import parse_time
-
         record = JobRecord(
             job_id=job.id,
             key=job.key,
@@ -687,12 +748,14 @@ class JobService:
             outputs=landed,
             inputs_manifest=self.workspace.job_dir(job.id) / "inputs.json",
             far_store=incoming / "mlruns",
+            mask_values=tuple(secrets),
         )
         try:
             return record_job(self.workspace.root, self.settings.tracking, record)
         except Exception as e:  # MLflow down must not lose the job: keep the reason, record later by hand
-            log.exception("job %s: recording the MLflow run failed", job.id)
-            outcome["reason"] = ((outcome.get("reason") or "") + f" (not recorded in MLflow: {e})").strip()
+            log.error("job %s: recording the MLflow run failed: %s", job.id, type(e).__name__)
+            error = mask(str(e).encode(), secrets).decode(errors="replace")[:500]
+            outcome["reason"] = ((outcome.get("reason") or "") + f" (not recorded in MLflow: {error})").strip()
             return None
 
     # -- user actions ---------------------------------------------------------
@@ -736,17 +799,50 @@ class JobService:
             return LogChunk(data, offset, offset + len(data), len(data) < limit)
         if not job.handle.get("dir"):
             return LogChunk(b"", offset, offset, False)
+        secrets = self._mask_values(job)
+        if secrets is None:
+            raise SecretStoreUnavailable(
+                f"the log of job {job_id} is withheld: a secret it uses cannot be read from the Secret Manager "
+                "to hide it in the log"
+            )
+        # Read from a little before the offset, so a secret the last read stopped inside is seen whole.
+        back = min(offset, max((len(s.encode()) for s in secrets), default=0))
+        limit = max(limit, MIN_LOG_READ)
         try:
-            data = self._job_engine(job).read_log(RemoteJob(job.id, job.key, job.handle), offset, limit)
+            window = self._job_engine(job).read_log(RemoteJob(job.id, job.key, job.handle), offset - back, limit + back)
         except EngineError:
             return LogChunk(b"", offset, offset, False)
-        # Stop at a line end so a secret is never split across two reads (and escapes masking).
-        cut = data.rfind(b"\n")
-        if cut >= 0:
-            data = data[: cut + 1]
-        elif len(data) < limit:
-            data = b""
-        return LogChunk(mask(data, self._job_secrets(job)), offset, offset + len(data), False)
+        # Return only what no later byte can change: a secret starting near the end comes next time, whole.
+        masked = mask(window, secrets)
+        data = masked[back : max(back, settled_length(masked, secrets))]
+        return LogChunk(data, offset, offset + len(data), False)
+
+
+WITHHELD_LOG = (
+    b"[jupyter-remote-compute] This job's log is withheld: a secret it uses could not be read from the\n"
+    b"Secret Manager to hide it. Read the log on the machine itself.\n"
+)
+
+
+def move_into_place(src: Path, dst: Path) -> None:
+    """Atomic per file, also when ``dst`` is on another file system (a linked data folder)."""
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        tmp = dst.with_name(f".{dst.name}.incoming")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+        os.unlink(src)
+
+
+def _plain_path(rel: str) -> bool:
+    """Whether a path the far side reported is a plain relative path (nothing that climbs out)."""
+    try:
+        return check_relative_path(rel, "bring_back") == rel
+    except InvalidSettings:
+        return False
 
 
 def _verify(incoming: Path, wanted: Sequence[str], result: FetchResult) -> tuple[dict[str, str], str | None]:
@@ -754,6 +850,9 @@ def _verify(incoming: Path, wanted: Sequence[str], result: FetchResult) -> tuple
     verified: dict[str, str] = {}
     missing = list(result.missing)
     mismatched = []
+    for rel in result.digests:
+        if not _plain_path(rel):
+            return {}, f"the machine reported an output path that is not allowed: {rel!r}"
     for output in wanted:
         if output in missing:
             continue

@@ -110,6 +110,7 @@ class Job:
     log_size: int = 0
     lease: dict[str, Any] | None = None
     retries: int = 0
+    failing_since: float | None = None  # when reaching the machine started failing (epoch seconds)
 
     @property
     def name(self) -> str:

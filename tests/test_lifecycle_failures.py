@@ -1,0 +1,166 @@
+"""What happens when things go wrong mid-job: crashes, unreachable machines, hostile far sides, secrets."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from mlflow.tracking import MlflowClient
+
+from jupyter_remote_compute.engines.base import EngineError, FetchResult
+from jupyter_remote_compute.engines.local import LocalEngine
+from jupyter_remote_compute.jobs import service as service_module
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+DEAD_PROCESS = {"host": os.uname().nodename, "pid": 2**22 + 7, "start": "0"}
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing after it runs, no handler catches it."""
+
+
+def test_a_crash_between_start_and_recording_it_does_not_start_the_command_twice(
+    workspace, make_service, monkeypatch, tmp_path
+):
+    counter = tmp_path / "starts"
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": f"echo started >> {counter}; sleep 30"})).job
+    real_start = LocalEngine.start
+
+    def start_then_die(self, job, launch):  # type: ignore[no-untyped-def]
+        real_start(self, job, launch)
+        raise Crash
+
+    monkeypatch.setattr(LocalEngine, "start", start_then_die)
+    with pytest.raises(Crash):
+        service.advance(job.id)
+    monkeypatch.setattr(LocalEngine, "start", real_start)
+    with service.store.transaction() as jobs:  # the process that held the lease is gone
+        jobs[job.id].lease = dict(DEAD_PROCESS)
+    assert service.advance(job.id).state == "running"
+    wait_for(counter.exists, message="the command to start")
+    assert counter.read_text() == "started\n"
+    service.cancel(job.id)
+    assert counter.read_text() == "started\n"
+
+
+def test_a_machine_unreachable_during_collection_ends_the_job_after_the_grace(workspace, make_service, monkeypatch):
+    service = make_service(workspace)
+    service.settings = dataclasses.replace(service.settings, give_up_after=0.3)
+    job = service.submit(JobSpec.from_json({"command": "echo hi > out.txt", "bring_back": ["out.txt"]})).job
+
+    def unreachable(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise EngineError("connection refused", transient=True)
+
+    monkeypatch.setattr(LocalEngine, "fetch", unreachable)
+    job = service.wait(job.id, timeout=30)
+    assert job.state == "lost"
+    assert "could not collect from local" in job.reason and "connection refused" in job.reason
+    assert not (workspace / "out.txt").exists()
+    service.delete(job.id)  # a job that ended can be removed
+
+
+def test_an_output_that_cannot_land_fails_the_job_and_nothing_partial_lands(workspace, make_service):
+    (workspace / "b.txt").mkdir()  # a folder where the job's second output would go
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "echo a > a.txt; echo b > b.txt", "bring_back": ["a.txt", "b.txt"]})
+    job = service.wait(service.submit(spec).job.id, timeout=60)
+    assert job.state == "failed"
+    assert job.reason == "output b.txt cannot land: a folder of that name is in the workspace"
+    assert not (workspace / "a.txt").exists()
+
+
+def test_an_output_path_that_climbs_out_is_refused(tmp_path):
+    incoming = tmp_path / "incoming"
+    (incoming / "work/out").mkdir(parents=True)
+    result = FetchResult(digests={"out/a": "0" * 64, "out/../../evil": "0" * 64})
+    verified, problem = service_module._verify(incoming, ["out"], result)
+    assert verified == {} and "not allowed" in problem
+
+
+@pytest.fixture
+def secret_value(make_service, workspace):  # type: ignore[no-untyped-def]
+    value = "tok-" + os.urandom(12).hex()
+    make_service(workspace).secrets.set("failures/token", value)
+    return value
+
+
+def test_a_secret_split_across_log_chunks_is_still_masked(workspace, make_service, secret_value, monkeypatch):
+    monkeypatch.setattr(service_module, "LOG_CHUNK", 4096)
+    service = make_service(workspace)
+    # The secret starts 10 bytes before a chunk boundary; then the job fails, so its log tail is the reason.
+    script = "printf '%4086s' '' ; printf '%s\\n' \"$TOKEN\"; exit 2\n"
+    (workspace / "leak.sh").write_text(script)
+    spec = JobSpec.from_json({"command": "sh leak.sh", "send": ["leak.sh"], "env": {"TOKEN": "secret:failures/token"}})
+    job = service.wait(service.submit(spec).job.id, timeout=60)
+    assert job.state == "failed"
+    collected = (workspace / ".punica/jobs" / job.id / "log").read_bytes()
+    assert secret_value.encode() not in collected and b"*" * len(secret_value) in collected
+    assert secret_value not in job.reason
+    assert secret_value.encode() not in (workspace / ".punica/jobs.json").read_bytes()
+
+
+def test_a_live_log_read_in_small_pieces_never_shows_a_secret(workspace, make_service, secret_value):
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": 'echo "key=$TOKEN"; sleep 30', "env": {"TOKEN": "secret:failures/token"}})
+    job = service.submit(spec).job
+    service.advance(job.id)
+    wait_for(lambda: service.read_log(job.id, 0).data.startswith(b"key="), message="the log line")
+    seen = b""
+    offset = 0
+    while chunk := service.read_log(job.id, offset, limit=4).data:
+        seen += chunk
+        offset += len(chunk)
+    assert seen == b"key=" + b"*" * len(secret_value) + b"\n"
+    service.cancel(job.id)
+
+
+def test_when_a_secret_cannot_be_read_to_mask_the_log_the_log_is_withheld(
+    workspace, make_service, secret_value, tracking_uri
+):
+    service = make_service(workspace)
+    (workspace / "job.sh").write_text('echo "key=$TOKEN"; while [ ! -f go ]; do sleep 0.05; done\n')
+    spec = JobSpec.from_json({"command": "sh job.sh", "send": ["job.sh"], "env": {"TOKEN": "secret:failures/token"}})
+    job = service.submit(spec).job
+    service.advance(job.id)
+    wait_for(lambda: b"key=" in service.read_log(job.id).data, message="the job to print")
+    service.secrets.delete("failures/token")  # rotated away while the job ran
+    Path(service.get(job.id).handle["dir"], "work", "go").write_text("")
+    job = service.wait(job.id, timeout=60)
+    assert job.state == "succeeded"
+    collected = (workspace / ".punica/jobs" / job.id / "log").read_bytes()
+    assert collected == service_module.WITHHELD_LOG
+    client = MlflowClient(tracking_uri)
+    log_artifact = client.download_artifacts(job.mlflow_run_id, "remote_compute/log")
+    assert secret_value.encode() not in Path(log_artifact).read_bytes()
+
+
+def test_a_secret_the_job_logs_to_mlflow_is_hidden_in_the_local_run(
+    workspace, make_service, secret_value, tracking_uri
+):
+    (workspace / "log_it.py").write_text(
+        "import os, mlflow\nwith mlflow.start_run():\n    mlflow.log_param('api', os.environ['TOKEN'])\n"
+        "    mlflow.set_tag('who', 'uses ' + os.environ['TOKEN'])\n"
+    )
+    service = make_service(workspace)
+    spec = JobSpec.from_json(
+        {"command": "python log_it.py", "send": ["log_it.py"], "env": {"TOKEN": "secret:failures/token"}}
+    )
+    job = service.wait(service.submit(spec).job.id, timeout=120)
+    assert job.state == "succeeded", job.reason
+    run = MlflowClient(tracking_uri).get_run(job.mlflow_run_id)
+    assert run.data.params["api"] == "*" * len(secret_value)
+    assert secret_value not in run.data.tags["who"]
+
+
+def test_a_cancelled_job_is_not_attached_to(workspace, make_service):
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "sleep 30"})
+    first = service.submit(spec).job
+    with service.store.transaction() as jobs:  # cancel asked, not yet carried out
+        jobs[first.id].cancel_requested = "user"
+    second = service.submit(spec)
+    assert not second.attached and second.job.id != first.id
