@@ -21,6 +21,16 @@ export interface IErrorBody {
   code: string;
   message: string;
   field?: string | null;
+  /**
+   * Facts to act on, e.g. `host_key: {type, fingerprint}` with `can_trust` for an unknown SSH host.
+   */
+  details?: IErrorDetails;
+}
+
+export interface IErrorDetails {
+  host_key?: { type: string; fingerprint: string };
+  can_trust?: boolean;
+  [key: string]: unknown;
 }
 
 /**
@@ -32,6 +42,7 @@ export class APIError extends Error {
     code: string;
     message: string;
     field?: string | null;
+    details?: IErrorDetails | null;
     fromServerExtension: boolean;
   }) {
     super(options.message);
@@ -39,6 +50,7 @@ export class APIError extends Error {
     this.status = options.status;
     this.code = options.code;
     this.field = options.field ?? null;
+    this.details = options.details ?? null;
     this.fromServerExtension = options.fromServerExtension;
   }
 
@@ -57,6 +69,11 @@ export class APIError extends Error {
    * The setting the error is about (for mapping onto a form field), if any.
    */
   readonly field: string | null;
+
+  /**
+   * What the server says one can do about the error (an unknown host key to trust), if anything.
+   */
+  readonly details: IErrorDetails | null;
 
   /**
    * Whether the answer came from this extension's handlers (a JSON `{code, message}` body).
@@ -130,6 +147,7 @@ export async function requestAPI<T>(
         code: data.code,
         message: data.message,
         field: data.field ?? null,
+        details: data.details ?? null,
         fromServerExtension: true
       });
     }
@@ -408,6 +426,20 @@ export function checkMachine(
 ): Promise<ICheckResult> {
   return requestAPI<ICheckResult>(
     `machines/${enc(name)}/check`,
+    { method: 'POST' },
+    settings
+  );
+}
+
+/**
+ * Record the SSH host key the machine presents now in known_hosts (after the user saw it).
+ */
+export function trustMachine(
+  name: string,
+  settings?: ServerConnection.ISettings
+): Promise<{ name: string; fingerprint: string }> {
+  return requestAPI<{ name: string; fingerprint: string }>(
+    `machines/${enc(name)}/trust`,
     { method: 'POST' },
     settings
   );

@@ -30,6 +30,7 @@ import {
   isActive,
   isTerminal,
   removeMachine,
+  trustMachine,
   updateMachine
 } from './api';
 import { ComputePanel } from './components/ComputePanel';
@@ -392,9 +393,43 @@ export function registerCommands(context: ICommandContext): void {
         return true;
       } catch (error) {
         const apiError = asAPIError(error);
-        // TODO(host keys): an SSH machine whose host key is not in known_hosts fails here
-        // with the server's message. A "Trust this host" action (show the fingerprint, then
-        // record it) needs a server API that does not exist yet; add it to `actions` then.
+        const hostKey = apiError.details?.can_trust
+          ? apiError.details.host_key
+          : undefined;
+        const trustAction = hostKey
+          ? [
+              {
+                label: trans.__('Trust this host'),
+                caption: trans.__(
+                  'Compare the fingerprint, then record the key in known_hosts'
+                ),
+                callback: () => {
+                  void showDialog({
+                    title: trans.__('Trust the host key of %1?', name),
+                    body: trans.__(
+                      "The machine presents this %1 key:\n\n%2\n\nTrust it only if it matches the fingerprint the machine's administrator gave you. It will be added to known_hosts.",
+                      hostKey.type,
+                      hostKey.fingerprint
+                    ),
+                    buttons: [
+                      Dialog.cancelButton({ label: trans.__('Cancel') }),
+                      Dialog.warnButton({ label: trans.__('Trust this host') })
+                    ]
+                  }).then(async result => {
+                    if (!result.button.accept) {
+                      return;
+                    }
+                    try {
+                      await trustMachine(name);
+                      await commands.execute(CommandIDs.checkMachine, { name });
+                    } catch (trustError) {
+                      Notification.error(asAPIError(trustError).message);
+                    }
+                  });
+                }
+              }
+            ]
+          : [];
         await settle();
         Notification.update({
           id,
@@ -406,6 +441,7 @@ export function registerCommands(context: ICommandContext): void {
           ),
           autoClose: false,
           actions: [
+            ...trustAction,
             {
               label: trans.__('Details'),
               caption: trans.__('Show the whole answer and edit the machine'),

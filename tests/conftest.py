@@ -119,3 +119,14 @@ def jp_server_config(server_workspace: Path, scratch_dir: Path, tracking_uri: st
             "cancel_grace": 1.0,
         },
     }
+
+
+def job_runs(tracking_uri: str, job_id: str) -> list:  # type: ignore[type-arg]
+    """The MLflow runs of the test experiment tagged with ``job_id`` (there should be exactly one)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("tests")
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job_id}'")

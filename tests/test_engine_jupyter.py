@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jupyter_server_fixture
 import pytest
-from conftest import wait_for
+from conftest import job_runs, wait_for
 from jupyter_server_fixture import RemoteServer, store_token
 from mlflow.tracking import MlflowClient
 
@@ -56,14 +56,6 @@ def _files_holding(roots: list[Path], needle: str, skip: tuple[Path, ...] = ()) 
                     if raw in f.read():
                         found.append(path)
     return found
-
-
-def _runs(tracking_uri: str, job_id: str) -> list:
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name("tests")
-    if experiment is None:
-        return []
-    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job_id}'")
 
 
 def _rss() -> int:
@@ -212,7 +204,7 @@ def test_quickstart_runs_remotely_lands_verified_outputs_and_one_mlflow_run(
     for name in ("model.pkl", "metrics.json"):
         landed = quickstart / name
         assert job.outputs[name]["sha256"] == hashlib.sha256(landed.read_bytes()).hexdigest()
-    runs = _runs(tracking_uri, job.id)
+    runs = job_runs(tracking_uri, job.id)
     assert len(runs) == 1 and runs[0].info.run_id == job.mlflow_run_id
     assert runs[0].data.params["rows"] == "40"
     history = MlflowClient(tracking_uri).get_metric_history(runs[0].info.run_id, "residual")

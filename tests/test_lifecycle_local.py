@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import job_runs, wait_for
 from mlflow.tracking import MlflowClient
 
 from jupyter_remote_compute.engines.local import group_members
@@ -26,14 +26,6 @@ QUICKSTART_SPEC = {
     "bring_back": ["model.pkl", "metrics.json"],
     "name": "quickstart",
 }
-
-
-def _runs(tracking_uri: str, job_id: str) -> list:
-    client = MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name("tests")
-    if experiment is None:
-        return []
-    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job_id}'")
 
 
 def test_quickstart_job_lands_verified_outputs_and_one_mlflow_run(quickstart, make_service, tracking_uri, scratch_dir):
@@ -53,7 +45,7 @@ def test_quickstart_job_lands_verified_outputs_and_one_mlflow_run(quickstart, ma
     # The job ran in its own scratch directory, not in the workspace.
     assert (scratch_dir / job.id / "work" / "train.py").is_file()
 
-    runs = _runs(tracking_uri, job.id)
+    runs = job_runs(tracking_uri, job.id)
     assert len(runs) == 1
     run = runs[0]
     assert run.info.run_id == job.mlflow_run_id
@@ -110,7 +102,7 @@ def test_nonzero_exit_fails_with_code_and_log_tail(workspace, make_service, trac
     with pytest.raises(NotTrained) as info:
         require_trained(job)
     assert info.value.job_id == job.id and "exit code 3" in str(info.value)
-    runs = _runs(tracking_uri, job.id)
+    runs = job_runs(tracking_uri, job.id)
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
 
 
@@ -148,7 +140,7 @@ def test_cancel_kills_the_whole_process_group(workspace, make_service, tracking_
     assert job.state == "cancelled"
     assert job.reason == "cancelled by tester"
     assert group_members(pgid) == []
-    runs = _runs(tracking_uri, job.id)
+    runs = job_runs(tracking_uri, job.id)
     assert len(runs) == 1 and runs[0].info.status == "KILLED"
 
 
