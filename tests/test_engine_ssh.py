@@ -24,7 +24,7 @@ from sshd_fixture import TestBed, keygen, wait_for
 from jupyter_remote_compute.engines import ssh_config
 from jupyter_remote_compute.engines.base import EngineContext, EngineError, InputFile, LaunchSpec, RemoteJob
 from jupyter_remote_compute.engines.ssh import AuthenticationFailed, HostKeyChanged, HostKeyUnknown, SSHEngine
-from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive, parse_sha256sum
+from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive, parse_sha256sum, tar_header
 
 # the shared fixtures, by name
 sshd_bed = sshd_fixture.sshd_bed
@@ -336,6 +336,43 @@ def test_hostile_file_names(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path:
 def test_parse_sha256sum_escapes():
     data = b"\\" + b"a" * 64 + b"  work/new\\nline\\\\x\n" + b"b" * 64 + b"  plain name\n"
     assert parse_sha256sum(data) == {"work/new\nline\\x": "a" * 64, "plain name": "b" * 64}
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("jobs/j/work/d/f.bin", {"linkname": "cache/" + "a" * 64}),
+        ("f.bin", {"size": 12345, "mode": 0o100755, "mtime": 1712345678.9}),
+        ("x" * 100, {"size": 8**11 - 1, "mtime": 8**11 - 1, "linkname": None}),
+        ("a b\\c$`'\"", {"linkname": "y" * 100}),
+        ("x" * 101, {"size": 1}),  # the rest need pax records: tarfile builds them
+        ("d/é.bin", {"size": 2}),
+        ("n\udcff", {}),
+        ("f", {"size": 8**11}),
+        ("f", {"linkname": "y" * 101}),
+    ],
+)
+def test_tar_header_fast_path_matches_tarfile(name: str, kw: dict):
+    header = tar_header(name, **kw)
+    info = tarfile.TarInfo(name)
+    info.size = 0 if kw.get("linkname") else kw.get("size", 0)
+    info.mode = kw.get("mode", 0o644)
+    info.mtime = int(kw.get("mtime", 0))
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if kw.get("linkname"):
+        info.type = tarfile.LNKTYPE
+        info.linkname = kw["linkname"]
+    assert header == info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")
+    with tarfile.open(fileobj=io.BytesIO(header + b"\0" * (info.size + 1024 + -info.size % 512))) as tar:
+        (member,) = tar.getmembers()
+    assert (member.name, member.linkname, member.size, member.mode) == (
+        name,
+        info.linkname,
+        info.size,
+        info.mode & 0o7777,
+    )
+    assert (member.mtime, member.type) == (info.mtime, info.type)
 
 
 # -- archives that try to escape ---------------------------------------------------------------

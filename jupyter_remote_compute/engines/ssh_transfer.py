@@ -53,12 +53,40 @@ def check_digest(digest: str) -> str:
 # -- writing ---------------------------------------------------------------------
 
 
+_USTAR_LIMIT = 8**11  # sizes and times below this fit a plain ustar header's octal fields
+_USTAR_TAIL = b"ustar\x0000" + b"\0" * (32 + 32 + 8 + 8 + 155 + 12)
+
+
 def tar_header(name: str, *, size: int = 0, mode: int = 0o644, mtime: float = 0, linkname: str | None = None) -> bytes:
     """One member header (pax when a name needs it); data and padding are the caller's."""
+    size = 0 if linkname is not None else size
+    mtime = int(mtime)
+    link = linkname or ""
+    if (
+        len(name) <= 100
+        and len(link) <= 100
+        and name.isascii()
+        and link.isascii()
+        and 0 <= size < _USTAR_LIMIT
+        and 0 <= mtime < _USTAR_LIMIT
+    ):
+        # The common case built directly, the same block tarfile writes for it in about a tenth of the
+        # time: an unchanged re-send of a big tree is one such header per file and little else.
+        block = b"".join(
+            (
+                name.encode("ascii").ljust(100, b"\0"),
+                b"%07o\x000000000\x000000000\x00%011o\x00%011o\x00" % (mode & 0o7777, size, mtime),
+                b"        ",  # the checksum field counts as spaces
+                tarfile.REGTYPE if linkname is None else tarfile.LNKTYPE,
+                link.encode("ascii").ljust(100, b"\0"),
+                _USTAR_TAIL,
+            )
+        )
+        return block[:148] + b"%06o\x00" % sum(block) + block[155:]
     info = tarfile.TarInfo(name)
-    info.size = 0 if linkname is not None else size
+    info.size = size
     info.mode = mode
-    info.mtime = int(mtime)
+    info.mtime = mtime
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     if linkname is not None:
