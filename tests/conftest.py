@@ -86,20 +86,6 @@ def make_service(scratch_dir: Path, tracking_uri: str):  # type: ignore[no-untyp
         service.close()
 
 
-def wait_for(condition, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):  # type: ignore[no-untyped-def]
-    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
-        time.sleep(interval)
-
-
 @pytest.fixture
 def server_workspace(quickstart: Path) -> Path:
     """The workspace the test server serves: a copy of the quickstart example."""

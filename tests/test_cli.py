@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from waiting import wait_for
 
 
 @pytest.fixture

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import jupyter_server_fixture
 import pytest
-from conftest import job_runs, wait_for
+from conftest import job_runs
 from jupyter_server_fixture import RemoteServer, store_token
 from mlflow.tracking import MlflowClient
+from waiting import wait_for
 
 from jupyter_remote_compute.engines.base import EngineContext, EngineError, InputFile, LaunchSpec, RemoteJob
 from jupyter_remote_compute.engines.jupyter import JupyterEngine, _extract_safely

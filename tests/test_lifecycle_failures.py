@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 from mlflow.tracking import MlflowClient
+from waiting import wait_for
 
 from jupyter_remote_compute.engines.base import EngineError, FetchResult
 from jupyter_remote_compute.engines.local import LocalEngine

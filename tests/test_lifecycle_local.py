@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import job_runs, wait_for
+from conftest import job_runs
 from mlflow.tracking import MlflowClient
+from waiting import wait_for
 
 from jupyter_remote_compute.engines.local import group_members
 from jupyter_remote_compute.errors import InvalidSettings, NotTrained

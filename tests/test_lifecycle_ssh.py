@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import sshd_fixture
-from conftest import wait_for
 from mlflow.tracking import MlflowClient
+from waiting import wait_for
 
 from jupyter_remote_compute.jobs.spec import JobSpec
 

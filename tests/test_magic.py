@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
 from jupyter_client.manager import KernelManager
+from waiting import wait_for
 
 QUICKSTART_LINE = (
     "%remote_train --machine local --send train.py --send 'data/*.csv' --bring-back model.pkl -- python train.py"

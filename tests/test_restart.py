@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 from mlflow.tracking import MlflowClient
+from waiting import wait_for
 
 
 def _free_port() -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import wait_for
+from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings, NotTrained
 from jupyter_remote_compute.steps import TRAIN_ON_REMOTE_MACHINE, describe_steps, run_step
