@@ -164,3 +164,40 @@ def test_a_cancelled_job_is_not_attached_to(workspace, make_service):
         jobs[first.id].cancel_requested = "user"
     second = service.submit(spec)
     assert not second.attached and second.job.id != first.id
+
+
+def test_a_lease_from_another_host_is_taken_over_only_once_it_went_stale(workspace, make_service):
+    """A pod that came back under a new name must not leave its jobs stuck; a live one keeps them."""
+    import time
+
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": "echo hi"})).job
+    elsewhere = {"host": "another-pod", "pid": 1, "start": "1"}
+    with service.store.transaction() as jobs:
+        jobs[job.id].lease = {**elsewhere, "renewed": time.time()}
+    assert service.advance(job.id).state == "queued"  # its holder renewed it just now
+    with service.store.transaction() as jobs:
+        jobs[job.id].lease = {**elsewhere, "renewed": time.time() - 3600}
+    assert service.wait(job.id, timeout=60).state == "succeeded"
+
+
+def test_a_long_send_keeps_renewing_its_lease(workspace, make_service, monkeypatch):
+    monkeypatch.setattr(service_module, "LEASE_RENEW_EVERY", 0.0)
+    (workspace / "big.bin").write_bytes(os.urandom(8 << 20))
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": "true", "send": ["big.bin"]})).job
+    renewals = []
+    real_renewer = service._renewer
+
+    def spying_renewer(job_id, then=None):  # type: ignore[no-untyped-def]
+        inner = real_renewer(job_id, then)
+
+        def renew(done: int, total: int) -> None:
+            inner(done, total)
+            renewals.append(service.store.get(job_id).lease["renewed"])
+
+        return renew
+
+    monkeypatch.setattr(service, "_renewer", spying_renewer)
+    assert service.wait(job.id, timeout=60).state == "succeeded"
+    assert len(renewals) >= 8 and renewals == sorted(renewals) and renewals[-1] > renewals[0]

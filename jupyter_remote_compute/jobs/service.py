@@ -74,6 +74,7 @@ log = logging.getLogger(__name__)
 
 LOG_CHUNK = 1 << 20
 MIN_LOG_READ = 64 << 10
+LEASE_RENEW_EVERY = 60.0  # seconds; well inside store.FOREIGN_LEASE_TTL
 REASON_TAIL_LINES = 10
 
 # One lock per job for every JobService of this process (a pipeline runner may hold several), so two
@@ -448,14 +449,34 @@ class JobService:
             job = jobs[job_id]
             if job.state not in states:
                 return None
-            if job.lease and job.lease != self.identity and holder_alive(job.lease):
+            if job.lease and not self._holds(job.lease) and holder_alive(job.lease):
                 return None
-            job.lease = dict(self.identity)
+            job.lease = {**self.identity, "renewed": time.time()}
             for name, value in changes.items():
                 setattr(job, name, value)
             job.updated = utcnow()
         self._emit(job)
         return job
+
+    def _holds(self, lease: dict[str, Any]) -> bool:
+        return all(lease.get(k) == v for k, v in self.identity.items())
+
+    def _renewer(self, job_id: str, then: ProgressCallback | None = None) -> ProgressCallback:
+        """A progress callback that also keeps this process's lease fresh during a long transfer."""
+        last = time.monotonic()
+
+        def renew(done: int, total: int) -> None:
+            nonlocal last
+            if time.monotonic() - last > LEASE_RENEW_EVERY:
+                last = time.monotonic()
+                with self.store.transaction() as jobs:
+                    job = jobs.get(job_id)
+                    if job is not None and job.lease and self._holds(job.lease):
+                        job.lease = {**job.lease, "renewed": time.time()}
+            if then:
+                then(done, total)
+
+        return renew
 
     def _update(self, job_id: str, **changes: Any) -> Job:
         with self.store.transaction() as jobs:
@@ -511,6 +532,8 @@ class JobService:
                 self.progress[job.id] = (done, total)
                 if progress:
                     progress(done, total)
+
+            report = self._renewer(job.id, report)
 
             stats = engine.send(remote, files, report)
             launch = LaunchSpec(
@@ -641,7 +664,7 @@ class JobService:
         log_path: Path | None = None
         if job.handle.get("dir") and outcome.get("reach_machine", True):
             try:
-                result = engine.fetch(remote, wanted, incoming)
+                result = engine.fetch(remote, wanted, incoming, self._renewer(job.id))
                 log_path = self._fetch_log(job, engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:

@@ -66,12 +66,18 @@ def process_identity() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": pid, "start": _process_start_ticks(pid)}
 
 
+#: A lease taken on another host (a workspace on shared storage, a pod that came back under a new
+#: name) is alive only while its holder keeps renewing it; on this host the process table decides.
+FOREIGN_LEASE_TTL = 600.0
+
+
 def holder_alive(holder: dict[str, Any] | None) -> bool:
-    """Whether the process that took a lease still runs. Another host's lease counts as alive."""
+    """Whether the process that took a lease still runs (another host's: whether it renewed lately)."""
     if not holder:
         return False
     if holder.get("host") != socket.gethostname():
-        return True
+        renewed = holder.get("renewed")
+        return isinstance(renewed, (int, float)) and time.time() - renewed < FOREIGN_LEASE_TTL
     pid = holder.get("pid")
     if not isinstance(pid, int):
         return False
