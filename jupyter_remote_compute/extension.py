@@ -38,7 +38,12 @@ class RemoteComputeApp(ExtensionApp):
     mlflow_tracking_uri = Unicode(
         "", config=True, help="MLflow tracking URI. Default: MLFLOW_TRACKING_URI, else <workspace>/mlflow.db."
     )
-    mlflow_experiment = Unicode("remote-compute", config=True, help="MLflow experiment that job runs go to.")
+    mlflow_experiment = Unicode(
+        "",
+        config=True,
+        help="MLflow experiment that job runs go to. Default: MLFLOW_EXPERIMENT_NAME, else 'remote-compute' "
+        "(set MLFLOW_EXPERIMENT_NAME rather than this to make the CLI, kernels and pipeline runs agree).",
+    )
     artifact_size_cap = Int(
         100 * 1024 * 1024, config=True, help="Outputs larger than this many bytes in total are not copied to MLflow."
     )
@@ -54,7 +59,7 @@ class RemoteComputeApp(ExtensionApp):
             scratch_dir=Path(self.scratch_dir) if self.scratch_dir else None,
             tracking=TrackingSettings(
                 tracking_uri=self.mlflow_tracking_uri or None,
-                experiment=self.mlflow_experiment,
+                **({"experiment": self.mlflow_experiment} if self.mlflow_experiment else {}),
                 artifact_size_cap=self.artifact_size_cap,
             ),
         )

@@ -32,13 +32,17 @@ TAG_SOURCE_RUN = "remote_compute.source_run_id"
 TAG_REPLAYED = "remote_compute.replayed"
 BATCH = 1000
 
+DEFAULT_EXPERIMENT = "remote-compute"
 STATUS_BY_STATE = {"succeeded": "FINISHED", "failed": "FAILED", "lost": "FAILED", "cancelled": "KILLED"}
 
 
 @dataclasses.dataclass(frozen=True)
 class TrackingSettings:
     tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db
-    experiment: str = "remote-compute"
+    # MLflow's own variable, so the server, a kernel, the CLI and a pipeline runner agree when it is set.
+    experiment: str = dataclasses.field(
+        default_factory=lambda: os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+    )
     artifact_size_cap: int = 100 * 1024 * 1024  # outputs larger than this in total are not copied
 
 

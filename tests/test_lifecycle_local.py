@@ -326,3 +326,12 @@ def test_the_run_carries_the_workspace_git_commit(workspace, make_service, track
     run = MlflowClient(tracking_uri).get_run(job.mlflow_run_id)
     assert run.data.tags["mlflow.source.git.commit"] == head
     assert run.data.tags["mlflow.user"]
+
+
+def test_the_experiment_follows_mlflows_own_variable(monkeypatch):
+    from jupyter_remote_compute.tracking import TrackingSettings
+
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    assert TrackingSettings().experiment == "remote-compute"
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-runs")
+    assert TrackingSettings().experiment == "team-runs"
