@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sshd_fixture
 from jupyter_client.manager import KernelManager
 from waiting import wait_for
 
@@ -260,3 +261,20 @@ def test_bad_options_are_a_usage_error(kernel) -> None:
     assert cell.error["ename"] == "InvalidSettings" and "send[0]" in cell.error["evalue"]
     cell = kernel.run("%remote_train --bogus -- true")
     assert cell.error["ename"] == "UsageError" and "--bogus" in cell.error["evalue"]
+
+
+# -- the same magic on an SSH machine: a real sshd and ssh-agent on loopback ----------------------
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+
+
+def test_remote_train_on_an_ssh_machine(ssh_agent_env, kernel: Kernel, quickstart: Path, make_service) -> None:
+    make_service(quickstart).machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options())
+    (quickstart / "job.sh").write_text('echo "on $(uname -n) as $(id -un)"; wc -l < data/points.csv > rows.txt\n')
+    cell = kernel.run(
+        "%remote_train --machine box --send job.sh --send data/points.csv --bring-back rows.txt -- sh job.sh"
+    )
+    assert cell.error is None, (cell.error, cell.stderr)
+    assert f"as {ssh_agent_env.user}" in cell.stdout
+    assert "succeeded" in cell.stdout
+    assert (quickstart / "rows.txt").read_text().strip() == "41"
