@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt_packages=(openssh-server openssh-client rsync git chromium)
+  # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
+  command -v node >/dev/null 2>&1 || apt_packages+=(nodejs npm)
   missing=()
   for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ "${#missing[@]}" -gt 0 ]; then
