@@ -263,7 +263,7 @@ class JobService:
         return jobs
 
     # -- submit -------------------------------------------------------------
-    def submit(self, spec: JobSpec, *, new: bool = False, progress: ProgressCallback | None = None) -> SubmitResult:
+    def submit(self, spec: JobSpec, *, new: bool = False) -> SubmitResult:
         """Validate, screen, check policy, hash inputs; then attach to the same work or queue a new job.
 
         Nothing is stored and nothing leaves this machine until every check passed.
