@@ -67,6 +67,17 @@ def ensure_user(name: str = TEST_USER) -> tuple[str, Path]:
     return me.pw_name, Path(me.pw_dir)
 
 
+def terminate(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """TERM a process we started, KILL it if it does not go within 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 @dataclasses.dataclass
 class SSHServer:
     """One running sshd on 127.0.0.1."""
@@ -103,13 +114,7 @@ class SSHServer:
         return found
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
         # Session processes are our own children's children: end them too, by pid.
         for pid in self.session_pids():
             with contextlib.suppress(ProcessLookupError):
@@ -174,13 +179,7 @@ class Agent:
     proc: subprocess.Popen
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
 
 
 def start_agent(workdir: Path, keys: list[Path]) -> Agent:
