@@ -193,6 +193,17 @@ class Engine(abc.ABC):
         temporary directory, so nothing partial reaches the workspace.
         """
 
+    def is_prepared(self, job: RemoteJob) -> bool:
+        """Whether ``prepare`` made the job's place on the far side (there is something to read or clean)."""
+        return bool(job.handle.get("dir"))
+
+    def trust_host(self) -> str:
+        """Record the machine's current host key as known (an explicit user action); return its fingerprint.
+
+        Only kinds reached over SSH have host keys; the others refuse with a clear error.
+        """
+        raise EngineError(f"{self.name} is a {self.kind} machine: it has no host key to trust")
+
     @abc.abstractmethod
     def cleanup(self, job: RemoteJob) -> None:
         """Remove the job's directory on the far side (best effort, idempotent)."""

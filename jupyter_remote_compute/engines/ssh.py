@@ -689,7 +689,9 @@ printf 'disk_kb=%s\\n' "$(df -Pk "$d" | tail -n 1 | awk '{{print $4}}')"
 base={self._base_expr()}
 (umask 077 && mkdir -p -- "$base/jobs" "$base/cache")
 d="$base/jobs/"{_q(job.job_id)}
-mkdir -p -- "$d/{WORK_DIR}" "$d/{TRACKING_DIR}"
+# mlruns/ is left for MLflow to create: its file store makes the Default experiment only in a
+# folder that does not exist yet (an empty one fails every run logged without an experiment).
+mkdir -p -- "$d/{WORK_DIR}"
 cd -- "$d"
 printf '%s' {_q(marker)} > job.json.tmp
 if [ -f job.json ] && ! cmp -s job.json job.json.tmp; then

@@ -235,11 +235,8 @@ class JobService:
     def trust_machine(self, name: str) -> dict[str, Any]:
         """Record an SSH machine's current host key as known (an explicit user action)."""
         engine = self.engine(name)
-        trust = getattr(engine, "trust_host", None)
-        if trust is None:
-            raise InvalidSettings(f"machine: {name!r} ({engine.kind}) has no host key to trust", field="machine")
         try:
-            return {"name": name, "fingerprint": trust()}
+            return {"name": name, "fingerprint": engine.trust_host()}
         except EngineError as e:
             raise MachineError(f"{name}: {e}", details=e.details) from e
 
@@ -662,7 +659,7 @@ class JobService:
         secrets = self._mask_values(job)
         result = FetchResult()
         log_path: Path | None = None
-        if job.handle.get("dir") and outcome.get("reach_machine", True):
+        if engine.is_prepared(remote) and outcome.get("reach_machine", True):
             try:
                 result = engine.fetch(remote, wanted, incoming, self._renewer(job.id))
                 log_path = self._fetch_log(job, engine, remote, local_dir / "log", secrets)
@@ -820,7 +817,9 @@ class JobService:
                 f.seek(offset)
                 data = f.read(limit)
             return LogChunk(data, offset, offset + len(data), len(data) < limit)
-        if not job.handle.get("dir"):
+        engine = self._job_engine(job)
+        remote = RemoteJob(job.id, job.key, job.handle)
+        if not engine.is_prepared(remote):
             return LogChunk(b"", offset, offset, False)
         secrets = self._mask_values(job)
         if secrets is None:
@@ -832,7 +831,7 @@ class JobService:
         back = min(offset, max((len(s.encode()) for s in secrets), default=0))
         limit = max(limit, MIN_LOG_READ)
         try:
-            window = self._job_engine(job).read_log(RemoteJob(job.id, job.key, job.handle), offset - back, limit + back)
+            window = engine.read_log(remote, offset - back, limit + back)
         except EngineError:
             return LogChunk(b"", offset, offset, False)
         # Return only what no later byte can change: a secret starting near the end comes next time, whole.
