@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Set up a fresh clone: system packages the tests use (sshd for SSH machines, Chromium for
-# the UI tests), a virtualenv in .venv, and the extension installed into it in editable mode
-# (this builds the JupyterLab front end).
+# Set up a fresh clone: system packages the tests use (sshd for SSH machines, Debian's python3 and
+# venv for the far side's MLflow, Chromium for the UI tests), a virtualenv in .venv, and the
+# extension installed into it in editable mode (this builds the JupyterLab front end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
-  apt_packages=(openssh-server openssh-client rsync git chromium)
+  apt_packages=(openssh-server openssh-client rsync git chromium python3 python3-venv)
   # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
   command -v node >/dev/null 2>&1 || apt_packages+=(nodejs npm)
   missing=()

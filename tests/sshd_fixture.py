@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from far_python import far_python_bin
 from waiting import wait_for
 
 SSHD = "/usr/sbin/sshd"
@@ -262,10 +263,13 @@ def build_testbed(rekey_limit: str | None = None) -> TestBed:
     for key in (user_key, locked_key):
         # The client (root) reads them; keep them private as ssh expects.
         os.chmod(key, 0o600)
-    sshd = start_sshd(workdir, "main", authorized)
+    # The far side's Python has MLflow, as a training machine's would (scripts log to it there).
+    path = f"SetEnv PATH={far_python_bin()}:/usr/local/bin:/usr/bin:/bin"
+    sshd = start_sshd(workdir, "main", authorized, path)
     try:
         # The jump sshd re-keys often by itself, so tests can see server-initiated re-keys at work.
-        jump = start_sshd(workdir, "jump", authorized, f"RekeyLimit {rekey_limit}" if rekey_limit else "")
+        rekey = f"RekeyLimit {rekey_limit}" if rekey_limit else ""
+        jump = start_sshd(workdir, "jump", authorized, f"{path}\n{rekey}")
     except BaseException:
         sshd.stop()
         raise

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import sshd_fixture
 from jupyter_client.manager import KernelManager
+from mlflow.tracking import MlflowClient
 from waiting import wait_for
 
 QUICKSTART_LINE = (
@@ -268,13 +269,20 @@ sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 
 
-def test_remote_train_on_an_ssh_machine(ssh_agent_env, kernel: Kernel, quickstart: Path, make_service) -> None:
+def test_remote_train_on_an_ssh_machine(
+    ssh_agent_env, kernel: Kernel, quickstart: Path, make_service, tracking_uri: str
+) -> None:
+    """The quickstart, logging to MLflow on the far side, trained from a notebook on an SSH machine."""
     make_service(quickstart).machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options())
-    (quickstart / "job.sh").write_text('echo "on $(uname -n) as $(id -un)"; wc -l < data/points.csv > rows.txt\n')
+    (quickstart / "job.sh").write_text('echo "on $(uname -n) as $(id -un)"; python train.py\n')
     cell = kernel.run(
-        "%remote_train --machine box --send job.sh --send data/points.csv --bring-back rows.txt -- sh job.sh"
+        "job = %remote_train --machine box --send job.sh --send train.py --send 'data/*.csv' "
+        "--bring-back model.pkl -- sh job.sh"
     )
     assert cell.error is None, (cell.error, cell.stderr)
     assert f"as {ssh_agent_env.user}" in cell.stdout
-    assert "succeeded" in cell.stdout
-    assert (quickstart / "rows.txt").read_text().strip() == "41"
+    assert "trained on 40 rows" in cell.stdout
+    assert (quickstart / "model.pkl").is_file()
+    run_id = kernel.run("print(job.mlflow_run_id)").stdout.strip()
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    assert run.data.params["rows"] == "40" and run.data.tags["remote_compute.engine"] == "ssh"

@@ -21,6 +21,8 @@ from typing import Any
 
 import jsonschema
 import pytest
+import sshd_fixture
+from mlflow.tracking import MlflowClient
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings, NotTrained
@@ -283,3 +285,26 @@ def test_the_example_discovers_the_step_and_trains(quickstart: Path, pipeline_en
     result = json.loads(proc.stdout[proc.stdout.index("result:") + len("result:") :])
     assert result["state"] == "succeeded"
     assert result["outputs"]["model.pkl"]["sha256"] == _sha256(quickstart / "model.pkl")
+
+
+# -- the step on an SSH machine: a real sshd and ssh-agent on loopback ---------------------------
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+
+
+def test_the_step_trains_on_an_ssh_machine_and_records_what_the_script_logged(
+    quickstart: Path, pipeline_env, make_service, ssh_agent_env, tracking_uri: str
+) -> None:
+    make_service(quickstart).machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options())
+    settings = {
+        "machine": "box",
+        "command": "python train.py",
+        "send": ["train.py", "data/*.csv"],
+        "bring_back": ["model.pkl", "metrics.json"],
+    }
+    result = run_step(settings, {"workspace": str(quickstart)})
+    assert result.state == "succeeded"
+    assert result.outputs["model.pkl"]["sha256"] == _sha256(quickstart / "model.pkl")
+    run = MlflowClient(tracking_uri).get_run(result.mlflow_run_id)
+    assert run.data.params["rows"] == "40" and run.data.tags["remote_compute.engine"] == "ssh"
+    assert len(MlflowClient(tracking_uri).get_metric_history(result.mlflow_run_id, "residual")) == 40

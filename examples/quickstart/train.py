@@ -24,13 +24,15 @@ b = mean_y - a * mean_x
 mse = sum((a * x + b - y) ** 2 for x, y in rows) / n
 
 with mlflow.start_run():
+    mlflow.set_tag("model", "ols")
     mlflow.log_param("rows", n)
     for step, (x, y) in enumerate(rows):
         mlflow.log_metric("residual", abs(a * x + b - y), step=step)
     mlflow.log_metric("mse", mse)
 
-with open("model.pkl", "wb") as f:
-    pickle.dump({"a": a, "b": b}, f)
-with open("metrics.json", "w") as f:
-    json.dump({"mse": mse, "rows": n}, f)
+    with open("model.pkl", "wb") as f:
+        pickle.dump({"a": a, "b": b}, f)
+    with open("metrics.json", "w") as f:
+        json.dump({"mse": mse, "rows": n}, f)
+    mlflow.log_artifact("metrics.json")
 print(f"trained on {n} rows: y = {a:.3f}x + {b:.3f}, mse {mse:.4f}")

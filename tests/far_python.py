@@ -1,0 +1,63 @@
+"""A far-side Python that has MLflow, as a user's training machine would.
+
+The ssh test user must run the same training scripts the local tests run, so
+it gets Debian's ``python3`` in a virtualenv with ``mlflow-skinny`` at the
+version this side uses (what a lean training image carries). The virtualenv is
+built once per machine and MLflow version, under a world-readable folder, and
+reused by every later session; a half-built one is never used (it is built
+beside its final place and renamed into it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+
+from filelock import FileLock
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+ROOT = Path("/var/tmp/jrc-far-python")
+
+
+def far_python_bin() -> Path:
+    """The ``bin/`` folder of a virtualenv whose ``python`` imports MLflow; built on first use."""
+    mlflow_version = version("mlflow")
+    home = ROOT / f"mlflow-skinny-{mlflow_version}"
+    python = home / "bin" / "python"
+    ROOT.mkdir(mode=0o755, exist_ok=True)
+    with FileLock(str(ROOT / ".build.lock"), timeout=600):
+        if not _works(python, mlflow_version):
+            _build(home, mlflow_version)
+    return home / "bin"
+
+
+def _works(python: Path, mlflow_version: str) -> bool:
+    if not python.exists():
+        return False
+    probe = subprocess.run(
+        [str(python), "-c", "import mlflow; print(mlflow.__version__)"], capture_output=True, text=True
+    )
+    return probe.returncode == 0 and probe.stdout.strip() == mlflow_version
+
+
+def _build(home: Path, mlflow_version: str) -> None:
+    if not os.path.exists(DEBIAN_PYTHON):
+        raise RuntimeError(f"{DEBIAN_PYTHON} is missing: apt-get install python3 python3-venv")
+    staging = home.with_name(home.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(home, ignore_errors=True)
+    subprocess.run([DEBIAN_PYTHON, "-m", "venv", str(staging)], check=True, capture_output=True)
+    installed = subprocess.run(
+        [str(staging / "bin" / "python"), "-m", "pip", "install", "-q", f"mlflow-skinny=={mlflow_version}"],
+        capture_output=True,
+        text=True,
+    )
+    if installed.returncode != 0:
+        raise RuntimeError(f"could not install mlflow-skinny {mlflow_version} for the far side:\n{installed.stderr}")
+    # The test user reads and runs it; nothing in it is secret.
+    subprocess.run(["chmod", "-R", "a+rX", str(staging)], check=True)
+    # The interpreter finds its pyvenv.cfg next to bin/, so the tree may move; pip's scripts may not.
+    staging.rename(home)
