@@ -112,12 +112,17 @@ class RemoteComputeApp(ExtensionApp):
     async def _poll_forever(self) -> None:
         """Reconcile at start, then drive every unfinished job, including ones other processes submitted."""
         loop = asyncio.get_running_loop()
+        reconciled = False
         while True:
             try:
                 await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
                 jobs = await loop.run_in_executor(self.executor, self.service.list_jobs)
                 for job in jobs:  # also announces changes other processes (CLI, kernels) made
                     self._emit(job)
+                if not reconciled:
+                    # Said once: whoever restarts a server (an operator, a test) knows when it caught up.
+                    self.log.info("remote-compute: reconciled %d jobs after start", len(jobs))
+                    reconciled = True
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -18,6 +18,9 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   fi
 fi
 
+# The lockfiles are committed: a CI install must not change them.
+if [ -n "${CI:-}" ]; then export YARN_ENABLE_IMMUTABLE_INSTALLS=1; fi
+
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

@@ -8,7 +8,15 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check jupyter_remote_compute tests benchmarks examples
 ruff format --check jupyter_remote_compute tests benchmarks examples
 jlpm lint:check
+# The Python suite runs even when the UI tests fail; the run still fails then.
+ui_status=0
 if [ -z "${SKIP_UI_TESTS:-}" ]; then
-  bash ui-tests/run.sh
+  bash ui-tests/run.sh || ui_status=$?
 fi
-python -m pytest "$@"
+pytest_status=0
+python -m pytest "$@" || pytest_status=$?
+if [ "$ui_status" -ne 0 ]; then
+  echo "test.sh: the UI tests failed (status $ui_status)" >&2
+fi
+[ "$ui_status" -eq 0 ] && exit "$pytest_status"
+exit "$ui_status"

@@ -7,6 +7,7 @@ a real backend (it stores and reads values), never the user's own keyring.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,10 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 _KEYRING_HOME = tempfile.mkdtemp(prefix="jrc-keyring-")
 os.environ["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
 os.environ["XDG_DATA_HOME"] = _KEYRING_HOME
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_KEYRING_HOME, ignore_errors=True)
 
 
 @pytest.fixture
@@ -44,8 +49,6 @@ QUICKSTART = Path(__file__).resolve().parent.parent / "examples" / "quickstart"
 @pytest.fixture
 def quickstart(tmp_path: Path) -> Path:
     """A copy of examples/quickstart as a workspace: train.py, data/points.csv, .punica/compute.yaml."""
-    import shutil
-
     root = tmp_path / "quickstart"
     shutil.copytree(
         QUICKSTART,

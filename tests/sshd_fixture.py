@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from far_python import far_python_bin
+from required import require
 from waiting import wait_for
 
 SSHD = "/usr/sbin/sshd"
@@ -329,8 +330,7 @@ Host viatwojumps
 
 @pytest.fixture(scope="session")
 def sshd_bed() -> Iterator[TestBed]:
-    if not os.path.exists(SSHD):
-        pytest.skip(f"{SSHD} is not installed (apt-get install openssh-server openssh-client)")
+    require(os.path.exists(SSHD), f"{SSHD} (apt-get install openssh-server openssh-client)")
     bed = build_testbed(rekey_limit="64M")
     try:
         yield bed

@@ -9,33 +9,50 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from jupyter_remote_compute.jobs.store import Job, JobStore, StoreUnreadable
 
 WRITER = textwrap.dedent(
     """
-    import sys
+    import sys, time
     from pathlib import Path
     from jupyter_remote_compute.jobs.spec import JobSpec
     from jupyter_remote_compute.jobs.service import JobService
     from jupyter_remote_compute.workspace import Workspace
 
-    root, tag = Path(sys.argv[1]), sys.argv[2]
+    root, tag, gate = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     service = JobService(Workspace(root))
+    (gate.parent / f"ready-{tag}").touch()
+    while not gate.exists():  # a barrier across processes: every writer starts at once
+        time.sleep(0.001)
+    began = time.monotonic()
     for i in range(50):
         service.submit(JobSpec.from_json({"command": f"echo {tag}-{i}"}))
+    print(began, time.monotonic())
     """
 )
 
 
-def test_three_processes_submitting_fifty_jobs_each_lose_nothing(workspace: Path) -> None:
+def test_three_processes_submitting_fifty_jobs_each_lose_nothing(workspace: Path, tmp_path: Path) -> None:
+    gate = tmp_path / "go"
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(workspace), f"p{n}"], stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(workspace), f"p{n}", str(gate)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for n in range(3)
     ]
+    wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == 3, timeout=120, message="three writers at the barrier")
+    gate.touch()
+    spans = []
     for proc in procs:
-        _, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err.decode()
+        spans.append(tuple(map(float, out.split())))
+    # The writers really overlapped: the last to begin began before the first to end ended.
+    assert max(begin for begin, _ in spans) < min(end for _, end in spans)
     raw = json.loads((workspace / ".punica/jobs.json").read_text())
     commands = sorted(job["spec"]["command"] for job in raw["jobs"].values())
     assert commands == sorted(f"echo p{n}-{i}" for n in range(3) for i in range(50))
