@@ -126,7 +126,8 @@ def test_job_survives_a_killed_server_and_is_collected_once(server: Server, quic
     # A second restart finds nothing left to do and records nothing twice: count once it has caught up.
     server.stop()
     server.start()
-    caught_up = lambda: server.log.read_text().count("reconciled") == 3  # noqa: E731
-    wait_for(caught_up, timeout=60, message="the third start to reconcile")
+    wait_for(
+        lambda: server.log.read_text().count("reconciled") == 3, timeout=60, message="the third start to reconcile"
+    )
     assert server.request("GET", f"jobs/{job['id']}")["mlflow_run_id"] == runs[0].info.run_id
     assert len(client.search_runs([experiment.experiment_id])) == 1
