@@ -216,6 +216,9 @@ JobAcctGatherParams=OverMemoryKill
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+# Slurm waits up to 3 s (batch_sched_delay) to schedule a batch job after its submission, for
+# clusters swamped with submissions; here that would only slow the tests: a job starts within ~1 s.
+SchedulerParameters=batch_sched_delay=0
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2

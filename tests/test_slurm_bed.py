@@ -44,7 +44,8 @@ def submit(
     timeout: float | None = None,
     env: dict[str, str] | None = None,
 ) -> str:
-    argv = sc.sbatch_argv(Path(job_dir).name, job_dir, resources or sc.Resources(), sc.SlurmSettings(), timeout)
+    job_id = Path(job_dir).name.replace("%", "-")
+    argv = sc.sbatch_argv(job_id, job_dir, resources or sc.Resources(), sc.SlurmSettings(), timeout)
     done = bed.run(["sh", f"{job_dir}/submit.sh", job_dir, *argv], stdin=launch_input(env or {}, {}))
     return sc.parse_sbatch_output(done.stdout)
 
@@ -88,6 +89,13 @@ def test_job_submitted_over_ssh_runs_to_completion(slurm_bed: SlurmBed) -> None:
     assert (Path(job_dir) / "slurm_job_id").read_text().strip() == job_id
     # Submitting again (a crash before the id was recorded here) finds the first job, queues none.
     assert submit(slurm_bed, job_dir) == job_id
+
+
+def test_a_percent_sign_in_the_job_folder_is_not_a_slurm_pattern(slurm_bed: SlurmBed) -> None:
+    job_dir = make_job_dir(slurm_bed, "100%j", "echo logged")
+    job_id = submit(slurm_bed, job_dir)
+    wait_state(slurm_bed, job_id, {"COMPLETED"})
+    assert "logged" in log_text(job_dir)
 
 
 def test_nonzero_exit_is_the_commands_own_code(slurm_bed: SlurmBed) -> None:
