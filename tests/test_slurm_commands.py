@@ -76,6 +76,12 @@ def test_bad_resources_name_their_field(data: dict, field: str, words: str) -> N
     assert err.value.field == field and err.value.message.startswith(field)
 
 
+def test_resources_must_be_a_mapping() -> None:
+    with pytest.raises(InvalidSettings, match="resources: expected a mapping") as err:
+        sc.SlurmSettings.from_options({"resources": "4 gpus"})
+    assert err.value.field == "resources"
+
+
 def test_job_resources_override_machine_defaults_field_by_field() -> None:
     defaults = sc.Resources(cpus=4, memory_mb=8192, partition="cpu")
     assert sc.Resources(cpus=8).over(defaults) == sc.Resources(cpus=8, memory_mb=8192, partition="cpu")
@@ -143,6 +149,7 @@ def test_sbatch_argv_refuses_a_relative_job_dir() -> None:
         "-t5",
         "--mem=1G",
         "--gres=gpu:1",
+        "--gpus-per-task=1",
         "--partition=x",
         "-p",
         "--wrap=ls",

@@ -109,6 +109,9 @@ class Resources:
 
         ``prefix`` goes in front of field names in errors (``resources.memory``).
         """
+        if data is not None and not isinstance(data, Mapping):
+            field = prefix.rstrip(".") or "resources"
+            raise InvalidSettings(f"{field}: expected a mapping such as {{gpus: 1, memory: 16G}}", field=field)
         data = dict(data or {})
         unknown = sorted(set(data) - {"gpus", "cpus", "memory", "nodes", "partition"})
         if unknown:
@@ -183,6 +186,9 @@ _OWNED_LONG = {
     "--gres": "use the job's gpus resource",
     "--gpus": "use the job's gpus resource",
     "--gpus-per-node": "use the job's gpus resource",
+    "--gpus-per-task": "use the job's gpus resource",
+    "--gpus-per-socket": "use the job's gpus resource",
+    "--cpus-per-gpu": "use the job's cpus resource",
 }
 _OWNED_SHORT = {
     "-o": "--output",
