@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Set up a fresh clone: system packages the tests use (sshd for SSH machines, Debian's python3 and
-# venv for the far side's MLflow, Chromium for the UI tests), a virtualenv in .venv, and the
-# extension installed into it in editable mode (this builds the JupyterLab front end).
+# venv for the far side's MLflow, Chromium for the UI tests, munge and Slurm for the single-node
+# cluster tests/slurm_fixture.py starts), a virtualenv in .venv, and the extension installed into it
+# in editable mode (this builds the JupyterLab front end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt_packages=(openssh-server openssh-client rsync git chromium python3 python3-venv)
+  # Slurm's controller, node daemon and user commands; no systemd needed (the tests start them).
+  apt_packages+=(munge slurmctld slurmd slurm-client)
   # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
   command -v node >/dev/null 2>&1 || apt_packages+=(nodejs npm)
   missing=()

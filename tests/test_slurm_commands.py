@@ -1,0 +1,457 @@
+"""engines/slurm_commands.py without a cluster: validation, argv, scripts and every parser.
+
+Canned outputs here are copied from what Slurm 22.05 printed on the test bed (or, for sacct with
+accounting and multi-partition sinfo, from the formats Slurm documents); tests/test_slurm_bed.py
+runs the same parsers on the real commands.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jupyter_remote_compute.engines import slurm_commands as sc
+from jupyter_remote_compute.engines.launcher import launch_input
+from jupyter_remote_compute.errors import InvalidSettings
+
+# -- resources ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "mb"),
+    [
+        ("32G", 32768),
+        ("512M", 512),
+        ("512", 512),
+        (512, 512),
+        ("1.5G", 1536),
+        ("2T", 2 * 1024 * 1024),
+        ("100K", 1),
+        ("4GB", 4096),
+        ("4 GiB", 4096),
+        ("8g", 8192),
+    ],
+)
+def test_memory_amounts(text: str | int, mb: int) -> None:
+    assert sc.parse_memory_mb(text) == mb
+
+
+@pytest.mark.parametrize("text", [" ", "lots", "-1G", "0", "12X", "1.2.3G", True])
+def test_bad_memory_names_the_field(text: object) -> None:
+    with pytest.raises(InvalidSettings) as err:
+        sc.Resources.from_json({"memory": text}, "resources.")
+    assert err.value.field == "resources.memory" and "memory" in err.value.message
+
+
+def test_memory_is_written_back_as_slurm_spells_it() -> None:
+    assert sc.format_memory(32768) == "32G" and sc.format_memory(1536) == "1536M"
+    assert sc.Resources.from_json({"memory": "1.5G"}).to_json() == {"memory": "1536M"}
+
+
+def test_resources_from_json_round_trip() -> None:
+    data = {"gpus": 2, "cpus": "8", "memory": "32G", "nodes": 1, "partition": "gpu"}
+    res = sc.Resources.from_json(data)
+    assert res == sc.Resources(gpus=2, cpus=8, memory_mb=32768, nodes=1, partition="gpu")
+    assert res.to_json() == {"gpus": 2, "cpus": 8, "memory": "32G", "nodes": 1, "partition": "gpu"}
+    assert sc.Resources.from_json({"gpus": None, "cpus": ""}) == sc.Resources()
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"cpus": 0}, "cpus", "at least 1"),
+        ({"cpus": 2.5}, "cpus", "whole number"),
+        ({"nodes": -1}, "nodes", "at least 1"),
+        ({"gpus": -1}, "gpus", "at least 0"),
+        ({"gpus": True}, "gpus", "whole number"),
+        ({"partition": "gpu; rm -rf /"}, "partition", "not a Slurm name"),
+        ({"ram": "1G"}, "ram", "not a resource"),
+    ],
+)
+def test_bad_resources_name_their_field(data: dict, field: str, words: str) -> None:
+    with pytest.raises(InvalidSettings, match=words) as err:
+        sc.Resources.from_json(data)
+    assert err.value.field == field and err.value.message.startswith(field)
+
+
+def test_resources_must_be_a_mapping() -> None:
+    with pytest.raises(InvalidSettings, match="resources: expected a mapping") as err:
+        sc.SlurmSettings.from_options({"resources": "4 gpus"})
+    assert err.value.field == "resources"
+
+
+def test_job_resources_override_machine_defaults_field_by_field() -> None:
+    defaults = sc.Resources(cpus=4, memory_mb=8192, partition="cpu")
+    assert sc.Resources(cpus=8).over(defaults) == sc.Resources(cpus=8, memory_mb=8192, partition="cpu")
+
+
+# -- sbatch ---------------------------------------------------------------------------
+
+
+def test_sbatch_argv_maps_every_resource() -> None:
+    settings = sc.SlurmSettings(partition="batch", account="proj1", qos="normal", sbatch_args=("--exclusive",))
+    res = sc.Resources(gpus=2, cpus=8, memory_mb=32768, nodes=2, partition="gpu")
+    argv = sc.sbatch_argv("j1", "/shared/jobs/j1", res, settings, 3601)
+    assert argv == [
+        "sbatch",
+        "--exclusive",
+        "--parsable",
+        "--job-name=jrc-j1",
+        "--partition=gpu",  # the job's choice beats the machine's
+        "--account=proj1",
+        "--qos=normal",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=8",
+        "--mem=32G",
+        "--gres=gpu:2",
+        "--time=61",  # 3601 s rounded up to whole minutes
+        "--signal=B:USR1@300",
+        "--chdir=/shared/jobs/j1/work",
+        "--output=/shared/jobs/j1/log",
+        "--open-mode=append",
+        "--export=ALL",
+        "/shared/jobs/j1/batch.sh",
+    ]
+
+
+def test_sbatch_argv_with_nothing_asked_leaves_it_to_the_cluster() -> None:
+    argv = sc.sbatch_argv("j2", "/s/j%2", sc.Resources(), sc.SlurmSettings(), None)
+    assert not [a for a in argv if a.startswith(("--partition", "--mem", "--time", "--gres", "--cpus", "--nodes"))]
+    assert "--output=/s/j%%2/log" in argv  # % starts a pattern in sbatch's file names
+    assert "--signal=B:USR1@300" in argv
+
+
+@pytest.mark.parametrize(("seconds", "minutes", "warn"), [(1, 1, 60), (60, 1, 60), (61, 2, 60), (600, 10, 300)])
+def test_time_limit_rounds_up_and_warning_fits_inside(seconds: float, minutes: int, warn: int) -> None:
+    assert sc.time_limit_minutes(seconds) == minutes
+    assert sc.warn_before_seconds(minutes) == warn
+
+
+def test_sbatch_argv_refuses_a_relative_job_dir() -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        sc.sbatch_argv("j", "~/jobs/j", sc.Resources(), sc.SlurmSettings(), None)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "--output=x",
+        "--out=x",
+        "-o",
+        "-ox",
+        "--job-name=a",
+        "-J",
+        "--parsable",
+        "--time=5",
+        "-t5",
+        "--mem=1G",
+        "--gres=gpu:1",
+        "--gpus-per-task=1",
+        "--partition=x",
+        "-p",
+        "--wrap=ls",
+        "--chdir=/",
+        "--export=NONE",
+        "-c4",
+        "-N2",
+    ],
+)
+def test_extra_sbatch_args_may_not_take_what_the_engine_owns(arg: str) -> None:
+    with pytest.raises(InvalidSettings, match="set by the engine") as err:
+        sc.validate_sbatch_args(["--exclusive", arg])
+    assert err.value.field == "sbatch_args" and "sbatch_args[1]" in err.value.message
+
+
+def test_extra_sbatch_args_accepts_ordinary_options() -> None:
+    args = ["--constraint=a100", "--exclusive", "--reservation", "maint", "--mail-type=END", "-C", "v100"]
+    assert sc.validate_sbatch_args(args) == tuple(args)
+
+
+@pytest.mark.parametrize("value", ["--exclusive", None, ["--x\n--output=y"], ["value-first"], [3]])
+def test_extra_sbatch_args_must_be_a_clean_list(value: object) -> None:
+    with pytest.raises(InvalidSettings):
+        sc.validate_sbatch_args(value)
+
+
+def test_machine_settings_from_options() -> None:
+    settings = sc.SlurmSettings.from_options(
+        {"partition": "gpu", "account": "", "sbatch_args": ["--exclusive"], "resources": {"memory": "4G"}}
+    )
+    assert settings == sc.SlurmSettings(
+        partition="gpu", sbatch_args=("--exclusive",), defaults=sc.Resources(memory_mb=4096)
+    )
+    with pytest.raises(InvalidSettings) as err:
+        sc.SlurmSettings.from_options({"resources": {"cpus": 0}})
+    assert err.value.field == "resources.cpus"
+
+
+@pytest.mark.parametrize(("text", "job_id"), [("1234\n", "1234"), ("77;cluster2\n", "77")])
+def test_sbatch_parsable_answer(text: str, job_id: str) -> None:
+    assert sc.parse_sbatch_output(text) == job_id
+
+
+def test_sbatch_answer_without_a_job_id_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no such partition"):
+        sc.parse_sbatch_output("sbatch: error: no such partition\n")
+
+
+# -- the far-side scripts, run by a real sh with a stand-in for sbatch ---------------------
+
+
+def run_sh(script: str, *args: str, stdin: bytes = b"", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", "-c", script, "sh", *args], input=stdin.decode(), capture_output=True, text=True, cwd=cwd
+    )
+
+
+def test_submit_script_exports_the_environment_and_records_the_id(tmp_path: Path) -> None:
+    fake_sbatch = tmp_path / "fake-sbatch"
+    fake_sbatch.write_text(
+        '#!/bin/sh\nprintf "%s|%s|%s\\n" "$SECRET_X" "$PLAIN" "$*" > "$(dirname "$0")/seen"\necho 42\n'
+    )
+    fake_sbatch.chmod(0o755)
+    stdin = launch_input({"PLAIN": "a b"}, {"SECRET_X": "s3cr=t\nline2"})
+    done = run_sh(sc.SUBMIT_SH, str(tmp_path), str(fake_sbatch), "--parsable", stdin=stdin)
+    assert done.returncode == 0 and done.stdout == "42\n"
+    assert (tmp_path / "seen").read_text() == "s3cr=t\nline2|a b|--parsable\n"  # secret via env, not argv
+    assert (tmp_path / "slurm_job_id").read_text() == "42\n"
+    # A second submission finds the first and does not call sbatch again.
+    (tmp_path / "seen").unlink()
+    assert run_sh(sc.SUBMIT_SH, str(tmp_path), str(fake_sbatch), stdin=stdin).stdout == "42\n"
+    assert not (tmp_path / "seen").exists()
+
+
+def test_submit_script_passes_on_sbatchs_failure(tmp_path: Path) -> None:
+    done = run_sh(sc.SUBMIT_SH, str(tmp_path), "sh", "-c", "echo 'sbatch: error: nope' >&2; exit 1")
+    assert done.returncode == 1 and "nope" in done.stderr and not (tmp_path / "slurm_job_id").exists()
+
+
+def test_batch_script_runs_the_command_in_work_and_records_its_exit_code(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "command.sh").write_text(
+        'echo "$PWD $WORLD_SIZE $NODE_RANK $MASTER_PORT $MLFLOW_TRACKING_URI"\nexit 5\n'
+    )
+    (tmp_path / "exit_code").write_text("0\n")  # left by an earlier attempt (a requeue)
+    done = run_sh(sc.batch_script(str(tmp_path)), cwd=tmp_path)
+    assert done.returncode == 5 and (tmp_path / "exit_code").read_text() == "5\n"
+    assert f"{tmp_path}/work 1 0 20000 file://{tmp_path}/mlruns" in done.stdout
+    assert "attempt 1" in done.stdout
+
+
+def test_batch_script_quotes_a_job_dir_with_spaces(tmp_path: Path) -> None:
+    job_dir = tmp_path / "a b 'c'"
+    (job_dir / "work").mkdir(parents=True)
+    (job_dir / "command.sh").write_text("touch made\n")
+    assert run_sh(sc.batch_script(str(job_dir))).returncode == 0
+    assert (job_dir / "work" / "made").exists() and (job_dir / "exit_code").read_text() == "0\n"
+
+
+def test_batch_script_on_several_nodes_starts_through_srun() -> None:
+    script = sc.batch_script("/j", nodes=4)
+    assert 'srun --nodes="$WORLD_SIZE" --ntasks="$WORLD_SIZE" --ntasks-per-node=1' in script
+    assert "NODE_RANK=$SLURM_NODEID" in script
+    assert "srun" not in sc.batch_script("/j", nodes=1)
+
+
+# -- squeue and sacct -----------------------------------------------------------------
+
+# squeue_argv's output on the test bed (SLURM_TIME_FORMAT=%s), names added.
+SQUEUE_OUT = """\
+3|PENDING|N/A|1796028654||jrc-b|Resources
+4|PENDING|1827564739|1796028654||jrc-c|Priority
+1|RUNNING|1796028655|1796028653|jrcnode009d5179|jrc-a|None
+7|FAILED|1796028658|1796028654|jrcnode009d5179|jrc-d|NonZeroExitCode
+8|PENDING|N/A|1796028654||odd|name|ReqNodeNotAvail, UnavailableNodes:n[1-2]
+"""
+
+
+def test_parse_squeue() -> None:
+    jobs = sc.parse_squeue(SQUEUE_OUT)
+    assert jobs["3"] == sc.SlurmJob("3", "PENDING", "Resources", 1796028654.0, None, "", "jrc-b")
+    assert jobs["1"].reason == "" and jobs["1"].start == 1796028655.0 and jobs["1"].nodes == "jrcnode009d5179"
+    assert jobs["4"].start == 1827564739.0  # Slurm's estimate for a pending job
+    # Only the reason is free text; a name with the delimiter would shift it, so names are ours.
+    assert jobs["8"].name == "odd"
+
+
+def test_squeue_forgetting_the_only_job_asked_for_is_an_empty_answer() -> None:
+    assert sc.parse_squeue("", "slurm_load_jobs error: Invalid job id specified\n", 1) == {}
+    with pytest.raises(ValueError, match="Unable to contact"):
+        sc.parse_squeue("", "slurm_load_jobs error: Unable to contact slurm controller\n", 1)
+
+
+def test_squeue_argv() -> None:
+    argv = sc.squeue_argv(["1", "2"])
+    assert argv[:3] == ["env", "SLURM_TIME_FORMAT=%s", "squeue"] and argv[-1] == "--jobs=1,2"
+    assert sc.squeue_argv(user="ann")[-1] == "--user=ann" and sc.squeue_argv()[-1] == "--me"
+    with pytest.raises(ValueError):
+        sc.squeue_argv(["1;reboot"])
+
+
+def test_parse_squeue_refuses_another_format() -> None:
+    with pytest.raises(ValueError, match="not in"):
+        sc.parse_squeue("JOBID PARTITION NAME\n")
+
+
+SACCT_OUT = """\
+101|COMPLETED|0:0|1796028600|1796028610|1796028700|n1|jrc-a|None
+101.batch|COMPLETED|0:0|1796028610|1796028610|1796028700|n1|batch|
+102|CANCELLED by 1001|0:15|1796028600|1796028610|1796028650|n[1-2]|jrc-b|None
+103|OUT_OF_MEMORY|0:125|1796028600|1796028610|1796028620|n2|jrc-c|None
+104|PENDING|0:0|1796028600|Unknown|Unknown|None assigned|jrc-d|Priority
+"""
+
+
+def test_parse_sacct_keeps_allocations_and_splits_exit_codes() -> None:
+    jobs = sc.parse_sacct(SACCT_OUT)
+    assert set(jobs) == {"101", "102", "103", "104"}
+    assert (jobs["102"].state, jobs["102"].exit_code, jobs["102"].signal) == ("CANCELLED by 1001", 0, 15)
+    assert jobs["101"].end == 1796028700.0 and jobs["104"].start is None and jobs["104"].nodes == ""
+
+
+def test_sacct_without_accounting_says_so() -> None:
+    with pytest.raises(sc.AccountingDisabled):
+        sc.parse_sacct("", "Slurm accounting storage is disabled\n", 1)
+
+
+# -- states -------------------------------------------------------------------------
+
+
+def job(state: str, reason: str = "", exit_code: int | None = None) -> sc.SlurmJob:
+    return sc.SlurmJob("9", state, reason, None, None, "", "jrc-x", exit_code=exit_code)
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "file_code", "ours", "words"),
+    [
+        ("PENDING", "Resources", None, "pending", "resources"),
+        ("PENDING", "Priority", None, "pending", "higher priority"),
+        ("PENDING", "QOSMaxJobsPerUserLimit", None, "pending", "QOS allows"),
+        ("PENDING", "ReqNodeNotAvail, UnavailableNodes:n1", None, "pending", "down, drained or reserved"),
+        ("PENDING", "PartitionTimeLimit", None, "pending", "will not start"),
+        ("PENDING", "SomethingNew", None, "pending", "waiting (SomethingNew)"),
+        ("CONFIGURING", "", None, "pending", "set up"),
+        ("REQUEUED", "", None, "pending", "requeued"),
+        ("RUNNING", "", None, "running", ""),
+        ("COMPLETING", "", 0, "running", ""),
+        ("SUSPENDED", "", None, "running", "suspended"),
+        ("COMPLETED", "", 0, "exited", ""),
+        ("FAILED", "NonZeroExitCode", 3, "exited", ""),
+        ("FAILED", "JobLaunchFailure", None, "failed", "could not run its batch script"),
+        ("TIMEOUT", "TimeLimit", 143, "failed", "time limit"),
+        ("OUT_OF_MEMORY", "", None, "failed", "out of memory"),
+        ("NODE_FAIL", "", None, "failed", "node it ran on failed"),
+        ("PREEMPTED", "", None, "failed", "preempted"),
+        ("BOOT_FAIL", "", None, "failed", "boot"),
+        ("DEADLINE", "", None, "failed", "deadline"),
+        ("CANCELLED", "", 143, "cancelled", "cancelled"),
+        ("CANCELLED by 0", "", None, "cancelled", "administrator"),
+        ("CANCELLED by 1001", "", None, "cancelled", "user id 1001"),
+        ("SOME_FUTURE_STATE", "", None, "running", "SOME_FUTURE_STATE"),
+    ],
+)
+def test_states_in_our_words(state: str, reason: str, file_code: int | None, ours: str, words: str) -> None:
+    outcome = sc.interpret(job(state, reason), file_code)
+    assert outcome.state == ours and words in outcome.reason
+    if ours == "exited":
+        assert outcome.exit_code == file_code
+
+
+def test_memory_kill_by_sampling_is_read_from_the_log() -> None:
+    # What jobacct_gather's OverMemoryKill wrote on the test bed; Slurm's state says only FAILED.
+    tail = "slurmstepd-n1: error: StepId=1.batch exceeded memory limit (429477888 > 67108864), being killed\n"
+    assert sc.interpret(job("FAILED", "JobLaunchFailure"), None, tail).reason.startswith("ran out of memory")
+
+
+def test_a_job_slurm_forgot_is_decided_by_its_exit_code_file() -> None:
+    assert sc.interpret(None, 0) == sc.Outcome("exited", exit_code=0)
+    assert sc.interpret(None, None).state == "lost"
+
+
+def test_scancel_argv() -> None:
+    assert sc.scancel_argv(["5", "6"]) == ["scancel", "5", "6"]
+
+
+# -- check ----------------------------------------------------------------------------
+
+SINFO_OUT = """\
+gpu*|up|1-00:00:00|2|idle|64|512000|gpu:a100:4(S:0-1)|g[1-2]
+gpu*|up|1-00:00:00|1|mixed|64|512000|gpu:a100:4(S:0-1)|g3
+cpu|up|30:00|8|idle|32+|128000+|(null)|c[1-8]
+old|down|infinite|1|drained|4|8000|(null)|o1
+"""
+
+
+def test_parse_sinfo_groups_partitions() -> None:
+    gpu, cpu, old = sc.parse_sinfo(SINFO_OUT)
+    assert (gpu.name, gpu.default, gpu.nodes, gpu.node_states) == ("gpu", True, 3, {"idle": 2, "mixed": 1})
+    assert (gpu.gpus_per_node, gpu.cpus_per_node, gpu.time_limit_minutes) == (4, 64, 24 * 60)
+    assert (cpu.cpus_per_node, cpu.memory_mb_per_node, cpu.time_limit_minutes, cpu.gpus_per_node) == (32, 128000, 30, 0)
+    assert (old.available, old.time_limit_minutes) == ("down", None)
+
+
+@pytest.mark.parametrize(
+    ("text", "minutes"),
+    [
+        ("infinite", None),
+        ("UNLIMITED", None),
+        ("5", 5),
+        ("30:00", 30),
+        ("30:01", 31),
+        ("2:00:00", 120),
+        ("1-00:00:00", 1440),
+        ("2-12:30:00", 3630),
+    ],
+)
+def test_time_limits(text: str, minutes: int | None) -> None:
+    assert sc.parse_time_limit(text) == minutes
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"), [("(null)", 0), ("gpu:2", 2), ("gpu:a100:4(S:0-1)", 4), ("gpu:2,shard:8", 2)]
+)
+def test_gpus_in_gres(gres: str, gpus: int) -> None:
+    assert sc.gpus_in_gres(gres) == gpus
+
+
+CHECK_OUT = """\
+@@version
+slurm-wlm 22.05.8
+@@rc 0
+@@partitions
+debug*|up|infinite|1|idle|2|24105|(null)|node1
+@@rc 0
+@@user
+ann
+@@rc 0
+@@account
+proj-ml
+@@rc 0
+"""
+
+
+def test_parse_check_with_accounting() -> None:
+    facts = sc.parse_check(CHECK_OUT)
+    assert (facts.version, facts.user, facts.default_account, facts.accounting) == ("22.05.8", "ann", "proj-ml", True)
+    assert facts.to_json()["partitions"][0]["name"] == "debug"
+
+
+def test_parse_check_without_slurm_commands() -> None:
+    with pytest.raises(sc.SlurmMissing, match="no sbatch, sinfo on its PATH"):
+        sc.parse_check("@@missing sbatch\n@@missing sinfo\n@@version\nsh: sinfo: not found\n@@rc 127\n")
+
+
+def test_fit_is_checked_against_the_partition() -> None:
+    parts = sc.parse_sinfo(SINFO_OUT)
+    sc.refuse_unfit(sc.Resources(gpus=4, cpus=64), parts)  # the default partition, gpu
+    with pytest.raises(InvalidSettings, match="gpus: 1 asked, but partition 'cpu' has at most 0") as err:
+        sc.refuse_unfit(sc.Resources(gpus=1, partition="cpu"), parts)
+    assert err.value.field == "gpus"
+    with pytest.raises(InvalidSettings, match="memory: 1000G asked") as err:
+        sc.refuse_unfit(sc.Resources(memory_mb=1000 * 1024), parts)
+    with pytest.raises(InvalidSettings, match="'nope' is not a partition here") as err:
+        sc.refuse_unfit(sc.Resources(), parts, default_partition="nope")
+    assert err.value.field == "partition"
