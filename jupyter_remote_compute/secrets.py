@@ -31,7 +31,7 @@ import keyring.backend
 import keyring.errors
 
 from . import secret_sources as sources
-from .errors import Conflict, InvalidSettings, NotFound, SecretStoreUnavailable
+from .errors import InvalidSettings, NotFound, SecretStoreUnavailable
 
 SERVICE = "jupyter-remote-compute"
 #: The keyring username holding the JSON list of names; the name pattern cannot produce it.
@@ -279,7 +279,8 @@ class SecretStore:
     def _refuse_deployment_name(self, name: str, verb: str) -> None:
         provider = self._deployment_provider(name)
         if provider:
-            raise Conflict(
+            # Not a Conflict (409): nothing here is stale, and trying again cannot help.
+            raise InvalidSettings(
                 f"the secret {name!r} is provided by the deployment ({provider}) and cannot be {verb} here",
                 field="name",
             )

@@ -22,7 +22,7 @@ import keyring.errors
 import pytest
 from keyring.backends import chainer, fail, null
 
-from jupyter_remote_compute.errors import Conflict, InvalidSettings, NotFound, SecretStoreUnavailable
+from jupyter_remote_compute.errors import InvalidSettings, NotFound, SecretStoreUnavailable
 from jupyter_remote_compute.secret_sources import SAFE_BACKENDS, class_path, dir_secret, env_var_for
 from jupyter_remote_compute.secrets import NAMES_ENTRY, SERVICE, SecretEntry, SecretStore, resolve_reference
 
@@ -323,7 +323,7 @@ def test_a_deployment_variable_is_read_only_and_listed(store: SecretStore, monke
     assert store.get("compute/team-lab") == VALUE
     assert store.get("COMPUTE_TEAM_LAB") == VALUE  # the name the listing shows works too
     for attempt in (lambda: store.set("compute/team-lab", "other"), lambda: store.delete("compute/team-lab")):
-        with pytest.raises(Conflict, match="provided by the deployment") as caught:
+        with pytest.raises(InvalidSettings, match="provided by the deployment") as caught:
             attempt()
         assert "REMOTE_COMPUTE_SECRET_COMPUTE_TEAM_LAB" in caught.value.message
         assert VALUE not in full_text(caught.value)
@@ -373,7 +373,7 @@ def test_deployment_files_are_secrets_named_by_path(
         ("hf_token", "deployment-dir", True, None),
     ]
     assert entries[1].where == f"file {root / 'hf_token'}"
-    with pytest.raises(Conflict, match="provided by the deployment"):
+    with pytest.raises(InvalidSettings, match="provided by the deployment"):
         store.set("hf_token", "other")
     assert sorted(store.values()) == sorted([VALUE, "tok-box-1234"])
 
