@@ -28,6 +28,7 @@ from pathlib import Path
 import keyring
 import keyring.backend
 import keyring.core
+import keyring.util.platform_
 from keyring.backends import chainer, fail, null
 
 from .errors import InvalidSettings, SecretStoreUnavailable
@@ -74,9 +75,14 @@ def _stand_in(backend: keyring.backend.KeyringBackend) -> bool:
     return isinstance(backend, (fail.Keyring, null.Keyring, chainer.ChainerBackend))
 
 
+def keyring_config_path() -> Path:
+    """keyring's own config file, where a user may name a backend (as keyring itself finds it)."""
+    return Path(keyring.util.platform_.config_root()) / "keyringrc.cfg"
+
+
 def _named_in_config() -> str | None:
     """The backend keyring's own config file (keyringrc.cfg) names, if any."""
-    path = keyring.core._config_path()
+    path = keyring_config_path()
     config = configparser.RawConfigParser()
     try:
         config.read(path, encoding="utf-8")
@@ -109,7 +115,11 @@ class KeyringChoice:
 def unavailable_message(backend: keyring.backend.KeyringBackend) -> str:
     """The one actionable message for "no keyring we may use": none at all, or only an unsafe one."""
     kind = class_path(backend)
-    if _stand_in(backend):
+    members = backend.backends if isinstance(backend, chainer.ChainerBackend) else []
+    if members:
+        listed = ", ".join(class_path(b) for b in members)
+        found = f"keyring found only {listed}, none of them a platform keyring that encrypts"
+    elif _stand_in(backend):
         found = f"keyring's active backend is {kind}"
     else:
         plain = any(h in kind.lower() for h in _PLAINTEXT_HINTS)
@@ -157,7 +167,7 @@ def choose_keyring(named: str | None = None) -> KeyringChoice:
             return KeyringChoice(active, "PYTHON_KEYRING_BACKEND")
         config_name = _named_in_config()
         if config_name and config_name == class_path(active):
-            return KeyringChoice(active, f"keyring's config file {keyring.core._config_path()}")
+            return KeyringChoice(active, f"keyring's config file {keyring_config_path()}")
     candidates = active.backends if isinstance(active, chainer.ChainerBackend) else [active]
     for backend in candidates:  # the chain lists them by priority
         if is_safe(backend):

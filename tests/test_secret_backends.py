@@ -207,7 +207,15 @@ def test_the_secret_service_is_used_without_being_named(bed: Bed) -> None:
         "problem": None,
     }
     assert [(s["name"], s["source"]) for s in listing["secrets"]] == [("compute/box", "keyring")]
-    # keyring found keyrings.alt too (a chain), but only the Secret Service was used.
+    # keyring by itself chains the Secret Service with keyrings.alt's files; only the former was used.
+    found = subprocess.run(
+        [sys.executable, "-c", "import keyring; print([type(b).__name__ for b in keyring.get_keyring().backends])"],
+        env=bed.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "'Keyring'" in found and "PlaintextKeyring" in found
     assert not (Path(bed.env["XDG_DATA_HOME"]) / "python_keyring").exists()
     bed.job_gets_the_value("compute/box", stored_in=[])  # gnome-keyring's file is encrypted
 

@@ -259,6 +259,20 @@ def test_an_unsafe_backend_keyring_picked_by_itself_is_refused(
     assert keyring.get_password(store.service, "a") is None  # nothing was written to the file
 
 
+def test_a_chain_of_unsafe_backends_is_refused(
+    store: SecretStore, use_backend: Callable[[Any], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What keyring builds by itself when it finds several backends, here only keyrings.alt's.
+    monkeypatch.setattr(keyring.backend, "_limit", lambda b: type(b).__module__.startswith("keyrings.alt.file"))
+    chain = chainer.ChainerBackend()
+    assert len(chain.backends) >= 1
+    use_backend(chain)
+    monkeypatch.delenv("PYTHON_KEYRING_BACKEND")
+    with pytest.raises(SecretStoreUnavailable) as caught:
+        store.set("a", VALUE)
+    assert "keyring found only keyrings.alt.file.PlaintextKeyring" in caught.value.message
+
+
 def test_a_backend_named_in_keyrings_config_file_is_used(
     store: SecretStore, use_backend: Callable[[Any], None], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
