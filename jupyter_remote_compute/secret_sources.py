@@ -168,13 +168,29 @@ def choose_keyring(named: str | None = None) -> KeyringChoice:
         config_name = _named_in_config()
         if config_name and config_name == class_path(active):
             return KeyringChoice(active, f"keyring's config file {keyring_config_path()}")
+    safe = _first_safe(active)
+    if safe is None:
+        raise SecretStoreUnavailable(unavailable_message(active))
+    return KeyringChoice(safe, None)
+
+
+# keyring's active backend -> its first safe member: a chain finds its members afresh on every
+# access (a few ms), and the active backend only changes when someone calls keyring.set_keyring.
+_first_safe_of: tuple[keyring.backend.KeyringBackend, keyring.backend.KeyringBackend | None] | None = None
+
+
+def _first_safe(active: keyring.backend.KeyringBackend) -> keyring.backend.KeyringBackend | None:
+    """The backend itself if safe; from a chain, its highest-priority safe member alone.
+
+    Alone, not the chain: a chain would also read from (and could write to) the unsafe backends behind it.
+    """
+    global _first_safe_of
+    if _first_safe_of is not None and _first_safe_of[0] is active:
+        return _first_safe_of[1]
     candidates = active.backends if isinstance(active, chainer.ChainerBackend) else [active]
-    for backend in candidates:  # the chain lists them by priority
-        if is_safe(backend):
-            # That one itself, not the chain: a chain would also read from (and could write to) the
-            # unsafe backends behind it.
-            return KeyringChoice(backend, None)
-    raise SecretStoreUnavailable(unavailable_message(active))
+    found = next((b for b in candidates if is_safe(b)), None)  # the chain lists them by priority
+    _first_safe_of = (active, found)
+    return found
 
 
 # -- deployment secrets ---------------------------------------------------------
