@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import IOLoop
 from traitlets import Float, Int, Unicode
 
+from . import secret_sources
 from .handlers import HANDLERS, RemoteComputeContext, TransferPool
 from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job
@@ -47,10 +49,35 @@ class RemoteComputeApp(ExtensionApp):
     artifact_size_cap = Int(
         100 * 1024 * 1024, config=True, help="Outputs larger than this many bytes in total are not copied to MLflow."
     )
+    secrets_store = Unicode(
+        "",
+        config=True,
+        help="Where secrets set here are kept: 'keyring' (a platform keyring that encrypts) or 'file' (one private "
+        "file, mode 0600, readable by this user). Default: JUPYTER_REMOTE_COMPUTE_SECRETS_STORE, else 'keyring'.",
+    )
+    secrets_file = Unicode(
+        "",
+        config=True,
+        help="The private secrets file (secrets_store='file'). Default: JUPYTER_REMOTE_COMPUTE_SECRETS_FILE, else "
+        "$XDG_CONFIG_HOME/jupyter-remote-compute/secrets.json.",
+    )
+    secrets_dir = Unicode(
+        "",
+        config=True,
+        help="A folder of read-only secrets the deployment mounts (each file a secret named by its path; no "
+        "group or other permissions). Default: JUPYTER_REMOTE_COMPUTE_SECRETS_DIR.",
+    )
+    keyring_backend = Unicode(
+        "",
+        config=True,
+        help="A keyring backend to use even if it is not a platform keyring known to encrypt, as module.Class. "
+        "Default: JUPYTER_REMOTE_COMPUTE_KEYRING_BACKEND.",
+    )
     max_workers = Int(8, config=True, help="Threads for short blocking work: requests, polls, hashing.")
     max_transfers = Int(4, config=True, help="Threads for sending and collecting jobs (long transfers).")
 
     def initialize_settings(self) -> None:
+        self._export_secret_settings()
         root = self.serverapp.root_dir
         workspace = Workspace.find(self.workspace or root, fallback=self.workspace or root)
         settings = ServiceSettings(
@@ -76,6 +103,17 @@ class RemoteComputeApp(ExtensionApp):
         # still gets its poller once the loop runs. Starting is idempotent.
         IOLoop.current().add_callback(self._start_poller)
         self.log.info("remote-compute: workspace %s", workspace.root)
+
+    def _export_secret_settings(self) -> None:
+        """Secret settings become this process's environment, so kernels and terminals it starts agree."""
+        for value, variable in (
+            (self.secrets_store, secret_sources.STORE_ENV),
+            (self.secrets_file, secret_sources.FILE_ENV),
+            (self.secrets_dir, secret_sources.DIR_ENV),
+            (self.keyring_backend, secret_sources.BACKEND_ENV),
+        ):
+            if value:
+                os.environ[variable] = value
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)

@@ -283,6 +283,17 @@ class StepsHandler(RemoteComputeHandler):
         self.reply({"steps": describe_steps([m.name for m in machines if m.enabled])})
 
 
+# -- secrets ------------------------------------------------------------------
+class SecretsHandler(RemoteComputeHandler):
+    @api
+    async def get(self) -> None:
+        """Where secrets live: the store new ones go to and each secret's place; names only, never values."""
+        store = self.service.secrets
+        entries = await self.call(store.entries)
+        status = await self.call(store.status)
+        self.reply({"store": status, "secrets": [e.to_json() for e in entries]})
+
+
 HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/machines", MachinesHandler),
     (rf"{PREFIX}/machines/{MACHINE}", MachineHandler),
@@ -293,4 +304,5 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
     (rf"{PREFIX}/steps", StepsHandler),
+    (rf"{PREFIX}/secrets", SecretsHandler),
 ]

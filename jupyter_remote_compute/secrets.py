@@ -1,30 +1,36 @@
-"""The Secret Manager: named secrets in the system keyring, never in a file of ours.
+"""The Secret Manager: named secrets, never in a file of ours unless the user opts in.
 
 A Jupyter token, a cloud key or any value a job's env references (``secret:NAME``)
 lives here under a short name; compute.yaml and job settings hold only the name.
-keyring cannot enumerate entries, so the names (never the values) are kept in one
-extra entry of the same service, updated on every set and delete.
 
-A keyring with no usable backend (headless Linux without a Secret Service) gets a
-clear, actionable error instead of a silent plaintext fallback. No error raised
-here ever includes a secret value.
+A name is looked up in the deployment's read-only secrets first (environment variables,
+a mounted directory), then in the user's store: the system keyring (a backend that
+encrypts, unless the user named another) or, opted into, a private file. Where each
+one lives is decided in ``secret_sources``. keyring cannot enumerate entries, so the
+names (never the values) are kept in one extra entry of the same service, updated on
+every set and delete.
+
+No usable store gets a clear, actionable error instead of a silent plaintext fallback.
+No error raised here ever includes a secret value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import filelock
-import keyring
 import keyring.backend
 import keyring.errors
-from keyring.backends import chainer, fail, null
 
+from . import secret_sources as sources
 from .errors import InvalidSettings, NotFound, SecretStoreUnavailable
 
 SERVICE = "jupyter-remote-compute"
@@ -35,6 +41,12 @@ REFERENCE_PREFIX = "secret:"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 NAME_RULE = "1 to 128 characters: letters, digits and _ . / -, starting with a letter or digit (e.g. compute/team-lab)"
+
+#: Where a secret lives (``SecretEntry.source``).
+SOURCE_ENV = "deployment-env"
+SOURCE_DIR = "deployment-dir"
+SOURCE_KEYRING = "keyring"
+SOURCE_FILE = "file"
 
 _LOCK_TIMEOUT = 10.0
 # Serialises the read-modify-write of the names entry between threads of this process;
@@ -68,25 +80,6 @@ def _check_name(name: object) -> str:
     return name  # type: ignore[return-value]
 
 
-def _unusable(backend: keyring.backend.KeyringBackend) -> bool:
-    """True for keyring's stand-ins that cannot keep a secret (fail, null, an empty chain)."""
-    if isinstance(backend, (fail.Keyring, null.Keyring)):
-        return True
-    if isinstance(backend, chainer.ChainerBackend):
-        return not any(not _unusable(b) for b in backend.backends)
-    return False
-
-
-def _unavailable_message(backend: keyring.backend.KeyringBackend) -> str:
-    kind = f"{type(backend).__module__}.{type(backend).__qualname__}"
-    return (
-        f"No usable system keyring was found (keyring's active backend is {kind}), so secrets cannot be "
-        "stored or read. Install and unlock one - e.g. gnome-keyring or another Secret Service provider "
-        "on Linux, the macOS Keychain, or the Windows Credential Locker - or set PYTHON_KEYRING_BACKEND "
-        "to a backend you trust. Secrets are never written to a plaintext file as a fallback."
-    )
-
-
 def _scrubbed(error: BaseException, value: str | None) -> str:
     """A backend's error text, dropped entirely if it contains the value (some echo what they got)."""
     text = str(error)
@@ -95,27 +88,70 @@ def _scrubbed(error: BaseException, value: str | None) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-class SecretStore:
-    """Named secrets of one keyring service. Stateless: every call asks the keyring."""
+@dataclasses.dataclass(frozen=True)
+class SecretEntry:
+    """One secret as a listing shows it: its name and where it lives, never its value."""
 
-    def __init__(self, service: str = SERVICE) -> None:
+    name: str
+    source: str  # one of the SOURCE_* values
+    where: str  # for people: "environment variable X", "file /path", "the system keyring (Secret Service)"
+    read_only: bool  # provided by the deployment: not changeable here
+    problem: str | None = None  # why it cannot be used as it stands (a file others can read, shadowed)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class SecretStore:
+    """Named secrets: the deployment's (read-only), then the user's store. Every call asks the store afresh.
+
+    Settings default to the environment (see ``secret_sources``), so every entry point agrees:
+    ``kind`` "keyring" or "file", ``path`` of the private file, ``secrets_dir`` of the deployment's
+    files, ``keyring_backend`` a backend the user names.
+    """
+
+    def __init__(
+        self,
+        service: str = SERVICE,
+        *,
+        kind: str | None = None,
+        path: Path | None = None,
+        secrets_dir: Path | None = None,
+        keyring_backend: str | None = None,
+    ) -> None:
         if not service:
             raise ValueError("service must be a non-empty name")
         self.service = service
+        self.kind = kind or sources.store_kind()
+        if self.kind not in sources.STORE_KINDS:
+            raise InvalidSettings(f"secret store kind {self.kind!r}: expected one of {', '.join(sources.STORE_KINDS)}")
+        self.private_file = sources.PrivateFile(path or sources.default_secrets_file())
+        self.secrets_dir = secrets_dir or sources.default_secrets_dir()
+        self.keyring_backend = keyring_backend or os.environ.get(sources.BACKEND_ENV, "").strip() or None
 
     # -- the public operations ------------------------------------------------
     def get(self, name: str) -> str | None:
-        """The value stored under ``name``, or None if there is none."""
+        """The value of ``name`` (the deployment's first), or None if there is none."""
         name = _check_name(name)
+        value = sources.env_secret(name) or sources.dir_secret(self.secrets_dir, name)
+        if value is not None:
+            return value
+        if self.kind == "file":
+            return self.private_file.read().get(name)
         backend = self._backend()
         with self._guard(f"read secret {name!r}"):
             return backend.get_password(self.service, name)
 
     def set(self, name: str, value: str) -> None:
-        """Store ``value`` under ``name``, replacing any previous value."""
+        """Store ``value`` under ``name`` in the user's store, replacing any previous value."""
         name = _check_name(name)
         if not isinstance(value, str) or not value:
             raise InvalidSettings("a secret value must be non-empty text", field="value")
+        self._refuse_deployment_name(name, "changed")
+        if self.kind == "file":
+            with self._names_lock():
+                self.private_file.write({**self.private_file.read(), name: value})
+            return
         backend = self._backend()
         with self._names_lock():
             names = self._read_names(backend)
@@ -132,8 +168,129 @@ class SecretStore:
                 raise
 
     def delete(self, name: str) -> None:
-        """Remove ``name``; NotFound if there is no such secret."""
+        """Remove ``name`` from the user's store; NotFound if it holds no such secret."""
         name = _check_name(name)
+        self._refuse_deployment_name(name, "deleted")
+        if self.kind == "file":
+            with self._names_lock():
+                stored = self.private_file.read()
+                present = stored.pop(name, None) is not None
+                if present:
+                    self.private_file.write(stored)
+        else:
+            present = self._delete_from_keyring(name)
+        if not present:
+            raise NotFound(f"no secret named {name!r} in the Secret Manager ({self.where()})")
+
+    def names(self) -> list[str]:
+        """Sorted names of every secret that can be used (deployment's and the user's); never values."""
+        return sorted({e.name for e in self.entries() if e.problem is None})
+
+    def entries(self) -> list[SecretEntry]:
+        """Every secret and where it lives, the deployment's first; the user's store only if usable."""
+        found = [
+            SecretEntry(name, SOURCE_ENV, f"environment variable {var}", True)
+            for name, var in sorted(sources.env_secret_names().items())
+        ]
+        for name, file in sorted(sources.dir_secret_names(self.secrets_dir).items()):
+            found.append(SecretEntry(name, SOURCE_DIR, f"file {file}", True, sources.file_access_problem(file)))
+        if self.status()["usable"]:
+            source = SOURCE_FILE if self.kind == "file" else SOURCE_KEYRING
+            where = self.where()
+            for name in self._user_names():
+                provider = self._deployment_provider(name)
+                problem = f"not used: the deployment provides this name ({provider})" if provider else None
+                found.append(SecretEntry(name, source, where, False, problem))
+        return found
+
+    def values(self) -> list[str]:
+        """Every value this store can give, to refuse them when pasted into job settings. Never log the result.
+
+        A user's store that cannot be used holds nothing to refuse, so it adds nothing here.
+        """
+        found = [v for v in (os.environ.get(var) for var in sources.env_secret_names().values()) if v]
+        for name in sources.dir_secret_names(self.secrets_dir):
+            with suppress(SecretStoreUnavailable):  # a refused file is reported where it is used
+                value = sources.dir_secret(self.secrets_dir, name)
+                if value:
+                    found.append(value)
+        if self.kind == "file":
+            with suppress(SecretStoreUnavailable):
+                found.extend(v for v in self.private_file.read().values() if v)
+            return found
+        try:
+            backend = self._backend()
+            names = self._read_names(backend)
+        except SecretStoreUnavailable:
+            return found
+        for name in names:
+            with self._guard(f"read secret {name!r}"):
+                value = backend.get_password(self.service, name)
+            if value:
+                found.append(value)
+        return found
+
+    def where(self) -> str:
+        """Where a secret set here goes, for people: the keyring backend or the private file."""
+        if self.kind == "file":
+            return f"a private file ({self.private_file.path})"
+        try:
+            choice = sources.choose_keyring(self.keyring_backend)
+        except SecretStoreUnavailable:
+            return "the system keyring (none usable)"
+        return f"the system keyring ({choice.label})" if choice.safe else f"the keyring backend {choice.name}"
+
+    def status(self) -> dict[str, Any]:
+        """The user's store as the panel and CLI describe it: kind, where, a note to show, usable or why not."""
+        where = self.where()
+        if self.kind == "file":
+            note = (
+                f"Secrets are stored in a private file readable by this user: {self.private_file.path} "
+                "(no keyring is used)."
+            )
+            try:
+                self.private_file.read()
+            except SecretStoreUnavailable as e:
+                return {"kind": "file", "where": where, "note": note, "usable": False, "problem": e.message}
+            return {"kind": "file", "where": where, "note": note, "usable": True, "problem": None}
+        try:
+            choice = sources.choose_keyring(self.keyring_backend)
+        except SecretStoreUnavailable as e:
+            return {"kind": "keyring", "where": where, "note": None, "usable": False, "problem": e.message}
+        note = None
+        if not choice.safe:
+            note = (
+                f"Secrets are kept by the keyring backend {choice.name}, named in {choice.named_by}; "
+                "it is not one of the platform keyrings known to encrypt them."
+            )
+        return {"kind": "keyring", "where": where, "note": note, "usable": True, "problem": None}
+
+    # -- helpers --------------------------------------------------------------
+    def _deployment_provider(self, name: str) -> str | None:
+        """Which deployment source provides ``name`` (for people), or None."""
+        var = sources.env_var_for(name)
+        if os.environ.get(var):
+            return f"environment variable {var}"
+        path = sources.dir_secret_path(self.secrets_dir, name)
+        if path is not None and path.is_file():
+            return f"file {path}"
+        return None
+
+    def _refuse_deployment_name(self, name: str, verb: str) -> None:
+        provider = self._deployment_provider(name)
+        if provider:
+            # Not a Conflict (409): nothing here is stale, and trying again cannot help.
+            raise InvalidSettings(
+                f"the secret {name!r} is provided by the deployment ({provider}) and cannot be {verb} here",
+                field="name",
+            )
+
+    def _user_names(self) -> list[str]:
+        if self.kind == "file":
+            return sorted(self.private_file.read())
+        return sorted(self._read_names(self._backend()))
+
+    def _delete_from_keyring(self, name: str) -> bool:
         backend = self._backend()
         with self._names_lock():
             names = self._read_names(backend)
@@ -147,30 +304,10 @@ class SecretStore:
                         present = False  # vanished between the two calls
             if name in names:
                 self._write_names(backend, [n for n in names if n != name])
-        if not present:
-            raise NotFound(f"no secret named {name!r} in the Secret Manager ({self.service})")
+        return present
 
-    def names(self) -> list[str]:
-        """Sorted names of the stored secrets; never their values."""
-        return sorted(self._read_names(self._backend()))
-
-    def values(self) -> list[str]:
-        """Every stored value, to refuse them when pasted into job settings. Never log the result."""
-        backend = self._backend()
-        found = []
-        for name in self._read_names(backend):
-            with self._guard(f"read secret {name!r}"):
-                value = backend.get_password(self.service, name)
-            if value:
-                found.append(value)
-        return found
-
-    # -- helpers --------------------------------------------------------------
     def _backend(self) -> keyring.backend.KeyringBackend:
-        backend = keyring.get_keyring()
-        if _unusable(backend):
-            raise SecretStoreUnavailable(_unavailable_message(backend))
-        return backend
+        return sources.choose_keyring(self.keyring_backend).backend
 
     @contextmanager
     def _guard(self, action: str, value: str | None = None) -> Iterator[None]:
@@ -178,7 +315,7 @@ class SecretStore:
         try:
             yield
         except keyring.errors.NoKeyringError:
-            raise SecretStoreUnavailable(_unavailable_message(keyring.get_keyring())) from None
+            raise SecretStoreUnavailable(sources.unavailable_message(keyring.get_keyring())) from None
         except (keyring.errors.KeyringError, OSError, RuntimeError, ValueError) as e:
             # ``from None``: a chained original could print the value in a traceback.
             raise SecretStoreUnavailable(

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Set up a fresh clone: system packages the tests use (sshd for SSH machines, Debian's python3 and
-# venv for the far side's MLflow, Chromium for the UI tests, munge and Slurm for the single-node
-# cluster tests/slurm_fixture.py starts), a virtualenv in .venv, and the extension installed into it
-# in editable mode (this builds the JupyterLab front end).
+# venv for the far side's MLflow, Chromium for the UI tests, gnome-keyring for a real Secret Service,
+# munge and Slurm for the single-node cluster tests/slurm_fixture.py starts), a virtualenv in .venv,
+# and the extension installed into it in editable mode (this builds the JupyterLab front end). Only
+# what the product needs goes into .venv: scripts/test.sh adds the test extras itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt_packages=(openssh-server openssh-client rsync git chromium python3 python3-venv)
+  # gnome-keyring, libsecret-tools and dbus: a headless Secret Service for the keyring tests.
+  apt_packages+=(gnome-keyring libsecret-tools dbus)
   # Slurm's controller, node daemon and user commands; no systemd needed (the tests start them).
   apt_packages+=(munge slurmctld slurmd slurm-client)
   # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
@@ -27,5 +30,10 @@ if [ -n "${CI:-}" ]; then export YARN_ENABLE_IMMUTABLE_INSTALLS=1; fi
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e .
+# keyrings.alt is a test-only keyring (it keeps secrets in a plain file); a venv that ran the tests
+# before may hold it, and the product's environment should not.
+if .venv/bin/python -m pip show -q keyrings.alt >/dev/null 2>&1; then
+  .venv/bin/python -m pip uninstall -q -y keyrings.alt
+fi
 echo "set up: .venv ($(.venv/bin/python --version)), jupyter-remote-compute installed in editable mode"

@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
+# The test extras (pytest, keyrings.alt, ...) are the tests' own: scripts/setup.sh leaves them out of
+# the product's environment. pip returns quickly when they are already there.
+mapfile -t test_requirements < <(python scripts/test_requirements.py)
+if [ "${#test_requirements[@]}" = 0 ]; then
+  echo "jupyter-remote-compute is not installed in .venv: run bash scripts/setup.sh first" >&2
+  exit 1
+fi
+python -m pip install -q "${test_requirements[@]}"
 ruff check jupyter_remote_compute tests benchmarks examples
 ruff format --check jupyter_remote_compute tests benchmarks examples
 jlpm lint:check

@@ -499,3 +499,51 @@ export function readLog(
     settings
   );
 }
+
+/**
+ * Where new secrets go (GET /secrets `store`).
+ */
+export interface ISecretStore {
+  kind: 'keyring' | 'file';
+  /**
+   * For people: "the system keyring (Secret Service)", "a private file (PATH)".
+   */
+  where: string;
+  /**
+   * To show beside secrets: a backend the user named that does not encrypt, or the private file.
+   */
+  note: string | null;
+  usable: boolean;
+  /**
+   * Why new secrets cannot be stored, and what to do.
+   */
+  problem: string | null;
+}
+
+/**
+ * One secret's name and where it lives; never its value.
+ */
+export interface ISecretEntry {
+  name: string;
+  source: 'deployment-env' | 'deployment-dir' | 'keyring' | 'file';
+  where: string;
+  /**
+   * Provided by the deployment: not changeable here.
+   */
+  read_only: boolean;
+  problem: string | null;
+}
+
+export interface ISecrets {
+  store: ISecretStore;
+  secrets: ISecretEntry[];
+}
+
+/**
+ * Where secrets live: the store new ones go to, and every secret's place.
+ */
+export function getSecrets(
+  settings?: ServerConnection.ISettings
+): Promise<ISecrets> {
+  return requestAPI<ISecrets>('secrets', { method: 'GET' }, settings);
+}

@@ -4,7 +4,9 @@
  * The fields of each kind come from the server (`kinds` of GET /machines). An option that
  * names a Secret Manager entry (`token_secret`) is asked as the secret itself (a password
  * field sent as `token`): the server stores it in the Secret Manager and compute.yaml keeps
- * only its name. Server-side errors carry the setting at fault (`field`) and show inline.
+ * only its name. The help says where that is (GET /secrets), and a token the deployment
+ * provides can be chosen by name instead, read-only. Server-side errors carry the setting at
+ * fault (`field`) and show inline.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Button, ReactWidget } from '@jupyterlab/ui-components';
@@ -14,11 +16,13 @@ import * as React from 'react';
 import {
   addMachine,
   APIError,
+  getSecrets,
   IKind,
   IKindOption,
   IMachine,
   IMachineInput,
   IMachinePatch,
+  ISecrets,
   updateMachine
 } from '../api';
 import { computeIcon } from '../icons';
@@ -134,6 +138,16 @@ function MachineForm(props: {
   const [busy, setBusy] = React.useState(false);
   const [conflict, setConflict] = React.useState(false);
   const [moreOpen, setMoreOpen] = React.useState(false);
+  const [secrets, setSecrets] = React.useState<ISecrets | null>(null);
+  // The stored token's name, to go back to when "Enter a token" is chosen again.
+  const typedSecret = React.useRef(
+    String(props.machine?.options?.token_secret ?? '')
+  );
+
+  // Where tokens go, and the ones the deployment provides. A nicety: the form works without it.
+  React.useEffect(() => {
+    getSecrets().then(setSecrets, () => setSecrets(null));
+  }, []);
 
   // Kinds arrive with the first GET; pick a sensible default once they do.
   React.useEffect(() => {
@@ -262,6 +276,23 @@ function MachineForm(props: {
   const secretOption = Object.entries(kind?.options ?? {}).find(
     ([, o]) => o.secret_name
   );
+  // Deployment secrets that can be used (a file others can read is not offered).
+  const provided = (secrets?.secrets ?? []).filter(
+    e => e.read_only && !e.problem
+  );
+  const chosenSecret = secretOption
+    ? String(values.options[secretOption[0]] ?? '')
+    : '';
+  const usesProvided = provided.some(e => e.name === chosenSecret);
+  // Back from a deployment token to a typed one: the machine's own entry, never the deployment's.
+  const ownSecretName = (): string => {
+    const before = typedSecret.current;
+    if (before && !provided.some(e => e.name === before)) {
+      return before;
+    }
+    const name = values.name.trim() || props.machine?.name || '';
+    return name ? `compute/${name}` : '';
+  };
   const plainOptions = Object.entries(kind?.options ?? {}).filter(
     ([, o]) => !o.secret_name
   );
@@ -438,18 +469,56 @@ function MachineForm(props: {
           {extraOptions.map(renderOption)}
         </details>
       )}
-      {secretOption && (
+      {secretOption && provided.length > 0 && (
+        <Field
+          id={`${prefix}-token-source`}
+          label={trans.__('Token source')}
+          help={trans.__(
+            'Tokens the deployment provides are used by name and cannot be changed here.'
+          )}
+        >
+          {aria => (
+            <select
+              {...aria}
+              className="jp-mod-styled"
+              value={usesProvided ? chosenSecret : ''}
+              onChange={e =>
+                setOption(secretOption[0], e.target.value || ownSecretName())
+              }
+            >
+              <option value="">{trans.__('Enter a token')}</option>
+              {provided.map(s => (
+                <option key={s.name} value={s.name}>
+                  {trans.__('%1 (provided by the deployment)', s.name)}
+                </option>
+              ))}
+            </select>
+          )}
+        </Field>
+      )}
+      {secretOption && !usesProvided && (
         <Field
           id={`${prefix}-token`}
           label={trans.__('Token')}
           help={
             <>
               {trans.__(
-                'The token goes to the Secret Manager (the system keyring); compute.yaml keeps only its name (%1).',
+                'The token goes to the Secret Manager, in %1; compute.yaml keeps only its name (%2).',
+                secrets?.store.where ?? trans.__('the system keyring'),
                 secretOption[0]
               )}
               {mode === 'edit' &&
                 ' ' + trans.__('Leave empty to keep the stored token.')}
+              {secrets?.store.note && (
+                <span className="jp-RemoteCompute-secretNote">
+                  {' ' + secrets.store.note}
+                </span>
+              )}
+              {secrets && !secrets.store.usable && (
+                <span className="jp-RemoteCompute-secretProblem">
+                  {' ' + (secrets.store.problem ?? '')}
+                </span>
+              )}
             </>
           }
           error={errors.token}
