@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from procs import proc_stats
 from waiting import wait_for
 
 SSHD = "/usr/sbin/sshd"
@@ -95,15 +96,7 @@ class SSHServer:
 
     def session_pids(self) -> list[int]:
         """Per-connection sshd processes: the listener's children and theirs (not detached jobs)."""
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            parents[int(entry.name)] = int(fields[1])
+        parents = {pid: int(fields[1]) for pid, fields in proc_stats()}
         found: list[int] = []
         frontier = [self.proc.pid]
         while frontier:

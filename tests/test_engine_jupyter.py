@@ -17,12 +17,16 @@ import pytest
 from conftest import job_runs
 from jupyter_server_fixture import RemoteServer, store_token
 from mlflow.tracking import MlflowClient
+from procs import group_members
+from test_engine_farside import assert_facts_shape
 from waiting import wait_for
 
+from jupyter_remote_compute.engines import farside
 from jupyter_remote_compute.engines.base import EngineContext, EngineError, InputFile, LaunchSpec, RemoteJob
-from jupyter_remote_compute.engines.jupyter import JupyterEngine, _extract_safely
+from jupyter_remote_compute.engines.jupyter import JupyterEngine
 from jupyter_remote_compute.engines.jupyter_contents import ServerClient
-from jupyter_remote_compute.engines.local import group_members
+from jupyter_remote_compute.engines.local import LocalEngine
+from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive
 from jupyter_remote_compute.errors import MachineError
 from jupyter_remote_compute.jobs.service import require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec
@@ -105,26 +109,39 @@ def test_saved_machine_keeps_only_the_secret_name(workspace, make_service, remot
 
 
 # -- archive safety -----------------------------------------------------------------------
-def test_mlruns_archive_entries_that_escape_are_refused(tmp_path):
-    tar_path = tmp_path / "evil.tar"
+def _archive(tmp_path, evil: str):
+    """manifest.sh's stream as a file, with one good MLflow file and then one ``evil`` entry."""
+    tar_path = tmp_path / "fetch.tar"
     with tarfile.open(tar_path, "w") as t:
-        for name, data in (("./0/meta.yaml", b"ok"), ("../escape", b"x"), ("/abs", b"x"), ("0/../../up", b"x")):
-            info = tarfile.TarInfo(name)
+
+        def add(info, data=b""):
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("0/link")
-        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
-        t.addfile(link)
-        device = tarfile.TarInfo("0/dev")
-        device.type = tarfile.CHRTYPE
-        t.addfile(device)
-    dest = tmp_path / "out" / "mlruns"
-    _extract_safely(tar_path, dest)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path).rglob("*") if p.is_file()) == [
-        "evil.tar",
-        "out/mlruns/0/meta.yaml",
-    ]
-    assert not (dest / "0" / "link").exists() and not (dest / "0" / "dev").exists()
+
+        add(tarfile.TarInfo(".fetch-x"), b"")
+        add(tarfile.TarInfo("mlruns/0/meta.yaml"), b"ok")
+        if evil in ("../escape", "/abs", "mlruns/0/../../up", "work/unasked"):
+            add(tarfile.TarInfo(evil), b"x")
+        elif evil == "symlink":
+            link = tarfile.TarInfo("mlruns/0/link")
+            link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            t.addfile(link)
+        elif evil == "device":
+            device = tarfile.TarInfo("mlruns/0/dev")
+            device.type = tarfile.CHRTYPE
+            t.addfile(device)
+    return tar_path
+
+
+@pytest.mark.parametrize("evil", ["../escape", "/abs", "mlruns/0/../../up", "work/unasked", "symlink", "device"])
+def test_an_archive_with_any_escaping_entry_is_refused_whole(tmp_path, evil):
+    tar_path = _archive(tmp_path, evil)
+    dest = tmp_path / "out"
+    with pytest.raises(UnsafeArchive, match="refused"):
+        farside.extract_archive(tar_path, ["wanted"], dest, ".fetch-x", "far")
+    # Nothing of it stays, not even the good file that came first.
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [tar_path]
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "up").exists()
 
 
 # -- check ------------------------------------------------------------------------------------
@@ -138,8 +155,15 @@ def test_check_reports_server_kernels_and_host(remote_server, tmp_path):
     assert "python3" in facts["kernelspecs"]
     assert facts["python"].count(".") == 2
     assert facts["disk_free_bytes"] > 0 and facts["rtt_ms"] >= 0
-    assert facts["gpus"] == []
     assert facts["transfer"] in ("contents", "kernel")
+    # One shape for every kind: the OS kernel stays the OS kernel, the Jupyter kernel has its own name.
+    assert_facts_shape(facts)
+    assert facts["kernel_name"] == "python3"
+    local = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s"))
+    local_facts = local.check()
+    assert set(local_facts) <= set(facts)
+    for key in ("os", "kernel", "cpus", "memory_bytes", "gpus"):  # the server runs on this same machine
+        assert facts[key] == local_facts[key], key
 
 
 def test_wrong_token_is_refused_naming_the_secret_not_the_token(workspace, make_service, remote_server, caplog):
@@ -253,9 +277,12 @@ def test_a_directory_output_arrives_and_damage_in_transit_is_caught(
     original = ServerClient.download
 
     def tampering(self, path, sink, progress=None):  # one flipped byte on the way
-        done = original(self, path, io.BytesIO() if path.endswith("/b2") else sink, progress)
-        if path.endswith("/b2"):
-            sink.write(b"tw0\n")
+        got = io.BytesIO()
+        done = original(self, path, got, progress)
+        data = got.getvalue()
+        if path.endswith("fetch.tar"):
+            data = data.replace(b"two\n", b"tw0\n")
+        sink.write(data)
         return done
 
     monkeypatch.setattr(ServerClient, "download", tampering)
