@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import uuid
 from pathlib import Path
@@ -90,3 +91,20 @@ def test_ssh_session_killed_during_a_fetch_is_transient(ssh_agent_env: TestBed, 
         assert any(words in str(err.value) for words in ("lost", "no answer", "ended in the middle"))
     finally:
         engine.close()
+
+
+def test_a_machine_without_tar_is_a_permanent_fault_naming_tar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A PATH with every tool manifest.sh uses except tar.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("sh", "find", "sha256sum", "du", "rm"):
+        found = shutil.which(tool)
+        assert found, tool
+        (bindir / tool).symlink_to(found)
+    engine = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s"))
+    job = engine.prepare(new_job())
+    (Path(job.handle["dir"]) / "work" / "out.txt").write_text("made\n")
+    monkeypatch.setenv("PATH", str(bindir))
+    with pytest.raises(EngineError, match="tar is not installed") as err:
+        engine.fetch(job, ["out.txt"], tmp_path / "dest")
+    assert err.value.transient is False

@@ -18,7 +18,7 @@ from sshd_fixture import TestBed
 from test_engine_ssh import input_file, make_engine, new_job
 
 from jupyter_remote_compute.engines import farside
-from jupyter_remote_compute.engines.base import EngineContext, Facts, InputFile
+from jupyter_remote_compute.engines.base import EngineContext, Facts, InputFile, RemoteJob
 from jupyter_remote_compute.engines.local import LocalEngine
 
 sshd_bed = sshd_fixture.sshd_bed
@@ -182,3 +182,39 @@ def test_gpus_come_from_nvidia_smi_where_it_is_installed(tmp_path: Path, monkeyp
     expected = [{"name": name, "memory_bytes": int(mib) * (1 << 20)} for name, mib in (g.rsplit(", ", 1) for g in gpus)]
     if gpus or not any(Path(p, "nvidia-smi").exists() for p in os.environ["PATH"].split(os.pathsep)):
         assert facts["gpus"] == expected
+
+
+def test_status_answers_for_every_job_in_one_call(tmp_path: Path):
+    def jobdir(name: str, **files: str) -> Path:
+        d = tmp_path / "base dir" / name  # a space in the path is data, not a separator
+        d.mkdir(parents=True)
+        for file, text in files.items():
+            (d / file).write_text(text)
+        return d
+
+    alive = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        dirs = [
+            jobdir("exited", exit_code="3\n", log="abc"),
+            jobdir("running", pid=f"{alive.pid}\n", log="12345"),
+            jobdir("vanished", pid="999999999\n"),
+            jobdir("cancelled", pid="999999999\n", cancelled="", log=""),
+            jobdir("never"),
+            tmp_path / "base dir" / "no-such-job",
+        ]
+        jobs = [RemoteJob(d.name, "k", {"dir": str(d)}) for d in dirs]
+        out = subprocess.run(farside.argv("status", *map(str, dirs)), capture_output=True, check=True).stdout
+        found = farside.parse_status(out.decode(), jobs, "here")
+    finally:
+        alive.kill()
+        alive.wait()
+    assert (found["exited"].state, found["exited"].exit_code, found["exited"].log_size) == ("exited", 3, 3)
+    assert (found["running"].state, found["running"].log_size) == ("running", 5)
+    assert found["vanished"].state == "gone" and "vanished" in found["vanished"].detail
+    assert (found["cancelled"].state, found["cancelled"].detail, found["cancelled"].log_size) == (
+        "gone",
+        "cancelled",
+        0,
+    )
+    assert found["never"].detail == "never started" and found["never"].log_size is None
+    assert "missing" in found["no-such-job"].detail

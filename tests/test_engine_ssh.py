@@ -595,8 +595,9 @@ def test_validate_address_accepts_hosts():
 
 def test_prepare_refuses_a_directory_of_another_job(engine: SSHEngine):
     job = engine.prepare(new_job())
-    with pytest.raises(EngineError, match="another job"):
+    with pytest.raises(EngineError, match="another job") as err:
         engine.prepare(RemoteJob(job.job_id, "other-key", {}))
+    assert err.value.transient is False  # trying again cannot help
 
 
 def test_ssh_config_include_and_jump_parsing(tmp_path: Path):

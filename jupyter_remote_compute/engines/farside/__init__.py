@@ -91,14 +91,17 @@ def cache_limits(options: Mapping[str, Any]) -> tuple[int, int]:
 
 def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str, RemoteStatus]:
     """status.sh's lines, one per job in the order given, as RemoteStatus by job id."""
-    result: dict[str, RemoteStatus] = {}
+    states: dict[int, tuple[str, str]] = {}
+    sizes: dict[int, int] = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) != 4 or not parts[0].isdigit() or int(parts[0]) >= len(jobs):
-            continue
-        job = jobs[int(parts[0])]
-        state, code, size = parts[1], parts[2], parts[3]
-        log_size = int(size) if size.isdigit() else None
+        if len(parts) == 3 and parts[0] == "size" and parts[1].isdigit() and parts[2].isdigit():
+            sizes[int(parts[1])] = int(parts[2])
+        elif len(parts) == 3 and parts[0].isdigit() and int(parts[0]) < len(jobs):
+            states[int(parts[0])] = (parts[1], parts[2])
+    result: dict[str, RemoteStatus] = {}
+    for index, (state, code) in states.items():
+        job, log_size = jobs[index], sizes.get(index)
         if state == "exited":
             exit_code = int(code) if code.lstrip("-").isdigit() else None
             result[job.job_id] = RemoteStatus("exited", exit_code=exit_code, log_size=log_size)
@@ -109,7 +112,7 @@ def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str,
         elif state == "notstarted":
             result[job.job_id] = RemoteStatus("gone", log_size=log_size, detail="never started")
         else:
-            detail = "job directory is missing" if size == "-" and code == "-" else "process vanished"
+            detail = "job directory is missing" if state == "missing" else "process vanished"
             result[job.job_id] = RemoteStatus("gone", log_size=log_size, detail=f"{detail} on {machine}")
     missing = [j.job_id for j in jobs if j.job_id not in result]
     if missing:

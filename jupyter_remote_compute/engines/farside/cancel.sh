@@ -8,14 +8,8 @@ read -r target_pg < "$d/pid"
 case $target_pg in ''|*[!0-9]*) echo "bad pid file in $d" >&2; exit 3 ;; esac
 group_pids() {
   if [ -r /proc/self/stat ]; then
-    for f in /proc/[0-9]*/stat; do
-      line=
-      read -r line 2>/dev/null < "$f" || continue
-      pid=${line%% *}
-      rest=${line##*")"}
-      set -- $rest
-      case $1 in Z|X|x) ;; *) [ "$3" = "$target_pg" ] && printf ' %s' "$pid" ;; esac
-    done
+    cat /proc/[0-9]*/stat 2>/dev/null |
+      awk -v pg="$target_pg" '{ pid = $1; sub(/^.*\) /, ""); if ($3 == pg && $1 !~ /^[ZXx]$/) printf " %s", pid }'
   else
     ps -A -o pid= -o pgid= -o stat= | while read -r p g s; do
       case $s in Z*) ;; *) [ "$g" = "$target_pg" ] && printf ' %s' "$p" ;; esac
