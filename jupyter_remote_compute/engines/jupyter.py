@@ -2,8 +2,10 @@
 
 Bulk data moves over HTTP: inputs up through the Contents API with JupyterLab's chunked-upload
 protocol, outputs down from ``/files/`` (streamed, ranged for the log). Everything that needs the
-far host itself — directories, hashes, starting the detached command, process groups, cancelling,
-a tar of ``mlruns/`` — runs as a few lines of Python in a kernel, one execution per operation:
+far host itself runs from a kernel, one execution per operation: the shared far-side scripts
+(``farside/``: status, cancel, the output manifest and its tar, the input cache, facts) through
+``sh``, and a few lines of Python for what only this kind needs (writing the job directory, chunks
+through the kernel, starting the detached command):
 
 * one kernel per engine, kept for polls and file-system work (restarted when the server restarted
   or culled it);

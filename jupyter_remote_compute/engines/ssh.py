@@ -1,13 +1,14 @@
 """Machines reached over SSH (paramiko), needing only POSIX sh, tar and coreutils on the far side.
 
-One authenticated connection per engine instance (through any ProxyJump hops)
-carries every call as its own exec channel; at most ``MAX_CHANNELS`` run at
-once. A dropped connection is re-made on the next call; calls that change
-nothing on the far side are retried once on a fresh connection.
+Every call is an exec channel of the engine's one connection (``ssh_connection.py``:
+route, sign-in, host keys, reconnecting); the far-side work is the shared
+contract of ``farside/`` (status, cancel, manifest, cache, facts), run over it.
+Only sending inputs is ssh's own: one tar stream that answers the cache query
+first and then carries just the missing objects.
 
 Far-side layout (``base_dir``, default ``~/.jupyter-remote-compute``)::
 
-    <base>/cache/<sha256>          inputs by content, read-only, written by rename
+    <base>/cache/<sha256>          inputs by content, read-only, written by rename (farside/cache.sh)
     <base>/jobs/<job id>/          the job directory of ``base.py`` (work/, mlruns/, log, ...)
 
 Inputs are hard links into the cache, so a re-sent file costs a name, not its
