@@ -11,6 +11,7 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+from uuid import uuid4
 
 import jupyter_server_fixture
 import pytest
@@ -428,3 +429,49 @@ def test_job_survives_a_restart_of_the_remote_server(workspace, make_service, ow
     job = service.wait(job.id, timeout=120)
     assert job.state == "succeeded", job.reason
     assert (workspace / "out.txt").read_text() == "done\n"
+
+
+# -- the input cache ----------------------------------------------------------------------------
+@pytest.mark.parametrize("base_dir", ["jrc-cache", ".jrc-cache-hidden"], ids=["contents", "kernel"])
+def test_the_input_cache_links_reuses_and_evicts_beyond_its_cap(base_dir, remote_server, tmp_path):
+    def made(name: str, data: bytes, mode: int = 0o644) -> InputFile:
+        path = tmp_path / "src" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return InputFile(f"in/{name}", path, len(data), hashlib.sha256(data).hexdigest(), mode)
+
+    engine = _engine(remote_server, tmp_path, base_dir=base_dir, cache_max_bytes="150000")
+    first = [made("a.bin", os.urandom(100_000)), made("b.bin", os.urandom(100_000))]
+    run = made("run.sh", b"#!/bin/sh\necho ran\n", 0o755)
+    try:
+        job_a = engine.prepare(RemoteJob(f"a-{uuid4().hex[:8]}", "k", {}))
+        assert engine.send(job_a, [*first, run]).files_sent == 3
+        cache = remote_server.root_dir / base_dir / "cache"
+        work_a = remote_server.root_dir / job_a.handle["dir"] / "work"
+        # One read-only copy: the work tree's name is a link to the cache entry...
+        assert os.stat(work_a / "in/a.bin").st_ino == os.stat(cache / first[0].sha256).st_ino
+        assert (cache / first[0].sha256).stat().st_mode & 0o777 == 0o444
+        # ...except an executable input, which keeps its own copy and its mode.
+        assert (work_a / "in/run.sh").stat().st_mode & 0o777 == 0o755
+        assert os.stat(work_a / "in/run.sh").st_ino != os.stat(cache / run.sha256).st_ino
+
+        job_b = engine.prepare(RemoteJob(f"b-{uuid4().hex[:8]}", "k", {}))
+        stats = engine.send(job_b, [*first, run])
+        assert (stats.files_sent, stats.files_reused) == (0, 3)
+        work_b = remote_server.root_dir / job_b.handle["dir"] / "work"
+        assert (work_b / "in/b.bin").read_bytes() == first[1].source.read_bytes()
+        assert (work_b / "in/run.sh").stat().st_mode & 0o777 == 0o755
+
+        engine.cleanup(job_a)
+        engine.cleanup(job_b)
+        later = made("c.bin", os.urandom(100_000))
+        job_c = engine.prepare(RemoteJob(f"c-{uuid4().hex[:8]}", "k", {}))
+        engine.send(job_c, [later])
+        kept = {p.name for p in cache.iterdir() if not p.name.startswith(".")}
+        assert later.sha256 in kept  # linked from job c
+        unlinked = [cache / n for n in kept if (cache / n).stat().st_nlink == 1]
+        assert sum(p.stat().st_size for p in unlinked) <= 150_000
+        assert len(kept & {f.sha256 for f in first}) <= 1  # the cap pushed out the least recently used
+        engine.cleanup(job_c)
+    finally:
+        engine.close()
