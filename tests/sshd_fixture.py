@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from far_python import far_python_bin
+from procs import proc_stats
 from required import require
 from waiting import wait_for
 
@@ -97,15 +98,7 @@ class SSHServer:
 
     def session_pids(self) -> list[int]:
         """Per-connection sshd processes: the listener's children and theirs (not detached jobs)."""
-        parents: dict[int, int] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            parents[int(entry.name)] = int(fields[1])
+        parents = {pid: int(fields[1]) for pid, fields in proc_stats()}
         found: list[int] = []
         frontier = [self.proc.pid]
         while frontier:

@@ -11,18 +11,23 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+from uuid import uuid4
 
 import jupyter_server_fixture
 import pytest
 from conftest import job_runs
 from jupyter_server_fixture import RemoteServer, store_token
 from mlflow.tracking import MlflowClient
+from procs import group_members
+from test_engine_farside import assert_facts_shape
 from waiting import wait_for
 
+from jupyter_remote_compute.engines import farside
 from jupyter_remote_compute.engines.base import EngineContext, EngineError, InputFile, LaunchSpec, RemoteJob
-from jupyter_remote_compute.engines.jupyter import JupyterEngine, _extract_safely
+from jupyter_remote_compute.engines.jupyter import JupyterEngine
 from jupyter_remote_compute.engines.jupyter_contents import ServerClient
-from jupyter_remote_compute.engines.local import group_members
+from jupyter_remote_compute.engines.local import LocalEngine
+from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive
 from jupyter_remote_compute.errors import MachineError
 from jupyter_remote_compute.jobs.service import require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec
@@ -105,26 +110,39 @@ def test_saved_machine_keeps_only_the_secret_name(workspace, make_service, remot
 
 
 # -- archive safety -----------------------------------------------------------------------
-def test_mlruns_archive_entries_that_escape_are_refused(tmp_path):
-    tar_path = tmp_path / "evil.tar"
+def _archive(tmp_path, evil: str):
+    """manifest.sh's stream as a file, with one good MLflow file and then one ``evil`` entry."""
+    tar_path = tmp_path / "fetch.tar"
     with tarfile.open(tar_path, "w") as t:
-        for name, data in (("./0/meta.yaml", b"ok"), ("../escape", b"x"), ("/abs", b"x"), ("0/../../up", b"x")):
-            info = tarfile.TarInfo(name)
+
+        def add(info, data=b""):
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
-        link = tarfile.TarInfo("0/link")
-        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
-        t.addfile(link)
-        device = tarfile.TarInfo("0/dev")
-        device.type = tarfile.CHRTYPE
-        t.addfile(device)
-    dest = tmp_path / "out" / "mlruns"
-    _extract_safely(tar_path, dest)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path).rglob("*") if p.is_file()) == [
-        "evil.tar",
-        "out/mlruns/0/meta.yaml",
-    ]
-    assert not (dest / "0" / "link").exists() and not (dest / "0" / "dev").exists()
+
+        add(tarfile.TarInfo(".fetch-x"), b"")
+        add(tarfile.TarInfo("mlruns/0/meta.yaml"), b"ok")
+        if evil in ("../escape", "/abs", "mlruns/0/../../up", "work/unasked"):
+            add(tarfile.TarInfo(evil), b"x")
+        elif evil == "symlink":
+            link = tarfile.TarInfo("mlruns/0/link")
+            link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            t.addfile(link)
+        elif evil == "device":
+            device = tarfile.TarInfo("mlruns/0/dev")
+            device.type = tarfile.CHRTYPE
+            t.addfile(device)
+    return tar_path
+
+
+@pytest.mark.parametrize("evil", ["../escape", "/abs", "mlruns/0/../../up", "work/unasked", "symlink", "device"])
+def test_an_archive_with_any_escaping_entry_is_refused_whole(tmp_path, evil):
+    tar_path = _archive(tmp_path, evil)
+    dest = tmp_path / "out"
+    with pytest.raises(UnsafeArchive, match="refused"):
+        farside.extract_archive(tar_path, ["wanted"], dest, ".fetch-x", "far")
+    # Nothing of it stays, not even the good file that came first.
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [tar_path]
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "up").exists()
 
 
 # -- check ------------------------------------------------------------------------------------
@@ -138,8 +156,15 @@ def test_check_reports_server_kernels_and_host(remote_server, tmp_path):
     assert "python3" in facts["kernelspecs"]
     assert facts["python"].count(".") == 2
     assert facts["disk_free_bytes"] > 0 and facts["rtt_ms"] >= 0
-    assert facts["gpus"] == []
     assert facts["transfer"] in ("contents", "kernel")
+    # One shape for every kind: the OS kernel stays the OS kernel, the Jupyter kernel has its own name.
+    assert_facts_shape(facts)
+    assert facts["kernel_name"] == "python3"
+    local = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s"))
+    local_facts = local.check()
+    assert set(local_facts) <= set(facts)
+    for key in ("os", "kernel", "cpus", "memory_bytes", "gpus"):  # the server runs on this same machine
+        assert facts[key] == local_facts[key], key
 
 
 def test_wrong_token_is_refused_naming_the_secret_not_the_token(workspace, make_service, remote_server, caplog):
@@ -253,9 +278,12 @@ def test_a_directory_output_arrives_and_damage_in_transit_is_caught(
     original = ServerClient.download
 
     def tampering(self, path, sink, progress=None):  # one flipped byte on the way
-        done = original(self, path, io.BytesIO() if path.endswith("/b2") else sink, progress)
-        if path.endswith("/b2"):
-            sink.write(b"tw0\n")
+        got = io.BytesIO()
+        done = original(self, path, got, progress)
+        data = got.getvalue()
+        if path.endswith("fetch.tar"):
+            data = data.replace(b"two\n", b"tw0\n")
+        sink.write(data)
         return done
 
     monkeypatch.setattr(ServerClient, "download", tampering)
@@ -401,3 +429,49 @@ def test_job_survives_a_restart_of_the_remote_server(workspace, make_service, ow
     job = service.wait(job.id, timeout=120)
     assert job.state == "succeeded", job.reason
     assert (workspace / "out.txt").read_text() == "done\n"
+
+
+# -- the input cache ----------------------------------------------------------------------------
+@pytest.mark.parametrize("base_dir", ["jrc-cache", ".jrc-cache-hidden"], ids=["contents", "kernel"])
+def test_the_input_cache_links_reuses_and_evicts_beyond_its_cap(base_dir, remote_server, tmp_path):
+    def made(name: str, data: bytes, mode: int = 0o644) -> InputFile:
+        path = tmp_path / "src" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return InputFile(f"in/{name}", path, len(data), hashlib.sha256(data).hexdigest(), mode)
+
+    engine = _engine(remote_server, tmp_path, base_dir=base_dir, cache_max_bytes="150000")
+    first = [made("a.bin", os.urandom(100_000)), made("b.bin", os.urandom(100_000))]
+    run = made("run.sh", b"#!/bin/sh\necho ran\n", 0o755)
+    try:
+        job_a = engine.prepare(RemoteJob(f"a-{uuid4().hex[:8]}", "k", {}))
+        assert engine.send(job_a, [*first, run]).files_sent == 3
+        cache = remote_server.root_dir / base_dir / "cache"
+        work_a = remote_server.root_dir / job_a.handle["dir"] / "work"
+        # One read-only copy: the work tree's name is a link to the cache entry...
+        assert os.stat(work_a / "in/a.bin").st_ino == os.stat(cache / first[0].sha256).st_ino
+        assert (cache / first[0].sha256).stat().st_mode & 0o777 == 0o444
+        # ...except an executable input, which keeps its own copy and its mode.
+        assert (work_a / "in/run.sh").stat().st_mode & 0o777 == 0o755
+        assert os.stat(work_a / "in/run.sh").st_ino != os.stat(cache / run.sha256).st_ino
+
+        job_b = engine.prepare(RemoteJob(f"b-{uuid4().hex[:8]}", "k", {}))
+        stats = engine.send(job_b, [*first, run])
+        assert (stats.files_sent, stats.files_reused) == (0, 3)
+        work_b = remote_server.root_dir / job_b.handle["dir"] / "work"
+        assert (work_b / "in/b.bin").read_bytes() == first[1].source.read_bytes()
+        assert (work_b / "in/run.sh").stat().st_mode & 0o777 == 0o755
+
+        engine.cleanup(job_a)
+        engine.cleanup(job_b)
+        later = made("c.bin", os.urandom(100_000))
+        job_c = engine.prepare(RemoteJob(f"c-{uuid4().hex[:8]}", "k", {}))
+        engine.send(job_c, [later])
+        kept = {p.name for p in cache.iterdir() if not p.name.startswith(".")}
+        assert later.sha256 in kept  # linked from job c
+        unlinked = [cache / n for n in kept if (cache / n).stat().st_nlink == 1]
+        assert sum(p.stat().st_size for p in unlinked) <= 150_000
+        assert len(kept & {f.sha256 for f in first}) <= 1  # the cap pushed out the least recently used
+        engine.cleanup(job_c)
+    finally:
+        engine.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import sshd_fixture
+from procs import group_members
 from sshd_fixture import TestBed, keygen, wait_for
 
 from jupyter_remote_compute.engines import ssh_config
@@ -85,21 +86,6 @@ def far(bed: TestBed, job: RemoteJob) -> Path:
     return Path(job.handle["dir"])
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, read from /proc independently of the engine."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
 def run_job(engine: SSHEngine, files: list[InputFile], command: str, **env) -> RemoteJob:
     job = engine.prepare(new_job())
     engine.send(job, files)
@@ -118,7 +104,8 @@ def test_end_to_end(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
     ]
     job = engine.prepare(new_job())
     d = far(ssh_agent_env, job)
-    assert d.is_absolute() and (d / "work").is_dir() and (d / "mlruns").is_dir()
+    # mlruns/ is left for MLflow to create (an empty one stops it making its Default experiment)
+    assert d.is_absolute() and (d / "work").is_dir() and not (d / "mlruns").exists()
     marker = (d / "job.json").read_text()
     assert job.job_id in marker and job.key in marker
     assert engine.prepare(job).handle["dir"] == job.handle["dir"]  # idempotent
@@ -171,11 +158,11 @@ exit 3
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
 
-    expected = {"out/model/weights.bin", "out/token.sha", "mlruns/0/run1/metrics/loss"}
-    assert expected <= set(result.digests)
+    # digests name the declared outputs only (FetchResult); mlruns/ comes along beside them
+    assert set(result.digests) == {"out/model/weights.bin", "out/token.sha"}
     for name, digest in result.digests.items():
-        local = dest / (name if name.startswith("mlruns/") else f"work/{name}")
-        assert sha(local) == digest, name
+        assert sha(dest / f"work/{name}") == digest, name
+    assert (dest / "mlruns/0/run1/metrics/loss").is_file()
     assert (dest / "work/out/model/weights.bin").read_bytes() == b"alpha\n" * 1000 + files[2].source.read_bytes()
 
     engine.cleanup(job)
@@ -272,7 +259,7 @@ def test_connection_dropped_mid_run(engine: SSHEngine, ssh_agent_env: TestBed, t
     # kill the sshd processes serving this connection: the network drops, the job must not care
     for pid in ssh_agent_env.sshd.session_pids():
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not engine._link.active(), 10, "the client to notice the drop")
+    wait_for(lambda: not engine.connection.link.active(), 10, "the client to notice the drop")
     status = wait_exited(engine, job)
     assert status.state == "exited" and status.exit_code == 0
     assert engine.connections_made == made + 1
@@ -281,7 +268,7 @@ def test_connection_dropped_mid_run(engine: SSHEngine, ssh_agent_env: TestBed, t
 
 def test_dropped_connection_is_transient_for_streams(engine: SSHEngine, ssh_agent_env: TestBed):
     engine.check()
-    transport = engine._link.target
+    transport = engine.connection.link.target
     transport.close()  # drop it under the engine
     # read-only calls reconnect by themselves
     assert engine.check()["cpus"] >= 1
@@ -569,7 +556,7 @@ def test_proxyjump(ssh_agent_env: TestBed, tmp_path: Path):
     job = run_job(eng, [], "echo via jump")
     assert wait_exited(eng, job).exit_code == 0
     assert eng.read_log(job, 0, 100) == b"via jump\n"
-    assert len(eng._link.transports) == 2
+    assert len(eng.connection.link.transports) == 2
     assert log.read_text().count("direct-tcpip") > before
     eng.close()
 
@@ -578,7 +565,7 @@ def test_proxyjump_two_hops(ssh_agent_env: TestBed, tmp_path: Path):
     eng = make_engine(ssh_agent_env, tmp_path, address="viatwojumps")
     assert len(eng.hop().via) == 2
     assert eng.check()["cpus"] >= 1
-    assert len(eng._link.transports) == 3
+    assert len(eng.connection.link.transports) == 3
     eng.close()
 
 
@@ -608,8 +595,9 @@ def test_validate_address_accepts_hosts():
 
 def test_prepare_refuses_a_directory_of_another_job(engine: SSHEngine):
     job = engine.prepare(new_job())
-    with pytest.raises(EngineError, match="another job"):
+    with pytest.raises(EngineError, match="another job") as err:
         engine.prepare(RemoteJob(job.job_id, "other-key", {}))
+    assert err.value.transient is False  # trying again cannot help
 
 
 def test_ssh_config_include_and_jump_parsing(tmp_path: Path):
@@ -669,7 +657,7 @@ def test_rekey_point_at_the_end_of_a_channel(ssh_agent_env: TestBed, tmp_path: P
     for tail_kib in (512, 1024, 1536):
         eng = make_engine(ssh_agent_env, tmp_path)
         first = len(eng.read_log(job, 0, 32 << 20))
-        counter = getattr(eng._link.target.packetizer, "_Packetizer__received_bytes", None)
+        counter = getattr(eng.connection.link.target.packetizer, "_Packetizer__received_bytes", None)
         if counter is None:  # paramiko renamed its counter: still move > 512 MiB through one channel
             want = 520 << 20
         else:
@@ -699,7 +687,7 @@ def test_server_initiated_rekeys(ssh_agent_env: TestBed, tmp_path: Path):
 
 def test_close_ends_the_connection_threads(engine: SSHEngine):
     engine.check()
-    transports = list(engine._link.transports)
+    transports = list(engine.connection.link.transports)
     engine.close()
     wait_for(lambda: not any(t.is_alive() for t in transports), 10, "the transport threads to end")
     assert engine.check()["cpus"] >= 1  # usable again after close: it reconnects

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import job_runs
 from mlflow.tracking import MlflowClient
+from procs import group_members
 from waiting import wait_for
 
-from jupyter_remote_compute.engines.local import group_members
 from jupyter_remote_compute.errors import InvalidSettings, NotTrained
 from jupyter_remote_compute.jobs.service import require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import errno
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict
 
 #: Where the command writes its MLflow records, relative to the job directory.
 TRACKING_DIR = "mlruns"
@@ -44,9 +46,11 @@ ProgressCallback = Callable[[int, int], None]
 class EngineError(Exception):
     """A machine could not do what was asked; the message is shown to the user.
 
-    ``transient`` marks failures (a dropped connection, a timeout) after which
-    the same call may succeed later: the lifecycle retries those instead of
-    failing the job.
+    ``transient`` marks failures (a dropped connection, a timeout, a busy
+    server) after which the same call may succeed later: the lifecycle retries
+    those. Everything else (a folder that cannot be made, a missing ``tar``, a
+    path the far side refuses) is permanent and ends the job with its message.
+    The only exception type an engine method lets out.
     """
 
     def __init__(self, message: str, *, transient: bool = False, details: Mapping[str, Any] | None = None) -> None:
@@ -118,6 +122,34 @@ class FetchResult:
     missing: list[str] = dataclasses.field(default_factory=list)
 
 
+class Gpu(TypedDict):
+    name: str
+    memory_bytes: int | None
+
+
+@dataclasses.dataclass
+class Facts:
+    """What ``check`` reports, the same shape for every kind (``to_json`` is what faces see).
+
+    ``extras`` holds what only one kind knows (a server's version, its transfer route); they never
+    replace a common fact.
+    """
+
+    os: str  # the distribution's name where known, else the system's (Linux, Darwin)
+    kernel: str  # the OS kernel and its release ("Linux 6.8.0"), never a Jupyter kernel's name
+    python: str | None  # the version `python3` answers with there
+    cpus: int
+    memory_bytes: int | None
+    gpus: list[Gpu]  # from nvidia-smi where it is installed, else none
+    disk_free_bytes: int | None  # where jobs are kept
+    rtt_ms: float  # one round trip to the machine
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        common = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extras"}
+        return {**{k: v for k, v in self.extras.items() if k not in common}, **common}
+
+
 @dataclasses.dataclass(frozen=True)
 class OptionField:
     """A kind-specific machine option, validated when a machine is saved."""
@@ -128,8 +160,82 @@ class OptionField:
     secret_name: bool = False  # the value names a Secret Manager entry
 
 
+# errno values that describe a moment, not a state: the same call may well work later.
+_PASSING_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EBUSY,
+        errno.EINTR,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+    }
+)
+
+#: What the lifecycle calls on an engine; each is wrapped so only EngineError leaves it.
+_GUARDED = (
+    "__init__",
+    "check",
+    "prepare",
+    "send",
+    "start",
+    "poll",
+    "read_log",
+    "cancel",
+    "fetch",
+    "cleanup",
+    "trust_host",
+)
+
+
+def is_passing(error: BaseException) -> bool:
+    """Whether an error that is not an EngineError says "try again later" (a timeout, a reset connection)."""
+    if isinstance(error, TimeoutError | ConnectionError):
+        return True
+    return isinstance(error, OSError) and error.errno in _PASSING_ERRNOS
+
+
+def _guard(method: Callable[..., Any], what: str) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def guarded(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except EngineError:
+            raise
+        except Exception as e:
+            # A stray error (a bug, a refused path): say where it came from and whether to retry.
+            name = getattr(self, "name", "?")
+            raise EngineError(
+                f"{name}: {what} failed: {str(e) or type(e).__name__}", transient=type(self).is_transient(e)
+            ) from e
+
+    guarded.__jrc_guarded__ = True  # type: ignore[attr-defined]
+    return guarded
+
+
 class Engine(abc.ABC):
-    """One machine of one kind. Subclasses set ``kind`` and implement the rest."""
+    """One machine of one kind. Subclasses set ``kind`` and implement the rest.
+
+    Every lifecycle method of a subclass is wrapped so that any other exception
+    leaves it as an ``EngineError`` whose ``transient`` is ``is_transient(e)``.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in _GUARDED:
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "__jrc_guarded__", False):
+                setattr(cls, name, _guard(method, "setting up" if name == "__init__" else name.replace("_", " ")))
+
+    @classmethod
+    def is_transient(cls, error: Exception) -> bool:
+        """Whether a stray (non-EngineError) error may pass; kinds add their own transport's errors."""
+        return is_passing(error)
 
     kind: ClassVar[str]
     label: ClassVar[str]
@@ -153,7 +259,7 @@ class Engine(abc.ABC):
     # -- the job's life, in the order the lifecycle calls it ----------------
     @abc.abstractmethod
     def check(self) -> dict[str, Any]:
-        """Reach the machine and report facts (OS, Python, CPUs, GPUs, disk, latency)."""
+        """Reach the machine and report its ``Facts`` (``Facts.to_json()``: the same keys for every kind)."""
 
     @abc.abstractmethod
     def prepare(self, job: RemoteJob) -> RemoteJob:
@@ -214,8 +320,7 @@ class Engine(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class EngineContext:
-    """What an engine may use from this side: a secret lookup and its settings."""
+    """What an engine may use from this side: a secret lookup and the built-in machine's job base."""
 
     get_secret: Callable[[str], str | None]
     scratch_dir: Path  # the built-in machine's job base
-    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)

@@ -2,8 +2,10 @@
 
 Bulk data moves over HTTP: inputs up through the Contents API with JupyterLab's chunked-upload
 protocol, outputs down from ``/files/`` (streamed, ranged for the log). Everything that needs the
-far host itself — directories, hashes, starting the detached command, process groups, cancelling,
-a tar of ``mlruns/`` — runs as a few lines of Python in a kernel, one execution per operation:
+far host itself runs from a kernel, one execution per operation: the shared far-side scripts
+(``farside/``: status, cancel, the output manifest and its tar, the input cache, facts) through
+``sh``, and a few lines of Python for what only this kind needs (writing the job directory, chunks
+through the kernel, starting the detached command):
 
 * one kernel per engine, kept for polls and file-system work (restarted when the server restarted
   or culled it);
@@ -26,17 +28,16 @@ import hashlib
 import json
 import logging
 import posixpath
-import shutil
-import tarfile
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from . import farside
 from .base import (
-    TRACKING_DIR,
     WORK_DIR,
     Engine,
     EngineContext,
@@ -73,41 +74,14 @@ KERNEL_CHUNK = 2 << 20
 #: Seconds a quick kernel operation (poll, read) may take; file-system work gets LONG_OP.
 QUICK_OP = 60.0
 LONG_OP = 1800.0
-MLRUNS_TAR = "mlruns.tar"
+FETCH_TAR = "fetch.tar"  # manifest.sh's stream, kept in the job directory until downloaded
 
 # The far side: stdlib-only Python the kernel runs. Every call execs this source in a fresh
 # namespace and calls one function with JSON arguments; the answer is JSON (or bytes), base64'd
 # so IPython's pretty printer cannot reshape it. Paths are absolute (learned in ``prepare``)
 # except ``prepare``'s base, which is relative to the kernel's cwd, the server's root_dir.
 FAR_SIDE = r"""
-import base64, hashlib, json, os, shutil, signal, subprocess, sys, tarfile, time
-
-BLOCK = 1 << 20
-CACHE_MAX_AGE = 7 * 86400
-
-
-def _sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(BLOCK)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
-
-
-def _inside(root, path):
-    root = os.path.realpath(root)
-    real = os.path.realpath(path)
-    return real == root or real.startswith(root + os.sep)
-
-
-def _under(root, rel):
-    # A work-relative POSIX path; refuse anything that climbs out or is absolute.
-    if rel.startswith("/") or ".." in rel.split("/"):
-        raise ValueError("path leaves the job directory: " + rel)
-    return os.path.join(root, *rel.split("/"))
-
+import base64, json, os, shutil, subprocess, sys
 
 def _write(path, text, mode=0o644):
     tmp = path + ".tmp"
@@ -115,6 +89,15 @@ def _write(path, text, mode=0o644):
         f.write(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def _env():
+    # `python` in a command or script is the kernel's interpreter, as it is in a notebook there.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "PYDEVD_")) and k != "MPLBACKEND"}
+    bindir = os.path.dirname(sys.executable)
+    if env.get("PATH", "").split(os.pathsep)[:1] != [bindir]:
+        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
 
 
 def _jobdir(d):
@@ -135,76 +118,11 @@ def prepare(base, job_id, key, scripts):
     return {"abs_dir": jobdir, "root": os.getcwd()}
 
 
-def _cache_path(cache, sha):
-    return os.path.join(cache, sha[:2], sha)
-
-
-def plan(jobdir, cache, entries):
-    # What the far side already holds: the file in place (a retry), or the same bytes in the cache.
-    work = os.path.join(_jobdir(jobdir), "work")
-    out = {}
-    now = time.time()
-    for rel, size, sha, mode in entries:
-        path = _under(work, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if os.path.isfile(path) and os.path.getsize(path) == size and _sha(path) == sha:
-            os.chmod(path, mode)
-            out[rel] = "have"
-            continue
-        cached = _cache_path(cache, sha)
-        if os.path.isfile(cached) and os.path.getsize(cached) == size and _sha(cached) == sha:
-            tmp = path + ".jrc-part"
-            shutil.copyfile(cached, tmp)
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
-            os.utime(cached, (now, now))
-            out[rel] = "reused"
-            continue
-        out[rel] = "need"
-    _prune(cache, now)
-    return out
-
-
-def _prune(cache, now):
-    try:
-        shards = os.listdir(cache)
-    except OSError:
-        return
-    for shard in shards:
-        try:
-            for entry in os.scandir(os.path.join(cache, shard)):
-                if now - entry.stat().st_mtime > CACHE_MAX_AGE:
-                    os.unlink(entry.path)
-        except OSError:
-            pass
-
-
-def finish(jobdir, cache, entries):
-    # Check what arrived, set modes (the Contents API cannot) and remember the bytes for next time.
-    # The sender hashed the bytes it sent; here a full size says they all arrived. Whatever is
-    # reused later (in place or from the cache) is re-hashed by plan first.
-    work = os.path.join(_jobdir(jobdir), "work")
-    bad = []
-    for rel, size, sha, mode in entries:
-        path = _under(work, rel)
-        if not os.path.isfile(path) or os.path.getsize(path) != size:
-            bad.append(rel)
-            continue
-        os.chmod(path, mode)
-        target = _cache_path(cache, sha)
-        try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            tmp = target + "." + str(os.getpid()) + ".tmp"
-            os.link(path, tmp)  # no extra space; a job that edits its input is caught by plan's re-hash
-            os.replace(tmp, target)
-        except OSError:
-            pass
-    return {"bad": bad}
-
-
 def put(path, first, last, data):
     # Kernel transport, upload: append one chunk to <path>.jrc-part, rename it into place at the end.
     part = path + ".jrc-part"
+    if first:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(part, "wb" if first else "ab") as f:
         f.write(data)
     if last:
@@ -221,70 +139,10 @@ def read(path, offset, limit):
         return b""
 
 
-def _groups():
-    # Live (not zombie) members per process group, from /proc.
-    counts = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] not in (b"Z", b"X"):
-            counts[int(fields[2])] = counts.get(int(fields[2]), 0) + 1
-    return counts
-
-
-def _alive(pgid, groups):
-    if groups is not None:
-        return groups.get(pgid, 0) > 0
-    try:  # no /proc (macOS): the group exists; a zombie-only group counts as alive here
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _exit_code(jobdir):
-    try:
-        with open(os.path.join(jobdir, "exit_code")) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def status(jobs):
-    groups = _groups() if os.path.isdir("/proc") else None
-    out = {}
-    for job_id, jobdir, pid in jobs:
-        try:
-            size = os.path.getsize(os.path.join(jobdir, "log"))
-        except OSError:
-            size = 0
-        code = _exit_code(jobdir)
-        if code is not None:
-            out[job_id] = ["exited", code, size]
-        elif pid and _alive(pid, groups):
-            out[job_id] = ["running", None, size]
-        else:
-            code = _exit_code(jobdir)  # it may have ended between the two looks
-            out[job_id] = ["exited", code, size] if code is not None else ["gone", None, size]
-    return out
-
-
 def launch(jobdir, command, stdin):
     _jobdir(jobdir)
     _write(os.path.join(jobdir, "command.sh"), command, 0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "PYDEVD_")) and k != "MPLBACKEND"}
-    # `python` in the command is the kernel's interpreter, as it is in a notebook on that server.
-    bindir = os.path.dirname(sys.executable)
-    path = env.get("PATH", "")
-    if path.split(os.pathsep)[:1] != [bindir]:
-        env["PATH"] = bindir + os.pathsep + path
+    env = _env()
     try:
         proc = subprocess.run(
             ["sh", os.path.join(jobdir, "launch.sh"), jobdir],
@@ -295,58 +153,6 @@ def launch(jobdir, command, stdin):
     if proc.returncode != 0:
         return {"error": "launcher exit %d: %s" % (proc.returncode, proc.stderr.decode(errors="replace")[-500:])}
     return {"pid": int(proc.stdout.split()[-1])}
-
-
-def cancel(pgid, grace):
-    def members():
-        groups = _groups() if os.path.isdir("/proc") else None
-        return _alive(pgid, groups)
-
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return {"survivors": False}
-        deadline = time.time() + wait
-        while members() and time.time() < deadline:
-            time.sleep(0.05)
-        if not members():
-            return {"survivors": False}
-    return {"survivors": True}
-
-
-def manifest(jobdir, outputs):
-    # sha256 of every file under each declared output (inside work/ only), and mlruns/ as one tar.
-    work = os.path.join(_jobdir(jobdir), "work")
-    files = {}
-    missing = []
-    for out in outputs:
-        try:
-            path = _under(work, out)
-        except ValueError:
-            missing.append(out)
-            continue
-        if not os.path.exists(path) or not _inside(work, path):
-            missing.append(out)
-        elif os.path.isfile(path):
-            files[out] = [os.path.getsize(path), _sha(path)]
-        else:
-            for dirpath, dirnames, filenames in os.walk(path):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    full = os.path.join(dirpath, name)
-                    if os.path.isfile(full) and _inside(work, full):
-                        rel = os.path.relpath(full, work).replace(os.sep, "/")
-                        files[rel] = [os.path.getsize(full), _sha(full)]
-    tar = None
-    mlruns = os.path.join(jobdir, "mlruns")
-    if os.path.isdir(mlruns):
-        part = os.path.join(jobdir, "mlruns.tar.part")
-        with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as t:
-            t.add(mlruns, arcname=".")
-        os.replace(part, os.path.join(jobdir, "mlruns.tar"))
-        tar = [os.path.getsize(os.path.join(jobdir, "mlruns.tar")), _sha(os.path.join(jobdir, "mlruns.tar"))]
-    return {"files": files, "missing": missing, "tar": tar}
 
 
 def cleanup(jobdir, job_id):
@@ -361,26 +167,21 @@ def cleanup(jobdir, job_id):
     return {"removed": True}
 
 
-def facts(base):
-    import platform
-    gpus = []
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                                 capture_output=True, timeout=20, text=True).stdout
-            gpus = [line.strip() for line in out.splitlines() if line.strip()]
-        except Exception:
-            pass
-    where = base if os.path.isdir(base) else os.getcwd()
+def sh(argv, stdin, out_path=None):
+    # One far-side script (farside/*.sh): the answer, or its stdout written to out_path (a tar).
+    env = _env()
+    sink = open(out_path + ".part", "wb") if out_path else subprocess.PIPE
     try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = None
-    return {
-        "os": platform.system(), "kernel": platform.release(), "python": platform.python_version(),
-        "python_executable": sys.executable, "cpus": os.cpu_count(), "memory_bytes": memory, "gpus": gpus,
-        "disk_free_bytes": shutil.disk_usage(where).free, "root_dir": os.getcwd(),
-    }
+        proc = subprocess.run(argv, input=base64.b64decode(stdin), stdout=sink, stderr=subprocess.PIPE, env=env)
+    finally:
+        if out_path:
+            sink.close()
+    size = None
+    if out_path:
+        os.replace(out_path + ".part", out_path)
+        size = os.path.getsize(out_path)
+    out = "" if out_path else base64.b64encode(proc.stdout).decode()
+    return {"code": proc.returncode, "out": out, "err": proc.stderr.decode(errors="replace")[-2000:], "size": size}
 
 
 def call(op, args, blob=None):
@@ -427,6 +228,7 @@ class JupyterEngine(Engine):
         "base_dir": OptionField(
             str, f"Folder for jobs, relative to the server's root directory (default {DEFAULT_BASE_DIR})"
         ),
+        **farside.CACHE_OPTIONS,
     }
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
@@ -570,16 +372,28 @@ class JupyterEngine(Engine):
         rtt_ms = (time.monotonic() - started) * 1000
         version = (self.client.call("GET", "api") or {}).get("version")
         specs = self.client.call("GET", "api/kernelspecs") or {}
-        facts = self._far("facts", self.base_dir)
-        return {
+        found = self._sh("facts", self.base_dir)
+        extras = {
             "server_version": version,
+            "kernel_name": self._python_kernel(),
             "kernelspecs": sorted((specs.get("kernelspecs") or {}).keys()),
-            "kernel": self._python_kernel(),
-            **facts,
-            "rtt_ms": round(rtt_ms, 1),
             "base_dir": self.base_dir,
             "transfer": "contents" if self._contents_visible(self.base_dir) else "kernel",
         }
+        return farside.parse_facts(found, rtt_ms, **extras).to_json()
+
+    def _sh(
+        self, name: str, *args: str, stdin: bytes = b"", timeout: float = QUICK_OP, out_path: str | None = None
+    ) -> Any:
+        """Run one far-side script from the kept kernel; its stdout, or the size of ``out_path`` it filled."""
+        answer = self._far(
+            "sh", farside.argv(name, *args), base64.b64encode(stdin).decode("ascii"), out_path, timeout=timeout
+        )
+        if answer["code"] != 0:
+            raise EngineError(
+                f"{self.name}: {name}.sh failed (exit code {answer['code']}): {answer['err'].strip()[-1500:]}"
+            )
+        return answer["size"] if out_path else base64.b64decode(answer["out"]).decode("utf-8", "replace")
 
     def _contents_visible(self, rel: str) -> bool:
         try:
@@ -597,9 +411,9 @@ class JupyterEngine(Engine):
         handle = {**job.handle, "dir": rel, "abs_dir": made["abs_dir"], "transport": transport}
         return RemoteJob(job.job_id, job.key, handle)
 
-    def _cache_dir(self, job: RemoteJob) -> str:
-        # <base>/jobs/<id> -> <base>/cache
-        return posixpath.join(posixpath.dirname(posixpath.dirname(job.handle["abs_dir"])), "cache")
+    def _base_abs(self, job: RemoteJob) -> str:
+        # <base>/jobs/<id> -> <base>, absolute on the far side
+        return posixpath.dirname(posixpath.dirname(job.handle["abs_dir"]))
 
     def send(self, job: RemoteJob, files: Sequence[InputFile], progress: ProgressCallback | None = None) -> SendStats:
         stats = SendStats()
@@ -607,14 +421,18 @@ class JupyterEngine(Engine):
             return stats
         for f in files:
             _check_relpath(f.relpath)
-        entries = [[f.relpath, f.size, f.sha256, f.mode] for f in files]
-        jobdir, cache = job.handle["abs_dir"], self._cache_dir(job)
-        plan = self._far("plan", jobdir, cache, entries, timeout=LONG_OP)
+        jobdir, base = job.handle["abs_dir"], self._base_abs(job)
+        # The one cache of farside/cache.sh: what it holds is linked into the work tree, the rest is
+        # uploaded and then adopted into it.
+        have = farside.parse_have(self._sh("cache", "have", base, stdin=farside.have_input(f.sha256 for f in files)))
+        # Every name is linked (or, not cached, gets its folder for the upload; link says "missing").
+        out = self._sh("cache", "link", base, jobdir, stdin=farside.link_input(files), timeout=LONG_OP)
+        missing = set(farside.parse_marked(out, "missing"))
         total = sum(f.size for f in files)
         add = progress_adder(progress, total)
         needed = []
         for f in files:
-            if plan.get(f.relpath) == "need":
+            if have.get(f.sha256) != f.size or f.sha256 in missing:
                 needed.append(f)
             else:
                 stats.files_reused += 1
@@ -624,12 +442,13 @@ class JupyterEngine(Engine):
             stats.files_sent += 1
             stats.bytes_sent += f.size
         if needed:
-            done = self._far(
-                "finish", jobdir, cache, [[f.relpath, f.size, f.sha256, f.mode] for f in needed], timeout=LONG_OP
-            )
-            if done["bad"]:
+            out = self._sh("cache", "adopt", base, jobdir, stdin=farside.adopt_input(needed), timeout=LONG_OP)
+            bad = farside.parse_marked(out, "bad")
+            if bad:
                 # Damaged or cut short on the way: the retry's plan re-sends exactly these.
-                raise EngineError(f"inputs arrived damaged on {self.url}: {', '.join(done['bad'])}", transient=True)
+                raise EngineError(f"inputs arrived damaged on {self.url}: {', '.join(bad)}", transient=True)
+        days, max_bytes = farside.cache_limits(self.machine_options)
+        self._sh("cache", "evict", base, str(days), str(max_bytes), timeout=LONG_OP)
         return stats
 
     def _upload(self, job: RemoteJob, f: InputFile, add: Any) -> None:
@@ -681,11 +500,7 @@ class JupyterEngine(Engine):
         out = {j.job_id: RemoteStatus("gone", detail="the job was never prepared") for j in jobs if j not in known}
         if not known:
             return out
-        raw = self._far("status", [[j.job_id, j.handle["abs_dir"], j.handle.get("pid")] for j in known])
-        for j in known:
-            state, code, size = raw[j.job_id]
-            detail = "" if state != "gone" else f"process group {j.handle.get('pid')} is gone without an exit code"
-            out[j.job_id] = RemoteStatus(state, exit_code=code, log_size=size, detail=detail)
+        out.update(farside.parse_status(self._sh("status", *(j.handle["abs_dir"] for j in known)), known, self.name))
         return out
 
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
@@ -698,12 +513,9 @@ class JupyterEngine(Engine):
         return self._far("read", posixpath.join(job.handle["abs_dir"], "log"), offset, min(limit, KERNEL_CHUNK))
 
     def cancel(self, job: RemoteJob, grace: float) -> None:
-        pgid = job.handle.get("pid")
-        if not pgid:
+        if not job.handle.get("abs_dir"):
             return
-        result = self._far("cancel", pgid, grace, timeout=grace + QUICK_OP)
-        if result["survivors"]:
-            raise EngineError(f"processes of job {job.job_id} (group {pgid}) survived SIGKILL on {self.url}")
+        self._sh("cancel", job.handle["abs_dir"], farside.cancel_ticks(grace), timeout=grace + QUICK_OP)
 
     def fetch(
         self,
@@ -714,30 +526,21 @@ class JupyterEngine(Engine):
     ) -> FetchResult:
         for output in outputs:
             _check_relpath(output)
-        found = self._far("manifest", job.handle["abs_dir"], list(outputs), timeout=LONG_OP)
-        result = FetchResult(missing=list(found["missing"]))
-        total = sum(size for size, _ in found["files"].values()) + (found["tar"][0] if found["tar"] else 0)
-        add = progress_adder(progress, total)
-        for rel, (_size, sha) in found["files"].items():
-            _check_relpath(rel)
-            target = dest / WORK_DIR / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self._download(job, f"{WORK_DIR}/{rel}", target, add)
-            result.digests[rel] = sha
-        if found["tar"]:
-            size, sha = found["tar"]
-            tar_path = dest / (MLRUNS_TAR + ".part")
-            self._download(job, MLRUNS_TAR, tar_path, add)
-            from ..fsutil import sha256_file
-
-            if tar_path.stat().st_size != size or sha256_file(tar_path) != sha:
-                tar_path.unlink()
-                raise EngineError(f"the MLflow records of job {job.job_id} arrived damaged", transient=True)
-            try:
-                _extract_safely(tar_path, dest / TRACKING_DIR)
-            finally:
-                tar_path.unlink()
-        return result
+        jobdir = job.handle["abs_dir"]
+        manifest = f".fetch-{uuid.uuid4().hex}"
+        # manifest.sh's tar stream, kept as one file there and downloaded whole, then read here under
+        # the same policy as every other engine's.
+        size = self._sh(
+            "manifest", jobdir, manifest, *outputs, out_path=posixpath.join(jobdir, FETCH_TAR), timeout=LONG_OP
+        )
+        tar_path = dest.parent / f"{dest.name}.{FETCH_TAR}"
+        try:
+            self._download(job, FETCH_TAR, tar_path, progress_adder(progress, size))
+            if tar_path.stat().st_size != size:
+                raise EngineError(f"the outputs of job {job.job_id} arrived cut short", transient=True)
+            return farside.extract_archive(tar_path, outputs, dest, manifest, self.name)
+        finally:
+            tar_path.unlink(missing_ok=True)
 
     def _download(self, job: RemoteJob, rel: str, target: Path, add: Any) -> None:
         """One file of the job directory to ``target``, streamed; through the kernel if need be."""
@@ -781,39 +584,3 @@ def _check_relpath(rel: str) -> None:
     parts = PurePosixPath(rel).parts
     if not parts or rel.startswith("/") or ".." in parts:
         raise EngineError(f"{rel!r} is not a path inside the job's work tree")
-
-
-def _extract_safely(tar_path: Path, dest: Path) -> None:
-    """Unpack regular files and directories only; refuse entries that would land outside ``dest``.
-
-    Links, devices and FIFOs are skipped (an MLflow store holds none), as is anything absolute or
-    climbing out with ``..``. Files are written by us, so a member cannot set modes or owners.
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    root = dest.resolve()
-    with tarfile.open(tar_path, "r:") as archive:
-        for member in archive:
-            name = member.name
-            parts = PurePosixPath(name).parts
-            if name.startswith("/") or ".." in parts or "\\" in name:
-                log.warning("mlruns archive: refused %r (outside the store)", name)
-                continue
-            parts = tuple(p for p in parts if p != ".")
-            if not parts:
-                continue
-            target = root.joinpath(*parts)
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            if not member.isfile():
-                log.warning("mlruns archive: refused %r (not a regular file)", name)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if root not in target.parent.resolve().parents and target.parent.resolve() != root:
-                log.warning("mlruns archive: refused %r (outside the store)", name)
-                continue
-            source = archive.extractfile(member)
-            if source is None:
-                continue
-            with source, open(target, "wb") as out:
-                shutil.copyfileobj(source, out, 1 << 20)

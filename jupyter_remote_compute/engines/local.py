@@ -8,22 +8,19 @@ machine, so egress policy never stops it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import platform
 import shutil
-import signal
 import subprocess
 import sys
-import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..fsutil import sha256_file
+from . import farside
 from .base import (
-    TRACKING_DIR,
     WORK_DIR,
     Engine,
     EngineError,
@@ -34,27 +31,11 @@ from .base import (
     RemoteJob,
     RemoteStatus,
     SendStats,
+    is_passing,
 )
 from .launcher import LAUNCH_SH, RUN_SH, command_script, launch_input
 
 COPY_CHUNK = 1 << 20
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes whose process group is ``pgid``, read from /proc."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        # fields[0] is the state, fields[2] the process group.
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            members.append(int(entry.name))
-    return members
 
 
 def _copy_with_progress(src: Path, dst: Path, progress: ProgressCallback | None, done: int, total: int) -> int:
@@ -75,24 +56,34 @@ class LocalEngine(Engine):
     def _dir(self, job: RemoteJob) -> Path:
         return Path(job.handle["dir"])
 
+    def _far(self, name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+        """Run one far-side script here, as a remote engine runs it there."""
+        return subprocess.run(
+            farside.argv(name, *args),
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+            env={**os.environ, "PATH": _path_with_python()},
+        )
+
     def check(self) -> dict[str, Any]:
         base = self.context.scratch_dir
-        base.mkdir(parents=True, exist_ok=True)
-        usage = shutil.disk_usage(base)
-        return {
-            "os": platform.system(),
-            "kernel": platform.release(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "gpus": [],
-            "disk_free_bytes": usage.free,
-            "rtt_ms": 0.0,
-        }
+        proc = self._far("facts", str(base))
+        if proc.returncode != 0:
+            raise EngineError(f"{self.name}: check failed: {proc.stderr.decode(errors='replace')[-500:]}")
+        return farside.parse_facts(proc.stdout.decode(errors="replace"), 0.0).to_json()
 
     def prepare(self, job: RemoteJob) -> RemoteJob:
-        jobdir = (self.context.scratch_dir / job.job_id).resolve()
-        (jobdir / WORK_DIR).mkdir(parents=True, exist_ok=True)
+        base = self.context.scratch_dir
+        jobdir = (base / job.job_id).resolve()
+        try:
+            (jobdir / WORK_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise EngineError(
+                f"{self.name}: cannot create the job folder under {base} ({e.strerror}); "
+                "set the scratch folder to a directory you may write",
+                transient=is_passing(e),
+            ) from None
         (jobdir / "launch.sh").write_text(LAUNCH_SH)
         (jobdir / "run.sh").write_text(RUN_SH)
         (jobdir / "job.json").write_text(json.dumps({"job_id": job.job_id, "key": job.key}) + "\n")
@@ -134,23 +125,13 @@ class LocalEngine(Engine):
         pid = int(proc.stdout.split()[-1])
         return RemoteJob(job.job_id, job.key, {**job.handle, "pid": pid})
 
-    def _status(self, job: RemoteJob) -> RemoteStatus:
-        jobdir = self._dir(job)
-        log_size = (jobdir / "log").stat().st_size if (jobdir / "log").exists() else 0
-        code = _read_exit_code(jobdir)
-        if code is not None:
-            return RemoteStatus("exited", exit_code=code, log_size=log_size)
-        pid = job.handle.get("pid")
-        if pid and group_members(pid):
-            return RemoteStatus("running", log_size=log_size)
-        # It may have finished between the two reads.
-        code = _read_exit_code(jobdir)
-        if code is not None:
-            return RemoteStatus("exited", exit_code=code, log_size=log_size)
-        return RemoteStatus("gone", log_size=log_size, detail=f"process group {pid} is gone without an exit code")
-
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
-        return {job.job_id: self._status(job) for job in jobs}
+        if not jobs:
+            return {}
+        proc = self._far("status", *(str(self._dir(job)) for job in jobs))
+        if proc.returncode != 0:
+            raise EngineError(f"{self.name}: poll failed: {proc.stderr.decode(errors='replace')[-500:]}")
+        return farside.parse_status(proc.stdout.decode(errors="replace"), jobs, self.name)
 
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
         try:
@@ -161,21 +142,13 @@ class LocalEngine(Engine):
             return b""
 
     def cancel(self, job: RemoteJob, grace: float) -> None:
-        pgid = job.handle.get("pid")
-        if not pgid:
+        if not job.handle.get("dir"):
             return
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if group_members(pgid):
-            _signal_group(pgid, signal.SIGKILL)
-            deadline = time.monotonic() + 5
-            while group_members(pgid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        survivors = group_members(pgid)
-        if survivors:
-            raise EngineError(f"processes {survivors} of job {job.job_id} survived SIGKILL")
+        proc = self._far("cancel", str(self._dir(job)), farside.cancel_ticks(grace), timeout=grace + 30)
+        if proc.returncode != 0:
+            raise EngineError(
+                f"{self.name}: cancelling job {job.job_id}: {proc.stderr.decode(errors='replace')[-500:]}"
+            )
 
     def fetch(
         self,
@@ -184,43 +157,32 @@ class LocalEngine(Engine):
         dest: Path,
         progress: ProgressCallback | None = None,
     ) -> FetchResult:
-        jobdir = self._dir(job)
-        result = FetchResult()
-        work = (jobdir / WORK_DIR).resolve()
-        for output in outputs:
-            src = work / output
-            real = src.resolve()
-            if not src.exists() or not (real == work or work in real.parents):
-                result.missing.append(output)
-                continue
-            files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
-            for path in files:
-                rel = path.relative_to(work).as_posix()
-                target = dest / WORK_DIR / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                # The far side's digest, taken before the copy, as a remote engine would report it.
-                result.digests[rel] = sha256_file(path)
-                shutil.copyfile(path, target)
-        tracking = jobdir / TRACKING_DIR
-        if tracking.is_dir():
-            shutil.copytree(tracking, dest / TRACKING_DIR, dirs_exist_ok=True, symlinks=True)
+        manifest = f".fetch-{uuid.uuid4().hex}"
+        # The same tar stream a remote machine sends, read under the same policy.
+        with subprocess.Popen(
+            farside.argv("manifest", str(self._dir(job)), manifest, *outputs),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        ) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            try:
+                result = farside.receive_outputs(proc.stdout.read1, outputs, dest, manifest, self.name, progress)
+            except farside.NoManifest:
+                proc.wait(60)
+                raise EngineError(
+                    f"{self.name}: fetching outputs failed: {proc.stderr.read().decode(errors='replace')[-500:]}"
+                ) from None
+            finally:
+                proc.stdout.close()
+            err = proc.stderr.read()
+            if proc.wait(60) != 0:
+                raise EngineError(f"{self.name}: fetching outputs failed: {err.decode(errors='replace')[-500:]}")
         return result
 
     def cleanup(self, job: RemoteJob) -> None:
         if "dir" in job.handle:
             shutil.rmtree(job.handle["dir"], ignore_errors=True)
-
-
-def _read_exit_code(jobdir: Path) -> int | None:
-    try:
-        return int((jobdir / "exit_code").read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
 
 
 def _path_with_python() -> str:

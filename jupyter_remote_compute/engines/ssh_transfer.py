@@ -15,6 +15,7 @@ directories this module made itself. This works the same on Python 3.10+
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
@@ -32,6 +33,13 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 class UnsafeArchive(EngineError):
     """The far side sent a tar entry that could write outside the destination."""
+
+
+class ArchiveCut(EngineError):
+    """The stream ended in the middle of an entry: the connection or the far side went away; try again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)
 
 
 def check_relpath(relpath: str, what: str = "path") -> str:
@@ -126,7 +134,7 @@ class TarReader:
     def read_exact(self, n: int) -> bytes:
         while len(self._buf) - self._pos < n:
             if not self._fill():
-                raise UnsafeArchive("the archive from the far side ended in the middle of an entry")
+                raise ArchiveCut("the archive from the far side ended in the middle of an entry")
         out = self._buf[self._pos : self._pos + n]
         self._pos += n
         return out
@@ -135,7 +143,7 @@ class TarReader:
         """Yield exactly ``n`` bytes in chunks without copying them again."""
         while n > 0:
             if self._pos >= len(self._buf) and not self._fill():
-                raise UnsafeArchive("the archive from the far side ended in the middle of a file")
+                raise ArchiveCut("the archive from the far side ended in the middle of a file")
             take = min(n, len(self._buf) - self._pos)
             yield memoryview(self._buf)[self._pos : self._pos + take]
             self._pos += take
@@ -153,7 +161,7 @@ class TarReader:
         while True:
             try:
                 header = self.read_exact(BLOCK)
-            except UnsafeArchive:
+            except ArchiveCut:
                 if long_name or long_link or pax:
                     raise
                 return  # a stream may end without the two zero blocks
@@ -226,6 +234,17 @@ class SafeExtractor:
         self.files: dict[str, int] = {}  # extracted regular files -> size
         self._dirs: set[str] = set()
         self.bytes_written = 0
+
+    def discard(self) -> None:
+        """Remove everything this extractor wrote: a refused archive leaves nothing behind."""
+        for name in self.files:
+            with contextlib.suppress(OSError):
+                os.unlink(self.dest / name)
+        for name in sorted(self._dirs, key=lambda d: d.count("/"), reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(self.dest / name)
+        self.files.clear()
+        self._dirs.clear()
 
     def _refuse(self, name: str, why: str) -> UnsafeArchive:
         return UnsafeArchive(f"refused an entry of the archive from {self.source}: {name!r} ({why}); nothing was kept")

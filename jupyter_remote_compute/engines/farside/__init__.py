@@ -1,0 +1,270 @@
+"""The far-side contract: what every push engine asks of its machine, written once as POSIX sh.
+
+Each script beside this module is run as ``sh -c <script> sh ARGS...`` by every
+push engine its own way (the built-in machine through ``subprocess``, ssh over
+an exec channel, jupyter from its kernel), and its answer is read here, once:
+
+==============  =====================================================================
+``status.sh``   state of many jobs at once: exit code, live process group, log size
+``cancel.sh``   TERM the group, KILL after the grace, verify none of it remains
+``manifest.sh`` sha256 of every file of the declared outputs, then one tar of them
+``cache.sh``    the content-addressed input cache: have, link, adopt, evict
+``facts.sh``    OS, kernel, Python, CPUs, memory, GPUs (nvidia-smi), free disk
+==============  =====================================================================
+
+Every tar stream that comes back goes through ``receive_outputs`` and so through
+one policy (``ssh_transfer.SafeExtractor``): the whole archive is refused on any
+escaping, absolute, link, device or unrequested entry.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..base import (
+    TRACKING_DIR,
+    WORK_DIR,
+    EngineError,
+    Facts,
+    FetchResult,
+    InputFile,
+    OptionField,
+    RemoteJob,
+    RemoteStatus,
+)
+from ..ssh_transfer import SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
+
+SCRIPTS = ("status", "cancel", "manifest", "cache", "facts")
+
+#: A far disk never fills with old inputs: at most this many bytes of unused cache entries...
+DEFAULT_CACHE_MAX_BYTES = 20 << 30
+#: ...and none unused for longer than this many days.
+DEFAULT_CACHE_MAX_AGE_DAYS = 14
+
+CACHE_OPTIONS: Mapping[str, OptionField] = {
+    "cache_max_bytes": OptionField(
+        int, f"Most bytes the input cache on the machine keeps (default {DEFAULT_CACHE_MAX_BYTES >> 30} GiB)"
+    ),
+    "cache_max_age_days": OptionField(
+        int, f"Days an unused input stays in the machine's cache (default {DEFAULT_CACHE_MAX_AGE_DAYS})"
+    ),
+}
+
+
+@functools.cache
+def script(name: str) -> str:
+    """The text of one far-side script (``status``, ``cancel``, ``manifest``, ``cache``, ``facts``)."""
+    if name not in SCRIPTS:
+        raise KeyError(f"no far-side script {name!r}")
+    return resources.files(__package__).joinpath(f"{name}.sh").read_text(encoding="utf-8")
+
+
+def argv(name: str, *args: str) -> list[str]:
+    """The script as an argument vector, for ``subprocess`` (local, jupyter's kernel)."""
+    return ["sh", "-c", script(name), "sh", *args]
+
+
+def command_line(name: str, *words: str) -> str:
+    """The script as one sh command line (ssh); each word is quoted unless it is a raw sh word."""
+    return "sh -c " + shlex.quote(script(name)) + " sh " + " ".join(words)
+
+
+def cache_limits(options: Mapping[str, Any]) -> tuple[int, int]:
+    """(max age in days, max bytes) of a machine's input cache, from its options."""
+    days = options.get("cache_max_age_days")
+    size = options.get("cache_max_bytes")
+    days = DEFAULT_CACHE_MAX_AGE_DAYS if days in (None, "") else int(days)
+    size = DEFAULT_CACHE_MAX_BYTES if size in (None, "") else int(size)
+    if days < 0 or size < 0:
+        raise EngineError("cache_max_age_days and cache_max_bytes must not be negative")
+    return days, size
+
+
+# -- reading the answers -----------------------------------------------------------------------
+
+
+def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str, RemoteStatus]:
+    """status.sh's lines, one per job in the order given, as RemoteStatus by job id."""
+    states: dict[int, tuple[str, str]] = {}
+    sizes: dict[int, int] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "size" and parts[1].isdigit() and parts[2].isdigit():
+            sizes[int(parts[1])] = int(parts[2])
+        elif len(parts) == 3 and parts[0].isdigit() and int(parts[0]) < len(jobs):
+            states[int(parts[0])] = (parts[1], parts[2])
+    result: dict[str, RemoteStatus] = {}
+    for index, (state, code) in states.items():
+        job, log_size = jobs[index], sizes.get(index)
+        if state == "exited":
+            exit_code = int(code) if code.lstrip("-").isdigit() else None
+            result[job.job_id] = RemoteStatus("exited", exit_code=exit_code, log_size=log_size)
+        elif state == "running":
+            result[job.job_id] = RemoteStatus("running", log_size=log_size)
+        elif state == "cancelled":
+            result[job.job_id] = RemoteStatus("gone", log_size=log_size, detail="cancelled")
+        elif state == "notstarted":
+            result[job.job_id] = RemoteStatus("gone", log_size=log_size, detail="never started")
+        else:
+            detail = "job directory is missing" if state == "missing" else "process vanished"
+            result[job.job_id] = RemoteStatus("gone", log_size=log_size, detail=f"{detail} on {machine}")
+    missing = [j.job_id for j in jobs if j.job_id not in result]
+    if missing:
+        raise EngineError(f"{machine}: the status gave no answer for {', '.join(missing)}", transient=True)
+    return result
+
+
+def cancel_ticks(grace: float) -> str:
+    """cancel.sh's grace argument: tenths of a second."""
+    return str(max(0, int(grace * 10)))
+
+
+def have_input(digests: Iterable[str]) -> bytes:
+    """``cache.sh have``'s standard input."""
+    return ("\n".join(sorted(set(digests))) + "\n\n").encode("ascii")
+
+
+def parse_have(out: str) -> dict[str, int]:
+    """``cache.sh have``'s answer: the size of every cached digest asked for."""
+    have = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1].isdigit():
+            have[fields[0]] = int(fields[1])
+    return have
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
+
+
+def link_input(files: Iterable[InputFile]) -> bytes:
+    """``cache.sh link``'s standard input: names travel base64-encoded, so any name is safe."""
+    return "".join(f"{f.sha256} {f.mode & 0o7777:o} {_b64(f.relpath)}\n" for f in files).encode("ascii")
+
+
+def adopt_input(files: Iterable[InputFile]) -> bytes:
+    """``cache.sh adopt``'s standard input."""
+    return "".join(f"{f.sha256} {f.size} {f.mode & 0o7777:o} {_b64(f.relpath)}\n" for f in files).encode("ascii")
+
+
+def parse_marked(out: str, mark: str) -> list[str]:
+    """The words after ``mark`` in cache.sh's answer (``missing`` digests, ``bad`` base64 names decoded)."""
+    found = []
+    for line in out.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == mark and rest:
+            found.append(base64.b64decode(rest).decode("utf-8", "surrogateescape") if mark == "bad" else rest)
+    return found
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_facts(out: str, rtt_ms: float, **extras: Any) -> Facts:
+    """facts.sh's lines as the one facts shape every kind returns."""
+    facts: dict[str, str] = {}
+    gpus: list[dict[str, Any]] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key == "gpu":
+            name, _, mem = value.rpartition(",")
+            gpus.append({"name": name.strip(), "memory_bytes": _int(mem) * (1 << 20) if _int(mem) else None})
+        elif key:
+            facts[key] = value.strip()
+    memory = _int(facts.get("mem_kb")) * 1024 if facts.get("mem_kb") else _int(facts.get("mem_b"))
+    python = facts.get("python", "")
+    return Facts(
+        os=facts.get("distro") or facts.get("os", ""),
+        kernel=f"{facts.get('os', '')} {facts.get('kernel', '')}".strip(),
+        python=python.removeprefix("Python ").strip() if python.startswith("Python ") else None,
+        cpus=_int(facts.get("cpus")),
+        memory_bytes=memory or None,
+        gpus=gpus,
+        disk_free_bytes=_int(facts.get("disk_kb")) * 1024,
+        rtt_ms=round(rtt_ms, 2),
+        extras=extras,
+    )
+
+
+# -- the tar stream that comes back ------------------------------------------------------------
+
+
+class NoManifest(EngineError):
+    """The stream did not start with the manifest: the far side failed before it sent anything."""
+
+
+def receive_outputs(
+    read: Callable[[int], bytes],
+    outputs: Sequence[str],
+    dest: Path,
+    manifest: str,
+    source: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> FetchResult:
+    """Read manifest.sh's tar stream into ``dest`` (``work/<output>``, ``mlruns/``) under the one policy.
+
+    Any refused entry refuses the whole archive: what was written of it is removed again.
+    """
+    wanted = [f"{WORK_DIR}/{o}" for o in outputs]
+
+    def allowed(name: str) -> bool:
+        if name == TRACKING_DIR or name.startswith(TRACKING_DIR + "/"):
+            return True
+        return any(name == w or name.startswith(w + "/") for w in wanted)
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    extractor = SafeExtractor(dest, allowed, source)
+    reader = TarReader(read)
+    members = iter(reader.members())
+    first = next(members, None)
+    if first is None or first.name.removeprefix("./") != manifest:
+        raise NoManifest(f"{source}: no output list came back")
+    if first.size > 256 << 20:
+        raise UnsafeArchive(f"{source}: the output list is implausibly large")
+    text = reader.read_exact(first.size + len(padding(first.size)))[: first.size]
+    result = FetchResult()
+    total = 0
+    sums = bytearray()
+    for line in text.split(b"\n"):
+        if line.startswith(b"M "):
+            result.missing.append(outputs[int(line[2:])])
+        elif line.startswith(b"T "):
+            total = int(line[2:]) * 1024
+        elif line:
+            sums += line + b"\n"
+    for name, digest in parse_sha256sum(bytes(sums)).items():
+        if name.startswith(WORK_DIR + "/"):
+            result.digests[name.removeprefix(WORK_DIR + "/")] = digest
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress:
+            progress(done, max(total, done))
+
+    try:
+        for info in members:
+            extractor.extract(reader, info, tick)
+    except UnsafeArchive:
+        extractor.discard()
+        raise
+    return result
+
+
+def extract_archive(path: Path, outputs: Sequence[str], dest: Path, manifest: str, source: str) -> FetchResult:
+    """``receive_outputs`` for a tar stream that came back as a file (jupyter downloads it whole)."""
+    with open(path, "rb") as f:
+        return receive_outputs(f.read, outputs, dest, manifest, source)

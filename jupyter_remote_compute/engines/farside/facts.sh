@@ -1,0 +1,21 @@
+#!/bin/sh
+# facts.sh DIR: what this machine is, as name=value lines (gpu= once per GPU: "name, MiB").
+# DIR (or its nearest existing parent) is where free disk space is measured.
+printf 'os=%s\n' "$(uname -s)"
+printf 'kernel=%s\n' "$(uname -r)"
+if [ -r /etc/os-release ]; then
+  printf 'distro=%s\n' "$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release | tr -d '"')"
+fi
+printf 'python=%s\n' "$( (python3 --version || python --version) 2>&1 | head -n 1)"
+printf 'cpus=%s\n' "$(getconf _NPROCESSORS_ONLN 2>/dev/null || nproc 2>/dev/null)"
+if [ -r /proc/meminfo ]; then
+  printf 'mem_kb=%s\n' "$(sed -n 's/^MemTotal: *\([0-9]*\).*/\1/p' /proc/meminfo)"
+else
+  printf 'mem_b=%s\n' "$(sysctl -n hw.memsize 2>/dev/null)"
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu=/'
+fi
+d=${1:-.}
+while [ ! -d "$d" ]; do d=$(dirname -- "$d"); done
+printf 'disk_kb=%s\n' "$(df -Pk -- "$d" | tail -n 1 | awk '{print $4}')"

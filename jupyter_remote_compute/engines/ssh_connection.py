@@ -1,0 +1,510 @@
+"""The ssh engine's connection: route, sign-in, host keys and exec channels (paramiko).
+
+One authenticated connection (through any ProxyJump hops) carries every call
+as its own exec channel; at most ``MAX_CHANNELS`` run at once. A dropped
+connection is re-made on the next call; calls that change nothing on the far
+side are retried once on a fresh one. Host keys are checked against
+known_hosts like OpenSSH does; an unknown key is only recorded by an explicit
+``trust_host``, a changed one never. Keys come from the agent and the key
+files ssh would use; a password is never asked for.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import shlex
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from . import ssh_config
+from .base import EngineError
+from .ssh_transfer import CHUNK
+
+MAX_CHANNELS = 4
+# paramiko's default receive window (2 MiB). Larger windows made downloads several times slower here
+# (TESTBED; measured again: 32 MiB gave ~200 MB/s against ~400-700 at 2 MiB); uploads are bounded by
+# the server's window, not ours.
+WINDOW_SIZE = 2 << 20
+MAX_PACKET = 32 << 10
+# AES-GCM first: the fastest cipher both paramiko and OpenSSH offer (TESTBED: raw ssh ~495 vs 292-369 MB/s
+# with chacha20); aes128-ctr next. Everything else paramiko knows stays allowed after them.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes128-ctr", "aes256-gcm@openssh.com", "aes256-ctr")
+# paramiko re-keys on its own after 2^29 bytes or packets, and a re-key that lands while a channel closes
+# can deadlock ("Key-exchange timed out waiting for key negotiation"; paramiko issue #822; seen twice in
+# three runs in TESTBED and again here). Re-keys the server starts are handled safely, and OpenSSH always
+# starts one at its own limit (RekeyLimit, 2^32 blocks = 64 GiB for AES by default), so paramiko's own
+# trigger is moved out of reach and the server decides.
+REKEY_NEVER = 1 << 62
+CONNECT_TIMEOUT = 15.0
+CALL_TIMEOUT = 120.0  # seconds without progress on one channel
+
+
+class HostKeyUnknown(EngineError):
+    """The machine's host key is in no known_hosts file; ``trust_host`` records it."""
+
+    def __init__(self, message: str, keytype: str, fingerprint: str) -> None:
+        host_key = {"type": keytype, "fingerprint": fingerprint}
+        super().__init__(message, details={"host_key": host_key, "can_trust": True})
+        self.keytype = keytype
+        self.fingerprint = fingerprint
+
+
+class HostKeyChanged(EngineError):
+    """The machine presents a key other than the one recorded: refused, never trusted automatically."""
+
+
+class AuthenticationFailed(EngineError):
+    """No key was accepted (the message lists what was tried)."""
+
+
+class Dropped(Exception):
+    """The connection went away under a call; the call may be retried on a new one."""
+
+
+@dataclasses.dataclass
+class Result:
+    code: int
+    out: bytes
+    err: bytes
+
+    def text(self) -> str:
+        return self.out.decode("utf-8", "replace")
+
+    def error(self, what: str) -> str:
+        detail = (self.err or self.out).decode("utf-8", "replace").strip()
+        return f"{what} failed (exit code {self.code}): {detail[-1500:] or 'no message'}"
+
+
+@dataclasses.dataclass
+class Link:
+    """An authenticated connection: jump transports first, the target last."""
+
+    transports: list[paramiko.Transport]
+
+    @property
+    def target(self) -> paramiko.Transport:
+        return self.transports[-1]
+
+    def active(self) -> bool:
+        return all(t.is_active() for t in self.transports)
+
+    def close(self) -> None:
+        for t in reversed(self.transports):
+            with contextlib.suppress(Exception):
+                t.close()
+
+
+def quote(value: str) -> str:
+    return shlex.quote(value)
+
+
+def sh_script(body: str) -> str:
+    """Run ``body`` under /bin/sh whatever the login shell is, so its syntax is POSIX sh's."""
+    return "sh -c " + quote(body)
+
+
+# Process groups with at least one member that is not a zombie, as " pg1 pg2 ... ".
+
+
+class SSHConnection:
+    """The authenticated connection to one machine, made on first use and re-made after a drop."""
+
+    def __init__(self, name: str, address: str, options: Mapping[str, Any]) -> None:
+        self.name = name
+        self.address = address
+        self.machine_options = options
+        self._lock = threading.Lock()  # guards the connection and the counters
+        self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
+        self.link: Link | None = None
+        self._hop: ssh_config.Hop | None = None
+        #: exec channels opened so far (tests count round trips with it)
+        self.channels_opened = 0
+        #: connections made so far (1 + reconnects)
+        self.connections_made = 0
+
+    def hop(self) -> ssh_config.Hop:
+        """The resolved route to the machine (read from the ssh config once per connection)."""
+        if self._hop is None:
+            opts = self.machine_options
+            config = ssh_config.load_config(opts.get("ssh_config") or "~/.ssh/config")
+            self._hop = ssh_config.resolve(
+                self.address,
+                config=config,
+                user=opts.get("user"),
+                port=opts.get("port"),
+                identity_file=opts.get("identity_file"),
+                known_hosts=opts.get("known_hosts"),
+            )
+        return self._hop
+
+    # -- connecting -----------------------------------------------------------------
+
+    def _socket(self, hop: ssh_config.Hop, via: paramiko.Transport | None) -> Any:
+        where = f"{hop.hostname}:{hop.port}"
+        if via is not None:
+            try:
+                return via.open_channel(
+                    "direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0), timeout=hop.connect_timeout
+                )
+            except paramiko.ChannelException as e:
+                raise EngineError(
+                    f"the jump host could not open a connection to {where}: {e.text}", transient=True
+                ) from None
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise EngineError(f"the jump host dropped the connection to {where}: {e}", transient=True) from None
+        try:
+            return socket.create_connection((hop.hostname, hop.port), timeout=hop.connect_timeout)
+        except socket.gaierror as e:
+            raise EngineError(
+                f"cannot resolve host name {hop.hostname!r} (DNS): {e.strerror}", transient=True
+            ) from None
+        except ConnectionRefusedError:
+            raise EngineError(
+                f"connection refused by {where}: no SSH server listens on that port", transient=True
+            ) from None
+        except TimeoutError:
+            raise EngineError(
+                f"timed out after {hop.connect_timeout:.0f}s connecting to {where}", transient=True
+            ) from None
+        except OSError as e:
+            raise EngineError(f"cannot connect to {where}: {e.strerror or e}", transient=True) from None
+
+    def _handshake(self, hop: ssh_config.Hop, sock: Any) -> paramiko.Transport:
+        """Key exchange only; the host key is checked by the caller."""
+        t = paramiko.Transport(sock, default_window_size=WINDOW_SIZE, default_max_packet_size=MAX_PACKET)
+        t.packetizer.REKEY_BYTES = REKEY_NEVER
+        t.packetizer.REKEY_PACKETS = REKEY_NEVER
+        sec = t.get_security_options()
+        sec.ciphers = tuple(c for c in PREFERRED_CIPHERS if c in sec.ciphers) + tuple(
+            c for c in sec.ciphers if c not in PREFERRED_CIPHERS
+        )
+        # Ask first for a key type known_hosts already has, so a host known by its RSA key is not
+        # reported as unknown just because it also has an ed25519 one (ssh does the same).
+        known = []
+        for k in ssh_config.known_key_types(hop):
+            known.extend(["rsa-sha2-512", "rsa-sha2-256"] if k == "ssh-rsa" else [k])
+        if known:
+            sec.key_types = tuple(k for k in known if k in sec.key_types) + tuple(
+                k for k in sec.key_types if k not in known
+            )
+        try:
+            t.start_client(timeout=hop.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            t.close()
+            raise EngineError(
+                f"no SSH session with {hop.hostname}:{hop.port} ({e or type(e).__name__})", transient=True
+            ) from None
+        return t
+
+    def _verify(self, hop: ssh_config.Hop, t: paramiko.Transport, is_target: bool) -> None:
+        blob = t.get_remote_server_key().asbytes()
+        verdict, recorded = ssh_config.check_host_key(hop, blob)
+        if verdict == "ok":
+            return
+        keytype, fp = ssh_config.blob_type(blob), ssh_config.key_fingerprint(blob)
+        t.close()
+        name = hop.known_hosts_name
+        if verdict == "revoked":
+            raise HostKeyChanged(f"the host key of {name} ({keytype} {fp}) is marked @revoked in known_hosts: refused")
+        if verdict == "changed":
+            old = "; ".join(f"{ssh_config.key_fingerprint(e.blob)} in {e.source}" for e in recorded)
+            raise HostKeyChanged(
+                f"HOST KEY CHANGED for {name}: it now presents {keytype} {fp}, but the recorded key is {old}. "
+                "Someone may be intercepting the connection, or the machine was reinstalled. Nothing was sent. "
+                f"If you know the change is expected, remove the old entry (ssh-keygen -R '{name}' -f "
+                f"{hop.known_hosts[0]}) and trust the new key."
+            )
+        how = (
+            "then trust it (trust_host: the machine's Trust action), which records it in " + hop.known_hosts[0]
+            if is_target
+            else f"then record it by connecting once with ssh ({hop.user}@{hop.hostname} -p {hop.port})"
+        )
+        raise HostKeyUnknown(
+            f"the host key of {name} is not known: {keytype} {fp}. Compare this fingerprint with the machine's "
+            f"own (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on it), {how}.",
+            keytype,
+            fp,
+        )
+
+    def _authenticate(self, hop: ssh_config.Hop, t: paramiko.Transport) -> None:
+        try:
+            t.auth_none(hop.user)
+            return
+        except paramiko.BadAuthenticationType as e:
+            allowed = list(e.allowed_types)
+        except paramiko.AuthenticationException:
+            allowed = ["publickey"]
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise EngineError(f"{hop.label} dropped the connection while signing in: {e}", transient=True) from None
+        if "publickey" not in allowed:
+            raise AuthenticationFailed(
+                f"{hop.label} does not accept keys (it allows: {', '.join(allowed) or 'nothing'}); "
+                "this extension signs in with ssh keys only and never asks for a password"
+            )
+        tried: list[str] = []
+        notes: list[str] = []
+        for label, key in self._candidate_keys(hop, notes):
+            try:
+                remaining = t.auth_publickey(hop.user, key)
+            except paramiko.AuthenticationException:
+                tried.append(label)
+                continue
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                raise EngineError(f"{hop.label} dropped the connection while signing in: {e}", transient=True) from None
+            if t.is_authenticated():
+                return
+            raise AuthenticationFailed(
+                f"{hop.label} accepted {label} but asks for more ({', '.join(remaining)}); "
+                "multi-step sign-in is not supported"
+            )
+        detail = "; ".join(tried) if tried else "no key at all"
+        extra = (" " + " ".join(notes)) if notes else ""
+        raise AuthenticationFailed(
+            f"authentication failed for {hop.label}: tried publickey with {detail}.{extra} "
+            f"The server allows: {', '.join(allowed)}."
+        )
+
+    def _candidate_keys(self, hop: ssh_config.Hop, notes: list[str]) -> Iterator[tuple[str, paramiko.PKey]]:
+        """Agent keys, then key files ssh would use, in ssh's order; never asks for a passphrase."""
+        agent_keys: list[paramiko.AgentKey] = []
+        agent = None
+        try:
+            agent = paramiko.Agent()
+            agent_keys = list(agent.get_keys())
+        except Exception as e:  # a stale SSH_AUTH_SOCK must not stop key files from being tried
+            notes.append(f"ssh-agent could not be used ({e}).")
+        if agent is not None and not agent_keys:
+            notes.append("ssh-agent holds no keys (SSH_AUTH_SOCK unset or empty agent).")
+        file_blobs: dict[str, bytes | None] = {}
+        for path in hop.identity_files:
+            blob = None
+            pub = Path(path + ".pub")
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                blob = base64.b64decode(pub.read_text().split()[1])
+            file_blobs[path] = blob
+        wanted = {b for b in file_blobs.values() if b}
+        seen: set[bytes] = set()
+        try:
+            # Agent keys matching an identity file first, then (unless IdentitiesOnly) the others.
+            ordered = [k for k in agent_keys if k.asbytes() in wanted]
+            if not hop.identities_only:
+                ordered += [k for k in agent_keys if k.asbytes() not in wanted]
+            for k in ordered:
+                seen.add(k.asbytes())
+                yield f"agent key {k.get_name()} {ssh_config.key_fingerprint(k.asbytes())}", k
+            for path, blob in file_blobs.items():
+                if blob is not None and blob in seen:
+                    continue
+                if not Path(path).exists():
+                    if not hop.default_identities:
+                        notes.append(f"key file {path} does not exist.")
+                    continue
+                try:
+                    key = paramiko.PKey.from_path(path)
+                except paramiko.PasswordRequiredException:
+                    notes.append(f"key file {path} is encrypted: add it to your ssh-agent (ssh-add {path}).")
+                    continue
+                except TypeError as e:  # cryptography: "Password was not given but private key is encrypted"
+                    if "password" in str(e).lower() or "encrypted" in str(e).lower():
+                        notes.append(f"key file {path} is encrypted: add it to your ssh-agent (ssh-add {path}).")
+                    else:
+                        notes.append(f"key file {path} could not be read ({e}).")
+                    continue
+                except Exception as e:
+                    notes.append(f"key file {path} could not be read ({e}).")
+                    continue
+                if key.asbytes() in seen:
+                    continue
+                seen.add(key.asbytes())
+                yield f"key file {path} ({key.get_name()} {ssh_config.key_fingerprint(key.asbytes())})", key
+        finally:
+            if agent is not None:
+                agent.close()
+
+    def _connect(self, *, authenticate: bool = True) -> Link:
+        """Connect through every jump host to the target; each hop's host key is checked."""
+        target = self.hop()
+        transports: list[paramiko.Transport] = []
+        try:
+            via = None
+            for hop in (*target.via, target):
+                is_target = hop is target
+                t = self._handshake(hop, self._socket(hop, via))
+                transports.append(t)
+                if is_target and not authenticate:
+                    break
+                self._verify(hop, t, is_target)
+                self._authenticate(hop, t)
+                if hop.keepalive:
+                    t.set_keepalive(hop.keepalive)
+                via = t
+        except BaseException:
+            for t in reversed(transports):
+                with contextlib.suppress(Exception):
+                    t.close()
+            raise
+        return Link(transports)
+
+    def transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self.link is not None and self.link.active():
+                return self.link.target
+            if self.link is not None:
+                self.link.close()
+                self.link = None
+            self.link = self._connect()
+            self.connections_made += 1
+            return self.link.target
+
+    def discard(self, t: paramiko.Transport) -> None:
+        with self._lock:
+            if self.link is not None and self.link.target is t:
+                self.link.close()
+                self.link = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self.link is not None:
+                self.link.close()
+                self.link = None
+
+    # -- host keys ------------------------------------------------------------------
+
+    def _target_key(self) -> bytes:
+        link = self._connect(authenticate=False)
+        try:
+            return link.target.get_remote_server_key().asbytes()
+        finally:
+            link.close()
+
+    def host_key(self) -> tuple[str, str]:
+        """The machine's host key as (type, ``SHA256:`` fingerprint), without signing in to it."""
+        blob = self._target_key()
+        return ssh_config.blob_type(blob), ssh_config.key_fingerprint(blob)
+
+    def trust_host(self) -> str:
+        """Record the machine's current host key in known_hosts (an explicit user action).
+
+        Refuses when a different key of the same type is already recorded: a
+        changed key is never trusted here. Returns the recorded fingerprint.
+        """
+        hop = self.hop()
+        blob = self._target_key()
+        fp = ssh_config.key_fingerprint(blob)
+        verdict, recorded = ssh_config.check_host_key(hop, blob)
+        if verdict == "ok":
+            return fp
+        if verdict in ("changed", "revoked"):
+            old = "; ".join(f"{ssh_config.key_fingerprint(e.blob)} in {e.source}" for e in recorded) or "revoked"
+            raise HostKeyChanged(
+                f"not trusting {hop.known_hosts_name}: it presents {ssh_config.blob_type(blob)} {fp} but {old} "
+                "is recorded. Remove the old entry yourself if the machine was really reinstalled."
+            )
+        ssh_config.append_known_host(hop, blob)
+        return fp
+
+    # -- running commands -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def channel(self, command: str, timeout: float) -> Iterator[paramiko.Channel]:
+        with self._channels:
+            t = self.transport()
+            try:
+                ch = t.open_session(timeout=CONNECT_TIMEOUT)
+                with self._lock:
+                    self.channels_opened += 1
+                ch.settimeout(timeout)
+                ch.exec_command(command)
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                self.discard(t)
+                raise Dropped(str(e) or type(e).__name__) from None
+            try:
+                yield ch
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                if isinstance(e, TimeoutError | socket.timeout) and t.is_active():
+                    raise EngineError(f"{self.name}: no answer for {timeout:.0f}s", transient=True) from None
+                if not t.is_active() or isinstance(e, EOFError):  # EOF: the far end went away
+                    self.discard(t)
+                    raise Dropped(str(e) or type(e).__name__) from None
+                raise
+            finally:
+                ch.close()
+
+    def lost(self, error: object) -> EngineError:
+        return EngineError(f"connection to {self.name} lost: {error}", transient=True)
+
+    @staticmethod
+    def drain_stderr(ch: paramiko.Channel, err: bytearray) -> None:
+        # stdout and stderr share the channel window: unread stderr would stall stdout.
+        while ch.recv_stderr_ready():
+            data = ch.recv_stderr(65536)
+            if len(err) < 65536:
+                err += data
+
+    @staticmethod
+    def finish(ch: paramiko.Channel, err: bytearray, timeout: float) -> int:
+        while True:
+            data = ch.recv_stderr(65536)
+            if not data:
+                break
+            if len(err) < 65536:
+                err += data
+        if not ch.status_event.wait(timeout):
+            raise TimeoutError("no exit status")
+        return ch.recv_exit_status()
+
+    def run(self, body: str, stdin: bytes = b"", *, timeout: float = CALL_TIMEOUT, retry: bool = True) -> Result:
+        """Run a sh script; ``retry`` once on a new connection if the old one died (read-only calls)."""
+        for attempt in (0, 1):
+            try:
+                with self.channel(sh_script(body), timeout) as ch:
+                    writer = None
+                    if len(stdin) > WINDOW_SIZE // 2:
+                        # Feed a long stdin from a thread: the far side may answer while it reads, and an
+                        # unread answer would fill the window and stop it reading.
+                        writer = threading.Thread(target=feed, args=(ch, stdin), daemon=True)
+                        writer.start()
+                    else:
+                        if stdin:
+                            send_view(ch, memoryview(stdin))
+                        ch.shutdown_write()
+                    out = bytearray()
+                    err = bytearray()
+                    while True:
+                        data = ch.recv(CHUNK)
+                        if not data:
+                            break
+                        out += data
+                        self.drain_stderr(ch, err)
+                    code = self.finish(ch, err, timeout)
+                    if writer is not None:
+                        writer.join(timeout)
+                    return Result(code, bytes(out), bytes(err))
+            except Dropped as e:
+                if retry and attempt == 0:
+                    continue
+                raise self.lost(e) from None
+        raise AssertionError("unreachable")
+
+
+def feed(ch: paramiko.Channel, data: bytes, close: bool = True) -> None:
+    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        send_view(ch, memoryview(data))
+        if close:
+            ch.shutdown_write()
+
+
+def send_view(ch: paramiko.Channel, view: memoryview) -> None:
+    # Channel.sendall re-slices a bytes object after every packet (a copy each time); a memoryview does not.
+    while view:
+        n = ch.send(view)
+        if n <= 0:
+            raise OSError("channel closed while sending")
+        view = view[n:]
