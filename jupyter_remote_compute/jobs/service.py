@@ -32,7 +32,6 @@ from ..engines import engine_class
 from ..engines.base import (
     WORK_DIR,
     Engine,
-    EngineContext,
     EngineError,
     FetchResult,
     InputFile,
@@ -44,7 +43,6 @@ from ..engines.base import (
 from ..errors import (
     Conflict,
     InvalidSettings,
-    MachineError,
     NotTrained,
     RemoteComputeError,
     SecretStoreUnavailable,
@@ -55,7 +53,8 @@ from ..machines import Machine, MachineRegistry
 from ..secrets import SecretStore, mask
 from ..tracking import JobRecord, TrackingSettings, record_job
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
-from ..workspace import Workspace, default_scratch_dir
+from ..workspace import Workspace
+from .admin import MachineAdmin, snapshot_of
 from .key import job_key
 from .spec import JobSpec, check_relative_path, format_duration
 from .store import (
@@ -143,8 +142,7 @@ class JobService:
         self.secrets = secrets or SecretStore()
         self.digests = DigestCache(workspace.digest_cache)
         self.identity = process_identity()
-        self._engines: dict[tuple[str, str], Engine] = {}
-        self._engines_lock = threading.Lock()
+        self.admin = MachineAdmin(self.machines, self.secrets, self.settings.scratch_dir)
         self._listeners: list[Callable[[Job], None]] = []
         #: Bytes moved so far for jobs this process is sending: job id -> (done, total).
         self.progress: dict[str, tuple[int, int]] = {}
@@ -161,90 +159,32 @@ class JobService:
             except Exception:  # a listener's bug must not stop a job
                 log.exception("job listener failed")
 
-    # -- machines and engines -------------------------------------------------
+    # -- machines and engines: one door, MachineAdmin -------------------------------
     def _machine(self, name: str) -> Machine:
         return self.machines.get(name)
 
     def engine(self, machine_name: str, snapshot: dict[str, Any] | None = None) -> Engine:
-        """The cached engine of a machine (built from the job's snapshot once the machine is gone)."""
-        if snapshot is None:
-            m = self._machine(machine_name)
-            snapshot = {"kind": m.kind, "address": m.address, "options": dict(m.options)}
-        # Keyed by configuration too: a job started before an edit keeps the engine it started with.
-        cache_key = (machine_name, json.dumps(snapshot, sort_keys=True, default=str))
-        with self._engines_lock:
-            cached = self._engines.get(cache_key)
-            if cached is not None:
-                return cached
-            cls = engine_class(snapshot["kind"])
-            context = EngineContext(
-                get_secret=self.secrets.get,
-                scratch_dir=self.settings.scratch_dir or default_scratch_dir(),
-            )
-            engine = cls(machine_name, snapshot["address"], snapshot.get("options", {}), context)
-            self._engines[cache_key] = engine
-            return engine
+        return self.admin.engine(machine_name, snapshot)
 
     def _job_engine(self, job: Job) -> Engine:
-        return self.engine(job.machine, job.machine_snapshot)
+        return self.admin.engine(job.machine, job.machine_snapshot)
 
     def add_machine(
-        self,
-        name: Any,
-        kind: Any,
-        address: Any,
-        options: dict[str, Any] | None = None,
-        *,
-        enabled: bool = True,
-        token: str | None = None,
-        expected_version: str | None = None,
+        self, name: Any, kind: Any, address: Any, options: dict[str, Any] | None = None, **kw: Any
     ) -> Machine:
-        """Add a machine; a token goes to the Secret Manager and the file keeps only its name."""
-        for field, value in (("name", name), ("kind", kind), ("address", address)):
-            if not isinstance(value, str) or not value:
-                raise InvalidSettings(f"{field}: required", field=field)
-        engine_class(kind)  # an unknown kind is reported before a token is stored
-        options = self._store_token(kind, name, dict(options or {}), token)
-        return self.machines.add(name, kind, address, options, enabled=enabled, expected_version=expected_version)
+        return self.admin.add(name, kind, address, options, **kw)
 
-    def update_machine(self, name: str, *, token: str | None = None, **changes: Any) -> Machine:
-        if token:
-            machine = self.machines.get(name)
-            options = dict(changes.get("options") or {})
-            stored = self._store_token(machine.kind, name, {**machine.options, **options}, token)
-            changes["options"] = {**options, "token_secret": stored["token_secret"]}
-        return self.machines.update(name, **changes)
-
-    def _store_token(self, kind: str, name: str, options: dict[str, Any], token: Any) -> dict[str, Any]:
-        if token in (None, ""):
-            return options
-        if not isinstance(token, str):
-            raise InvalidSettings("token: expected a string", field="token")
-        if "token_secret" not in engine_class(kind).options:
-            raise InvalidSettings(f"token: machines of kind {kind!r} do not take a token", field="token")
-        secret_name = options.get("token_secret") or f"compute/{name}"
-        self.secrets.set(secret_name, token)
-        return {**options, "token_secret": secret_name}
+    def update_machine(self, name: str, **changes: Any) -> Machine:
+        return self.admin.update(name, **changes)
 
     def check_machine(self, name: str) -> dict[str, Any]:
-        try:
-            return self.engine(name).check()
-        except EngineError as e:
-            raise MachineError(f"{name}: {e}", details=e.details) from e
+        return self.admin.check(name)
 
-    def trust_machine(self, name: str) -> dict[str, Any]:
-        """Record an SSH machine's current host key as known (an explicit user action)."""
-        engine = self.engine(name)
-        try:
-            return {"name": name, "fingerprint": engine.trust_host()}
-        except EngineError as e:
-            raise MachineError(f"{name}: {e}", details=e.details) from e
+    def trust_machine(self, name: str, fingerprint: str | None = None) -> dict[str, Any]:
+        return self.admin.trust(name, fingerprint)
 
     def close(self) -> None:
-        with self._engines_lock:
-            for engine in self._engines.values():
-                engine.close()
-            self._engines.clear()
+        self.admin.close()
 
     # -- reading ------------------------------------------------------------
     def get(self, job_id: str) -> Job:
@@ -299,7 +239,7 @@ class JobService:
                 machine=machine.name,
                 kind=machine.kind,
                 spec=spec.to_json(),
-                machine_snapshot={"kind": machine.kind, "address": machine.address, "options": dict(machine.options)},
+                machine_snapshot=snapshot_of(machine),
                 inputs={"files": len(files), "bytes": sum(f.size for f in files)},
             )
             jobs[job_id] = job
