@@ -16,6 +16,7 @@ worker threads, never from the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -24,7 +25,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,24 @@ class LogChunk:
     offset: int
     next_offset: int
     complete: bool  # the job has ended and this is the end of its log
+
+
+@contextlib.contextmanager
+def engine_faults() -> Iterator[None]:
+    """Around a call into an engine: what it lets out other than the project's own errors is permanent.
+
+    Engines report a fault that can pass (a dropped connection, a busy server) as a transient
+    EngineError. Anything else that escapes one — an OSError from a folder that cannot be made,
+    a ValueError from a reply it cannot read — would fail the same way on every retry, so it
+    ends the job now with its message instead of being retried for ``give_up_after``.
+    """
+    try:
+        yield
+    except (EngineError, RemoteComputeError):
+        raise
+    except Exception as e:
+        message = str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        raise EngineError(message, transient=False) from e
 
 
 def require_trained(job: Job) -> Job:
@@ -461,7 +480,8 @@ class JobService:
             # Every step is idempotent (the launcher finds a command it started already), so a
             # job whose sender died is simply sent and started again by whoever picks it up.
             job = self._update(job.id, state="sending")
-            remote = engine.prepare(remote)
+            with engine_faults():
+                remote = engine.prepare(remote)
             self._update(job.id, handle=dict(remote.handle))
             files = self._inputs(job)
 
@@ -472,7 +492,8 @@ class JobService:
 
             report = self._renewer(job.id, report)
 
-            stats = engine.send(remote, files, report)
+            with engine_faults():
+                stats = engine.send(remote, files, report)
             launch = LaunchSpec(
                 command=job.spec["command"],
                 env=JobSpec.from_json(job.spec).plain_env(),
@@ -481,7 +502,8 @@ class JobService:
             if self.store.get(job.id).cancel_requested:
                 self._finish_later(job.id, "cancelled", f"cancelled by {job.cancel_requested} before it started")
                 return
-            remote = engine.start(remote, launch)
+            with engine_faults():
+                remote = engine.start(remote, launch)
             self._update(
                 job.id,
                 state="running",
@@ -601,8 +623,9 @@ class JobService:
         log_path: Path | None = None
         if engine.is_prepared(remote) and outcome.get("reach_machine", True):
             try:
-                result = engine.fetch(remote, wanted, incoming, self._renewer(job.id))
-                log_path = self._fetch_log(job, engine, remote, local_dir / "log", secrets)
+                with engine_faults():
+                    result = engine.fetch(remote, wanted, incoming, self._renewer(job.id))
+                    log_path = self._fetch_log(job, engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:
                     state = "lost" if outcome["state"] == "succeeded" else outcome["state"]
