@@ -63,6 +63,7 @@ from .store import (
     TERMINAL_STATES,
     Job,
     JobStore,
+    Outcome,
     holder_alive,
     new_job_id,
     parse_time,
@@ -257,7 +258,7 @@ class JobService:
                 key=key,
                 machine=machine.name,
                 kind=machine.kind,
-                spec=spec.to_json(),
+                spec=spec,
                 machine_snapshot=snapshot_of(machine),
                 inputs={"files": len(files), "bytes": sum(f.size for f in files)},
             )
@@ -462,8 +463,7 @@ class JobService:
 
         ``reach_machine=False``: collect without asking the machine for anything (it could not be reached).
         """
-        outcome = {"state": state, "reason": reason, "reach_machine": reach_machine}
-        self._update(job_id, state="collecting", outcome=outcome, lease=None)
+        self._update(job_id, state="collecting", outcome=Outcome(state, reason, reach_machine), lease=None)
 
     # -- queued / sending → running -----------------------------------------
     def _launch(self, job: Job, progress: ProgressCallback | None) -> None:
@@ -495,8 +495,8 @@ class JobService:
             with engine_faults():
                 stats = engine.send(remote, files, report)
             launch = LaunchSpec(
-                command=job.spec["command"],
-                env=JobSpec.from_json(job.spec).plain_env(),
+                command=job.spec.command,
+                env=job.spec.plain_env(),
                 secret_env=self._secret_env(job),
             )
             if self.store.get(job.id).cancel_requested:
@@ -545,7 +545,7 @@ class JobService:
 
     def _secret_env(self, job: Job) -> dict[str, str]:
         values = {}
-        for env_name, secret_name in JobSpec.from_json(job.spec).secret_refs().items():
+        for env_name, secret_name in job.spec.secret_refs().items():
             value = self.secrets.get(secret_name)
             if value is None:
                 raise InvalidSettings(f"env.{env_name}: the secret {secret_name!r} is no longer in the Secret Manager")
@@ -554,7 +554,7 @@ class JobService:
 
     def _mask_values(self, job: Job) -> list[str] | None:
         """The values to hide in this job's log and records; None when one cannot be read (fail closed)."""
-        if not JobSpec.from_json(job.spec).secret_refs():
+        if not job.spec.secret_refs():
             return []
         try:
             return list(self._secret_env(job).values())
@@ -568,8 +568,8 @@ class JobService:
         stop: tuple[str, str] | None = None
         if job.cancel_requested:
             stop = ("cancelled", f"cancelled by {job.cancel_requested}")
-        elif job.spec.get("timeout") and job.started and time.time() - parse_time(job.started) > job.spec["timeout"]:
-            stop = ("failed", f"timed out after {format_duration(job.spec['timeout'])}")
+        elif job.spec.timeout and job.started and time.time() - parse_time(job.started) > job.spec.timeout:
+            stop = ("failed", f"timed out after {format_duration(job.spec.timeout)}")
         try:
             if stop is not None:
                 engine.cancel(remote, self.settings.cancel_grace)
@@ -595,7 +595,7 @@ class JobService:
 
     def _to_collecting(self, job: Job, state: str, reason: str | None, exit_code: int | None = None) -> None:
         """running → collecting, once (compare-and-set); collection is the next step's work."""
-        outcome = {"state": state, "reason": reason, "reach_machine": True}
+        outcome = Outcome(state, reason)
         with self.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state != "running":
@@ -610,51 +610,51 @@ class JobService:
         if claimed is None:
             return
         job = claimed
-        outcome = dict(job.outcome or {"state": "lost", "reason": "lost: no outcome was recorded"})
+        outcome = job.outcome or Outcome("lost", "lost: no outcome was recorded")
         engine = self._job_engine(job)
         remote = RemoteJob(job.id, job.key, job.handle)
         local_dir = self.workspace.job_dir(job.id)
         incoming = local_dir / "incoming"
         shutil.rmtree(incoming, ignore_errors=True)
         incoming.mkdir(parents=True)
-        wanted = list(job.spec.get("bring_back", [])) if outcome["state"] == "succeeded" else []
+        wanted = list(job.spec.bring_back) if outcome.state == "succeeded" else []
         secrets = self._mask_values(job)
         result = FetchResult()
         log_path: Path | None = None
-        if engine.is_prepared(remote) and outcome.get("reach_machine", True):
+        if engine.is_prepared(remote) and outcome.reach_machine:
             try:
                 with engine_faults():
                     result = engine.fetch(remote, wanted, incoming, self._renewer(job.id))
                     log_path = self._fetch_log(job, engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:
-                    state = "lost" if outcome["state"] == "succeeded" else outcome["state"]
-                    why = outcome.get("reason") or f"exit code {job.exit_code}"
+                    state = "lost" if outcome.state == "succeeded" else outcome.state
+                    why = outcome.reason or f"exit code {job.exit_code}"
                     self._retry_later(job, e, state, f"{why}; could not collect from {job.machine}")
                     return
-                if outcome["state"] == "succeeded":
-                    outcome = {"state": "failed", "reason": f"could not fetch outputs from {job.machine}: {e}"}
+                if outcome.state == "succeeded":
+                    outcome = Outcome("failed", f"could not fetch outputs from {job.machine}: {e}")
 
         landed: dict[str, Path] = {}
         verified: dict[str, str] = {}
-        if outcome["state"] == "succeeded":
+        if outcome.state == "succeeded":
             verified, problem = _verify(incoming, wanted, result)
             if not problem:
                 problem = self._check_landing(verified)
             if problem:
-                outcome = {"state": "failed", "reason": problem}
+                outcome = Outcome("failed", problem)
             else:
                 landed = self._land(incoming, verified)
-        if outcome["state"] == "failed" and outcome.get("reason") is None:
-            outcome["reason"] = f"exit code {job.exit_code}: {_tail(log_path)}"
+        if outcome.state == "failed" and outcome.reason is None:
+            outcome = dataclasses.replace(outcome, reason=f"exit code {job.exit_code}: {_tail(log_path)}")
 
         ended = utcnow()
-        run_id = self._record(job, outcome, log_path, landed, incoming, ended, secrets or [])
+        run_id, outcome = self._record(job, outcome, log_path, landed, incoming, ended, secrets or [])
         shutil.rmtree(incoming, ignore_errors=True)
         self._update(
             job.id,
-            state=outcome["state"],
-            reason=outcome.get("reason"),
+            state=outcome.state,
+            reason=outcome.reason,
             ended=ended,
             outputs={rel: {"sha256": verified[rel], "size": path.stat().st_size} for rel, path in landed.items()},
             mlflow_run_id=run_id,
@@ -709,22 +709,23 @@ class JobService:
     def _record(
         self,
         job: Job,
-        outcome: dict[str, Any],
+        outcome: Outcome,
         log_path: Path | None,
         landed: dict[str, Path],
         incoming: Path,
         ended: str,
         secrets: Sequence[str],
-    ) -> str | None:
+    ) -> tuple[str | None, Outcome]:
+        """The job's MLflow run id and its outcome (which says so if the run could not be recorded)."""
         record = JobRecord(
             job_id=job.id,
             key=job.key,
             name=job.name,
             machine=job.machine,
             engine=job.kind,
-            state=outcome["state"],
-            reason=outcome.get("reason"),
-            command=job.spec["command"] if isinstance(job.spec["command"], str) else " ".join(job.spec["command"]),
+            state=outcome.state,
+            reason=outcome.reason,
+            command=job.spec.command_line,
             started=parse_time(job.started) if job.started else None,
             ended=parse_time(ended),
             log_path=log_path,
@@ -734,12 +735,12 @@ class JobService:
             mask_values=tuple(secrets),
         )
         try:
-            return record_job(self.workspace.root, self.settings.tracking, record)
+            return record_job(self.workspace.root, self.settings.tracking, record), outcome
         except Exception as e:  # MLflow down must not lose the job: keep the reason, record later by hand
             log.error("job %s: recording the MLflow run failed: %s", job.id, type(e).__name__)
             error = mask(str(e).encode(), secrets).decode(errors="replace")[:500]
-            outcome["reason"] = ((outcome.get("reason") or "") + f" (not recorded in MLflow: {error})").strip()
-            return None
+            reason = ((outcome.reason or "") + f" (not recorded in MLflow: {error})").strip()
+            return None, dataclasses.replace(outcome, reason=reason)
 
     # -- user actions ---------------------------------------------------------
     def cancel(self, job_id: str, by: str = "user") -> Job:
