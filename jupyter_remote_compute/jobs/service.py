@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engines import engine_class
-from ..engines.base import EngineError, InputFile, ProgressCallback
+from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
 from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError, SecretStoreUnavailable
 from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, screen_settings
@@ -112,6 +112,10 @@ class JobService:
                 log.exception("job listener failed")
 
     # -- machines: through MachineAdmin, the one door for every face -----------------
+    def engine(self, machine_name: str, snapshot: dict[str, Any] | None = None) -> Engine:
+        """The cached engine of a machine (built from a job's snapshot once the machine is gone)."""
+        return self.admin.engine(machine_name, snapshot)
+
     def add_machine(
         self, name: Any, kind: Any, address: Any, options: dict[str, Any] | None = None, **kw: Any
     ) -> Machine:
