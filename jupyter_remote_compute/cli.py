@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import RemoteComputeError
+from .jobs.admin import HostKeyNotConfirmed
 from .jobs.service import JobService, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.store import TERMINAL_STATES, Job
@@ -61,12 +62,20 @@ def _options(pairs: Sequence[str] | None) -> dict[str, Any]:
 
 
 # -- machines ---------------------------------------------------------------
+def _done(args: argparse.Namespace, data: Any, text: str) -> int:
+    """Print what a command did: ``data`` as JSON with ``--json``, else one line of ``text``."""
+    if getattr(args, "json", False):
+        _print_json(data)
+    else:
+        print(text)
+    return 0
+
+
 def cmd_machines(args: argparse.Namespace) -> int:
-    service = _service(args)
-    registry = service.machines
+    admin = _service(args).admin
     action = args.action
     if action == "list":
-        machines = registry.list()
+        machines = admin.list()
         if args.json:
             _print_json([m.to_json() for m in machines])
         else:
@@ -76,7 +85,7 @@ def cmd_machines(args: argparse.Namespace) -> int:
             )
         return 0
     if action == "show":
-        _print_json(registry.get(args.name).to_json())
+        _print_json(admin.get(args.name).to_json())
         return 0
     if action == "add":
         options = _options(args.option)
@@ -84,32 +93,40 @@ def cmd_machines(args: argparse.Namespace) -> int:
             if getattr(args, name, None) is not None:
                 options[name] = getattr(args, name)
         token = _read_secret(f"Token for {args.name}: ") if args.token_stdin else None
-        machine = service.add_machine(
-            args.name, args.kind, args.address, options, enabled=not args.disabled, token=token
-        )
-        print(f"added {machine.name} ({machine.kind}, {machine.address})")
-        return 0
+        machine = admin.add(args.name, args.kind, args.address, options, enabled=not args.disabled, token=token)
+        return _done(args, machine.to_json(), f"added {machine.name} ({machine.kind}, {machine.address})")
     if action == "edit":
         token = _read_secret(f"Token for {args.name}: ") if args.token_stdin else None
-        machine = service.update_machine(args.name, address=args.address, options=_options(args.option), token=token)
-        print(f"updated {machine.name}")
-        return 0
+        machine = admin.update(args.name, address=args.address, options=_options(args.option), token=token)
+        return _done(args, machine.to_json(), f"updated {machine.name}")
     if action == "remove":
-        registry.remove(args.name)
-        print(f"removed {args.name}")
-        return 0
+        admin.remove(args.name)
+        return _done(args, {"name": args.name, "removed": True}, f"removed {args.name}")
     if action in ("enable", "disable"):
-        registry.set_enabled(args.name, action == "enable")
-        print(f"{action}d {args.name}")
-        return 0
+        machine = admin.set_enabled(args.name, action == "enable")
+        return _done(args, machine.to_json(), f"{action}d {args.name}")
     if action == "check":
-        facts = service.check_machine(args.name)
+        facts = admin.check(args.name)
         if args.json:
             _print_json(facts)
         else:
             for key, value in facts.items():
                 print(f"{key}: {value}")
         return 0
+    if action == "trust":
+        if args.fingerprint is None:
+            presented = admin.presented_host_key(args.name)
+            if presented is not None:
+                # Show the key and stop: trusting is a decision made after comparing, never a default.
+                print(f"{args.name} presents {presented['type']} {presented['fingerprint']}")
+                raise HostKeyNotConfirmed(
+                    f"{args.name}: not trusted. Compare this fingerprint with the machine's own (ssh-keygen -lf "
+                    f"/etc/ssh/ssh_host_*_key.pub on it), then run: jupyter remote-compute machines trust "
+                    f"{args.name} --fingerprint {presented['fingerprint']}",
+                    details={"host_key": presented},
+                )
+        result = admin.trust(args.name, args.fingerprint)
+        return _done(args, result, f"trusted {args.name}: {result['fingerprint']}")
     raise AssertionError(action)
 
 
@@ -202,12 +219,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                 return 0
     if action == "cancel":
         job = service.cancel(args.job_id, by=getpass.getuser())
-        print(_summary(job))
-        return 0
+        return _done(args, job.public_json(), _summary(job))
     if action == "delete":
         service.delete(args.job_id)
-        print(f"deleted {args.job_id}")
-        return 0
+        return _done(args, {"id": args.job_id, "deleted": True}, f"deleted {args.job_id}")
     raise AssertionError(action)
 
 
@@ -278,11 +293,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="a kind-specific option")
     p.add_argument("--token-stdin", action="store_true", help="read the machine's token from stdin or a prompt")
     p.add_argument("--disabled", action="store_true")
+    p.add_argument("--json", action="store_true")
     p = msub.add_parser("edit")
     p.add_argument("name")
     p.add_argument("--address")
     p.add_argument("--option", action="append", metavar="KEY=VALUE")
     p.add_argument("--token-stdin", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p = msub.add_parser("trust", help="trust an SSH machine's host key, after comparing its fingerprint")
+    p.add_argument("name")
+    p.add_argument(
+        "--fingerprint",
+        metavar="SHA256:...",
+        help="the fingerprint you compared with the machine's own; without it, the presented key is only shown",
+    )
+    p.add_argument("--json", action="store_true")
 
     run = sub.add_parser("run", help="submit a job (or attach to the same one running) and follow its log")
     add_run_options(run)
@@ -293,12 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--machine")
     p.add_argument("--state")
     p.add_argument("--json", action="store_true")
-    for action in ("show", "log", "cancel", "delete"):
+    for action in ("show", "cancel", "delete"):
         p = jsub.add_parser(action)
         p.add_argument("job_id")
         p.add_argument("--json", action="store_true")
-        if action == "log":
-            p.add_argument("-f", "--follow", action="store_true")
+    p = jsub.add_parser("log", help="print a job's log (text; -f follows it until the job ends)")
+    p.add_argument("job_id")
+    p.add_argument("-f", "--follow", action="store_true")
 
     secrets = sub.add_parser("secrets", help="the Secret Manager: values from stdin or a prompt, never argv")
     ssub = secrets.add_subparsers(dest="action", required=True)

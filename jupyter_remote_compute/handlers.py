@@ -144,17 +144,17 @@ def kinds_json() -> list[dict[str, Any]]:
 class MachinesHandler(RemoteComputeHandler):
     @api
     async def get(self) -> None:
-        registry = self.service.machines
+        admin = self.service.admin
         # Read the version first: a write carrying it fails if the file changed after this read.
-        version = await self.call(registry.version)
-        machines = await self.call(registry.list)
+        version = await self.call(admin.version)
+        machines = await self.call(admin.list)
         self.reply({"machines": [m.to_json() for m in machines], "version": version, "kinds": kinds_json()})
 
     @api
     async def post(self) -> None:
         body = self.body()
         machine = await self.call(
-            self.service.add_machine,
+            self.service.admin.add,
             body.get("name"),
             body.get("kind"),
             body.get("address"),
@@ -169,14 +169,14 @@ class MachinesHandler(RemoteComputeHandler):
 class MachineHandler(RemoteComputeHandler):
     @api
     async def get(self, name: str) -> None:
-        machine = await self.call(self.service.machines.get, name)
+        machine = await self.call(self.service.admin.get, name)
         self.reply(machine.to_json())
 
     @api
     async def patch(self, name: str) -> None:
         body = self.body()
         machine = await self.call(
-            self.service.update_machine,
+            self.service.admin.update,
             name,
             address=body.get("address"),
             options=body.get("options"),
@@ -188,7 +188,7 @@ class MachineHandler(RemoteComputeHandler):
 
     @api
     async def delete(self, name: str) -> None:
-        await self.call(self.service.machines.remove, name, expected_version=self.get_argument("version", None))
+        await self.call(self.service.admin.remove, name, expected_version=self.get_argument("version", None))
         self.set_status(204)
         self.finish()
 
@@ -196,7 +196,7 @@ class MachineHandler(RemoteComputeHandler):
 class MachineCheckHandler(RemoteComputeHandler):
     @api
     async def post(self, name: str) -> None:
-        facts = await self.call(self.service.check_machine, name)
+        facts = await self.call(self.service.admin.check, name)
         self.reply({"name": name, "ok": True, "facts": facts})
 
 
@@ -204,7 +204,7 @@ class MachineTrustHandler(RemoteComputeHandler):
     @api
     async def post(self, name: str) -> None:
         """Trust the SSH host key the machine presents now (after the user saw its fingerprint)."""
-        self.reply(await self.call(self.service.trust_machine, name))
+        self.reply(await self.call(self.service.admin.trust, name))
 
 
 # -- jobs -------------------------------------------------------------------
@@ -279,7 +279,7 @@ class StepsHandler(RemoteComputeHandler):
         """The pipeline steps this package offers, with the machine choice limited to enabled machines."""
         from .steps import describe_steps
 
-        machines = await self.call(self.service.machines.list)
+        machines = await self.call(self.service.admin.list)
         self.reply({"steps": describe_steps([m.name for m in machines if m.enabled])})
 
 

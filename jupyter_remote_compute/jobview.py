@@ -24,7 +24,7 @@ from typing import Any
 
 from .jobs.service import JobService, require_trained
 from .jobs.spec import format_duration
-from .jobs.store import TERMINAL_STATES, Job, parse_time
+from .jobs.store import Job, parse_time
 
 # How long the main thread blocks between checks: short, so an interrupt is answered at once.
 _TICK = 0.2
@@ -126,29 +126,16 @@ def follow(
     events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
     stop = threading.Event()
     outcome = _Outcome()
-    interval = min(service.settings.poll_interval, 1.0)
-    deadline = None if timeout is None else time.monotonic() + timeout
 
     def work() -> None:
-        offset = 0
         try:
-            while True:
-                job = service.advance(job_id, progress=lambda done, total: events.put(("progress", done, total)))
-                while True:
-                    chunk = service.read_log(job_id, offset)
-                    if chunk.data:
-                        events.put(("log", chunk.data))
-                    offset = chunk.next_offset
-                    if not chunk.data or chunk.complete:
-                        break
-                outcome.job = job
-                if job.state in TERMINAL_STATES or stop.is_set():
-                    return
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return
-                if stop.wait(interval if remaining is None else min(interval, remaining)):
-                    return
+            outcome.job = service.wait(
+                job_id,
+                timeout,
+                on_log=lambda data: events.put(("log", data)),
+                progress=lambda done, total: events.put(("progress", done, total)),
+                stop=stop,
+            )
         except BaseException as e:  # handed to the main thread, which raises it
             outcome.error = e
         finally:

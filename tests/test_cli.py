@@ -103,3 +103,31 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(cli, quickstart: Path) -> Non
     assert f"attached to running job {jobs[0]['id']}" in attach.stderr
     cancelled = cli("jobs", "cancel", jobs[0]["id"])
     assert "cancelled" in cancelled.stdout
+
+
+def test_every_command_that_takes_json_prints_json(cli, quickstart: Path) -> None:
+    def as_json(*args: str) -> object:
+        proc = cli(*args, "--json")
+        return json.loads(proc.stdout)
+
+    assert as_json("machines", "show", "local")["name"] == "local"
+    assert as_json("machines", "check", "local")["cpus"] >= 1
+    added = as_json("machines", "add", "other", "--kind", "ssh", "--address", "example.invalid", "--disabled")
+    assert added["name"] == "other" and added["enabled"] is False
+    assert as_json("machines", "enable", "other")["enabled"] is True
+    assert as_json("machines", "disable", "other")["enabled"] is False
+    assert as_json("machines", "edit", "other", "--address", "example2.invalid")["address"] == "example2.invalid"
+    assert as_json("machines", "remove", "other") == {"name": "other", "removed": True}
+    assert "other" not in [m["name"] for m in as_json("machines", "list")]
+
+    cli("run", "--detach", "--", "sleep", "60")
+    job_id = as_json("jobs", "list")[0]["id"]
+    assert as_json("jobs", "show", job_id)["id"] == job_id
+    cancelled = as_json("jobs", "cancel", job_id)
+    assert cancelled["id"] == job_id and cancelled["cancel_requested"]
+    wait_for(lambda: as_json("jobs", "show", job_id)["state"] == "cancelled", timeout=60, message="the cancel")
+    assert as_json("jobs", "delete", job_id) == {"id": job_id, "deleted": True}
+    assert as_json("jobs", "list") == []
+    assert isinstance(as_json("secrets", "list"), list)
+    # A log is text: the flag is not offered rather than silently ignored.
+    assert cli("jobs", "log", job_id, "--json", check=False).returncode == 2

@@ -12,7 +12,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.engines.base import EngineError, FetchResult
 from jupyter_remote_compute.engines.local import LocalEngine
-from jupyter_remote_compute.jobs import service as service_module
+from jupyter_remote_compute.jobs import collect, leases, logs
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 DEAD_PROCESS = {"host": os.uname().nodename, "pid": 2**22 + 7, "start": "0"}
@@ -77,7 +77,7 @@ def test_an_output_path_that_climbs_out_is_refused(tmp_path):
     incoming = tmp_path / "incoming"
     (incoming / "work/out").mkdir(parents=True)
     result = FetchResult(digests={"out/a": "0" * 64, "out/../../evil": "0" * 64})
-    verified, problem = service_module._verify(incoming, ["out"], result)
+    verified, problem = collect._verify(incoming, ["out"], result)
     assert verified == {} and "not allowed" in problem
 
 
@@ -89,7 +89,7 @@ def secret_value(make_service, workspace):  # type: ignore[no-untyped-def]
 
 
 def test_a_secret_split_across_log_chunks_is_still_masked(workspace, make_service, secret_value, monkeypatch):
-    monkeypatch.setattr(service_module, "LOG_CHUNK", 4096)
+    monkeypatch.setattr(logs, "LOG_CHUNK", 4096)
     service = make_service(workspace)
     # The secret starts 10 bytes before a chunk boundary; then the job fails, so its log tail is the reason.
     script = "printf '%4086s' '' ; printf '%s\\n' \"$TOKEN\"; exit 2\n"
@@ -132,7 +132,7 @@ def test_when_a_secret_cannot_be_read_to_mask_the_log_the_log_is_withheld(
     job = service.wait(job.id, timeout=60)
     assert job.state == "succeeded"
     collected = (workspace / ".punica/jobs" / job.id / "log").read_bytes()
-    assert collected == service_module.WITHHELD_LOG
+    assert collected == logs.WITHHELD_LOG
     client = MlflowClient(tracking_uri)
     log_artifact = client.download_artifacts(job.mlflow_run_id, "remote_compute/log")
     assert secret_value.encode() not in Path(log_artifact).read_bytes()
@@ -182,12 +182,12 @@ def test_a_lease_from_another_host_is_taken_over_only_once_it_went_stale(workspa
 
 
 def test_a_long_send_keeps_renewing_its_lease(workspace, make_service, monkeypatch):
-    monkeypatch.setattr(service_module, "LEASE_RENEW_EVERY", 0.0)
+    monkeypatch.setattr(leases, "LEASE_RENEW_EVERY", 0.0)
     (workspace / "big.bin").write_bytes(os.urandom(8 << 20))
     service = make_service(workspace)
     job = service.submit(JobSpec.from_json({"command": "true", "send": ["big.bin"]})).job
     renewals = []
-    real_renewer = service._renewer
+    real_renewer = service.leases.renewer
 
     def spying_renewer(job_id, then=None):  # type: ignore[no-untyped-def]
         inner = real_renewer(job_id, then)
@@ -198,6 +198,6 @@ def test_a_long_send_keeps_renewing_its_lease(workspace, make_service, monkeypat
 
         return renew
 
-    monkeypatch.setattr(service, "_renewer", spying_renewer)
+    monkeypatch.setattr(service.leases, "renewer", spying_renewer)
     assert service.wait(job.id, timeout=60).state == "succeeded"
     assert len(renewals) >= 8 and renewals == sorted(renewals) and renewals[-1] > renewals[0]

@@ -229,7 +229,7 @@ def test_a_cell_body_runs_as_the_script_and_running_it_again_attaches(kernel, qu
     second.done()
     assert second.error is None, second.error
     assert (quickstart / "count.txt").read_text() == "40"
-    script = job.spec["command"][1]
+    script = job.spec.command[1]
     assert script.startswith(".remote-compute-cells/") and (quickstart / script).read_text() == body
     assert not list((quickstart / ".punica").rglob("*.py"))  # never written into .punica
     assert (quickstart / ".remote-compute-cells" / ".gitignore").read_text() == "*\n"

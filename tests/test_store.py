@@ -123,3 +123,39 @@ def test_state_file_is_private_to_its_owner(workspace: Path) -> None:
     with store.transaction() as jobs:
         jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"})
     assert (workspace / ".punica/jobs.json").stat().st_mode & 0o077 == 0
+
+
+# A job as 0.1.0 wrote it (one field per line here for reading; the file holds it on one line).
+OLD_JOB = {
+    "id": "20261130-080000-abcdef", "key": "k1", "machine": "box", "kind": "ssh",
+    "spec": {"machine": "box", "command": ["python", "train.py"], "send": ["train.py", "data/"],
+             "bring_back": ["model.pkl"], "env": {"SEED": "1", "TOKEN": "secret:team/token"}, "timeout": 7200.0,
+             "name": "", "key": None},
+    "state": "collecting", "reason": None, "created": "2026-11-30T08:00:00.000Z",
+    "updated": "2026-11-30T08:05:00.000Z", "started": "2026-11-30T08:00:02.000Z", "ended": None,
+    "machine_snapshot": {"kind": "ssh", "address": "gpu", "options": {"port": 22}}, "handle": {"dir": "/x"},
+    "exit_code": 0, "outcome": {"state": "succeeded", "reason": None, "reach_machine": True},
+    "cancel_requested": None, "outputs": {}, "inputs": {"files": 2, "bytes": 10}, "transfer": {},
+    "mlflow_run_id": None, "log_size": 12, "lease": None, "retries": 0, "failing_since": None,
+}  # fmt: skip
+
+
+def test_a_stored_job_is_read_into_typed_records_and_written_back_the_same(workspace: Path) -> None:
+    path = workspace / ".punica/jobs.json"
+    old = {"id": "20261130-070000-000000", **{k: v for k, v in OLD_JOB.items() if k != "id"}}
+    raw = json.dumps({"schema": 1, "jobs": {old["id"]: old, OLD_JOB["id"]: OLD_JOB}}, separators=(",", ":"))
+    path.write_text(raw)
+    store = JobStore(path)
+    job = store.get(OLD_JOB["id"])
+    assert job.spec.command == ("python", "train.py") and job.spec.timeout == 7200.0
+    assert job.spec.secret_refs() == {"TOKEN": "team/token"} and job.outcome.state == "succeeded"
+    assert job.name == "python train.py"
+    assert job.to_json() == OLD_JOB and list(job.to_json()["spec"]) == list(OLD_JOB["spec"])
+    # Touching one job rewrites only that one; the other keeps its bytes.
+    with store.transaction() as jobs:
+        jobs[OLD_JOB["id"]].log_size = 13
+
+    def fragment(job: dict) -> str:
+        return json.dumps(job, separators=(",", ":"))
+
+    assert path.read_text() == raw.replace(fragment(OLD_JOB), fragment({**OLD_JOB, "log_size": 13}))

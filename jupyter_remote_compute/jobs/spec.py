@@ -163,6 +163,21 @@ class JobSpec:
             key=key,
         )
 
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> JobSpec:
+        """A spec as the job state file keeps it: checked when it was submitted, only rebuilt here."""
+        command = data["command"]
+        return cls(
+            machine=data.get("machine") or "local",
+            command=command if isinstance(command, str) else tuple(command),
+            send=tuple(data.get("send") or ()),
+            bring_back=tuple(data.get("bring_back") or ()),
+            env=dict(data.get("env") or {}),
+            timeout=data.get("timeout"),
+            name=data.get("name") or "",
+            key=data.get("key"),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "machine": self.machine,
@@ -176,10 +191,13 @@ class JobSpec:
         }
 
     @property
-    def display_name(self) -> str:
-        if self.name:
-            return self.name
+    def command_line(self) -> str:
+        """The command as one line, for people and records."""
         return self.command if isinstance(self.command, str) else " ".join(self.command)
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.command_line
 
     def secret_refs(self) -> dict[str, str]:
         """Env variable → Secret Manager name, for values written ``secret:NAME``."""

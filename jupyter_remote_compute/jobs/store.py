@@ -27,6 +27,7 @@ from filelock import FileLock, Timeout
 
 from ..errors import NotFound, RemoteComputeError
 from ..fsutil import atomic_write
+from .spec import JobSpec
 
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT = 30.0
@@ -91,13 +92,29 @@ def holder_alive(holder: dict[str, Any] | None) -> bool:
     return start is None or holder.get("start") in (None, start)
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a job will end, decided when it stopped running; collection records it and ends the job."""
+
+    state: str  # one of TERMINAL_STATES
+    reason: str | None = None
+    reach_machine: bool = True  # False: the machine could not be reached, collect without asking it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason, "reach_machine": self.reach_machine}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls(data["state"], data.get("reason"), bool(data.get("reach_machine", True)))
+
+
 @dataclasses.dataclass
 class Job:
     id: str
     key: str
     machine: str
     kind: str
-    spec: dict[str, Any]
+    spec: JobSpec  # a mapping given here (as the state file holds it) is parsed once, in __post_init__
     state: str = "queued"
     reason: str | None = None
     created: str = dataclasses.field(default_factory=utcnow)
@@ -107,7 +124,7 @@ class Job:
     machine_snapshot: dict[str, Any] = dataclasses.field(default_factory=dict)  # kind, address, options at submit
     handle: dict[str, Any] = dataclasses.field(default_factory=dict)  # the engine's own record
     exit_code: int | None = None
-    outcome: dict[str, Any] | None = None  # the terminal state collection will set
+    outcome: Outcome | None = None  # the terminal state collection will set
     cancel_requested: str | None = None  # who asked
     outputs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # path -> {sha256, size}
     inputs: dict[str, int] = dataclasses.field(default_factory=dict)  # files, bytes
@@ -118,11 +135,15 @@ class Job:
     retries: int = 0
     failing_since: float | None = None  # when reaching the machine started failing (epoch seconds)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, JobSpec):
+            self.spec = JobSpec.from_stored(self.spec)
+        if self.outcome is not None and not isinstance(self.outcome, Outcome):
+            self.outcome = Outcome.from_json(self.outcome)
+
     @property
     def name(self) -> str:
-        return self.spec.get("name") or (
-            self.spec["command"] if isinstance(self.spec["command"], str) else " ".join(self.spec["command"])
-        )
+        return self.spec.display_name
 
     @property
     def active(self) -> bool:
@@ -130,7 +151,10 @@ class Job:
 
     def to_json(self) -> dict[str, Any]:
         # Shallow on purpose: values are JSON already, and asdict's deep copy dominates large stores.
-        return {name: getattr(self, name) for name in _JOB_FIELDS}
+        data = {name: getattr(self, name) for name in _JOB_FIELDS}
+        data["spec"] = self.spec.to_json()
+        data["outcome"] = None if self.outcome is None else self.outcome.to_json()
+        return data
 
     def public_json(self) -> dict[str, Any]:
         """What the API and the CLI show: no lease bookkeeping, a display name."""

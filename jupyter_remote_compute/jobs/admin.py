@@ -1,0 +1,221 @@
+"""Machines as every face changes them: add, edit, remove, check, trust, and the engines built for them.
+
+The panel, the CLI, the magic and a pipeline step all come through ``MachineAdmin``, so a rule
+written here holds everywhere. The rule that matters most: a write the registry refuses
+(a duplicate name, a stale version, a bad option) never reaches the Secret Manager. Every
+change is validated and written to compute.yaml first; the token is stored last, and if
+storing it fails the file is put back as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..engines import engine_class, engine_kinds
+from ..engines.base import Engine, EngineContext, EngineError
+from ..errors import InvalidSettings, MachineError, RemoteComputeError
+from ..machines import Machine, MachineRegistry
+from ..secrets import SecretStore
+from ..workspace import default_scratch_dir
+
+log = logging.getLogger(__name__)
+
+
+class HostKeyNotConfirmed(MachineError):
+    """Trusting was asked without the fingerprint the user compared, or with one the machine does not present."""
+
+    code = "host_key_not_confirmed"
+
+
+def snapshot_of(machine: Machine) -> dict[str, Any]:
+    """What a job keeps of its machine at submit: enough to rebuild its engine after the machine is edited."""
+    return {"kind": machine.kind, "address": machine.address, "options": dict(machine.options)}
+
+
+class MachineAdmin:
+    def __init__(self, registry: MachineRegistry, secrets: SecretStore, scratch_dir: Path | None = None) -> None:
+        self.registry = registry
+        self.secrets = secrets
+        self.scratch_dir = scratch_dir
+        self._engines: dict[tuple[str, str], Engine] = {}
+        self._engines_lock = threading.Lock()
+
+    # -- reading ------------------------------------------------------------
+    def get(self, name: str) -> Machine:
+        return self.registry.get(name)
+
+    def list(self) -> list[Machine]:
+        return self.registry.list()
+
+    def version(self) -> str:
+        return self.registry.version()
+
+    # -- engines --------------------------------------------------------------
+    def engine(self, machine_name: str, snapshot: Mapping[str, Any] | None = None) -> Engine:
+        """The cached engine of a machine (built from a job's snapshot once the machine is gone)."""
+        if snapshot is None:
+            snapshot = snapshot_of(self.registry.get(machine_name))
+        # Keyed by configuration too: a job started before an edit keeps the engine it started with.
+        cache_key = (machine_name, json.dumps(snapshot, sort_keys=True, default=str))
+        with self._engines_lock:
+            cached = self._engines.get(cache_key)
+            if cached is not None:
+                return cached
+            context = EngineContext(get_secret=self.secrets.get, scratch_dir=self.scratch_dir or default_scratch_dir())
+            cls = engine_class(snapshot["kind"])
+            engine = cls(machine_name, snapshot["address"], dict(snapshot.get("options") or {}), context)
+            self._engines[cache_key] = engine
+            return engine
+
+    def close(self) -> None:
+        with self._engines_lock:
+            for engine in self._engines.values():
+                engine.close()
+            self._engines.clear()
+
+    # -- changing ---------------------------------------------------------------
+    def add(
+        self,
+        name: Any,
+        kind: Any,
+        address: Any,
+        options: Mapping[str, Any] | None = None,
+        *,
+        enabled: bool = True,
+        token: str | None = None,
+        expected_version: str | None = None,
+    ) -> Machine:
+        """Add a machine; a token goes to the Secret Manager (last) and the file keeps only its name."""
+        for field, value in (("name", name), ("kind", kind), ("address", address)):
+            if not isinstance(value, str) or not value:
+                raise InvalidSettings(f"{field}: required", field=field)
+        options = dict(options or {})
+        secret_name = None
+        if _given(token):
+            self._check_token(kind, token)
+            secret_name = options.get("token_secret") or f"compute/{name}"
+            options["token_secret"] = secret_name
+        machine = self.registry.add(name, kind, address, options, enabled=enabled, expected_version=expected_version)
+        if secret_name is not None:
+            try:
+                self.secrets.set(secret_name, token)  # type: ignore[arg-type]
+            except BaseException:
+                self._undo(f"adding {name}", lambda: self.registry.remove(name))
+                raise
+        return machine
+
+    def update(
+        self,
+        name: str,
+        *,
+        address: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        enabled: bool | None = None,
+        token: str | None = None,
+        expected_version: str | None = None,
+    ) -> Machine:
+        """Change a machine; a new token is stored only once the file took the change."""
+        if not _given(token):
+            return self.registry.update(
+                name, address=address, options=options, enabled=enabled, expected_version=expected_version
+            )
+        before = self.registry.get(name)
+        self._check_token(before.kind, token)
+        changing = dict(options or {})
+        secret_name = changing.get("token_secret") or before.options.get("token_secret") or f"compute/{name}"
+        changing["token_secret"] = secret_name
+        machine = self.registry.update(
+            name, address=address, options=changing, enabled=enabled, expected_version=expected_version
+        )
+        try:
+            self.secrets.set(secret_name, token)  # type: ignore[arg-type]
+        except BaseException:
+            # Put back what this call changed (an option that was absent is removed again).
+            restore = {key: before.options.get(key) for key in changing}
+            self._undo(
+                f"editing {name}",
+                lambda: self.registry.update(name, address=before.address, options=restore, enabled=before.enabled),
+            )
+            raise
+        return machine
+
+    def remove(self, name: str, *, expected_version: str | None = None) -> None:
+        self.registry.remove(name, expected_version=expected_version)
+
+    def set_enabled(self, name: str, enabled: bool, *, expected_version: str | None = None) -> Machine:
+        return self.registry.set_enabled(name, enabled, expected_version=expected_version)
+
+    def _check_token(self, kind: Any, token: Any) -> None:
+        if not isinstance(token, str):
+            raise InvalidSettings("token: expected a string", field="token")
+        if kind in engine_kinds() and "token_secret" not in engine_class(kind).options:
+            raise InvalidSettings(f"token: machines of kind {kind!r} do not take a token", field="token")
+
+    @staticmethod
+    def _undo(what: str, undo: Any) -> None:
+        try:
+            undo()
+        except RemoteComputeError as e:  # the first error is the one to report; this one goes to the log
+            log.error("undoing %s after the token could not be stored failed: %s", what, e.message)
+
+    # -- reaching the machine -------------------------------------------------------
+    def check(self, name: str) -> dict[str, Any]:
+        try:
+            return self.engine(name).check()
+        except EngineError as e:
+            raise MachineError(f"{name}: {e}", details=e.details) from e
+
+    def presented_host_key(self, name: str) -> dict[str, str] | None:
+        """The host key the machine presents while it is not yet known (type, fingerprint); None once known.
+
+        An unknown key fails ``check`` before anything is sent, with the key in the error's details.
+        Any other failure comes after the key was accepted, or is reported again by ``trust``.
+        """
+        try:
+            self.engine(name).check()
+        except EngineError as e:
+            host_key = e.details.get("host_key")
+            if isinstance(host_key, Mapping):
+                return {"type": str(host_key.get("type")), "fingerprint": str(host_key.get("fingerprint"))}
+        return None
+
+    def trust(self, name: str, fingerprint: str | None = None) -> dict[str, Any]:
+        """Record the machine's host key as known (an explicit user action).
+
+        With ``fingerprint``, only when the machine presents a key with exactly that fingerprint: the
+        one the user compared with the machine's own. Without it, whatever key it presents now (the
+        panel's Trust action, shown right after the fingerprint was).
+        """
+        presented = self.presented_host_key(name) if fingerprint is not None else None
+        if presented is not None and presented["fingerprint"] != fingerprint:
+            raise HostKeyNotConfirmed(
+                f"{name}: not trusted: the machine presents {presented['type']} {presented['fingerprint']}, "
+                f"not {fingerprint}. Compare with the machine's own fingerprint (ssh-keygen -lf "
+                "/etc/ssh/ssh_host_*_key.pub on it).",
+                details={"host_key": presented},
+            )
+        try:
+            recorded = self.engine(name).trust_host()
+        except EngineError as e:
+            raise MachineError(f"{name}: {e}", details=e.details) from e
+        if fingerprint is not None and recorded != fingerprint:
+            if presented is None:
+                message = (
+                    f"{name}: its host key is already trusted, and its fingerprint is {recorded}, not {fingerprint}"
+                )
+            else:  # the key changed between the look and the write
+                message = (
+                    f"{name}: the machine presented {recorded} while being trusted, not {fingerprint}; that key is "
+                    "now recorded in its known_hosts file: remove it (ssh-keygen -R) and find out why it changed"
+                )
+            raise HostKeyNotConfirmed(message, details={"host_key": {"fingerprint": recorded}})
+        return {"name": name, "fingerprint": recorded, "trusted": True}
+
+
+def _given(token: Any) -> bool:
+    return token not in (None, "")

@@ -1,0 +1,211 @@
+"""Collection and landing: from a job that stopped running to its end state, outputs in place.
+
+Under the job's lease: fetch the declared outputs and the log from the machine into a private
+folder, verify every file against the far side's sha256, move them into the workspace (each file
+whole or not at all), record the MLflow run, then end the job with its outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..engines.base import WORK_DIR, EngineError, FetchResult
+from ..errors import InvalidSettings
+from ..fsutil import sha256_file
+from ..secrets import mask
+from ..tracking import JobRecord, record_job
+from .context import JobContext, engine_faults, remote_of
+from .leases import Leases
+from .logs import fetch_masked_log, mask_values
+from .spec import check_relative_path
+from .store import Job, Outcome, parse_time, utcnow
+
+log = logging.getLogger(__name__)
+
+REASON_TAIL_LINES = 10
+
+
+class Collector:
+    def __init__(self, ctx: JobContext, leases: Leases) -> None:
+        self.ctx = ctx
+        self.leases = leases
+
+    def collect(self, job: Job) -> None:
+        """collecting → its outcome: fetch and verify outputs, land them, record the run, end the job."""
+        claimed = self.leases.claim(job.id, {"collecting"})
+        if claimed is None:
+            return
+        job = claimed
+        outcome = job.outcome or Outcome("lost", "lost: no outcome was recorded")
+        engine = self.ctx.engine_of(job)
+        remote = remote_of(job)
+        local_dir = self.ctx.workspace.job_dir(job.id)
+        incoming = local_dir / "incoming"
+        shutil.rmtree(incoming, ignore_errors=True)
+        incoming.mkdir(parents=True)
+        wanted = list(job.spec.bring_back) if outcome.state == "succeeded" else []
+        secrets = mask_values(self.ctx.secrets, job)
+        result = FetchResult()
+        log_path: Path | None = None
+        if engine.is_prepared(remote) and outcome.reach_machine:
+            try:
+                with engine_faults():
+                    result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
+                    log_path = fetch_masked_log(engine, remote, local_dir / "log", secrets)
+            except EngineError as e:
+                if e.transient:
+                    state = "lost" if outcome.state == "succeeded" else outcome.state
+                    why = outcome.reason or f"exit code {job.exit_code}"
+                    self.leases.retry_later(job, e, state, f"{why}; could not collect from {job.machine}")
+                    return
+                if outcome.state == "succeeded":
+                    outcome = Outcome("failed", f"could not fetch outputs from {job.machine}: {e}")
+
+        landed: dict[str, Path] = {}
+        verified: dict[str, str] = {}
+        if outcome.state == "succeeded":
+            verified, problem = _verify(incoming, wanted, result)
+            if not problem:
+                problem = self._check_landing(verified)
+            if problem:
+                outcome = Outcome("failed", problem)
+            else:
+                landed = self._land(incoming, verified)
+        if outcome.state == "failed" and outcome.reason is None:
+            outcome = dataclasses.replace(outcome, reason=f"exit code {job.exit_code}: {_tail(log_path)}")
+
+        ended = utcnow()
+        run_id, outcome = self._record(job, outcome, log_path, landed, incoming, ended, secrets or [])
+        shutil.rmtree(incoming, ignore_errors=True)
+        self.leases.update(
+            job.id,
+            state=outcome.state,
+            reason=outcome.reason,
+            ended=ended,
+            outputs={rel: {"sha256": verified[rel], "size": path.stat().st_size} for rel, path in landed.items()},
+            mlflow_run_id=run_id,
+            lease=None,
+            failing_since=None,
+        )
+
+    def _check_landing(self, verified: dict[str, str]) -> str | None:
+        """Before anything moves: every destination is inside the workspace and can take a file."""
+        root = self.ctx.workspace.root.resolve()
+        for rel in verified:
+            dst = self.ctx.workspace.root / rel
+            parent = dst.parent.resolve()
+            if not (parent == root or root in parent.parents):
+                return f"output {rel} would land outside the workspace (a folder on its path is a link)"
+            if dst.is_dir() and not dst.is_symlink():
+                return f"output {rel} cannot land: a folder of that name is in the workspace"
+        return None
+
+    def _land(self, incoming: Path, verified: dict[str, str]) -> dict[str, Path]:
+        """Move verified outputs into the workspace; each file appears whole or not at all."""
+        landed = {}
+        for rel in verified:
+            dst = self.ctx.workspace.root / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            move_into_place(incoming / WORK_DIR / rel, dst)
+            landed[rel] = dst
+        return landed
+
+    def _record(
+        self,
+        job: Job,
+        outcome: Outcome,
+        log_path: Path | None,
+        landed: dict[str, Path],
+        incoming: Path,
+        ended: str,
+        secrets: Sequence[str],
+    ) -> tuple[str | None, Outcome]:
+        """The job's MLflow run id and its outcome (which says so if the run could not be recorded)."""
+        record = JobRecord(
+            job_id=job.id,
+            key=job.key,
+            name=job.name,
+            machine=job.machine,
+            engine=job.kind,
+            state=outcome.state,
+            reason=outcome.reason,
+            command=job.spec.command_line,
+            started=parse_time(job.started) if job.started else None,
+            ended=parse_time(ended),
+            log_path=log_path,
+            outputs=landed,
+            inputs_manifest=self.ctx.workspace.job_dir(job.id) / "inputs.json",
+            far_store=incoming / "mlruns",
+            mask_values=tuple(secrets),
+        )
+        try:
+            return record_job(self.ctx.workspace.root, self.ctx.settings.tracking, record), outcome
+        except Exception as e:  # MLflow down must not lose the job: keep the reason, record later by hand
+            log.error("job %s: recording the MLflow run failed: %s", job.id, type(e).__name__)
+            error = mask(str(e).encode(), secrets).decode(errors="replace")[:500]
+            reason = ((outcome.reason or "") + f" (not recorded in MLflow: {error})").strip()
+            return None, dataclasses.replace(outcome, reason=reason)
+
+
+def move_into_place(src: Path, dst: Path) -> None:
+    """Atomic per file, also when ``dst`` is on another file system (a linked data folder)."""
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        tmp = dst.with_name(f".{dst.name}.incoming")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+        os.unlink(src)
+
+
+def _plain_path(rel: str) -> bool:
+    """Whether a path the far side reported is a plain relative path (nothing that climbs out)."""
+    try:
+        return check_relative_path(rel, "bring_back") == rel
+    except InvalidSettings:
+        return False
+
+
+def _verify(incoming: Path, wanted: Sequence[str], result: FetchResult) -> tuple[dict[str, str], str | None]:
+    """Every declared output present and matching the far side's sha256; else the reason."""
+    verified: dict[str, str] = {}
+    missing = list(result.missing)
+    mismatched = []
+    for rel in result.digests:
+        if not _plain_path(rel):
+            return {}, f"the machine reported an output path that is not allowed: {rel!r}"
+    for output in wanted:
+        if output in missing:
+            continue
+        entries = {k: v for k, v in result.digests.items() if k == output or k.startswith(output + "/")}
+        if not entries:
+            missing.append(output)
+        for rel, far_digest in entries.items():
+            here = incoming / WORK_DIR / rel
+            if not here.is_file() or sha256_file(here) != far_digest:
+                mismatched.append(rel)
+            else:
+                verified[rel] = far_digest
+    if missing:
+        return {}, "missing outputs: " + ", ".join(missing)
+    if mismatched:
+        return {}, "outputs damaged in transit (sha256 differs): " + ", ".join(mismatched)
+    return verified, None
+
+
+def _tail(log_path: Path | None) -> str:
+    if log_path is None or not log_path.exists():
+        return "(no log)"
+    with open(log_path, "rb") as f:
+        f.seek(max(0, log_path.stat().st_size - 4096))
+        lines = f.read().decode(errors="replace").splitlines()
+    tail = "\n".join(lines[-REASON_TAIL_LINES:]).strip()
+    return tail or "(empty log)"

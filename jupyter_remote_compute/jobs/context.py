@@ -1,0 +1,63 @@
+"""What every part of the job lifecycle shares: the workspace, its stores, the settings, who to tell."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ..engines.base import Engine, EngineError, RemoteJob
+from ..errors import RemoteComputeError
+from ..secrets import SecretStore
+from ..tracking import TrackingSettings
+from ..workspace import Workspace
+from .admin import MachineAdmin
+from .store import Job, JobStore
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceSettings:
+    poll_interval: float = 2.0  # seconds between polls of a running job
+    cancel_grace: float = 10.0  # seconds between TERM and KILL
+    scratch_dir: Path | None = None  # the built-in machine's job base; None: the default
+    give_up_after: float = 3600.0  # seconds of failing to reach a machine to start, stop or collect a job
+    tracking: TrackingSettings = dataclasses.field(default_factory=TrackingSettings)
+
+
+@dataclasses.dataclass
+class JobContext:
+    """One per JobService; its parts read ``settings`` from here, so a change applies to all of them."""
+
+    workspace: Workspace
+    settings: ServiceSettings
+    store: JobStore
+    secrets: SecretStore
+    admin: MachineAdmin
+    emit: Callable[[Job], None]
+
+    def engine_of(self, job: Job) -> Engine:
+        """The engine a job started with (its machine as it was at submit)."""
+        return self.admin.engine(job.machine, job.machine_snapshot)
+
+
+def remote_of(job: Job) -> RemoteJob:
+    return RemoteJob(job.id, job.key, job.handle)
+
+
+@contextlib.contextmanager
+def engine_faults() -> Iterator[None]:
+    """Around a call into an engine: what it lets out other than the project's own errors is permanent.
+
+    Engines report a fault that can pass (a dropped connection, a busy server) as a transient
+    EngineError. Anything else that escapes one — an OSError from a folder that cannot be made,
+    a ValueError from a reply it cannot read — would fail the same way on every retry, so it
+    ends the job now with its message instead of being retried for ``give_up_after``.
+    """
+    try:
+        yield
+    except (EngineError, RemoteComputeError):
+        raise
+    except Exception as e:
+        message = str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        raise EngineError(message, transient=False) from e

@@ -1,0 +1,225 @@
+"""Submitted to running to stopped: driving a job forward, one step at a time.
+
+    queued → sending → running → collecting → succeeded | failed | cancelled | lost
+
+Any process may drive a job (the server's poller, a kernel waiting in the magic, the CLI, a
+pipeline runner); they coordinate through the state file. Sending and starting are taken under
+the job's lease (leases.py); polling a running job needs none: it only reads, and its transition
+is a compare-and-set inside a store transaction. Collection is collect.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from ..engines.base import EngineError, InputFile, LaunchSpec, ProgressCallback, RemoteStatus
+from ..errors import InvalidSettings, RemoteComputeError
+from ..transfer.manifest import DigestCache
+from .collect import Collector
+from .context import JobContext, engine_faults, remote_of
+from .leases import Leases
+from .logs import secret_env
+from .spec import format_duration
+from .store import Job, Outcome, holder_alive, parse_time, utcnow
+
+log = logging.getLogger(__name__)
+
+
+class Driver:
+    def __init__(self, ctx: JobContext, leases: Leases, collector: Collector, digests: DigestCache) -> None:
+        self.ctx = ctx
+        self.leases = leases
+        self.collector = collector
+        self.digests = digests
+        #: Bytes moved so far for jobs this process is sending: job id -> (done, total).
+        self.progress: dict[str, tuple[int, int]] = {}
+
+    def advance(self, job_id: str, *, progress: ProgressCallback | None = None) -> Job:
+        """Take the job as far as it can go now, without waiting for it to finish."""
+        self._drive(self.ctx.store.get(job_id), progress=progress)
+        return self.ctx.store.get(job_id)
+
+    def _drive(
+        self,
+        job: Job,
+        status: RemoteStatus | None = None,
+        *,
+        progress: ProgressCallback | None = None,
+        transfer: Callable[[Job], None] | None = None,
+    ) -> None:
+        """One step for one job. ``transfer`` takes sending and collecting elsewhere (the server's pool)."""
+        lock = self.leases.job_lock(job.id)
+        if not lock.acquire(blocking=False):
+            return  # another thread of this process is on it
+        try:
+            job = self.ctx.store.get(job.id)
+            if job.state == "running":
+                self._watch(job, status)
+                job = self.ctx.store.get(job.id)
+            if job.state in ("queued", "sending", "collecting") and transfer is not None:
+                if job.lease is None or not holder_alive(job.lease):
+                    transfer(job)
+                return
+            if job.state in ("queued", "sending"):
+                self._launch(job, progress)
+                job = self.ctx.store.get(job.id)
+                if job.state == "running":
+                    self._watch(job)
+                    job = self.ctx.store.get(job.id)
+            if job.state == "collecting":
+                self.collector.collect(job)
+        except Exception as e:  # a bug or an unexpected OS error must not leave the job active for ever
+            log.exception("job %s: %s", job.id, e)
+            current = self.ctx.store.get(job.id)
+            if current.active:
+                self.leases.retry_later(current, e, "failed", f"{current.state} failed on this side")
+        finally:
+            lock.release()
+
+    def poll_active(self, transfer: Callable[[Job], None] | None = None) -> None:
+        """One pass over every unfinished job: one poll per machine, then each job advanced.
+
+        With ``transfer``, sending and collecting (long) are handed to it instead of run here.
+        """
+        jobs = [j for j in self.ctx.store.jobs().values() if j.active]
+        running: dict[str, list[Job]] = {}
+        for job in jobs:
+            if job.state == "running":
+                running.setdefault(job.machine, []).append(job)
+        statuses: dict[str, RemoteStatus] = {}
+        for machine, group in running.items():
+            try:
+                engine = self.ctx.engine_of(group[0])
+                statuses.update(engine.poll([remote_of(j) for j in group]))
+            except EngineError as e:
+                log.warning("polling %s failed: %s", machine, e)
+            except Exception:
+                log.exception("polling %s failed", machine)
+        for job in jobs:
+            if job.state != "running" or job.id in statuses:
+                self._drive(job, statuses.get(job.id), transfer=transfer)
+
+    # -- queued / sending → running -----------------------------------------
+    def _launch(self, job: Job, progress: ProgressCallback | None) -> None:
+        claimed = self.leases.claim(job.id, {"queued", "sending"})
+        if claimed is None:
+            return
+        job = claimed
+        if job.cancel_requested:
+            self.leases.finish_later(job.id, "cancelled", f"cancelled by {job.cancel_requested} before it started")
+            return
+        engine = self.ctx.engine_of(job)
+        remote = remote_of(job)
+        try:
+            # Every step is idempotent (the launcher finds a command it started already), so a
+            # job whose sender died is simply sent and started again by whoever picks it up.
+            job = self.leases.update(job.id, state="sending")
+            with engine_faults():
+                remote = engine.prepare(remote)
+            self.leases.update(job.id, handle=dict(remote.handle))
+            files = self._inputs(job)
+
+            def report(done: int, total: int) -> None:
+                self.progress[job.id] = (done, total)
+                if progress:
+                    progress(done, total)
+
+            report = self.leases.renewer(job.id, report)
+
+            with engine_faults():
+                stats = engine.send(remote, files, report)
+            launch = LaunchSpec(
+                command=job.spec.command,
+                env=job.spec.plain_env(),
+                secret_env=secret_env(self.ctx.secrets, job),
+            )
+            if self.ctx.store.get(job.id).cancel_requested:
+                self.leases.finish_later(job.id, "cancelled", f"cancelled by {job.cancel_requested} before it started")
+                return
+            with engine_faults():
+                remote = engine.start(remote, launch)
+            self.leases.update(
+                job.id,
+                state="running",
+                started=utcnow(),
+                handle=dict(remote.handle),
+                transfer=dataclasses.asdict(stats),
+                lease=None,
+                retries=0,
+                failing_since=None,
+            )
+        except EngineError as e:
+            if e.transient:
+                self.leases.retry_later(job, e, "failed", f"could not start on {job.machine}")
+            else:
+                self.leases.finish_later(job.id, "failed", f"could not start on {job.machine}: {e}")
+        except RemoteComputeError as e:
+            self.leases.finish_later(job.id, "failed", f"could not start on {job.machine}: {e.message}")
+        finally:
+            self.progress.pop(job.id, None)
+
+    def _inputs(self, job: Job) -> list[InputFile]:
+        """The inputs as hashed at submit; a file changed since then fails the job rather than send other data."""
+        manifest = json.loads((self.ctx.workspace.job_dir(job.id) / "inputs.json").read_bytes())
+        files = []
+        for entry in manifest["files"]:
+            path = self.ctx.workspace.root / entry["path"]
+            try:
+                st = path.stat()
+                digest = self.digests.digest(path.resolve(), st)
+            except OSError:
+                raise InvalidSettings(f"send: {entry['path']!r} disappeared after the job was submitted") from None
+            if digest != entry["sha256"]:
+                raise InvalidSettings(f"send: {entry['path']!r} changed after the job was submitted; submit again")
+            files.append(
+                InputFile(entry["path"], path.resolve(), st.st_size, digest, 0o755 if st.st_mode & 0o111 else 0o644)
+            )
+        self.digests.save()
+        return files
+
+    # -- running ------------------------------------------------------------
+    def _watch(self, job: Job, status: RemoteStatus | None = None) -> None:
+        engine = self.ctx.engine_of(job)
+        remote = remote_of(job)
+        stop: tuple[str, str] | None = None
+        if job.cancel_requested:
+            stop = ("cancelled", f"cancelled by {job.cancel_requested}")
+        elif job.spec.timeout and job.started and time.time() - parse_time(job.started) > job.spec.timeout:
+            stop = ("failed", f"timed out after {format_duration(job.spec.timeout)}")
+        try:
+            if stop is not None:
+                engine.cancel(remote, self.ctx.settings.cancel_grace)
+                self._to_collecting(job, *stop)
+                return
+            if status is None:
+                status = engine.poll([remote])[job.id]
+        except EngineError as e:
+            if stop is not None:
+                reason = f"{stop[1]}; the process could not be stopped on {job.machine} and may still run"
+                self.leases.retry_later(job, e, stop[0], reason)
+            else:
+                # A dropped connection is not a dead job: look again on the next poll.
+                log.warning("job %s: %s", job.id, e)
+            return
+        if status.state == "exited":
+            outcome = "succeeded" if status.exit_code == 0 else "failed"
+            self._to_collecting(job, outcome, None, exit_code=status.exit_code)
+        elif status.state == "gone":
+            self._to_collecting(job, "lost", f"lost: the process vanished on {job.machine} ({status.detail})")
+        elif status.log_size is not None and status.log_size != job.log_size:
+            self.leases.update(job.id, log_size=status.log_size)
+
+    def _to_collecting(self, job: Job, state: str, reason: str | None, exit_code: int | None = None) -> None:
+        """running → collecting, once (compare-and-set); collection is the next step's work."""
+        outcome = Outcome(state, reason)
+        with self.ctx.store.transaction() as jobs:
+            current = jobs[job.id]
+            if current.state != "running":
+                return
+            current.state, current.outcome, current.exit_code = "collecting", outcome, exit_code
+            current.failing_since, current.updated = None, utcnow()
+        self.ctx.emit(current)
