@@ -203,8 +203,11 @@ class MachineCheckHandler(RemoteComputeHandler):
 class MachineTrustHandler(RemoteComputeHandler):
     @api
     async def post(self, name: str) -> None:
-        """Trust the SSH host key the machine presents now (after the user saw its fingerprint)."""
-        self.reply(await self.call(self.service.admin.trust, name))
+        """Trust the SSH host key the machine presents, if it has the fingerprint the user saw."""
+        fingerprint = self.body().get("fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise InvalidSettings("fingerprint: must be a string like SHA256:...", field="fingerprint")
+        self.reply(await self.call(self.service.admin.trust, name, fingerprint))
 
 
 # -- jobs -------------------------------------------------------------------

@@ -432,15 +432,17 @@ export function checkMachine(
 }
 
 /**
- * Record the SSH host key the machine presents now in known_hosts (after the user saw it).
+ * Record the SSH host key the machine presents in known_hosts, only if its fingerprint is the one
+ * the user saw (the server compares on the connection that records it).
  */
 export function trustMachine(
   name: string,
+  fingerprint: string,
   settings?: ServerConnection.ISettings
 ): Promise<{ name: string; fingerprint: string }> {
   return requestAPI<{ name: string; fingerprint: string }>(
     `machines/${enc(name)}/trust`,
-    { method: 'POST' },
+    { method: 'POST', body: JSON.stringify({ fingerprint }) },
     settings
   );
 }

@@ -476,7 +476,7 @@ export function registerCommands(context: ICommandContext): void {
                       return;
                     }
                     try {
-                      await trustMachine(name);
+                      await trustMachine(name, hostKey.fingerprint);
                       await commands.execute(CommandIDs.checkMachine, { name });
                     } catch (trustError) {
                       Notification.error(asAPIError(trustError).message);

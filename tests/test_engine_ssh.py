@@ -448,7 +448,11 @@ def test_unknown_host_refused_then_trusted(ssh_agent_env: TestBed, tmp_path: Pat
     assert fp in str(err.value) and "ssh-ed25519" in str(err.value) and "trust" in str(err.value)
     assert err.value.fingerprint == fp and not err.value.transient
     assert eng.host_key() == ("ssh-ed25519", fp)
-    assert eng.trust_host() == fp
+    # A fingerprint the user compared that the machine does not present: refused, nothing recorded.
+    with pytest.raises(EngineError) as wrong:
+        eng.trust_host("SHA256:" + "A" * 43)
+    assert wrong.value.details["host_key"]["fingerprint"] == fp and not known.exists()
+    assert eng.trust_host(fp) == fp
     # recorded so that OpenSSH itself finds it (hashed here: Debian's ssh_config says HashKnownHosts yes)
     found = subprocess.run(
         ["ssh-keygen", "-F", f"[127.0.0.1]:{ssh_agent_env.sshd.port}", "-f", str(known)], capture_output=True, text=True

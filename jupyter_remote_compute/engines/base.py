@@ -303,10 +303,12 @@ class Engine(abc.ABC):
         """Whether ``prepare`` made the job's place on the far side (there is something to read or clean)."""
         return bool(job.handle.get("dir"))
 
-    def trust_host(self) -> str:
+    def trust_host(self, expected_fingerprint: str | None = None) -> str:
         """Record the machine's current host key as known (an explicit user action); return its fingerprint.
 
-        Only kinds reached over SSH have host keys; the others refuse with a clear error.
+        With ``expected_fingerprint`` (the one the user compared), a key with any other fingerprint is
+        refused on the same connection that would record it, with ``details.host_key`` naming what was
+        presented. Only kinds reached over SSH have host keys; the others refuse with a clear error.
         """
         raise EngineError(f"{self.name} is a {self.kind} machine: it has no host key to trust")
 

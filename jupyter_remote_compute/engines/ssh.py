@@ -140,8 +140,8 @@ class SSHEngine(Engine):
         """The machine's host key as (type, ``SHA256:`` fingerprint), without signing in to it."""
         return self.connection.host_key()
 
-    def trust_host(self) -> str:
-        return self.connection.trust_host()
+    def trust_host(self, expected_fingerprint: str | None = None) -> str:
+        return self.connection.trust_host(expected_fingerprint)
 
     def close(self) -> None:
         self.connection.close()

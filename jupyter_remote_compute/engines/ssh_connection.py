@@ -389,15 +389,24 @@ class SSHConnection:
         blob = self._target_key()
         return ssh_config.blob_type(blob), ssh_config.key_fingerprint(blob)
 
-    def trust_host(self) -> str:
+    def trust_host(self, expected_fingerprint: str | None = None) -> str:
         """Record the machine's current host key in known_hosts (an explicit user action).
 
-        Refuses when a different key of the same type is already recorded: a
-        changed key is never trusted here. Returns the recorded fingerprint.
+        Refuses when a different key of the same type is already recorded (a
+        changed key is never trusted here), and, given ``expected_fingerprint``,
+        any key whose fingerprint is not that one: the key compared and the key
+        recorded are the same key. Returns the recorded fingerprint.
         """
         hop = self.hop()
         blob = self._target_key()
         fp = ssh_config.key_fingerprint(blob)
+        if expected_fingerprint is not None and fp != expected_fingerprint:
+            raise EngineError(
+                f"not trusting {hop.known_hosts_name}: it presents {ssh_config.blob_type(blob)} {fp}, not "
+                f"{expected_fingerprint}. Compare with the machine's own fingerprint (ssh-keygen -lf "
+                "/etc/ssh/ssh_host_*_key.pub on it).",
+                details={"host_key": {"type": ssh_config.blob_type(blob), "fingerprint": fp}, "mismatch": True},
+            )
         verdict, recorded = ssh_config.check_host_key(hop, blob)
         if verdict == "ok":
             return fp

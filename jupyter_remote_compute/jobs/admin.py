@@ -188,32 +188,15 @@ class MachineAdmin:
         """Record the machine's host key as known (an explicit user action).
 
         With ``fingerprint``, only when the machine presents a key with exactly that fingerprint: the
-        one the user compared with the machine's own. Without it, whatever key it presents now (the
-        panel's Trust action, shown right after the fingerprint was).
+        one the user compared with the machine's own (the CLI's --fingerprint, the panel's dialog). The
+        engine compares it on the connection that records the key, so no other key can slip in between.
         """
-        presented = self.presented_host_key(name) if fingerprint is not None else None
-        if presented is not None and presented["fingerprint"] != fingerprint:
-            raise HostKeyNotConfirmed(
-                f"{name}: not trusted: the machine presents {presented['type']} {presented['fingerprint']}, "
-                f"not {fingerprint}. Compare with the machine's own fingerprint (ssh-keygen -lf "
-                "/etc/ssh/ssh_host_*_key.pub on it).",
-                details={"host_key": presented},
-            )
         try:
-            recorded = self.engine(name).trust_host()
+            recorded = self.engine(name).trust_host(fingerprint)
         except EngineError as e:
+            if e.details.get("mismatch"):
+                raise HostKeyNotConfirmed(f"{name}: {e}", details={"host_key": e.details["host_key"]}) from e
             raise MachineError(f"{name}: {e}", details=e.details) from e
-        if fingerprint is not None and recorded != fingerprint:
-            if presented is None:
-                message = (
-                    f"{name}: its host key is already trusted, and its fingerprint is {recorded}, not {fingerprint}"
-                )
-            else:  # the key changed between the look and the write
-                message = (
-                    f"{name}: the machine presented {recorded} while being trusted, not {fingerprint}; that key is "
-                    "now recorded in its known_hosts file: remove it (ssh-keygen -R) and find out why it changed"
-                )
-            raise HostKeyNotConfirmed(message, details={"host_key": {"fingerprint": recorded}})
         return {"name": name, "fingerprint": recorded, "trusted": True}
 
 
