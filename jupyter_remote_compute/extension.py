@@ -109,15 +109,29 @@ class RemoteComputeApp(ExtensionApp):
             },
         )
 
+    def _unannounced(self, jobs: dict[str, Job]) -> list[Job]:
+        emitted = self._emitted
+        return [j for j in jobs.values() if emitted.get(j.id) != (j.state, j.updated, j.log_size)]
+
     async def _poll_forever(self) -> None:
         """Reconcile at start, then drive every unfinished job, including ones other processes submitted."""
         loop = asyncio.get_running_loop()
+        seen_generation = -1
         while True:
             try:
                 await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
-                jobs = await loop.run_in_executor(self.executor, self.service.list_jobs)
-                for job in jobs:  # also announces changes other processes (CLI, kernels) made
-                    self._emit(job)
+                snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)
+                if snapshot.generation != seen_generation:
+                    # Also announces changes other processes (CLI, kernels) made. Finding them is a pass
+                    # over every job: done off the loop, and only when the file changed.
+                    changed = await loop.run_in_executor(self.executor, self._unannounced, snapshot.jobs)
+                    if seen_generation == -1:
+                        # At start every job is news: remember them rather than flood the event bus.
+                        self._emitted.update({j.id: (j.state, j.updated, j.log_size) for j in changed})
+                    else:
+                        for job in changed:
+                            self._emit(job)
+                    seen_generation = snapshot.generation
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -57,6 +57,7 @@ from ..tracking import JobRecord, TrackingSettings, record_job
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..workspace import Workspace, default_scratch_dir
 from .key import job_key
+from .listing import JobPage, JobQuery, list_page
 from .spec import JobSpec, check_relative_path, format_duration
 from .store import (
     ACTIVE_STATES,
@@ -258,6 +259,10 @@ class JobService:
         ]
         jobs.sort(key=lambda j: (j.created, j.id), reverse=True)
         return jobs
+
+    def list_page(self, query: JobQuery) -> JobPage:
+        """One page of job summaries, newest first (``listing.py``)."""
+        return list_page(self.store, query)
 
     # -- submit -------------------------------------------------------------
     def submit(self, spec: JobSpec, *, new: bool = False) -> SubmitResult:
