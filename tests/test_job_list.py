@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,55 @@ async def test_listing_needs_authentication(jp_base_url, http_server_client):
     with pytest.raises(HTTPClientError) as info:
         await http_server_client.fetch(f"{jp_base_url}remote-compute/jobs?limit=5")
     assert info.value.code == 403
+
+
+def _cli(workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "jupyter_remote_compute.cli", "jobs", "list", *args],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_cli_shows_the_newest_50_and_json_streams_every_page(workspace: Path):
+    seeded = [_job(i, created=_stamp(i), state=("failed", "succeeded")[i % 2]) for i in range(1234)]
+    _seed(workspace / ".punica" / "jobs.json", seeded)
+    newest_first = [j.id for j in reversed(seeded)]
+
+    table = _cli(workspace)
+    rows = table.stdout.splitlines()
+    assert rows[0].split()[:3] == ["ID", "MACHINE", "STATE"]
+    assert [r.split()[0] for r in rows[1:]] == newest_first[:50]
+    assert "--all" in table.stderr
+    # Job 1232 failed: its row shows the reason's first line only.
+    assert rows[2].split()[0].endswith("001232") and rows[2].endswith("exit code 1")
+    assert "Traceback" not in table.stdout
+
+    everything = json.loads(_cli(workspace, "--json").stdout)  # more than one page of 1,000
+    assert [j["id"] for j in everything] == newest_first
+    assert set(everything[0]) >= {"id", "name", "state", "reason", "exit_code", "mlflow_run_id"}
+
+    failed = json.loads(_cli(workspace, "--json", "--state", "failed", "--limit", "3").stdout)
+    assert [j["id"] for j in failed] == [i for i in newest_first if int(i[-6:]) % 2 == 0][:3]
+    named = _cli(workspace, "--all", "--name", "RUN 123")  # run 123, 1230-1233
+    assert len(named.stdout.splitlines()) == 1 + 5 and not named.stderr
+
+
+def test_remote_jobs_magic_lists_the_newest_50(workspace: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from jupyter_remote_compute.magics import load_ipython_extension
+
+    _seed(workspace / ".punica" / "jobs.json", [_job(i, created=_stamp(i)) for i in range(70)])
+    monkeypatch.chdir(workspace)
+    shell = InteractiveShell.instance()
+    load_ipython_extension(shell)
+    table = shell.run_line_magic("remote_jobs", "")
+    assert len(table) == 50 and table.jobs[0].id.endswith("000069")
+    assert "--all" in capsys.readouterr().err
+    assert len(shell.run_line_magic("remote_jobs", "--all")) == 70
+    assert [j.id[-2:] for j in shell.run_line_magic("remote_jobs", "--until 2025-01-01T00:00:01Z")] == ["01", "00"]

@@ -8,6 +8,7 @@ whatever the number of jobs; a filter scans from the cursor only until the page 
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
 import dataclasses
@@ -15,7 +16,7 @@ import json
 import threading
 import weakref
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -245,3 +246,45 @@ def index_of(store: JobStore) -> JobIndex:
 def list_page(store: JobStore, query: JobQuery) -> JobPage:
     """One page of jobs, newest first, as on disk now."""
     return index_of(store).page(store.snapshot(), query)
+
+
+def iter_jobs(store: JobStore, query: JobQuery, total: int | None = None) -> Iterator[Job]:
+    """Jobs matching ``query``, newest first, page after page; at most ``total`` (None: all)."""
+    left = total
+    cursor = query.cursor
+    while left is None or left > 0:
+        size = query.limit if left is None else min(left, MAX_LIMIT)
+        page = list_page(store, dataclasses.replace(query, limit=size, cursor=cursor))
+        yield from page.jobs
+        if left is not None:
+            left -= len(page.jobs)
+        if page.next_cursor is None:
+            return
+        cursor = decode_cursor(page.next_cursor)
+
+
+def add_list_arguments(parser: argparse.ArgumentParser, default_limit: int) -> None:
+    """The job-list options the CLI and ``%remote_jobs`` share."""
+    parser.add_argument("--machine", help="only jobs of this machine")
+    parser.add_argument("--state", help="only jobs in these states (comma-separated, e.g. failed,lost)")
+    parser.add_argument("--name", help="only jobs whose name contains this (any case)")
+    parser.add_argument("--since", help="only jobs created at or after this ISO 8601 time")
+    parser.add_argument("--until", help="only jobs created at or before this ISO 8601 time")
+    parser.add_argument("--limit", type=int, help=f"at most this many jobs, newest first (default {default_limit})")
+    parser.add_argument("--all", action="store_true", help="every matching job")
+
+
+def list_arguments(args: argparse.Namespace, default_limit: int | None) -> tuple[JobQuery, int | None]:
+    """The query and how many jobs to show at most (None: all) from ``add_list_arguments``' options."""
+    if args.limit is not None and args.limit < 1:
+        raise InvalidSettings("--limit: expected a whole number of at least 1", field="limit")
+    total = None if args.all else (args.limit or default_limit)
+    query = JobQuery.parse(
+        limit=min(total or MAX_LIMIT, MAX_LIMIT),
+        machine=args.machine,
+        state=args.state,
+        name=args.name,
+        since=args.since,
+        until=args.until,
+    )
+    return query, total
