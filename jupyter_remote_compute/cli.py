@@ -199,6 +199,19 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     action = args.action
     if action == "list":
         return _list_jobs(service, args)
+    if action == "prune":
+        result = service.prune(
+            older_than=args.older_than, states=args.state, keep_newest=args.keep, dry_run=args.dry_run
+        )
+        if args.json:
+            _print_json(result.to_json())
+            return 0
+        before, after = result.state_file_bytes
+        verb = "would remove" if result.dry_run else "removed"
+        print(f"{verb} {len(result.removed)} finished jobs; state file {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+        for machine, why in result.left_on_machines.items():
+            print(f"  left their folders on {machine}: {why}", file=sys.stderr)
+        return 0
     if action == "show":
         job = service.get(args.job_id)
         if args.json:
@@ -292,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = jsub.add_parser("list", help=f"the newest {LIST_DEFAULT} jobs, or those matching filters")
     add_list_arguments(p, LIST_DEFAULT)
     p.add_argument("--json", action="store_true", help="every matching job (unless --limit) as a JSON array")
+    p = jsub.add_parser("prune", help="forget old finished jobs (never an active one); MLflow runs stay")
+    p.add_argument("--older-than", dest="older_than", help="finished more than this long ago, e.g. 90d, 12h")
+    p.add_argument("--state", help="only these finished states, comma-separated (default: every finished state)")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished jobs whatever their age")
+    p.add_argument("--dry-run", dest="dry_run", action="store_true", help="say what would go, remove nothing")
+    p.add_argument("--json", action="store_true")
     for action in ("show", "log", "cancel", "delete"):
         p = jsub.add_parser(action)
         p.add_argument("job_id")

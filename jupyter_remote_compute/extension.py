@@ -18,6 +18,7 @@ from .tracking import TrackingSettings
 from .workspace import Workspace
 
 EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"
+RETENTION_EVERY = 60.0  # seconds between automatic prunes when keep_finished_jobs is set
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_remote_compute/job"
 
 
@@ -46,6 +47,12 @@ class RemoteComputeApp(ExtensionApp):
     )
     artifact_size_cap = Int(
         100 * 1024 * 1024, config=True, help="Outputs larger than this many bytes in total are not copied to MLflow."
+    )
+    keep_finished_jobs = Int(
+        0,
+        config=True,
+        help="Keep only the newest N finished jobs: older ones are pruned automatically (their folders on "
+        "the machines removed when reachable, their MLflow runs kept). 0: keep every job.",
     )
     max_workers = Int(8, config=True, help="Threads for short blocking work: requests, polls, hashing.")
     max_transfers = Int(4, config=True, help="Threads for sending and collecting jobs (long transfers).")
@@ -109,6 +116,15 @@ class RemoteComputeApp(ExtensionApp):
             },
         )
 
+    def _retain(self) -> None:
+        result = self.service.prune(keep_newest=self.keep_finished_jobs)
+        if result.removed:
+            self.log.info(
+                "remote-compute: pruned %d finished jobs beyond the newest %d",
+                len(result.removed),
+                self.keep_finished_jobs,
+            )
+
     def _unannounced(self, jobs: dict[str, Job]) -> list[Job]:
         emitted = self._emitted
         return [j for j in jobs.values() if emitted.get(j.id) != (j.state, j.updated, j.log_size)]
@@ -117,6 +133,7 @@ class RemoteComputeApp(ExtensionApp):
         """Reconcile at start, then drive every unfinished job, including ones other processes submitted."""
         loop = asyncio.get_running_loop()
         seen_generation = -1
+        next_retention = 0.0
         while True:
             try:
                 await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
@@ -132,6 +149,9 @@ class RemoteComputeApp(ExtensionApp):
                         for job in changed:
                             self._emit(job)
                     seen_generation = snapshot.generation
+                if self.keep_finished_jobs > 0 and loop.time() >= next_retention:
+                    next_retention = loop.time() + RETENTION_EVERY
+                    await loop.run_in_executor(self.executor, self._retain)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -242,6 +242,24 @@ class JobsHandler(RemoteComputeHandler):
         self.reply({"job": result.job.public_json(), "attached": result.attached}, 200 if result.attached else 201)
 
 
+class JobsPruneHandler(RemoteComputeHandler):
+    @api
+    async def post(self) -> None:
+        """Forget finished jobs older than ``older_than`` (never an active one); MLflow runs stay."""
+        body = self.body()
+        unknown = sorted(set(body) - {"older_than", "state", "keep_newest", "dry_run"})
+        if unknown:
+            raise InvalidSettings(f"{unknown[0]}: unknown setting", field=unknown[0])
+        result = await self.call(
+            self.service.prune,
+            older_than=body.get("older_than"),
+            states=body.get("state"),
+            keep_newest=body.get("keep_newest"),
+            dry_run=bool(body.get("dry_run", False)),
+        )
+        self.reply(result.to_json())
+
+
 class JobHandler(RemoteComputeHandler):
     @api
     async def get(self, job_id: str) -> None:
@@ -303,6 +321,7 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/machines/{MACHINE}/check", MachineCheckHandler),
     (rf"{PREFIX}/machines/{MACHINE}/trust", MachineTrustHandler),
     (rf"{PREFIX}/jobs", JobsHandler),
+    (rf"{PREFIX}/jobs/prune", JobsPruneHandler),  # before jobs/{id}, which would take "prune" for an id
     (rf"{PREFIX}/jobs/{JOB_ID}", JobHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),

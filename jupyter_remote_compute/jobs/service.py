@@ -58,6 +58,7 @@ from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..workspace import Workspace, default_scratch_dir
 from .key import job_key
 from .listing import JobPage, JobQuery, list_page
+from .prune import PruneResult, prune_jobs
 from .spec import JobSpec, check_relative_path, format_duration
 from .store import (
     ACTIVE_STATES,
@@ -263,6 +264,10 @@ class JobService:
     def list_page(self, query: JobQuery) -> JobPage:
         """One page of job summaries, newest first (``listing.py``)."""
         return list_page(self.store, query)
+
+    def prune(self, **options: Any) -> PruneResult:
+        """Forget old finished jobs (``prune.py``; options as ``prune_jobs``)."""
+        return prune_jobs(self, **options)
 
     # -- submit -------------------------------------------------------------
     def submit(self, spec: JobSpec, *, new: bool = False) -> SubmitResult:
