@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from jupyter_remote_compute.jobs.listing import JobQuery, list_page
+from jupyter_remote_compute.jobs.listing import JobQuery, decode_cursor, list_page
 from jupyter_remote_compute.jobs.store import Job, JobStore
 
 
@@ -188,22 +189,33 @@ def test_the_index_follows_this_process_s_own_changes(workspace: Path):
     """Patched commit by commit, the index lists what a fresh read of the file lists."""
     path = workspace / ".punica" / "jobs.json"
     store = JobStore(path)
-    query = JobQuery.parse(limit=1000)
-    _seed(path, [_job(i, created=_stamp(i % 40)) for i in range(80)])
-    assert len(list_page(store, query).jobs) == 80
+    everything = JobQuery.parse(limit=1000)
+    active = JobQuery.parse(limit=3, state="queued,running")
+    _seed(path, [_job(i, created=_stamp(i % 40), state=("running", "succeeded")[i % 2]) for i in range(80)])
+    assert len(list_page(store, everything).jobs) == 80
     for step in range(30):
         with store.transaction() as jobs:
             if step % 3 == 0:
                 jobs.pop(f"20250101-000000-{step:06d}")
             elif step % 3 == 1:
-                jobs[f"20250101-000000-{step:06d}"].state = "lost"
+                jobs[f"20250101-000000-{step:06d}"].state = ("lost", "running")[step % 2]
             else:
-                new = _job(500 + step, created=_stamp(step))
+                new = _job(500 + step, created=_stamp(step), state=("queued", "failed")[step % 2])
                 jobs[new.id] = new
-        patched = list_page(store, query).jobs
-        fresh = list_page(JobStore(path), query).jobs
-        assert [(j.id, j.state) for j in patched] == [(j.id, j.state) for j in fresh]
-    assert len(fresh) == 80 - 10 + 10
+        for query in (everything, active):
+            # Every page of the filtered list too, cursor after cursor.
+            patched, fresh, cursor = [], [], None
+            other = JobStore(path)
+            while True:
+                page = list_page(store, dataclasses.replace(query, cursor=cursor))
+                patched += [(j.id, j.state) for j in page.jobs]
+                fresh += [(j.id, j.state) for j in list_page(other, dataclasses.replace(query, cursor=cursor)).jobs]
+                if page.next_cursor is None:
+                    break
+                cursor = decode_cursor(page.next_cursor)
+            assert patched == fresh
+    assert len(fresh) == len([j for j in JobStore(path).jobs().values() if j.state in ("queued", "running")])
+    assert len(list_page(store, everything).jobs) == 80 - 10 + 10
     assert store.snapshot().delta is not None  # the last page came from patching, not a rebuild
 
 

@@ -159,6 +159,9 @@ class JobIndex:
         self._jobs: list[Job] = []  # aligned with _keys
         self._names: list[str] = []  # casefolded display names, aligned, for the name filter
         self._key_of: dict[str, Key] = {}
+        #: The unfinished jobs' keys, ascending: few, so the panel's "active" filter never scans them all.
+        self._active: list[Key] = []
+        self._by_id: dict[str, Job] = {}
 
     def _rebuild(self, snapshot: Snapshot) -> None:
         jobs = sorted(snapshot.jobs.values(), key=lambda j: (j.created, j.id))
@@ -166,6 +169,8 @@ class JobIndex:
         self._keys = [(j.created, j.id) for j in jobs]
         self._names = [j.name.casefold() for j in jobs]
         self._key_of = {j.id: (j.created, j.id) for j in jobs}
+        self._active = [(j.created, j.id) for j in jobs if j.state in ACTIVE_STATES]
+        self._by_id = snapshot.jobs
 
     def _remove(self, job_id: str) -> None:
         key = self._key_of.pop(job_id, None)
@@ -173,6 +178,15 @@ class JobIndex:
             return
         i = bisect_left(self._keys, key)
         del self._keys[i], self._jobs[i], self._names[i]
+        self._set_active(key, False)
+
+    def _set_active(self, key: Key, active: bool) -> None:
+        i = bisect_left(self._active, key)
+        present = i < len(self._active) and self._active[i] == key
+        if active and not present:
+            self._active.insert(i, key)
+        elif present and not active:
+            del self._active[i]
 
     def _apply(self, snapshot: Snapshot, touched: frozenset[str], removed: frozenset[str]) -> None:
         for job_id in removed:
@@ -184,13 +198,15 @@ class JobIndex:
                 i = bisect_left(self._keys, key)
                 self._jobs[i] = job
                 self._names[i] = job.name.casefold()
-                continue
-            self._remove(job_id)
-            i = bisect_right(self._keys, key)
-            insort(self._keys, key)
-            self._jobs.insert(i, job)
-            self._names.insert(i, job.name.casefold())
-            self._key_of[job_id] = key
+            else:
+                self._remove(job_id)
+                i = bisect_right(self._keys, key)
+                insort(self._keys, key)
+                self._jobs.insert(i, job)
+                self._names.insert(i, job.name.casefold())
+                self._key_of[job_id] = key
+            self._set_active(key, job.state in ACTIVE_STATES)
+        self._by_id = snapshot.jobs
 
     def _sync(self, snapshot: Snapshot) -> None:
         if snapshot.generation == self._generation:
@@ -202,6 +218,39 @@ class JobIndex:
             self._rebuild(snapshot)
         self._generation = snapshot.generation
 
+    def _matches(self, job: Job, name: str | None, query: JobQuery) -> bool:
+        return (
+            (query.states is None or job.state in query.states)
+            and (query.machine is None or job.machine == query.machine)
+            and (query.name is None or query.name in (name if name is not None else job.name.casefold()))
+        )
+
+    def _scan(self, query: JobQuery, lo: int, hi: int) -> list[Job]:
+        """Rows hi-1 down to lo that match; one match past the page tells whether another page exists."""
+        found: list[Job] = []
+        i = hi - 1
+        while i >= lo and len(found) <= query.limit:
+            job = self._jobs[i]
+            if self._matches(job, self._names[i], query):
+                found.append(job)
+            i -= 1
+        return found
+
+    def _page_of_active(self, query: JobQuery, lowest: Key | None, hi: int) -> list[Job]:
+        """Like ``_scan``, over the unfinished jobs only."""
+        if lowest is None:
+            return []
+        top = bisect_left(self._active, self._keys[hi]) if hi < len(self._keys) else len(self._active)
+        bottom = bisect_left(self._active, lowest)
+        found: list[Job] = []
+        for key in reversed(self._active[bottom:top]):
+            job = self._by_id[key[1]]
+            if self._matches(job, None, query):
+                found.append(job)
+                if len(found) > query.limit:
+                    break
+        return found
+
     def page(self, snapshot: Snapshot, query: JobQuery) -> JobPage:
         with self._lock:
             self._sync(snapshot)
@@ -212,18 +261,10 @@ class JobIndex:
             if query.until is not None:
                 hi = min(hi, bisect_right(keys, (query.until, "\U0010ffff")))
             lo = bisect_left(keys, (query.since, "")) if query.since is not None else 0
-            found: list[Job] = []
-            i = hi - 1
-            # One match past the page tells whether a next page exists, so the last page says so.
-            while i >= lo and len(found) <= query.limit:
-                job = self._jobs[i]
-                if (
-                    (query.states is None or job.state in query.states)
-                    and (query.machine is None or job.machine == query.machine)
-                    and (query.name is None or query.name in self._names[i])
-                ):
-                    found.append(job)
-                i -= 1
+            if query.states is not None and query.states <= ACTIVE_STATES:
+                found = self._page_of_active(query, keys[lo] if lo < len(keys) else None, hi)
+            else:
+                found = self._scan(query, lo, hi)
         if len(found) > query.limit:
             found = found[: query.limit]
             last = found[-1]
