@@ -498,9 +498,11 @@ export function listJobs(
     }
   }
   const search = params.toString();
+  // 'no-cache' (not the default 'no-store' with its cache buster): the browser revalidates
+  // with If-None-Match, and an unchanged page comes back as a 304.
   return requestAPI<IJobList>(
     search ? `jobs?${search}` : 'jobs',
-    { method: 'GET' },
+    { method: 'GET', cache: 'no-cache' },
     settings
   );
 }
