@@ -18,8 +18,8 @@ from .tracking import TrackingSettings
 from .workspace import Workspace
 
 EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"
-RETENTION_EVERY = 60.0  # seconds between automatic prunes when keep_finished_jobs is set
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_remote_compute/job"
+RETENTION_EVERY = 60.0  # seconds between automatic prunes when keep_finished_jobs is set
 
 
 class RemoteComputeApp(ExtensionApp):
