@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import RemoteComputeError
 from .jobs.admin import HostKeyNotConfirmed
+from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.service import JobService, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.store import TERMINAL_STATES, Job
@@ -183,18 +184,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _follow(service, job)
 
 
+LIST_DEFAULT = 50
+
+
+def _list_jobs(service: JobService, args: argparse.Namespace) -> int:
+    """The newest jobs as a table; with --json every matching job, written page by page as it is read."""
+    query, total = list_arguments(args, None if args.json else LIST_DEFAULT)
+    if args.json:
+        sys.stdout.write("[")
+        for i, job in enumerate(iter_jobs(service.store, query, total)):
+            sys.stdout.write(("," if i else "") + "\n" + json.dumps(summary(job), default=str))
+        sys.stdout.write("\n]\n")
+        return 0
+    # One more than shown tells whether to say there are more.
+    jobs = list(iter_jobs(service.store, query, None if total is None else total + 1))
+    more = total is not None and len(jobs) > total
+    _table(
+        [
+            [j.id, j.machine, j.state, j.created, j.name[:40], (j.reason or "").split("\n", 1)[0][:60]]
+            for j in jobs[:total]
+        ],
+        ["ID", "MACHINE", "STATE", "CREATED", "NAME", "REASON"],
+    )
+    if more:
+        print(f"(the newest {total} shown; --all or --limit N for more)", file=sys.stderr)
+    return 0
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     service = _service(args)
     action = args.action
     if action == "list":
-        jobs = service.list_jobs(machine=args.machine, state=args.state)
+        return _list_jobs(service, args)
+    if action == "prune":
+        result = service.prune(
+            older_than=args.older_than, states=args.state, keep_newest=args.keep, dry_run=args.dry_run
+        )
         if args.json:
-            _print_json([j.public_json() for j in jobs])
-        else:
-            _table(
-                [[j.id, j.machine, j.state, j.created, j.name[:40], (j.reason or "")[:60]] for j in jobs],
-                ["ID", "MACHINE", "STATE", "CREATED", "NAME", "REASON"],
-            )
+            _print_json(result.to_json())
+            return 0
+        before, after = result.state_file_bytes
+        verb = "would remove" if result.dry_run else "removed"
+        print(f"{verb} {len(result.removed)} finished jobs; state file {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+        for machine, why in result.left_on_machines.items():
+            print(f"  left their folders on {machine}: {why}", file=sys.stderr)
         return 0
     if action == "show":
         job = service.get(args.job_id)
@@ -314,9 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     jobs = sub.add_parser("jobs", help="list, show, follow, cancel and delete jobs")
     jsub = jobs.add_subparsers(dest="action", required=True)
-    p = jsub.add_parser("list")
-    p.add_argument("--machine")
-    p.add_argument("--state")
+    p = jsub.add_parser("list", help=f"the newest {LIST_DEFAULT} jobs, or those matching filters")
+    add_list_arguments(p, LIST_DEFAULT)
+    p.add_argument("--json", action="store_true", help="every matching job (unless --limit) as a JSON array")
+    p = jsub.add_parser("prune", help="forget old finished jobs (never an active one); MLflow runs stay")
+    p.add_argument("--older-than", dest="older_than", help="finished more than this long ago, e.g. 90d, 12h")
+    p.add_argument("--state", help="only these finished states, comma-separated (default: every finished state)")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished jobs whatever their age")
+    p.add_argument("--dry-run", dest="dry_run", action="store_true", help="say what would go, remove nothing")
     p.add_argument("--json", action="store_true")
     for action in ("show", "cancel", "delete"):
         p = jsub.add_parser(action)

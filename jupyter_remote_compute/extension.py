@@ -21,6 +21,7 @@ from .workspace import Workspace
 
 EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_remote_compute/job"
+RETENTION_EVERY = 60.0  # seconds between automatic prunes when keep_finished_jobs is set
 
 
 class RemoteComputeApp(ExtensionApp):
@@ -72,6 +73,12 @@ class RemoteComputeApp(ExtensionApp):
         config=True,
         help="A keyring backend to use even if it is not a platform keyring known to encrypt, as module.Class. "
         "Default: JUPYTER_REMOTE_COMPUTE_KEYRING_BACKEND.",
+    )
+    keep_finished_jobs = Int(
+        0,
+        config=True,
+        help="Keep only the newest N finished jobs: older ones are pruned automatically (their folders on "
+        "the machines removed when reachable, their MLflow runs kept). 0: keep every job.",
     )
     max_workers = Int(8, config=True, help="Threads for short blocking work: requests, polls, hashing.")
     max_transfers = Int(4, config=True, help="Threads for sending and collecting jobs (long transfers).")
@@ -147,19 +154,46 @@ class RemoteComputeApp(ExtensionApp):
             },
         )
 
+    def _retain(self) -> None:
+        result = self.service.prune(keep_newest=self.keep_finished_jobs)
+        if result.removed:
+            self.log.info(
+                "remote-compute: pruned %d finished jobs beyond the newest %d",
+                len(result.removed),
+                self.keep_finished_jobs,
+            )
+
+    def _unannounced(self, jobs: dict[str, Job]) -> list[Job]:
+        emitted = self._emitted
+        return [j for j in jobs.values() if emitted.get(j.id) != (j.state, j.updated, j.log_size)]
+
     async def _poll_forever(self) -> None:
         """Reconcile at start, then drive every unfinished job, including ones other processes submitted."""
         loop = asyncio.get_running_loop()
+        seen_generation = -1
         reconciled = False
+        next_retention = 0.0
         while True:
             try:
                 await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
-                jobs = await loop.run_in_executor(self.executor, self.service.list_jobs)
-                for job in jobs:  # also announces changes other processes (CLI, kernels) made
-                    self._emit(job)
+                snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)
+                if snapshot.generation != seen_generation:
+                    # Also announces changes other processes (CLI, kernels) made. Finding them is a pass
+                    # over every job: done off the loop, and only when the file changed.
+                    changed = await loop.run_in_executor(self.executor, self._unannounced, snapshot.jobs)
+                    if seen_generation == -1:
+                        # At start every job is news: remember them rather than flood the event bus.
+                        self._emitted.update({j.id: (j.state, j.updated, j.log_size) for j in changed})
+                    else:
+                        for job in changed:
+                            self._emit(job)
+                    seen_generation = snapshot.generation
+                if self.keep_finished_jobs > 0 and loop.time() >= next_retention:
+                    next_retention = loop.time() + RETENTION_EVERY
+                    await loop.run_in_executor(self.executor, self._retain)
                 if not reconciled:
                     # Said once: whoever restarts a server (an operator, a test) knows when it caught up.
-                    self.log.info("remote-compute: reconciled %d jobs after start", len(jobs))
+                    self.log.info("remote-compute: reconciled %d jobs after start", len(snapshot.jobs))
                     reconciled = True
             except asyncio.CancelledError:
                 raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hashlib
 import json
 import threading
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
 from .errors import InvalidSettings, RemoteComputeError
+from .jobs.listing import JobQuery
 from .jobs.service import JobService
 from .jobs.spec import JobSpec
 from .jobs.store import Job
@@ -211,13 +213,25 @@ class MachineTrustHandler(RemoteComputeHandler):
 
 
 # -- jobs -------------------------------------------------------------------
+JOB_QUERY_ARGUMENTS = ("limit", "cursor", "machine", "state", "name", "since", "until")
+
+
 class JobsHandler(RemoteComputeHandler):
     @api
     async def get(self) -> None:
-        jobs = await self.call(
-            self.service.list_jobs, machine=self.get_argument("machine", None), state=self.get_argument("state", None)
-        )
-        self.reply({"jobs": [j.public_json() for j in jobs]})
+        """A page of job summaries, newest first; an unchanged page is a 304 to a matching If-None-Match."""
+        query = JobQuery.parse(**{name: self.get_argument(name, None) for name in JOB_QUERY_ARGUMENTS})
+        page = await self.call(self.service.list_page, query)
+        body = json.dumps(page.to_json(), default=str).encode()
+        # A strong validator of the answer itself: any change to a listed job changes the page's bytes.
+        self.set_header("ETag", '"' + hashlib.sha1(body, usedforsecurity=False).hexdigest() + '"')
+        self.set_header("Cache-Control", "no-cache")
+        if self.check_etag_header():
+            self.set_status(304)
+            self.finish()
+            return
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
 
     @api(action="execute")
     async def post(self) -> None:
@@ -229,6 +243,24 @@ class JobsHandler(RemoteComputeHandler):
             # Start sending now; the poller would pick it up too, a little later.
             self.context.transfers.advance(result.job)
         self.reply({"job": result.job.public_json(), "attached": result.attached}, 200 if result.attached else 201)
+
+
+class JobsPruneHandler(RemoteComputeHandler):
+    @api
+    async def post(self) -> None:
+        """Forget finished jobs older than ``older_than`` (never an active one); MLflow runs stay."""
+        body = self.body()
+        unknown = sorted(set(body) - {"older_than", "state", "keep_newest", "dry_run"})
+        if unknown:
+            raise InvalidSettings(f"{unknown[0]}: unknown setting", field=unknown[0])
+        result = await self.call(
+            self.service.prune,
+            older_than=body.get("older_than"),
+            states=body.get("state"),
+            keep_newest=body.get("keep_newest"),
+            dry_run=bool(body.get("dry_run", False)),
+        )
+        self.reply(result.to_json())
 
 
 class JobHandler(RemoteComputeHandler):
@@ -303,6 +335,7 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/machines/{MACHINE}/check", MachineCheckHandler),
     (rf"{PREFIX}/machines/{MACHINE}/trust", MachineTrustHandler),
     (rf"{PREFIX}/jobs", JobsHandler),
+    (rf"{PREFIX}/jobs/prune", JobsPruneHandler),  # before jobs/{id}, which would take "prune" for an id
     (rf"{PREFIX}/jobs/{JOB_ID}", JobHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),

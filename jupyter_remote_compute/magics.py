@@ -24,6 +24,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from .errors import NotTrained
 from .fsutil import atomic_write
+from .jobs.listing import add_list_arguments, iter_jobs, list_arguments
 from .jobs.service import JobService, require_trained
 from .jobs.spec import JobSpec, format_duration, parse_duration
 from .jobview import JobTable, RemoteTrainJob, detach_hint, follow, summary_line
@@ -49,10 +50,12 @@ examples:
   import pickle; pickle.dump({"a": 1}, open("model.pkl", "wb"))
 """
 
+JOBS_SHOWN = 50  # what %remote_jobs lists without --limit or --all
 JOBS_EXAMPLES = """\
 examples:
-  %remote_jobs                      all jobs of the workspace, newest first
+  %remote_jobs                      the newest 50 jobs of the workspace (--all: every one)
   %remote_jobs --state running      only running jobs
+  %remote_jobs --name sweep --since 2026-11-01 --limit 200
   %remote_jobs 20261129-100200-ab12cd   one job, as an object: .wait(), .log(), .cancel(), .outputs
   %remote_jobs --cancel 20261129-100200-ab12cd
 """
@@ -93,8 +96,7 @@ def build_jobs_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("job_id", nargs="?", help="show this job as an object")
     p.add_argument("--cancel", metavar="JOB_ID", help="cancel this job")
-    p.add_argument("--machine", help="only jobs of this machine")
-    p.add_argument("--state", help="only jobs in this state")
+    add_list_arguments(p, JOBS_SHOWN)
     return p
 
 
@@ -225,7 +227,11 @@ class RemoteComputeMagics(Magics):
             return RemoteTrainJob(service, job)
         if args.job_id:
             return RemoteTrainJob(service, args.job_id)
-        return JobTable(service.list_jobs(machine=args.machine, state=args.state))
+        query, total = list_arguments(args, JOBS_SHOWN)
+        jobs = list(iter_jobs(service.store, query, None if total is None else total + 1))
+        if total is not None and len(jobs) > total:
+            print(f"the newest {total} jobs; --all or --limit N for more", file=sys.stderr)
+        return JobTable(jobs[:total])
 
 
 # ``%remote_train?`` shows the docstring: make it the full help, examples included.

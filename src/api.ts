@@ -347,8 +347,47 @@ export interface IJob {
   [key: string]: unknown;
 }
 
+/**
+ * One page of `GET /remote-compute/jobs`: summaries (no spec, outputs, …; the
+ * reason's first line), newest first.
+ */
 export interface IJobList {
   jobs: IJob[];
+  /**
+   * Pass as `cursor` (with the same filters) for the next page; null on the last one.
+   */
+  next_cursor: string | null;
+}
+
+/**
+ * Which jobs a page lists; the server filters, so nothing hidden is downloaded.
+ */
+export interface IJobQuery {
+  limit?: number;
+  cursor?: string | null;
+  machine?: string;
+  /**
+   * One state or several, comma-separated.
+   */
+  state?: string;
+  /**
+   * A part of the name, any case.
+   */
+  name?: string;
+  since?: string;
+  until?: string;
+}
+
+/**
+ * What `POST /jobs/prune` removed.
+ */
+export interface IPruneResult {
+  removed: string[];
+  count: number;
+  cleaned: number;
+  left_on_machines: Record<string, string>;
+  state_file_bytes: { before: number; after: number };
+  dry_run: boolean;
 }
 
 export interface ISubmitResult {
@@ -448,12 +487,45 @@ export function trustMachine(
 }
 
 /**
- * Every job of every machine, newest first.
+ * A page of jobs, newest first (an unchanged page is revalidated by ETag, not sent again).
  */
 export function listJobs(
+  query: IJobQuery = {},
   settings?: ServerConnection.ISettings
 ): Promise<IJobList> {
-  return requestAPI<IJobList>('jobs', { method: 'GET' }, settings);
+  const params = new URLSearchParams();
+  for (const [key, value] of Object.entries(query)) {
+    if (value !== undefined && value !== null && value !== '') {
+      params.set(key, String(value));
+    }
+  }
+  const search = params.toString();
+  // 'no-cache' (not the default 'no-store' with its cache buster): the browser revalidates
+  // with If-None-Match, and an unchanged page comes back as a 304.
+  return requestAPI<IJobList>(
+    search ? `jobs?${search}` : 'jobs',
+    { method: 'GET', cache: 'no-cache' },
+    settings
+  );
+}
+
+/**
+ * Forget finished jobs that ended more than `olderThan` ago (e.g. `90d`); never an active one.
+ */
+export function pruneJobs(
+  olderThan: string,
+  options: { state?: string[]; dryRun?: boolean } = {},
+  settings?: ServerConnection.ISettings
+): Promise<IPruneResult> {
+  return requestAPI<IPruneResult>(
+    'jobs/prune',
+    jsonBody('POST', {
+      older_than: olderThan,
+      ...(options.state ? { state: options.state } : {}),
+      dry_run: options.dryRun ?? false
+    }),
+    settings
+  );
 }
 
 export function getJob(

@@ -12,6 +12,7 @@ import {
 import { TranslationBundle } from '@jupyterlab/translation';
 import {
   addIcon,
+  clearIcon,
   copyIcon,
   deleteIcon,
   editIcon,
@@ -23,12 +24,15 @@ import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import {
+  ACTIVE_STATES,
   cancelJob,
   deleteJob,
   IJob,
   IJobSpec,
   isActive,
   isTerminal,
+  listJobs,
+  pruneJobs,
   removeMachine,
   trustMachine,
   updateMachine
@@ -58,6 +62,7 @@ export namespace CommandIDs {
   export const cancelJob = 'remote-compute:cancel-job';
   export const deleteJob = 'remote-compute:delete-job';
   export const openOutputs = 'remote-compute:open-outputs';
+  export const pruneJobs = 'remote-compute:prune-jobs';
 }
 
 /**
@@ -615,12 +620,17 @@ export function registerCommands(context: ICommandContext): void {
     execute: async args => {
       let id: string | null = stringArg(args, 'id');
       if (!id) {
-        await model.refresh().catch(() => undefined);
-        id = await pickJob(
-          model.jobs.filter(j => isActive(j.state)),
-          trans.__('Cancel job'),
-          trans
-        );
+        // Asked of the server: the panel's list may be filtered or not paged that far.
+        let active: readonly IJob[] = [];
+        try {
+          active = (
+            await listJobs({ state: [...ACTIVE_STATES].join(','), limit: 500 })
+          ).jobs;
+        } catch (error) {
+          showError(trans.__('Could not list the active jobs'), error, trans);
+          return;
+        }
+        id = await pickJob(active, trans.__('Cancel job'), trans);
         if (!id) {
           return;
         }
@@ -703,6 +713,48 @@ export function registerCommands(context: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.pruneJobs, {
+    label: trans.__('Forget old finished jobs…'),
+    caption: trans.__(
+      'Remove finished jobs older than an age from the list and their folders on the machines; MLflow runs stay'
+    ),
+    icon: args => (args.isToolbar ? clearIcon : undefined),
+    execute: async () => {
+      const asked = await InputDialog.getText({
+        title: trans.__('Forget old finished jobs'),
+        label: trans.__(
+          'Finished more than this long ago (e.g. 90d, 12h). Active jobs and MLflow runs are kept.'
+        ),
+        text: '90d',
+        okLabel: trans.__('Forget'),
+        cancelLabel: trans.__('Cancel')
+      });
+      if (!asked.button.accept || !asked.value) {
+        return;
+      }
+      try {
+        const result = await pruneJobs(asked.value.trim());
+        const left = Object.keys(result.left_on_machines);
+        Notification.success(
+          left.length
+            ? trans.__(
+                'Forgot %1 finished jobs; their folders on %2 were left (not reachable).',
+                result.count,
+                left.join(', ')
+              )
+            : trans.__('Forgot %1 finished jobs.', result.count),
+          { autoClose: 5000 }
+        );
+        for (const id of result.removed) {
+          model.removeJob(id);
+        }
+        await model.refresh().catch(() => undefined);
+      } catch (error) {
+        showError(trans.__('Could not forget old jobs'), error, trans);
+      }
+    }
+  });
+
   if (palette) {
     for (const command of [
       CommandIDs.open,
@@ -710,6 +762,7 @@ export function registerCommands(context: ICommandContext): void {
       CommandIDs.run,
       CommandIDs.showLog,
       CommandIDs.cancelJob,
+      CommandIDs.pruneJobs,
       CommandIDs.refresh
     ]) {
       palette.addItem({ command, category });

@@ -9,11 +9,14 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import {
+  ACTIVE_STATES,
   APIError,
   checkMachine,
   getJob,
   ICheckResult,
   IJob,
+  IJobList,
+  IJobQuery,
   IKind,
   IMachine,
   isActive,
@@ -22,6 +25,28 @@ import {
   listJobs,
   listMachines
 } from './api';
+
+/**
+ * Jobs per page of the list (the server allows up to 1000).
+ */
+export const JOB_PAGE_SIZE = 100;
+
+/**
+ * What the job list shows: filtered on the server, so nothing hidden is downloaded.
+ */
+export interface IJobFilter {
+  machine: string;
+  /**
+   * A state, `active` for every unfinished state, or empty for all.
+   */
+  state: string;
+  /**
+   * A part of the name, any case.
+   */
+  name: string;
+}
+
+const NO_FILTER: IJobFilter = { machine: '', state: '', name: '' };
 
 /**
  * The user settings the front end reads (schema/plugin.json).
@@ -74,10 +99,24 @@ export function asAPIError(error: unknown): APIError {
       });
 }
 
+function sortKey(job: IJob): string {
+  return `${job.created ?? ''} ${job.id}`;
+}
+
 function byNewest(a: IJob, b: IJob): number {
-  const ka = `${a.created ?? ''} ${a.id}`;
-  const kb = `${b.created ?? ''} ${b.id}`;
+  const ka = sortKey(a);
+  const kb = sortKey(b);
   return ka < kb ? 1 : ka > kb ? -1 : 0;
+}
+
+function queryOf(filter: IJobFilter): IJobQuery {
+  return {
+    limit: JOB_PAGE_SIZE,
+    machine: filter.machine,
+    state:
+      filter.state === 'active' ? [...ACTIVE_STATES].join(',') : filter.state,
+    name: filter.name.trim()
+  };
 }
 
 export class ComputeModel implements IDisposable {
@@ -145,10 +184,75 @@ export class ComputeModel implements IDisposable {
   }
 
   /**
-   * Every job, newest first.
+   * The jobs loaded so far that match the filter, newest first (more pages: `loadMore`).
    */
   get jobs(): readonly IJob[] {
     return this._jobs;
+  }
+
+  /**
+   * Whether older jobs matching the filter are still on the server.
+   */
+  get hasMore(): boolean {
+    return this._nextCursor !== null;
+  }
+
+  get filter(): Readonly<IJobFilter> {
+    return this._filter;
+  }
+
+  /**
+   * Show other jobs: the list starts again from the server's first page for the new filter.
+   */
+  setFilter(filter: Partial<IJobFilter>): Promise<void> {
+    const next = { ...this._filter, ...filter };
+    if (
+      next.machine === this._filter.machine &&
+      next.state === this._filter.state &&
+      next.name === this._filter.name
+    ) {
+      return Promise.resolve();
+    }
+    this._filter = next;
+    return this._loadFirstPage().catch(error => {
+      this._error = asAPIError(error);
+      this._changed.emit();
+    });
+  }
+
+  /**
+   * Fetch the next page of the list (as the user scrolls); one request at a time.
+   */
+  loadMore(): Promise<void> {
+    if (this._nextCursor === null || this._isDisposed) {
+      return Promise.resolve();
+    }
+    if (!this._more) {
+      const generation = this._listGeneration;
+      this._more = listJobs({
+        ...queryOf(this._filter),
+        cursor: this._nextCursor
+      })
+        .then(page => {
+          if (generation !== this._listGeneration || this._isDisposed) {
+            return;
+          }
+          this._nextCursor = page.next_cursor ?? null;
+          this._jobs = this._jobs.concat(
+            this._remember(page.jobs ?? []).filter(j => !this._listed.has(j.id))
+          );
+          this._syncListed();
+          this._changed.emit();
+        })
+        .catch(error => {
+          this._error = asAPIError(error);
+          this._changed.emit();
+        })
+        .finally(() => {
+          this._more = null;
+        });
+    }
+    return this._more;
   }
 
   job(id: string): IJob | undefined {
@@ -281,11 +385,7 @@ export class ComputeModel implements IDisposable {
     const previous = this._byId.get(job.id);
     const merged: IJob = previous ? { ...previous, ...job } : job;
     this._byId.set(job.id, merged);
-    if (previous) {
-      this._jobs = this._jobs.map(j => (j.id === job.id ? merged : j));
-    } else {
-      this._jobs = [merged, ...this._jobs].sort(byNewest);
-    }
+    this._place(merged);
     this._noteTransition(previous?.state, merged);
     this._jobChanged.emit(merged);
     this._changed.emit();
@@ -295,7 +395,9 @@ export class ComputeModel implements IDisposable {
     if (!this._byId.delete(id)) {
       return;
     }
-    this._jobs = this._jobs.filter(j => j.id !== id);
+    if (this._listed.delete(id)) {
+      this._jobs = this._jobs.filter(j => j.id !== id);
+    }
     this._changed.emit();
   }
 
@@ -324,21 +426,13 @@ export class ComputeModel implements IDisposable {
 
   private async _fetch(): Promise<void> {
     try {
-      const [machines, jobs] = await Promise.all([listMachines(), listJobs()]);
+      const [machines] = await Promise.all([
+        listMachines(),
+        this._loadFirstPage()
+      ]);
       this._machines = machines.machines ?? [];
       this._kinds = machines.kinds ?? this._kinds;
       this._version = machines.version ?? '';
-      const next = new Map<string, IJob>();
-      for (const job of jobs.jobs ?? []) {
-        next.set(job.id, job);
-        const previous = this._byId.get(job.id);
-        this._noteTransition(previous?.state, job);
-        if (previous && previous.updated !== job.updated) {
-          this._jobChanged.emit(job);
-        }
-      }
-      this._byId = next;
-      this._jobs = [...next.values()].sort(byNewest);
       this._error = null;
     } catch (error) {
       this._error = asAPIError(error);
@@ -353,6 +447,110 @@ export class ComputeModel implements IDisposable {
       if (!this._isDisposed) {
         this._changed.emit();
       }
+    }
+  }
+
+  /**
+   * The first page of the list. While only it is loaded it replaces the list; once the user
+   * paged further, its jobs are merged in, so the list never jumps back to the top.
+   */
+  private async _loadFirstPage(): Promise<void> {
+    const generation = this._filterGeneration();
+    const page: IJobList = await listJobs(queryOf(this._filter));
+    if (generation !== this._listGeneration || this._isDisposed) {
+      return;
+    }
+    const jobs = this._remember(page.jobs ?? []);
+    if (
+      this._pagedFilter !== this._filterKey() ||
+      this._jobs.length <= JOB_PAGE_SIZE
+    ) {
+      this._pagedFilter = this._filterKey();
+      this._jobs = jobs;
+      this._nextCursor = page.next_cursor ?? null;
+      this._syncListed();
+    } else {
+      for (const job of jobs) {
+        this._place(job);
+      }
+    }
+    this._changed.emit();
+  }
+
+  private _filterKey(): string {
+    return JSON.stringify(this._filter);
+  }
+
+  /**
+   * A new filter makes answers to the old one stale; the same filter keeps its generation.
+   */
+  private _filterGeneration(): number {
+    if (this._generationFilter !== this._filterKey()) {
+      this._generationFilter = this._filterKey();
+      this._listGeneration += 1;
+    }
+    return this._listGeneration;
+  }
+
+  /**
+   * Keep what the model knows of listed jobs: a summary replaces a whole job only when the job
+   * changed (then the whole job is fetched again for whoever shows it).
+   */
+  private _remember(jobs: IJob[]): IJob[] {
+    return jobs.map(job => {
+      const previous = this._byId.get(job.id);
+      if (previous && previous.updated === job.updated) {
+        return previous;
+      }
+      const merged = previous ? { ...previous, ...job } : job;
+      this._byId.set(job.id, merged);
+      this._noteTransition(previous?.state, merged);
+      if (previous) {
+        this._jobChanged.emit(merged);
+        if (previous.spec) {
+          this._scheduleFetch(job.id);
+        }
+      }
+      return merged;
+    });
+  }
+
+  private _syncListed(): void {
+    this._listed = new Set(this._jobs.map(j => j.id));
+  }
+
+  private _matches(job: IJob): boolean {
+    const { machine, state, name } = this._filter;
+    if (machine && job.machine !== machine) {
+      return false;
+    }
+    if (
+      state &&
+      (state === 'active' ? !isActive(job.state) : job.state !== state)
+    ) {
+      return false;
+    }
+    const part = name.trim().toLowerCase();
+    return !part || (job.name ?? '').toLowerCase().includes(part);
+  }
+
+  /**
+   * Put a changed or new job where it belongs in the list, or take it out when it no longer
+   * matches the filter. A job older than the last loaded page waits for that page.
+   */
+  private _place(job: IJob): void {
+    const listed = this._listed.has(job.id);
+    const oldest = this._jobs[this._jobs.length - 1];
+    const inRange =
+      this._nextCursor === null || !oldest || sortKey(job) >= sortKey(oldest);
+    if (this._matches(job) && (listed || inRange)) {
+      this._jobs = listed
+        ? this._jobs.map(j => (j.id === job.id ? job : j))
+        : [job, ...this._jobs].sort(byNewest);
+      this._listed.add(job.id);
+    } else if (listed) {
+      this._jobs = this._jobs.filter(j => j.id !== job.id);
+      this._listed.delete(job.id);
     }
   }
 
@@ -394,7 +592,7 @@ export class ComputeModel implements IDisposable {
             : known.log_size
       };
       this._byId.set(id, patched);
-      this._jobs = this._jobs.map(j => (j.id === id ? patched : j));
+      this._place(patched);
       this._noteTransition(known.state, patched);
       this._jobChanged.emit(patched);
       this._changed.emit();
@@ -438,15 +636,22 @@ export class ComputeModel implements IDisposable {
   private _checks = new Map<string, ICheckRecord>();
   private _ended = new Set<string>();
   private _error: APIError | null = null;
+  private _filter: IJobFilter = { ...NO_FILTER };
+  private _generationFilter = '';
   private _events: Event.IManager | null = null;
   private _isDisposed = false;
   private _jobChanged = new Signal<this, IJob>(this);
   private _jobEnded = new Signal<this, IJob>(this);
   private _jobs: IJob[] = [];
   private _kinds: IKind[] = [];
+  private _listed = new Set<string>();
+  private _listGeneration = 0;
   private _loading = true;
   private _machines: IMachine[] = [];
   private _missingReported = false;
+  private _more: Promise<void> | null = null;
+  private _nextCursor: string | null = null;
+  private _pagedFilter = '';
   private _pending = new Map<string, number>();
   private _poll: Poll;
   private _serverMissing = new Signal<this, APIError>(this);

@@ -39,7 +39,9 @@ from .context import JobContext, ServiceSettings, remote_of
 from .key import job_key
 from .leases import Leases
 from .lifecycle import Driver
+from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
+from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
 from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, new_job_id, utcnow
 
@@ -145,6 +147,14 @@ class JobService:
         ]
         jobs.sort(key=lambda j: (j.created, j.id), reverse=True)
         return jobs
+
+    def list_page(self, query: JobQuery) -> JobPage:
+        """One page of job summaries, newest first (``listing.py``)."""
+        return list_page(self.store, query)
+
+    def prune(self, **options: Any) -> PruneResult:
+        """Forget old finished jobs (``prune.py``; options as ``prune_jobs``)."""
+        return prune_jobs(self, **options)
 
     # -- submit -------------------------------------------------------------
     def submit(self, spec: JobSpec, *, new: bool = False) -> SubmitResult:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -171,14 +172,29 @@ class Job:
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
 
 
+@dataclasses.dataclass(frozen=True)
+class Delta:
+    """How a snapshot this process wrote differs from the one it was made from (for the list index)."""
+
+    base: int  # the generation it was made from
+    touched: frozenset[str]  # jobs added or changed
+    removed: frozenset[str]
+
+
 @dataclasses.dataclass
-class _Snapshot:
-    """The file as this process last read or wrote it: its stat, bytes, jobs, each job's JSON text."""
+class Snapshot:
+    """The file as this process last read or wrote it: its stat, bytes, jobs, each job's JSON text.
+
+    ``generation`` counts the snapshots this store made; ``delta`` is set when this process's own
+    commit made it, so whoever keeps something derived from the jobs can patch it, not rebuild it.
+    """
 
     token: tuple[int, int, int] | None
     raw: bytes
     jobs: dict[str, Job]
     fragments: dict[str, str]
+    generation: int = 0
+    delta: Delta | None = None
 
 
 def _fragment(job: Job) -> str:
@@ -229,9 +245,20 @@ class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
-        self._snapshot = _Snapshot(None, b"", {}, {})
+        self._generations = itertools.count(1)
+        self._snapshot = Snapshot(None, b"", {}, {})
         #: Set when a broken state file was moved aside, for the API and CLI to report.
         self.recovered_from: Path | None = None
+
+    def _new_snapshot(
+        self,
+        token: tuple[int, int, int] | None,
+        raw: bytes,
+        jobs: dict[str, Job],
+        fragments: dict[str, str],
+        delta: Delta | None = None,
+    ) -> Snapshot:
+        return Snapshot(token, raw, jobs, fragments, next(self._generations), delta)
 
     # -- reading ----------------------------------------------------------
     def _stat_token(self) -> tuple[int, int, int] | None:
@@ -257,7 +284,7 @@ class JobStore:
             raise ValueError(f"schema {schema!r}, this version reads {SCHEMA_VERSION}")
         return {job_id: Job.from_json(data) for job_id, data in raw["jobs"].items()}
 
-    def _refresh(self, *, locked: bool) -> _Snapshot:
+    def _refresh(self, *, locked: bool) -> Snapshot:
         """The snapshot, read again only if the file changed since this process last saw it.
 
         Readers trust the stat token; a writer holding the lock compares the bytes too, since
@@ -265,14 +292,14 @@ class JobStore:
         """
         token = self._stat_token()
         if token is None:
-            self._snapshot = _Snapshot(None, b"", {}, {})
+            self._snapshot = self._new_snapshot(None, b"", {}, {})
             return self._snapshot
         if token == self._snapshot.token and not locked:
             return self._snapshot
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            self._snapshot = _Snapshot(None, b"", {}, {})
+            self._snapshot = self._new_snapshot(None, b"", {}, {})
             return self._snapshot
         if raw == self._snapshot.raw and self._snapshot.token is not None:
             self._snapshot.token = token
@@ -285,7 +312,7 @@ class JobStore:
                 with self._lock:
                     return self._refresh(locked=True)
             jobs, token, raw = self._move_aside(e), None, b""
-        self._snapshot = _Snapshot(token, raw, jobs, {})
+        self._snapshot = self._new_snapshot(token, raw, jobs, {})
         return self._snapshot
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
@@ -297,8 +324,12 @@ class JobStore:
 
     def jobs(self) -> dict[str, Job]:
         """Every job by id, as on disk now. Shared: callers read it and must not change it."""
+        return self.snapshot().jobs
+
+    def snapshot(self) -> Snapshot:
+        """The file as on disk now, with its generation (see ``Snapshot``). Shared: read only."""
         try:
-            return self._refresh(locked=False).jobs
+            return self._refresh(locked=False)
         except Timeout:
             raise StoreUnreadable(f"{self.path}: another process holds its lock; try again") from None
 
@@ -325,15 +356,15 @@ class JobStore:
         finally:
             self._lock.release()
 
-    def _commit(self, snapshot: _Snapshot, jobs: JobMap) -> None:
+    def _commit(self, snapshot: Snapshot, jobs: JobMap) -> None:
         fragments = {job_id: frag for job_id, frag in snapshot.fragments.items() if job_id not in jobs.removed}
-        changed = bool(jobs.removed)
+        touched = set()
         for job_id in jobs.touched:
             job = dict.__getitem__(jobs, job_id)
             if job_id not in snapshot.jobs or job != snapshot.jobs[job_id]:
-                changed = True
+                touched.add(job_id)
                 fragments[job_id] = _fragment(job)
-        if not changed:
+        if not touched and not jobs.removed:
             return
         # Unchanged jobs keep the text they had; only jobs never serialised here are dumped.
         parts = [f"{json.dumps(job_id)}:{fragments.get(job_id) or _fragment(job)}" for job_id, job in dict.items(jobs)]
@@ -341,4 +372,5 @@ class JobStore:
         raw = payload.encode()
         atomic_write(self.path, raw, mode=0o600)
         full = {job_id: fragments.get(job_id) or _fragment(job) for job_id, job in dict.items(jobs)}
-        self._snapshot = _Snapshot(self._stat_token(), raw, dict(dict.items(jobs)), full)
+        delta = Delta(snapshot.generation, frozenset(touched), frozenset(jobs.removed))
+        self._snapshot = self._new_snapshot(self._stat_token(), raw, dict(dict.items(jobs)), full, delta)

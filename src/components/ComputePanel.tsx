@@ -6,6 +6,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import {
   addIcon,
   checkIcon,
+  clearIcon,
   ellipsesIcon,
   ReactWidget,
   refreshIcon,
@@ -39,6 +40,16 @@ export const PANEL_ID = 'jp-remote-compute-panel';
  * Height of one job row in pixels (the list is windowed on it; keep in sync with the CSS).
  */
 export const JOB_ROW_HEIGHT = 46;
+
+/**
+ * Rows below the visible ones at which the next page is asked for.
+ */
+const PREFETCH_ROWS = 50;
+
+/**
+ * Milliseconds of no typing before a name search goes to the server.
+ */
+const SEARCH_DELAY = 300;
 
 function ServerMissing(props: {
   error: APIError;
@@ -350,10 +361,12 @@ function JobRow(props: {
  */
 function JobList(props: {
   jobs: readonly IJob[];
+  hasMore: boolean;
+  loadMore: () => void;
   commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { jobs, commands, trans } = props;
+  const { jobs, hasMore, loadMore, commands, trans } = props;
   const scroller = React.useRef<HTMLDivElement>(null);
   const [scrollTop, setScrollTop] = React.useState(0);
   const [height, setHeight] = React.useState(400);
@@ -376,6 +389,13 @@ function JobList(props: {
   );
   const visible = jobs.slice(first, last);
   const now = useNow(visible.some(j => isActive(j.state)));
+  // Ask for the next page while a page's worth of rows is still below the fold.
+  const nearEnd = last + PREFETCH_ROWS >= jobs.length;
+  React.useEffect(() => {
+    if (hasMore && nearEnd) {
+      loadMore();
+    }
+  }, [hasMore, nearEnd, jobs.length]);
   return (
     <div
       ref={scroller}
@@ -409,25 +429,28 @@ function Jobs(props: {
   trans: TranslationBundle;
 }): JSX.Element {
   const { model, commands, trans } = props;
-  const [machine, setMachine] = React.useState('');
-  const [state, setState] = React.useState('');
+  const { machine, state } = model.filter;
+  // The search box shows what is typed at once; the server is asked once typing pauses.
+  const [name, setName] = React.useState(model.filter.name);
+  React.useEffect(() => {
+    const timer = window.setTimeout(
+      () => void model.setFilter({ name }),
+      SEARCH_DELAY
+    );
+    return () => window.clearTimeout(timer);
+  }, [name]);
   const machineNames = React.useMemo(() => {
     const names = new Set<string>(model.machines.map(m => m.name));
     for (const job of model.jobs) {
       names.add(job.machine);
     }
+    if (machine) {
+      names.add(machine);
+    }
     return [...names].sort();
-  }, [model.machines, model.jobs]);
-  const jobs = React.useMemo(
-    () =>
-      model.jobs.filter(
-        j =>
-          (!machine || j.machine === machine) &&
-          (!state ||
-            (state === 'active' ? isActive(j.state) : j.state === state))
-      ),
-    [model.jobs, machine, state]
-  );
+  }, [model.machines, model.jobs, machine]);
+  const jobs = model.jobs;
+  const filtered = !!(machine || state || model.filter.name);
   return (
     <section
       className="jp-RemoteCompute-jobs"
@@ -439,11 +462,16 @@ function Jobs(props: {
           className="jp-RemoteCompute-sectionTitle"
         >
           {trans.__('Jobs')}
-          {model.jobs.length > 0 && (
-            <span className="jp-RemoteCompute-count">
-              {jobs.length === model.jobs.length
-                ? ` (${model.jobs.length})`
-                : ` (${jobs.length}/${model.jobs.length})`}
+          {jobs.length > 0 && (
+            <span
+              className="jp-RemoteCompute-count"
+              title={
+                model.hasMore
+                  ? trans.__('%1 loaded; more load as you scroll', jobs.length)
+                  : ''
+              }
+            >
+              {` (${jobs.length}${model.hasMore ? '+' : ''})`}
             </span>
           )}
         </h3>
@@ -453,13 +481,18 @@ function Jobs(props: {
           tooltip={trans.__('Start a job on one of the machines')}
           onClick={() => void commands.execute('remote-compute:run')}
         />
+        <ToolbarButtonComponent
+          icon={clearIcon}
+          tooltip={trans.__('Forget old finished jobs…')}
+          onClick={() => void commands.execute('remote-compute:prune-jobs')}
+        />
       </div>
       <div className="jp-RemoteCompute-filters">
         <select
           className="jp-mod-styled"
           aria-label={trans.__('Filter jobs by machine')}
           value={machine}
-          onChange={e => setMachine(e.target.value)}
+          onChange={e => void model.setFilter({ machine: e.target.value })}
         >
           <option value="">{trans.__('All machines')}</option>
           {machineNames.map(name => (
@@ -472,7 +505,7 @@ function Jobs(props: {
           className="jp-mod-styled"
           aria-label={trans.__('Filter jobs by state')}
           value={state}
-          onChange={e => setState(e.target.value)}
+          onChange={e => void model.setFilter({ state: e.target.value })}
         >
           <option value="">{trans.__('All states')}</option>
           <option value="active">{trans.__('Active (not finished)')}</option>
@@ -482,15 +515,29 @@ function Jobs(props: {
             </option>
           ))}
         </select>
+        <input
+          type="search"
+          className="jp-mod-styled jp-RemoteCompute-search"
+          aria-label={trans.__('Search jobs by name')}
+          placeholder={trans.__('Search by name')}
+          value={name}
+          onChange={e => setName(e.target.value)}
+        />
       </div>
-      {model.jobs.length === 0 ? (
-        <p className="jp-RemoteCompute-empty">{trans.__('No jobs yet.')}</p>
-      ) : jobs.length === 0 ? (
+      {jobs.length === 0 ? (
         <p className="jp-RemoteCompute-empty">
-          {trans.__('No job matches the filters.')}
+          {filtered
+            ? trans.__('No job matches the filters.')
+            : trans.__('No jobs yet.')}
         </p>
       ) : (
-        <JobList jobs={jobs} commands={commands} trans={trans} />
+        <JobList
+          jobs={jobs}
+          hasMore={model.hasMore}
+          loadMore={() => void model.loadMore()}
+          commands={commands}
+          trans={trans}
+        />
       )}
     </section>
   );

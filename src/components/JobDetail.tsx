@@ -326,7 +326,8 @@ export class JobDetailWidget extends Panel {
     model.changed.connect(this._onModelChanged, this);
     model.jobChanged.connect(this._onJobChanged, this);
     this._onModelChanged();
-    if (!model.job(jobId)) {
+    // The list holds summaries: the whole job (spec, outputs, transfer) comes with a GET.
+    if (!model.job(jobId)?.spec) {
       model.reloadJob(jobId).catch(error => {
         this._setInfoError(asAPIError(error).message);
       });

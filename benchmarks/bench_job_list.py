@@ -1,0 +1,179 @@
+"""How the job list feels with 10,000 and 100,000 jobs (issue 19). Prints figures beside their goals; not a test.
+
+    .venv/bin/python benchmarks/bench_job_list.py [--sizes 10000 100000] [--requests 200]
+
+On a throw-away workspace, with a real Jupyter Server on loopback running the extension:
+- GET /remote-compute/jobs (first page, 100 summaries) p50/p99 over a kept-alive connection, after
+  the server has read the file once; the first answer after another process rewrote the file
+  (read, parse, index) separately; the same page revalidated by ETag (a 304);
+- GET with a filter matching few jobs (state=running) p50/p99;
+- submit latency with the largest size in the state file (JobService.submit in this process, the
+  work POST /jobs does: screen, hash, lock, read, write the file back).
+Bounded: a few minutes at most on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_store import _fill
+
+from jupyter_remote_compute.jobs.listing import JobQuery, list_page
+from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
+from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.jobs.store import JobStore
+from jupyter_remote_compute.workspace import Workspace
+
+GOALS_MS = {10_000: 20.0, 100_000: 50.0}  # GET first page p99
+SUBMIT_GOAL_MS = 100.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A Jupyter Server with the extension, on loopback, serving the workspace."""
+
+    def __init__(self, root: Path, scratch: Path) -> None:
+        self.port = _free_port()
+        self.token = secrets.token_hex(16)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser",
+                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", f"--ServerApp.token={self.token}",
+                f"--ServerApp.root_dir={root}", "--ServerApp.jpserver_extensions=jupyter_remote_compute=True",
+                f"--RemoteComputeApp.workspace={root}", f"--RemoteComputeApp.scratch_dir={scratch}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.get("/api/status")[0] == 200:
+                    return
+            except OSError:
+                self.conn.close()
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise SystemExit("the server did not start within 60 s")
+            time.sleep(0.2)
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+        self.conn.request("GET", path, headers={"Authorization": f"token {self.token}", **(headers or {})})
+        response = self.conn.getresponse()
+        return response.status, response.read(), dict(response.getheaders())
+
+    def stop(self) -> None:
+        self.conn.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _timed(fn, n: int) -> list[float]:  # type: ignore[no-untyped-def]
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1000)
+    return samples
+
+
+def _p(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def _line(what: str, samples: list[float], goal: float | None = None) -> None:
+    figures = f"p50 {statistics.median(samples):7.2f} ms  p99 {_p(samples, 0.99):7.2f} ms"
+    verdict = (
+        "" if goal is None else f"   goal p99 <= {goal:.0f} ms: {'met' if _p(samples, 0.99) <= goal else 'NOT met'}"
+    )
+    print(f"  {what:<34}{figures}{verdict}")
+
+
+def _measure_lists(server: Server, size: int, n: int) -> None:
+    first_page = "/remote-compute/jobs?limit=100"
+    t = time.perf_counter()
+    status, body, headers = server.get(first_page)
+    assert status == 200, body[:200]
+    cold = (time.perf_counter() - t) * 1000
+    print(f"  first GET after the file changed  {cold:8.1f} ms (read, parse, index)")
+    print(f"  page size                         {len(body) / 1000:8.1f} kB (the whole list was the file)")
+    _line("GET /api/status (server floor)", _timed(lambda: server.get("/api/status"), n))
+    _line("GET /jobs first page", _timed(lambda: server.get(first_page), n), GOALS_MS.get(size))
+    etag = {k.lower(): v for k, v in headers.items()}["etag"]
+    assert server.get(first_page, {"If-None-Match": etag})[0] == 304
+    _line("GET /jobs first page, 304", _timed(lambda: server.get(first_page, {"If-None-Match": etag}), n))
+    running = "/remote-compute/jobs?limit=100&state=running"
+    _line("GET /jobs?state=running", _timed(lambda: server.get(running), n))
+    second = f"{first_page}&cursor={json.loads(body)['next_cursor']}"
+    _line("GET /jobs second page", _timed(lambda: server.get(second), n))
+
+
+def _measure_in_process(path: Path) -> None:
+    """The list logic alone, without HTTP and the server, on a store of its own."""
+    reader = JobStore(path)
+    list_page(reader, JobQuery.parse())
+    _line("list_page in-process (no HTTP)", _timed(lambda: list_page(reader, JobQuery.parse()), 1000))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--submits", type=int, default=5)
+    args = parser.parse_args()
+
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (figures scale with it)")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "ws"
+        (root / ".punica").mkdir(parents=True)
+        (root / "train.py").write_text("print('hi')\n")
+        scratch = Path(tmp) / "scratch"
+        os.environ["JUPYTER_REMOTE_COMPUTE_SCRATCH"] = str(scratch)
+        service = JobService(Workspace(root), ServiceSettings(scratch_dir=scratch))
+        server = Server(root, scratch)
+        try:
+            filled = 0
+            for size in sorted(args.sizes):
+                t = time.perf_counter()
+                _fill(service.store, size - filled)  # another process, as far as the server knows
+                filled = size
+                mb = service.workspace.state_file.stat().st_size / 1e6
+                print(f"{size} jobs: state file {mb:.1f} MB, written in {time.perf_counter() - t:.1f} s")
+
+                _measure_lists(server, size, args.requests)
+                _measure_in_process(service.store.path)
+        finally:
+            server.stop()
+
+        print(f"submit with {filled} jobs in the state file (no server running)")
+        spec = JobSpec.from_json({"command": "echo hi", "send": ["train.py"]})
+        service.submit(spec, new=True)  # the first commit of a process serialises every job once
+        _line("JobService.submit", _timed(lambda: service.submit(spec, new=True), args.submits), SUBMIT_GOAL_MS)
+        service.close()
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
