@@ -17,6 +17,7 @@ import getpass
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -44,6 +45,10 @@ class TrackingSettings:
         default_factory=lambda: os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
     )
     artifact_size_cap: int = 100 * 1024 * 1024  # outputs larger than this in total are not copied
+    # Record in a short-lived child process: MLflow and its SQLAlchemy store add ~200 MiB to whoever
+    # imports them, which a long-running server should not keep for ever. Faces that exit anyway
+    # (CLI, a pipeline run) record in-process.
+    isolated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +116,8 @@ def find_run(client: Any, experiment_id: str, tag: str, value: str) -> str | Non
 
 def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
     """Create (or find) the job's run, replay what the job logged, attach artifacts, close it."""
+    if settings.isolated:
+        return _record_in_child(workspace, settings, job)
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri(workspace, settings)
@@ -250,3 +257,56 @@ def _batches(params: list, metrics: list, tags: list) -> Iterable[tuple[list, li
         yield [], metrics[i : i + BATCH], []
     for i in range(0, len(tags), 100):
         yield [], [], tags[i : i + 100]
+
+
+# -- recording in a child process (settings.isolated) -------------------------------------------
+RECORD_TIMEOUT = 1800.0  # artifacts up to artifact_size_cap are copied: generous, but never for ever
+
+
+def _record_in_child(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
+    """``record_job`` in ``python -m jupyter_remote_compute.tracking``; the request (secrets to hide
+    included) travels on its standard input, never in argv or a file."""
+    request = {
+        "workspace": str(workspace),
+        "settings": {**dataclasses.asdict(settings), "isolated": False},
+        "job": {
+            **dataclasses.asdict(job),
+            "log_path": str(job.log_path) if job.log_path else None,
+            "outputs": {name: str(path) for name, path in job.outputs.items()},
+            "inputs_manifest": str(job.inputs_manifest) if job.inputs_manifest else None,
+            "far_store": str(job.far_store) if job.far_store else None,
+        },
+    }
+    child = subprocess.run(
+        [sys.executable, "-m", "jupyter_remote_compute.tracking"],
+        input=json.dumps(request).encode(),
+        capture_output=True,
+        timeout=RECORD_TIMEOUT,
+        check=False,
+    )
+    if child.returncode != 0:
+        lines = child.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
+        raise RuntimeError(lines[-1])  # the caller masks secrets before showing it
+    return child.stdout.decode().strip()
+
+
+def _main() -> int:
+    request = json.loads(sys.stdin.buffer.read())
+    raw = request["job"]
+    job = JobRecord(
+        **{
+            **raw,
+            "log_path": Path(raw["log_path"]) if raw["log_path"] else None,
+            "outputs": {name: Path(path) for name, path in raw["outputs"].items()},
+            "inputs_manifest": Path(raw["inputs_manifest"]) if raw["inputs_manifest"] else None,
+            "far_store": Path(raw["far_store"]) if raw["far_store"] else None,
+            "mask_values": tuple(raw["mask_values"]),
+        }
+    )
+    settings = TrackingSettings(**request["settings"])
+    print(record_job(Path(request["workspace"]), settings, job))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

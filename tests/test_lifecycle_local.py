@@ -335,3 +335,44 @@ def test_the_experiment_follows_mlflows_own_variable(monkeypatch):
     assert TrackingSettings().experiment == "remote-compute"
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-runs")
     assert TrackingSettings().experiment == "team-runs"
+
+
+ISOLATED_RUN = """
+import json, sys
+from pathlib import Path
+from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
+from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.tracking import TrackingSettings
+from jupyter_remote_compute.workspace import Workspace
+
+root, scratch, uri = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+settings = ServiceSettings(
+    poll_interval=0.2, scratch_dir=scratch, tracking=TrackingSettings(uri, "tests", isolated=True)
+)
+service = JobService(Workspace(root), settings)
+spec = {"command": "python train.py", "send": ["train.py", "data/*.csv"], "bring_back": ["model.pkl"]}
+job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=120)
+print(json.dumps({"state": job.state, "run": job.mlflow_run_id, "mlflow_loaded": "mlflow" in sys.modules}))
+"""
+
+
+def test_a_server_records_in_a_child_and_never_loads_mlflow_itself(quickstart, scratch_dir, tracking_uri):
+    """MLflow and its store cost a process ~200 MiB: a long-lived server hands each run to a child."""
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", ISOLATED_RUN, str(quickstart), str(scratch_dir), tracking_uri],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["state"] == "succeeded" and result["mlflow_loaded"] is False
+    [run] = job_runs(tracking_uri, _only_job(quickstart))
+    assert run.info.run_id == result["run"] and run.data.params["rows"] == "40"
+
+
+def _only_job(workspace: Path) -> str:
+    [job_id] = json.loads((workspace / ".punica/jobs.json").read_text())["jobs"]
+    return job_id
