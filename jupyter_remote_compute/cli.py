@@ -171,6 +171,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     action = args.action
     if action == "list":
         jobs = service.list_jobs(machine=args.machine, state=args.state)
+        for aside in service.store.set_aside():
+            print(f"warning: {aside['message']}", file=sys.stderr)
         if args.json:
             _print_json([j.public_json() for j in jobs])
         else:

@@ -214,7 +214,8 @@ class JobsHandler(RemoteComputeHandler):
         jobs = await self.call(
             self.service.list_jobs, machine=self.get_argument("machine", None), state=self.get_argument("state", None)
         )
-        self.reply({"jobs": [j.public_json() for j in jobs]})
+        set_aside = await self.call(self.service.store.set_aside)
+        self.reply({"jobs": [j.public_json() for j in jobs], **({"set_aside": set_aside} if set_aside else {})})
 
     @api(action="execute")
     async def post(self) -> None:
