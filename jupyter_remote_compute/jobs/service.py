@@ -16,6 +16,7 @@ worker threads, never from the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -379,6 +380,11 @@ class JobService:
             log.exception("job %s: %s", job.id, e)
             current = self.store.get(job.id)
             if current.active:
+                if current.state == "collecting" and current.lease and self._holds(current.lease):
+                    # A full disk must not stay full of a half fetch: the next attempt fetches again.
+                    shutil.rmtree(self.workspace.job_dir(job.id) / "incoming", ignore_errors=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.workspace.job_dir(job.id) / "log.part")
                 self._retry_later(current, e, "failed", f"{current.state} failed on this side")
         finally:
             lock.release()
@@ -496,7 +502,9 @@ class JobService:
         if now - since > self.settings.give_up_after:
             self._finish_later(job.id, give_up_state, f"{give_up_reason}: {error}", reach_machine=False)
         else:
-            self._update(job.id, lease=None, retries=job.retries + 1, failing_since=since)
+            # The reason says why it is stuck (a full disk, a machine down) while it tries again.
+            reason = f"{give_up_reason}: {error}; trying again"
+            self._update(job.id, lease=None, retries=job.retries + 1, failing_since=since, reason=reason)
 
     def _finish_later(self, job_id: str, state: str, reason: str, *, reach_machine: bool = True) -> None:
         """Decide the outcome now; collection records it (log, MLflow) and ends the job.
@@ -545,6 +553,7 @@ class JobService:
             self._update(
                 job.id,
                 state="running",
+                reason=None,
                 started=utcnow(),
                 handle=dict(remote.handle),
                 transfer=dataclasses.asdict(stats),
@@ -854,7 +863,12 @@ def move_into_place(src: Path, dst: Path) -> None:
         if e.errno != errno.EXDEV:
             raise
         tmp = dst.with_name(f".{dst.name}.incoming")
-        shutil.copyfile(src, tmp)
+        try:
+            shutil.copyfile(src, tmp)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a disk that filled up keeps no partial file
+            raise
         os.replace(tmp, dst)
         os.unlink(src)
 
