@@ -797,6 +797,9 @@ if [ -f "$in/post.sh" ]; then sh "$in/post.sh"; fi
                 while ch.recv(CHUNK):
                     self._drain_stderr(ch, err)
                 code = self._finish(ch, err, CALL_TIMEOUT)
+                if code == -1 and not ch.get_transport().is_active():
+                    # paramiko's "no exit status": the connection dropped under the stream, the far side did not fail.
+                    raise _Dropped("the connection closed while sending inputs")
         except _Dropped as e:
             raise self._lost(e) from None
         if code != 0:
