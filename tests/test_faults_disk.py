@@ -7,37 +7,21 @@ whole. Once there is room again, the next attempt brings the outputs back whole.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import job_runs
-from required import require
+from tmpfs import tmpfs
 from waiting import wait_for
 
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 OUTPUT = 1536 << 10  # 1.5 MiB of random bytes: more than the room left, less than the file system
-
-
-@contextlib.contextmanager
-def tmpfs(where: Path, size: str) -> Iterator[Path]:
-    where.mkdir(parents=True, exist_ok=True)
-    mounted = os.geteuid() == 0 and shutil.which("mount") is not None
-    if mounted:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
-        mounted = done.returncode == 0
-    require(mounted, f"permission to mount a tmpfs on {where} (run as root)")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def _fill(where: Path, leave: int) -> Path:

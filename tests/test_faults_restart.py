@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from conftest import job_runs
 from mlflow.tracking import MlflowClient
-from required import require
 from server_process import Server, open_files
+from tmpfs import tmpfs
 from waiting import wait_for
 
 BIG_INPUT = 150 << 20  # sparse: cheap to make, slow enough to hash and copy to be seen doing it
@@ -156,21 +156,6 @@ def in_background(call: Callable[[], Any]) -> Iterator[None]:
     thread.start()
     yield
     thread.join(timeout=90)
-
-
-@contextlib.contextmanager
-def tmpfs(where: Path, size: str) -> Iterator[None]:
-    """A small file system of its own mounted on ``where`` (root only)."""
-    where.mkdir(parents=True, exist_ok=True)
-    mounted = os.geteuid() == 0 and shutil.which("mount") is not None
-    if mounted:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
-        mounted = done.returncode == 0
-    require(mounted, f"permission to mount a tmpfs on {where} (run as root)")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 @pytest.fixture
