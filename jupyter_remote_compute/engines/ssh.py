@@ -1078,8 +1078,14 @@ tar -cf - "$m" "$@"
                     if progress:
                         progress(done, max(total, done))
 
-                for info in members:
-                    extractor.extract(reader, info, tick)
+                try:
+                    for info in members:
+                        extractor.extract(reader, info, tick)
+                except UnsafeArchive:
+                    if not ch.get_transport().is_active():
+                        # Cut short by a dropped connection, not a bad archive: fetch again.
+                        raise _Dropped("the connection closed while fetching outputs") from None
+                    raise
                 code = self._finish(ch, err, CALL_TIMEOUT)
         except _Dropped as e:
             raise self._lost(e) from None
