@@ -215,6 +215,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     service = _service(args)
     action = args.action
     if action == "list":
+        for aside in service.store.set_aside():
+            print(f"warning: {aside['message']}", file=sys.stderr)
         return _list_jobs(service, args)
     if action == "prune":
         result = service.prune(

@@ -221,8 +221,11 @@ class JobsHandler(RemoteComputeHandler):
     async def get(self) -> None:
         """A page of job summaries, newest first; an unchanged page is a 304 to a matching If-None-Match."""
         query = JobQuery.parse(**{name: self.get_argument(name, None) for name in JOB_QUERY_ARGUMENTS})
-        page = await self.call(self.service.list_page, query)
-        body = json.dumps(page.to_json(), default=str).encode()
+        page = (await self.call(self.service.list_page, query)).to_json()
+        set_aside = await self.call(self.service.store.set_aside)
+        if set_aside:  # a damaged state file was moved aside: every list says so until it is dealt with
+            page["set_aside"] = set_aside
+        body = json.dumps(page, default=str).encode()
         # A strong validator of the answer itself: any change to a listed job changes the page's bytes.
         self.set_header("ETag", '"' + hashlib.sha1(body, usedforsecurity=False).hexdigest() + '"')
         self.set_header("Cache-Control", "no-cache")

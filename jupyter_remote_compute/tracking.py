@@ -12,6 +12,7 @@ exclusive (the lifecycle's lease), so two processes never record concurrently.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import getpass
 import json
@@ -32,6 +33,7 @@ TAG_KEY = "remote_compute.key"
 TAG_SOURCE_RUN = "remote_compute.source_run_id"
 TAG_REPLAYED = "remote_compute.replayed"
 BATCH = 1000
+STORE_LOCK_TIMEOUT = 300.0  # seconds to wait for another process recording into the same sqlite store
 
 DEFAULT_EXPERIMENT = "remote-compute"
 STATUS_BY_STATE = {"succeeded": "FINISHED", "failed": "FAILED", "lost": "FAILED", "cancelled": "KILLED"}
@@ -114,13 +116,28 @@ def find_run(client: Any, experiment_id: str, tag: str, value: str) -> str | Non
     return runs[0].info.run_id if runs else None
 
 
+def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
+    """For a sqlite store, a lock beside it: MLflow creates and migrates a new database without one,
+    and two processes doing it at once (two servers, a CLI) leave it half made for everyone after."""
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    return FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=STORE_LOCK_TIMEOUT)
+
+
 def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
     """Create (or find) the job's run, replay what the job logged, attach artifacts, close it."""
     if settings.isolated:
         return _record_in_child(workspace, settings, job)
+    uri = tracking_uri(workspace, settings)
+    with _store_lock(uri):
+        return _record_job(workspace, uri, settings, job)
+
+
+def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobRecord) -> str:
     from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri(workspace, settings)
     client = MlflowClient(tracking_uri=uri)
     experiment_id = _experiment_id(client, workspace, uri, settings.experiment)
 

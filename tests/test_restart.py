@@ -2,82 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import signal
-import socket
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from server_process import Server
 from waiting import wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, root: Path, scratch: Path, tracking_uri: str, log: Path) -> None:
-        self.root, self.scratch, self.tracking_uri, self.log = root, scratch, tracking_uri, log
-        self.token = secrets.token_hex(16)
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = [
-            sys.executable, "-m", "jupyter_server",
-            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}", "--ServerApp.allow_root=True", "--ServerApp.open_browser=False",
-            f"--ServerApp.root_dir={self.root}",
-            "--ServerApp.jpserver_extensions=jupyter_remote_compute=True",
-            f"--RemoteComputeApp.scratch_dir={self.scratch}",
-            f"--RemoteComputeApp.mlflow_tracking_uri={self.tracking_uri}",
-            "--RemoteComputeApp.mlflow_experiment=tests",
-            "--RemoteComputeApp.poll_interval=0.2",
-        ]  # fmt: skip
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
-        wait_for(self._ready, timeout=60, interval=0.2, message="jupyter server to answer")
-
-    def _ready(self) -> bool:
-        assert self.proc and self.proc.poll() is None, self.log.read_text()[-3000:]
-        try:
-            self.request("GET", "machines")
-            return True
-        except (urllib.error.URLError, ConnectionError):
-            return False
-
-    def request(self, method: str, path: str, body: dict | None = None) -> dict:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/remote-compute/{path}",
-            method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"token {self.token}"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as response:
-            return json.loads(response.read() or b"null")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 @pytest.fixture

@@ -68,6 +68,7 @@ from .ssh_transfer import (
     END_OF_ARCHIVE,
     SafeExtractor,
     TarReader,
+    UnsafeArchive,
     check_digest,
     check_relpath,
     padding,
@@ -313,6 +314,9 @@ if [ -f "$in/post.sh" ]; then sh "$in/post.sh"; fi
                 while ch.recv(CHUNK):
                     self._drain_stderr(ch, err)
                 code = self._finish(ch, err, CALL_TIMEOUT)
+                if code == -1 and not ch.get_transport().is_active():
+                    # paramiko's "no exit status": the connection dropped under the stream, the far side did not fail.
+                    raise Dropped("the connection closed while sending inputs")
         except Dropped as e:
             raise self._lost(e) from None
         if code != 0:
@@ -466,6 +470,11 @@ tail -c +{offset + 1} -- {quote(d + "/log")} | head -c {limit}
 
                 try:
                     result = farside.receive_outputs(read, outputs, dest, manifest, self.name, progress)
+                except UnsafeArchive:
+                    if not ch.get_transport().is_active():
+                        # Cut short by a dropped connection, not a bad archive: fetch again.
+                        raise Dropped("the connection closed while fetching outputs") from None
+                    raise
                 except farside.NoManifest:
                     code = self._finish(ch, err, CALL_TIMEOUT)
                     raise EngineError(Result(code, b"", bytes(err)).error(f"{self.name}: fetching outputs")) from None

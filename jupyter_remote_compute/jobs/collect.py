@@ -7,6 +7,7 @@ whole or not at all), record the MLflow run, then end the job with its outcome.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import logging
@@ -161,7 +162,12 @@ def move_into_place(src: Path, dst: Path) -> None:
         if e.errno != errno.EXDEV:
             raise
         tmp = dst.with_name(f".{dst.name}.incoming")
-        shutil.copyfile(src, tmp)
+        try:
+            shutil.copyfile(src, tmp)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # a disk that filled up keeps no partial file
+            raise
         os.replace(tmp, dst)
         os.unlink(src)
 

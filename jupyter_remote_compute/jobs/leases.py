@@ -92,7 +92,9 @@ class Leases:
         if now - since > self.ctx.settings.give_up_after:
             self.finish_later(job.id, give_up_state, f"{give_up_reason}: {error}", reach_machine=False)
         else:
-            self.update(job.id, lease=None, retries=job.retries + 1, failing_since=since)
+            # The reason says why it is stuck (a full disk, a machine down) while it tries again.
+            reason = f"{give_up_reason}: {error}; trying again"
+            self.update(job.id, lease=None, retries=job.retries + 1, failing_since=since, reason=reason)
 
     def finish_later(self, job_id: str, state: str, reason: str, *, reach_machine: bool = True) -> None:
         """Decide the outcome now; collection records it (log, MLflow) and ends the job.

@@ -10,9 +10,12 @@ is a compare-and-set inside a store transaction. Collection is collect.py's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -76,6 +79,11 @@ class Driver:
             log.exception("job %s: %s", job.id, e)
             current = self.ctx.store.get(job.id)
             if current.active:
+                if current.state == "collecting" and current.lease and self.leases.holds(current.lease):
+                    # A full disk must not stay full of a half fetch: the next attempt fetches again.
+                    shutil.rmtree(self.ctx.workspace.job_dir(job.id) / "incoming", ignore_errors=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.ctx.workspace.job_dir(job.id) / "log.part")
                 self.leases.retry_later(current, e, "failed", f"{current.state} failed on this side")
         finally:
             lock.release()
@@ -145,6 +153,7 @@ class Driver:
             self.leases.update(
                 job.id,
                 state="running",
+                reason=None,
                 started=utcnow(),
                 handle=dict(remote.handle),
                 transfer=dataclasses.asdict(stats),

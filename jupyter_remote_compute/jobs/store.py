@@ -31,6 +31,7 @@ from ..fsutil import atomic_write
 from .spec import JobSpec
 
 SCHEMA_VERSION = 1
+UNREADABLE = ".unreadable-"  # jobs.json.unreadable-<time>: a state file that could not be read, kept
 LOCK_TIMEOUT = 30.0
 
 State = Literal["queued", "sending", "running", "collecting", "succeeded", "failed", "cancelled", "lost"]
@@ -316,11 +317,40 @@ class JobStore:
         return self._snapshot
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
-        aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+        stamp = f"{self.path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}"
+        aside = self.path.with_name(stamp)
+        # Under the lock: a second broken file within the same second gets a name of its own, never the first's.
+        for n in itertools.count(1):
+            if not aside.exists():
+                break
+            aside = self.path.with_name(f"{stamp}-{n}")
         os.replace(self.path, aside)
         self.recovered_from = aside
         log.error("job state file %s could not be read (%s); moved it to %s", self.path, error, aside)
         return {}
+
+    def set_aside(self) -> list[dict[str, str]]:
+        """State files moved aside as unreadable (kept until someone deletes them), each with where it broke."""
+        found = []
+        for aside in sorted(self.path.parent.glob(f"{self.path.name}{UNREADABLE}*")):
+            try:
+                self._parse(aside.read_bytes())
+                problem = "it reads now"
+            except json.JSONDecodeError as e:
+                problem = f"line {e.lineno}, column {e.colno}: {e.msg}"
+            except (ValueError, TypeError, KeyError, RemoteComputeError) as e:
+                problem = f"line 1: {e}"
+            except OSError as e:
+                problem = f"cannot be read: {e.strerror}"
+            found.append(
+                {
+                    "path": str(aside),
+                    "problem": problem,
+                    "message": f"{self.path} could not be read ({problem}); it was moved to {aside} and a new "
+                    "state file started. Jobs it listed are not shown: look at it, then delete it.",
+                }
+            )
+        return found
 
     def jobs(self) -> dict[str, Job]:
         """Every job by id, as on disk now. Shared: callers read it and must not change it."""
