@@ -215,9 +215,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     service = _service(args)
     action = args.action
     if action == "list":
+        status = _list_jobs(service, args)  # reading the list is what moves a damaged file aside
         for aside in service.store.set_aside():
             print(f"warning: {aside['message']}", file=sys.stderr)
-        return _list_jobs(service, args)
+        return status
     if action == "prune":
         result = service.prune(
             older_than=args.older_than, states=args.state, keep_newest=args.keep, dry_run=args.dry_run

@@ -174,6 +174,9 @@ _PASSING_ERRNOS = frozenset(
         errno.EHOSTUNREACH,
         errno.ENETUNREACH,
         errno.ENETDOWN,
+        # A full disk or quota passes once someone makes room; meanwhile the job waits and says why.
+        errno.ENOSPC,
+        errno.EDQUOT,
     }
 )
 
