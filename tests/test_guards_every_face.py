@@ -14,7 +14,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from sshd_fixture import TestBed
 from test_magic import Kernel
 from waiting import wait_for
 
-from jupyter_remote_compute.engines import local as local_engine
 from jupyter_remote_compute.engines import ssh_transfer
 from jupyter_remote_compute.errors import PolicyDenied, SecretInSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
@@ -239,30 +238,16 @@ def test_an_output_damaged_on_its_way_back_never_lands(  # type: ignore[no-untyp
     engine_workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service, machine, _ = engine_workspace
-    tamper: Callable[..., Any]
-    if machine == "local":
-        real_copyfile = shutil.copyfile
+    # Every engine brings outputs back through the same verified tar stream (engines/farside):
+    # damage one file as it is written here, after the far side computed its digest.
+    original = ssh_transfer.SafeExtractor._write
 
-        class DamagingShutil:  # shutil as the local engine sees it, with a copy that damages b2
-            def __getattr__(self, name: str) -> Any:
-                return getattr(shutil, name)
+    def tamper(self, name, mode, chunks, progress):  # type: ignore[no-untyped-def]
+        original(self, name, mode, chunks, progress)
+        if name.endswith("b2"):
+            _flip_last_byte(self.dest / name)
 
-            def copyfile(self, src: Any, dst: Any) -> Any:
-                done = real_copyfile(src, dst)
-                if str(dst).endswith("b2"):
-                    _flip_last_byte(Path(dst))
-                return done
-
-        monkeypatch.setattr(local_engine, "shutil", DamagingShutil())
-    else:
-        original = ssh_transfer.SafeExtractor._write
-
-        def tamper(self, name, mode, chunks, progress):  # type: ignore[no-untyped-def]
-            original(self, name, mode, chunks, progress)
-            if name.endswith("b2"):
-                _flip_last_byte(self.dest / name)
-
-        monkeypatch.setattr(ssh_transfer.SafeExtractor, "_write", tamper)
+    monkeypatch.setattr(ssh_transfer.SafeExtractor, "_write", tamper)
     spec = {"machine": machine, "command": "echo one > b1 && echo two > b2", "bring_back": ["b1", "b2"]}
     job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
     root = service.workspace.root
