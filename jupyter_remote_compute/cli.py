@@ -19,6 +19,7 @@ from typing import Any
 from .errors import RemoteComputeError
 from .jobs.admin import HostKeyNotConfirmed
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
+from .jobs.logs import waiting_line
 from .jobs.service import JobService, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.store import TERMINAL_STATES, Job
@@ -151,7 +152,7 @@ def _summary(job: Job) -> str:
 def _follow(service: JobService, job: Job) -> int:
     """Stream the log until the job ends; Ctrl-C detaches and the job keeps running."""
     try:
-        job = service.wait(job.id, on_log=_write)
+        job = service.wait(job.id, on_log=_write, on_wait=lambda j: sys.stderr.write(waiting_line(j)))
     except KeyboardInterrupt:
         print(
             f"\ndetached from job {job.id}; it keeps running.\n"

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .jobs.logs import waiting_line
 from .jobs.service import JobService, require_trained
 from .jobs.spec import format_duration
 from .jobs.store import Job, parse_time
@@ -32,6 +33,7 @@ _TICK = 0.2
 STATE_COLOURS = {
     "queued": "var(--jp-ui-font-color2)",
     "sending": "var(--jp-brand-color1)",
+    "pending": "var(--jp-warn-color2)",
     "running": "var(--jp-brand-color1)",
     "collecting": "var(--jp-brand-color1)",
     "succeeded": "var(--jp-success-color1)",
@@ -135,6 +137,7 @@ def follow(
                 on_log=lambda data: events.put(("log", data)),
                 progress=lambda done, total: events.put(("progress", done, total)),
                 stop=stop,
+                on_wait=lambda job: events.put(("wait", waiting_line(job))),
             )
         except BaseException as e:  # handed to the main thread, which raises it
             outcome.error = e
@@ -153,6 +156,10 @@ def follow(
                 continue
             if event[0] == "progress":
                 bar.update(event[1], event[2])
+            elif event[0] == "wait":
+                bar.close()
+                sys.stderr.write(event[1])
+                sys.stderr.flush()
             elif event[0] == "log":
                 bar.close()  # sending is over once the command writes
                 write(decoder.decode(event[1]))

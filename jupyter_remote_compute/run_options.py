@@ -7,9 +7,12 @@ from typing import Any
 
 from .errors import InvalidSettings
 
+RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
+
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, then ``--`` and the command."""
+    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, the resources
+    (--gpus, --cpus, --memory, --nodes, --partition), then ``--`` and the command."""
     parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
     parser.add_argument(
@@ -22,6 +25,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", help="the longest the job may run, e.g. 3600, 30m, 2h")
     parser.add_argument("--detach", action="store_true", help="start the job and return at once")
     parser.add_argument("--new", action="store_true", help="start a new job even if the same work is running")
+    wanted = parser.add_argument_group("resources", "what the job asks its machine for (default: the machine's)")
+    wanted.add_argument("--gpus", help="GPUs per node")
+    wanted.add_argument("--cpus", help="CPUs per node")
+    wanted.add_argument("--memory", help="memory per node, e.g. 32G or 512M")
+    wanted.add_argument("--nodes", help="nodes (a scheduler's machines)")
+    wanted.add_argument("--partition", help="the scheduler's partition (queue)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
 
 
@@ -47,4 +56,6 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         "env": env,
         "name": args.name,
         "timeout": args.timeout,
+        # Checked with the rest of the spec (JobSpec.from_json), so errors name resources.<field>.
+        "resources": {name: value for name in RESOURCE_OPTIONS if (value := getattr(args, name, None)) is not None},
     }

@@ -267,6 +267,7 @@ export interface ICheckResult {
 export type JobState =
   | 'queued'
   | 'sending'
+  | 'pending'
   | 'running'
   | 'collecting'
   | 'succeeded'
@@ -277,6 +278,7 @@ export type JobState =
 export const ACTIVE_STATES: ReadonlySet<JobState> = new Set<JobState>([
   'queued',
   'sending',
+  'pending',
   'running',
   'collecting'
 ]);
@@ -291,6 +293,7 @@ export const TERMINAL_STATES: ReadonlySet<JobState> = new Set<JobState>([
 export const ALL_STATES: readonly JobState[] = [
   'queued',
   'sending',
+  'pending',
   'running',
   'collecting',
   'succeeded',

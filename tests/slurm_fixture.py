@@ -107,6 +107,19 @@ class SlurmBed:
         """What a local (root) client needs to talk to this cluster."""
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
+    def machine_options(self, **over: object) -> dict[str, object]:
+        """Options of a ``slurm`` machine whose login node is this bed's (address 127.0.0.1)."""
+        options: dict[str, object] = {
+            "user": self.user,
+            "port": self.login.port,
+            "identity_file": str(self.user_key),
+            "known_hosts": str(self.known_hosts),
+            "ssh_config": "/dev/null",
+            "base_dir": self.base_dir,
+        }
+        options.update(over)
+        return options
+
     def log(self, name: str) -> str:
         path = self.workdir / "log" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""

@@ -132,3 +132,10 @@ def test_every_command_that_takes_json_prints_json(cli, quickstart: Path) -> Non
     assert isinstance(listed["secrets"], list) and "store" in listed
     # A log is text: the flag is not offered rather than silently ignored.
     assert cli("jobs", "log", job_id, "--json", check=False).returncode == 2
+
+
+def test_run_refuses_resources_this_machine_cannot_give(cli) -> None:
+    proc = cli("run", "--gpus", "1000", "--", "true", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: resources.gpus: 1000 asked") and "Traceback" not in proc.stderr
+    assert json.loads(cli("jobs", "list", "--json").stdout) == []

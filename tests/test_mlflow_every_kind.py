@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jupyter_server_fixture
 import pytest
+import slurm_fixture
 import sshd_fixture
 from conftest import job_runs
 from mlflow.tracking import MlflowClient
@@ -28,6 +29,7 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 remote_server = jupyter_server_fixture.remote_server
+slurm_bed = slurm_fixture.slurm_bed
 
 # A script that names its own experiment and run, and logs every kind of record MLflow has.
 NAMED_EXPERIMENT = textwrap.dedent(
@@ -68,6 +70,15 @@ def jupyter_machine(
     service = make_service(quickstart)
     service.machines.add("far", "jupyter", remote_server.url, {"token_secret": "compute/remote"})
     return service, "far"
+
+
+@pytest.fixture
+def slurm_machine(
+    make_service: Callable[..., JobService], quickstart: Path, slurm_bed: slurm_fixture.SlurmBed
+) -> tuple[JobService, str]:
+    service = make_service(quickstart)
+    service.machines.add("hpc", "slurm", "127.0.0.1", slurm_bed.machine_options())
+    return service, "hpc"
 
 
 @pytest.fixture(params=engine_kinds())

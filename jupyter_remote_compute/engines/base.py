@@ -31,14 +31,23 @@ import errno
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
+
+from ..errors import InvalidSettings
+
+if TYPE_CHECKING:
+    from .slurm_commands import Resources
 
 #: Where the command writes its MLflow records, relative to the job directory.
 TRACKING_DIR = "mlruns"
 #: The command's working directory, relative to the job directory.
 WORK_DIR = "work"
 
-RemoteState = Literal["running", "exited", "gone", "queued"]
+#: ``pending``: accepted by the machine and waiting for someone else (a scheduler, an agent, a cloud
+#: provisioning), with that party's reason in ``RemoteStatus.detail``. ``failed`` and ``cancelled``:
+#: the machine ended the job itself (a scheduler's time or memory limit, a cancel made there), with
+#: the reason in ``detail``.
+RemoteState = Literal["pending", "running", "exited", "failed", "cancelled", "gone", "queued"]
 ProgressCallback = Callable[[int, int], None]
 """Called with (bytes done, bytes total) while files move."""
 
@@ -106,6 +115,9 @@ class LaunchSpec:
     command: str | Sequence[str]
     env: Mapping[str, str]
     secret_env: Mapping[str, str]
+    #: What the job asked for and how long it may run: a scheduler passes both on (sbatch --time).
+    resources: Resources | None = None
+    timeout: float | None = None
 
 
 @dataclasses.dataclass
@@ -301,6 +313,39 @@ class Engine(abc.ABC):
         ``dest`` receives ``work/<output>`` and ``mlruns/...``; it is a private
         temporary directory, so nothing partial reaches the workspace.
         """
+
+    def admit(self, resources: Resources) -> None:
+        """Refuse, at submit, resources this machine cannot give (InvalidSettings naming the field).
+
+        A machine that runs the command itself (local, ssh, jupyter) has one node, no partitions,
+        and the CPUs, GPUs and memory its facts report: asking for more is refused rather than run
+        on less. Schedulers override this with their own limits.
+        """
+        if resources.partition:
+            raise InvalidSettings(
+                f"resources.partition: {self.name} is a {self.kind} machine and has no partitions; "
+                "leave partition empty or use a scheduler's machine",
+                field="resources.partition",
+            )
+        if resources.nodes is not None and resources.nodes > 1:
+            raise InvalidSettings(
+                f"resources.nodes: {self.name} is one {self.kind} machine; {resources.nodes} nodes need a scheduler",
+                field="resources.nodes",
+            )
+        if resources.cpus is None and not resources.gpus and resources.memory_mb is None:
+            return
+        facts = self.check()
+        memory = facts.get("memory_bytes")
+        offered = (
+            ("cpus", resources.cpus, facts.get("cpus"), "CPUs"),
+            ("gpus", resources.gpus, len(facts.get("gpus") or []), "GPUs"),
+            ("memory", resources.memory_mb, memory // (1 << 20) if memory else None, "MiB of memory"),
+        )
+        for field, asked, has, what in offered:
+            if asked is not None and has is not None and asked > has:
+                raise InvalidSettings(
+                    f"resources.{field}: {asked} asked, but {self.name} has {has} {what}", field=f"resources.{field}"
+                )
 
     def is_prepared(self, job: RemoteJob) -> bool:
         """Whether ``prepare`` made the job's place on the far side (there is something to read or clean)."""

@@ -16,6 +16,7 @@ The far side of a Slurm job uses the job folder of every push engine (``base.py`
     <job dir>/log             stdout and stderr (sbatch --output, appended across requeues)
     <job dir>/exit_code       written atomically by batch.sh: accounting is often off
     <job dir>/slurm_job_id    written by ``SUBMIT_SH`` once sbatch accepted the job
+    <job dir>/secrets.env     the job's secrets (0600) from submit until batch.sh starts and removes it
     <job dir>/time_limit_warning   created when Slurm's warning signal arrives
 """
 
@@ -37,6 +38,8 @@ WARN_BEFORE_SECONDS = 300
 WARN_SIGNAL = "USR1"
 BATCH_SCRIPT = "batch.sh"
 SLURM_JOB_ID_FILE = "slurm_job_id"
+#: The job's secrets between submit and start: 0600, read and removed by batch.sh as it starts.
+SECRETS_FILE = "secrets.env"
 WARNING_FILE = "time_limit_warning"
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -391,6 +394,17 @@ def batch_script(job_dir: str, nodes: int = 1) -> str:
 # Written by jupyter-remote-compute: the batch script Slurm runs for this job folder.
 jobdir={shlex.quote(job_dir)}
 cd "$jobdir/{WORK_DIR}" || exit 97
+# Secrets come from a file only this user can read, removed at once: they were never in sbatch's
+# environment, so slurmctld's saved job state does not hold them (a requeued attempt runs without).
+if [ -f "$jobdir/{SECRETS_FILE}" ]; then
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    name=${{line%%=*}}
+    value=$(printf '%s' "${{line#*=}}" | base64 -d) || exit 98
+    export "$name=$value"
+  done < "$jobdir/{SECRETS_FILE}"
+  rm -f "$jobdir/{SECRETS_FILE}"
+fi
 # A requeued job runs again from here: an exit code from an earlier attempt is not this one's.
 rm -f "$jobdir/exit_code" "$jobdir/exit_code.tmp" "$jobdir/{WARNING_FILE}"
 export PYTHONUNBUFFERED=1

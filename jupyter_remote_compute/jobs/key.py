@@ -2,7 +2,7 @@
 
 Hashed from the machine, the command, env names with their non-secret values
 (a ``secret:NAME`` reference counts by its name, never its value), the sha256
-of every input's content and the outputs wanted. Paths and digests, not
+of every input's content, the outputs wanted and the resources asked for. Paths and digests, not
 mtimes: touching a file does not make new work, editing it does.
 """
 
@@ -24,4 +24,7 @@ def job_key(spec: JobSpec, inputs: Sequence[InputFile]) -> str:
         "inputs": sorted((f.relpath, f.sha256) for f in inputs),
         "bring_back": sorted(spec.bring_back),
     }
+    resources = spec.resources.to_json()
+    if resources:  # only when asked for, so the keys of jobs that ask for nothing stay as they were
+        material["resources"] = resources
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]

@@ -1,6 +1,9 @@
 """Submitted to running to stopped: driving a job forward, one step at a time.
 
-    queued → sending → running → collecting → succeeded | failed | cancelled | lost
+    queued → sending → running ⇄ pending → collecting → succeeded | failed | cancelled | lost
+
+``pending``: the machine holds the job but someone else decides when it runs (a scheduler's
+queue); the engine's poll says so with the reason, and the job moves back and forth as polls say.
 
 Any process may drive a job (the server's poller, a kernel waiting in the magic, the CLI, a
 pipeline runner); they coordinate through the state file. Sending and starting are taken under
@@ -27,7 +30,7 @@ from .context import JobContext, engine_faults, remote_of
 from .leases import Leases
 from .logs import secret_env
 from .spec import format_duration
-from .store import Job, Outcome, holder_alive, parse_time, utcnow
+from .store import ON_MACHINE_STATES, Job, Outcome, holder_alive, parse_time, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ class Driver:
             return  # another thread of this process is on it
         try:
             job = self.ctx.store.get(job.id)
-            if job.state == "running":
+            if job.state in ON_MACHINE_STATES:
                 self._watch(job, status)
                 job = self.ctx.store.get(job.id)
             if job.state in ("queued", "sending", "collecting") and transfer is not None:
@@ -70,7 +73,7 @@ class Driver:
             if job.state in ("queued", "sending"):
                 self._launch(job, progress)
                 job = self.ctx.store.get(job.id)
-                if job.state == "running":
+                if job.state in ON_MACHINE_STATES:
                     self._watch(job)
                     job = self.ctx.store.get(job.id)
             if job.state == "collecting":
@@ -96,7 +99,7 @@ class Driver:
         jobs = [j for j in self.ctx.store.jobs().values() if j.active]
         running: dict[str, list[Job]] = {}
         for job in jobs:
-            if job.state == "running":
+            if job.state in ON_MACHINE_STATES:
                 running.setdefault(job.machine, []).append(job)
         statuses: dict[str, RemoteStatus] = {}
         for machine, group in running.items():
@@ -108,7 +111,7 @@ class Driver:
             except Exception:
                 log.exception("polling %s failed", machine)
         for job in jobs:
-            if job.state != "running" or job.id in statuses:
+            if job.state not in ON_MACHINE_STATES or job.id in statuses:
                 self._drive(job, statuses.get(job.id), transfer=transfer)
 
     # -- queued / sending → running -----------------------------------------
@@ -144,6 +147,8 @@ class Driver:
                 command=job.spec.command,
                 env=job.spec.plain_env(),
                 secret_env=secret_env(self.ctx.secrets, job),
+                resources=job.spec.resources,
+                timeout=job.spec.timeout,
             )
             if self.ctx.store.get(job.id).cancel_requested:
                 self.leases.finish_later(job.id, "cancelled", f"cancelled by {job.cancel_requested} before it started")
@@ -197,7 +202,12 @@ class Driver:
         stop: tuple[str, str] | None = None
         if job.cancel_requested:
             stop = ("cancelled", f"cancelled by {job.cancel_requested}")
-        elif job.spec.timeout and job.started and time.time() - parse_time(job.started) > job.spec.timeout:
+        elif (
+            job.state == "running"
+            and job.spec.timeout
+            and job.started
+            and time.time() - parse_time(job.started) > job.spec.timeout
+        ):
             stop = ("failed", f"timed out after {format_duration(job.spec.timeout)}")
         try:
             if stop is not None:
@@ -214,20 +224,45 @@ class Driver:
                 # A dropped connection is not a dead job: look again on the next poll.
                 log.warning("job %s: %s", job.id, e)
             return
+        if status.state in ("pending", "running") and job.state != status.state:
+            self._move(job, status)
+            return
+        if status.state == "pending" and (status.detail or None) != job.reason:
+            self.leases.update(job.id, reason=status.detail or None)
         if status.state == "exited":
             outcome = "succeeded" if status.exit_code == 0 else "failed"
             self._to_collecting(job, outcome, None, exit_code=status.exit_code)
+        elif status.state in ("failed", "cancelled"):
+            self._to_collecting(job, status.state, status.detail or None, exit_code=status.exit_code)
         elif status.state == "gone":
             self._to_collecting(job, "lost", f"lost: the process vanished on {job.machine} ({status.detail})")
         elif status.log_size is not None and status.log_size != job.log_size:
             self.leases.update(job.id, log_size=status.log_size)
+
+    def _move(self, job: Job, status: RemoteStatus) -> None:
+        """running ⇄ pending as the machine says (compare-and-set); a pending job carries the reason.
+
+        The time limit counts from when it last started running: time spent waiting is not the job's.
+        """
+        with self.ctx.store.transaction() as jobs:
+            current = jobs[job.id]
+            if current.state != job.state:
+                return
+            current.state, current.updated = status.state, utcnow()
+            if status.state == "pending":
+                current.reason = status.detail or "waiting"
+            else:
+                current.reason, current.started = None, utcnow()
+            if status.log_size is not None:
+                current.log_size = status.log_size
+        self.ctx.emit(current)
 
     def _to_collecting(self, job: Job, state: str, reason: str | None, exit_code: int | None = None) -> None:
         """running → collecting, once (compare-and-set); collection is the next step's work."""
         outcome = Outcome(state, reason)
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
-            if current.state != "running":
+            if current.state not in ON_MACHINE_STATES:
                 return
             current.state, current.outcome, current.exit_code = "collecting", outcome, exit_code
             current.failing_since, current.updated = None, utcnow()

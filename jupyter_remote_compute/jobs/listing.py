@@ -26,7 +26,7 @@ from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, Snapshot
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 ALL_STATES: frozenset[str] = ACTIVE_STATES | TERMINAL_STATES
-_STATE_ORDER = ("queued", "sending", "running", "collecting", "succeeded", "failed", "cancelled", "lost")
+_STATE_ORDER = ("queued", "sending", "pending", "running", "collecting", "succeeded", "failed", "cancelled", "lost")
 
 Key = tuple[str, str]  # (created, id): the order of the list, and what a cursor points after
 

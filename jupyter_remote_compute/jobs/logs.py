@@ -123,6 +123,13 @@ def read_log(ctx: JobContext, job_id: str, offset: int = 0, limit: int = LOG_CHU
     return LogChunk(data, offset, offset + len(data), False)
 
 
+def waiting_line(job: Job) -> str:
+    """What a person following a job reads when it starts or stops waiting for its machine's scheduler."""
+    if job.state == "pending":
+        return f"job {job.id} is pending on {job.machine}: {job.reason or 'waiting'}\n"
+    return f"job {job.id} is {job.state} on {job.machine}\n"
+
+
 def follow(
     advance: Callable[..., Job],
     read: Callable[[str, int], LogChunk],
@@ -133,16 +140,26 @@ def follow(
     on_log: Callable[[bytes], None] | None = None,
     progress: ProgressCallback | None = None,
     stop: threading.Event | None = None,
+    on_wait: Callable[[Job], None] | None = None,
 ) -> Job:
     """Drive the job until it ends, ``timeout`` passes or ``stop`` is set; hand its new log to ``on_log``.
+
+    ``on_wait`` hears when the job starts or stops waiting for someone else (``pending``, with its
+    reason, and the ``running`` after it), so a person following it knows why nothing happens.
 
     Returns the job in whatever state it reached: following that ends early does not stop the job.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     stop = stop or threading.Event()
     offset = 0
+    waiting: tuple[str, str | None] | None = None
     while True:
         job = advance(job_id, progress=progress)
+        if on_wait is not None and (job.state == "pending" or waiting is not None):
+            now = (job.state, job.reason)
+            if now != waiting:
+                on_wait(job)
+            waiting = now if job.state == "pending" else None
         while on_log is not None:
             chunk = read(job_id, offset)
             if chunk.data:

@@ -178,6 +178,8 @@ class JobService:
 
         files, key = self._inputs_and_key(spec)
         check_egress(self.workspace.policy_yaml, machine.name, cls.remote, [f.relpath for f in files])
+        if spec.resources.to_json():
+            self._admit(machine, spec)
 
         job_id = new_job_id()
         jobdir = self.workspace.job_dir(job_id)
@@ -202,6 +204,15 @@ class JobService:
             jobs[job_id] = job
         self._emit(job)
         return SubmitResult(job, attached=False)
+
+    def _admit(self, machine: Machine, spec: JobSpec) -> None:
+        """The machine refuses, before anything is stored, resources it cannot give."""
+        try:
+            self.engine(machine.name).admit(spec.resources)
+        except EngineError as e:
+            raise InvalidSettings(
+                f"resources: could not learn what {machine.name} can give ({e}); try again", field="resources"
+            ) from None
 
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str]:
         """The inputs, hashed, and the idempotency key: the one place both are derived."""
@@ -251,8 +262,11 @@ class JobService:
         progress: ProgressCallback | None = None,
         interval: float | None = None,
         stop: threading.Event | None = None,
+        on_wait: Callable[[Job], None] | None = None,
     ) -> Job:
         """Drive the job until it ends, ``timeout`` passes or ``stop`` is set; stream its log to ``on_log``.
+
+        ``on_wait`` hears a job go pending (with the reason) and start running after it.
 
         Returns the job in whatever state it reached: a wait that ends early does not stop the job.
         The CLI (``run``, ``jobs log -f``), the magic and pipeline steps all follow a job through here.
@@ -266,6 +280,7 @@ class JobService:
             on_log=on_log,
             progress=progress,
             stop=stop,
+            on_wait=on_wait,
         )
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = LOG_CHUNK) -> LogChunk:

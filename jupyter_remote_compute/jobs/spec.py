@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from ..engines.slurm_commands import Resources
 from ..errors import InvalidSettings
 from ..secrets import resolve_reference
 
@@ -96,6 +97,8 @@ class JobSpec:
     timeout: float | None = None  # the longest the job may run on the far side
     name: str = ""
     key: str | None = None  # an explicit idempotency key; otherwise derived from the content
+    # What the job asks its machine for (gpus, cpus, memory, nodes, partition); empty: the machine's defaults.
+    resources: Resources = dataclasses.field(default_factory=Resources)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -161,6 +164,7 @@ class JobSpec:
             timeout=parse_duration(data.get("timeout"), "timeout"),
             name=name,
             key=key,
+            resources=Resources.from_json(data.get("resources"), "resources."),
         )
 
     @classmethod
@@ -176,10 +180,11 @@ class JobSpec:
             timeout=data.get("timeout"),
             name=data.get("name") or "",
             key=data.get("key"),
+            resources=Resources.from_json(data.get("resources")),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "machine": self.machine,
             "command": self.command if isinstance(self.command, str) else list(self.command),
             "send": list(self.send),
@@ -189,6 +194,10 @@ class JobSpec:
             "name": self.name,
             "key": self.key,
         }
+        resources = self.resources.to_json()
+        if resources:  # absent when nothing is asked: a job stored before resources existed reads back the same
+            data["resources"] = resources
+        return data
 
     @property
     def command_line(self) -> str:
@@ -216,4 +225,6 @@ class JobSpec:
         settings.update({f"env.{k}": v for k, v in self.env.items()})
         settings.update({f"send[{i}]": p for i, p in enumerate(self.send)})
         settings.update({f"bring_back[{i}]": p for i, p in enumerate(self.bring_back)})
+        if self.resources.partition:
+            settings["resources.partition"] = self.resources.partition
         return settings

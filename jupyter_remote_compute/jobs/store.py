@@ -34,8 +34,12 @@ SCHEMA_VERSION = 1
 UNREADABLE = ".unreadable-"  # jobs.json.unreadable-<time>: a state file that could not be read, kept
 LOCK_TIMEOUT = 30.0
 
-State = Literal["queued", "sending", "running", "collecting", "succeeded", "failed", "cancelled", "lost"]
-ACTIVE_STATES: frozenset[str] = frozenset({"queued", "sending", "running", "collecting"})
+# pending: the machine accepted the job and it waits for someone else (a scheduler, an agent, a
+# cloud provisioning); ``Job.reason`` says for what, in that party's words.
+State = Literal["queued", "sending", "pending", "running", "collecting", "succeeded", "failed", "cancelled", "lost"]
+ACTIVE_STATES: frozenset[str] = frozenset({"queued", "sending", "pending", "running", "collecting"})
+#: The states a job's machine has it in: polled, cancelled and timed out the same way.
+ON_MACHINE_STATES: frozenset[str] = frozenset({"pending", "running"})
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from ..jobs.spec import JobSpec, parse_duration
 from ..workspace import Workspace
 
 #: The settings a step takes; ``wait`` is the step's own, the rest make the job's spec.
-SETTINGS = ("machine", "command", "send", "bring_back", "env", "timeout", "wait", "name")
+SETTINGS = ("machine", "command", "send", "bring_back", "env", "timeout", "wait", "name", "resources")
 
 
 @dataclasses.dataclass(frozen=True)

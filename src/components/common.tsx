@@ -75,6 +75,8 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
       return trans.__('queued');
     case 'sending':
       return trans.__('sending');
+    case 'pending':
+      return trans.__('pending');
     case 'running':
       return trans.__('running');
     case 'collecting':

@@ -1,0 +1,251 @@
+"""A Slurm cluster: the login node is reached like an ssh machine, and Slurm places the job.
+
+Everything that moves files or signs in is the ssh engine's (``SSHEngine``: route, host keys,
+the content-addressed input cache, the verified fetch of outputs, the job folder on the shared
+filesystem under ``base_dir``). What differs is how a job starts, is watched and stops:
+
+- ``start`` writes ``batch.sh`` beside ``command.sh`` and submits it with ``sbatch`` (through
+  ``slurm_commands.SUBMIT_SH``, so a second submission finds the first). The plain environment
+  reaches sbatch on stdin; secrets go to a 0600 file batch.sh reads and removes as it starts, so
+  they are in neither argv, nor sbatch's exported environment (which slurmctld keeps in its state).
+- ``poll`` asks ``squeue`` once for every job of the machine, and reads the exit codes the batch
+  scripts wrote with the shared status script, in the same round trip. A controller that does not
+  answer is left alone for a while (doubling, at most ``MAX_BACKOFF`` seconds).
+- ``cancel`` is ``scancel``, then waits until Slurm no longer has the job running or completing.
+- ``check`` adds the cluster's facts (version, partitions, nodes, CPUs, GPUs, limits) to the
+  login node's.
+
+All of Slurm's text (argv, scripts, parsers, states) lives in ``slurm_commands.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import InvalidSettings
+from . import farside
+from .base import EngineContext, EngineError, LaunchSpec, OptionField, RemoteJob, RemoteStatus
+from .launcher import command_script, launch_input
+from .slurm_commands import (
+    BATCH_SCRIPT,
+    CHECK_SH,
+    SECRETS_FILE,
+    SLURM_JOB_ID_FILE,
+    SUBMIT_SH,
+    Resources,
+    SlurmFacts,
+    SlurmMissing,
+    SlurmSettings,
+    batch_script,
+    interpret,
+    parse_check,
+    parse_sbatch_output,
+    parse_squeue,
+    refuse_unfit,
+    sbatch_argv,
+    scancel_argv,
+    squeue_argv,
+)
+from .ssh import SSHEngine
+from .ssh_connection import quote
+
+#: The longest a busy controller is left alone between polls.
+MAX_BACKOFF = 300.0
+#: How long the cluster's partitions (for refusing unfit resources at submit) are trusted.
+FACTS_TTL = 300.0
+#: How long cancel waits, beyond the grace, for Slurm to finish killing the job (its KillWait).
+CANCEL_SETTLE = 60.0
+#: Slurm states in which the job's processes may still exist.
+_LIVE_STATES = "PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED|STOPPED|SIGNALING|STAGE_OUT|RESIZING|REQUEUED"
+#: What squeue says when the controller is too busy (or down) to answer: try again later.
+_BUSY_SIGNS = ("Socket timed out", "Unable to contact slurm controller", "slurm_load_jobs error", "Zero Bytes")
+
+
+class SlurmEngine(SSHEngine):
+    """A Slurm cluster's login node over SSH; jobs go through sbatch to the cluster's nodes."""
+
+    kind = "slurm"
+    label = "Slurm cluster"
+    remote = True
+    options = {
+        **SSHEngine.options,
+        "base_dir": OptionField(
+            str, "Directory for jobs and the input cache on the cluster's shared filesystem (~/.jupyter-remote-compute)"
+        ),
+        "partition": OptionField(str, "Partition jobs go to unless they name one (default: the cluster's)"),
+        "account": OptionField(str, "Account jobs are charged to (sbatch --account)"),
+        "qos": OptionField(str, "Quality of service (sbatch --qos)"),
+        "resources": OptionField(dict, "Default resources: {gpus, cpus, memory, nodes, partition}"),
+        "sbatch_args": OptionField(list, "Extra sbatch arguments, e.g. ['--constraint=a100']"),
+    }
+
+    def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
+        super().__init__(name, address, options, context)
+        self.settings = SlurmSettings.from_options(self.machine_options)
+        self._lock = threading.Lock()
+        self._facts: tuple[float, SlurmFacts] | None = None
+        self._backoff = 0.0
+        self._quiet_until = 0.0
+
+    # -- what the cluster offers ----------------------------------------------------
+
+    def _slurm_facts(self, fresh: bool = False) -> SlurmFacts:
+        with self._lock:
+            cached = self._facts
+        if cached is not None and not fresh and time.monotonic() - cached[0] < FACTS_TTL:
+            return cached[1]
+        res = self._run(CHECK_SH, timeout=60)
+        try:
+            facts = parse_check(res.text())
+        except SlurmMissing as e:
+            raise EngineError(f"{self.name}: {e}") from None
+        with self._lock:
+            self._facts = (time.monotonic(), facts)
+        return facts
+
+    def check(self) -> dict[str, Any]:
+        common = super().check()  # the login node's own facts, the same shape as every kind's
+        cluster = self._slurm_facts(fresh=True).to_json()
+        return {**{k: v for k, v in cluster.items() if k not in common}, **common}
+
+    def admit(self, resources: Resources) -> None:
+        """Refuse at submit what no node of the partition can give: Slurm would queue it for ever."""
+        asked = resources.over(self.settings.defaults)
+        try:
+            refuse_unfit(asked, self._slurm_facts().partitions, self.settings.partition)
+        except InvalidSettings as e:
+            field = f"resources.{e.field}" if e.field else "resources"
+            raise InvalidSettings(f"resources.{e}", field=field) from None
+
+    # -- the job's life -------------------------------------------------------------
+
+    def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
+        d = self._dir(job)
+        resources = (launch.resources or Resources()).over(self.settings.defaults)
+        argv = sbatch_argv(job.job_id, d, launch.resources or Resources(), self.settings, launch.timeout)
+        # stdin: the plain environment (for sbatch's --export=ALL), a marker, then the secrets,
+        # which this script splits off into a file only the user can read.
+        payload = launch_input(launch.env, {}) + b"@@secrets\n" + launch_input({}, launch.secret_env)
+        body = f"""cd -- {quote(d)} || exit 97
+umask 077
+if [ -s {SLURM_JOB_ID_FILE} ]; then cat {SLURM_JOB_ID_FILE}; exit 0; fi
+printf '%s' {quote(command_script(launch.command))} > command.sh
+printf '%s' {quote(batch_script(d, resources.nodes or 1))} > {BATCH_SCRIPT}
+printf '%s' {quote(SUBMIT_SH)} > submit.sh
+plain=
+rm -f {SECRETS_FILE}.tmp
+: > {SECRETS_FILE}.tmp
+part=plain
+while IFS= read -r line; do
+  if [ "$line" = @@secrets ]; then part=secrets; continue; fi
+  if [ $part = plain ]; then plain="$plain$line
+"; else printf '%s\\n' "$line" >> {SECRETS_FILE}.tmp; fi
+done
+mv -f {SECRETS_FILE}.tmp {SECRETS_FILE}
+printf '%s' "$plain" | sh submit.sh {quote(d)} {" ".join(quote(a) for a in argv)}
+"""
+        res = self._run(body, payload, timeout=120, retry=False)
+        if res.code != 0:
+            raise EngineError(res.error(f"{self.name}: submitting job {job.job_id} (sbatch)"))
+        slurm_id = parse_sbatch_output(res.text())
+        return dataclasses.replace(job, handle={**job.handle, "slurm_job_id": slurm_id})
+
+    def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        if not jobs:
+            return {}
+        now = time.monotonic()
+        if now < self._quiet_until:
+            raise EngineError(
+                f"{self.name}: the Slurm controller was busy; asking again in {self._quiet_until - now:.0f} s",
+                transient=True,
+            )
+        ids = [self._slurm_id(job) for job in jobs]
+        squeue = " ".join(quote(a) for a in squeue_argv(sorted(set(ids))))
+        status = farside.command_line("status", *(quote(self._dir(job)) for job in jobs))
+        body = f"""e=$(mktemp) || exit 3
+{squeue} >"$e.out" 2>"$e" </dev/null
+rc=$?
+echo @@squeue; cat "$e.out"; echo "@@rc $rc"; echo @@stderr; cat "$e"; echo @@end
+rm -f "$e" "$e.out"
+{status}
+"""
+        res = self._run(body, timeout=60)
+        if res.code != 0:
+            raise EngineError(res.error(f"{self.name}: poll"))
+        text = res.text()
+        head, _, rest = text.partition("@@end\n")
+        out, _, err = head.partition("@@stderr\n")
+        out = out.split("@@squeue\n", 1)[-1]
+        out, _, rc_line = out.rpartition("@@rc ")
+        rc = int(rc_line.strip() or 1)
+        if rc != 0 and any(sign in err for sign in _BUSY_SIGNS):
+            self._backoff = min(MAX_BACKOFF, max(5.0, self._backoff * 2))
+            self._quiet_until = time.monotonic() + self._backoff
+            raise EngineError(f"{self.name}: the Slurm controller did not answer: {err.strip()[:200]}", transient=True)
+        queue = parse_squeue(out, err, rc)
+        self._backoff = 0.0
+        files = farside.parse_status(rest, jobs, self.name)
+        statuses = {}
+        for job, slurm_id in zip(jobs, ids, strict=True):
+            far = files[job.job_id]
+            code = far.exit_code if far.state == "exited" else None
+            outcome = interpret(queue.get(slurm_id), code)
+            if outcome.state in ("failed", "exited") and queue.get(slurm_id) is not None and outcome.exit_code != 0:
+                # Only the log says a job was killed for its memory where Slurm samples it.
+                outcome = interpret(queue[slurm_id], code, self._log_tail(job))
+            statuses[job.job_id] = _status(outcome, far.log_size)
+        return statuses
+
+    def _log_tail(self, job: RemoteJob) -> str:
+        try:
+            size = 4096
+            return self.read_log(job, 0, 1 << 30)[-size:].decode("utf-8", "replace")
+        except EngineError:
+            return ""
+
+    def cancel(self, job: RemoteJob, grace: float) -> None:
+        d = self._dir(job)
+        slurm_id = job.handle.get(SLURM_JOB_ID_FILE)
+        if not slurm_id:
+            return  # never submitted: there is nothing in Slurm to stop
+        slurm_id = self._slurm_id(job)
+        tries = int((grace + CANCEL_SETTLE) * 2)
+        scancel = " ".join(quote(a) for a in scancel_argv([slurm_id]))
+        state = " ".join(quote(a) for a in squeue_argv([slurm_id]))
+        # TERM now (Slurm KILLs after its own KillWait), then wait until nothing of the job is left.
+        body = f"""{scancel} || exit $?
+rm -f {quote(d + "/" + SECRETS_FILE)}
+i=0
+while :; do
+  s=$({state} 2>/dev/null | cut -d'|' -f2)
+  case "$s" in {_LIVE_STATES}) ;; *) exit 0 ;; esac
+  i=$((i + 1))
+  if [ $i -ge {tries} ]; then echo "Slurm job {slurm_id} is still $s after scancel" >&2; exit 4; fi
+  sleep 0.5
+done
+"""
+        res = self._run(body, timeout=grace + CANCEL_SETTLE + 30, retry=True)
+        if res.code != 0:
+            raise EngineError(res.error(f"{self.name}: cancelling job {job.job_id} (Slurm job {slurm_id})"))
+
+    @staticmethod
+    def _slurm_id(job: RemoteJob) -> str:
+        slurm_id = job.handle.get(SLURM_JOB_ID_FILE) if job.handle else None
+        if not isinstance(slurm_id, str) or not slurm_id.isdigit():
+            raise EngineError(f"job {job.job_id}: no Slurm job id recorded (it was not submitted)")
+        return slurm_id
+
+
+def _status(outcome: Any, log_size: int | None) -> RemoteStatus:
+    """slurm_commands' outcome as the lifecycle's RemoteStatus."""
+    if outcome.state in ("pending", "running"):
+        return RemoteStatus(outcome.state, log_size=log_size, detail=outcome.reason)
+    if outcome.state == "exited":
+        return RemoteStatus("exited", exit_code=outcome.exit_code, log_size=log_size)
+    if outcome.state == "lost":
+        return RemoteStatus("gone", log_size=log_size, detail=outcome.reason)
+    return RemoteStatus(outcome.state, exit_code=outcome.exit_code, log_size=log_size, detail=outcome.reason)
