@@ -113,6 +113,10 @@ class RemoteComputeHandler(APIHandler):
         else:
             # An unexpected exception: its text may hold anything, so the client sees only that it happened.
             message = "internal error of the server; its log has the details"
+        if status_code == 405:
+            # The verbs this route does serve, as RFC 9110 asks of a 405.
+            verbs = [m for m in self.SUPPORTED_METHODS if m.lower() in vars(type(self))]
+            self.set_header("Allow", ", ".join(verbs))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"code": HTTP_ERROR_CODES.get(status_code, "error"), "message": message}))
 
@@ -260,7 +264,9 @@ class JobsHandler(RemoteComputeHandler):
     @api(action="execute")
     async def post(self) -> None:
         body = self.body()
-        new = bool(body.pop("new", False))
+        new = body.pop("new", None) or False
+        if not isinstance(new, bool):
+            raise InvalidSettings("new: expected true or false", field="new")
         spec = JobSpec.from_json(body)
         result = await self.call(self.service.submit, spec, new=new)
         if not result.attached:
@@ -277,12 +283,15 @@ class JobsPruneHandler(RemoteComputeHandler):
         unknown = sorted(set(body) - {"older_than", "state", "keep_newest", "dry_run"})
         if unknown:
             raise InvalidSettings(f"{unknown[0]}: unknown setting", field=unknown[0])
+        dry_run = body.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise InvalidSettings("dry_run: expected true or false", field="dry_run")
         result = await self.call(
             self.service.prune,
             older_than=body.get("older_than"),
             states=body.get("state"),
             keep_newest=body.get("keep_newest"),
-            dry_run=bool(body.get("dry_run", False)),
+            dry_run=dry_run,
         )
         self.reply(result.to_json())
 

@@ -192,8 +192,10 @@ async def test_errors_outside_the_domain_are_the_documented_error_json(jp_fetch)
     assert (code, err["code"]) == (404, "not_found") and set(err) == {"code", "message"}
     code, err = await _error(jp_fetch, "jobs", "x", "log", method="POST", body={})
     assert (code, err["code"]) == (405, "method_not_allowed") and set(err) == {"code", "message"}
-    code, err = await _error(jp_fetch, "steps", method="DELETE")
-    assert (code, err["code"]) == (405, "method_not_allowed")
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("remote-compute", "machines", "box", method="PUT", body="{}")
+    assert info.value.code == 405 and info.value.response.headers["Allow"] == "GET, DELETE, PATCH"
+    assert json.loads(info.value.response.body)["code"] == "method_not_allowed"
 
 
 async def test_a_log_offset_or_limit_out_of_range_names_the_field(jp_fetch):

@@ -10,6 +10,7 @@ workspace once symlinks are followed) is checked when they are read
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
@@ -32,7 +33,9 @@ def parse_duration(value: str | float | int | None, field: str) -> float | None:
     if isinstance(value, bool):
         raise InvalidSettings(f"{field}: expected a duration such as 3600, '30m' or '2h'", field=field)
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = float(value) if value < 1e300 else math.inf  # float() of a huge int would raise
+    elif not isinstance(value, str):
+        raise InvalidSettings(f"{field}: expected a duration such as 3600, '30m' or '2h'", field=field)
     else:
         text = value.strip()
         try:
@@ -46,6 +49,8 @@ def parse_duration(value: str | float | int | None, field: str) -> float | None:
             seconds = sum(float(n) * _UNIT_SECONDS[u.lower()] for n, u in parts)
     if seconds <= 0:
         raise InvalidSettings(f"{field}: must be longer than zero", field=field)
+    if not math.isfinite(seconds):
+        raise InvalidSettings(f"{field}: must be a finite duration", field=field)
     return seconds
 
 
