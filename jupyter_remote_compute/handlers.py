@@ -264,7 +264,8 @@ class JobsHandler(RemoteComputeHandler):
     @api(action="execute")
     async def post(self) -> None:
         body = self.body()
-        new = body.pop("new", None) or False
+        new = body.pop("new", None)
+        new = False if new is None else new
         if not isinstance(new, bool):
             raise InvalidSettings("new: expected true or false", field="new")
         spec = JobSpec.from_json(body)

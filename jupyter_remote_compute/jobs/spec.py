@@ -91,6 +91,10 @@ def _str_list(value: Any, field: str) -> list[str]:
     return list(value)
 
 
+def _given_or(value: Any, default: Any) -> Any:
+    return default if value is None or value == "" else value
+
+
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
     machine: str
@@ -112,7 +116,8 @@ class JobSpec:
             name = sorted(unknown)[0]
             raise InvalidSettings(f"{name}: unknown setting", field=name)
 
-        machine = data.get("machine") or "local"
+        # null (or "") means "not given"; any other falsy value ({}, 0, false) is a wrong type, not a default.
+        machine = _given_or(data.get("machine"), "local")
         if not isinstance(machine, str):
             raise InvalidSettings("machine: expected a machine name", field="machine")
 
@@ -134,7 +139,7 @@ class JobSpec:
             for i, p in enumerate(_str_list(data.get("bring_back"), "bring_back"))
         )
 
-        env_in = data.get("env") or {}
+        env_in = _given_or(data.get("env"), {})
         if not isinstance(env_in, Mapping):
             raise InvalidSettings("env: expected NAME → value pairs", field="env")
         env: dict[str, str] = {}
@@ -150,7 +155,7 @@ class JobSpec:
                 raise InvalidSettings(f"{field}: contains a NUL character", field=field)
             env[name] = value
 
-        name = data.get("name") or ""
+        name = _given_or(data.get("name"), "")
         if not isinstance(name, str) or len(name) > 200 or any(ord(c) < 32 for c in name):
             raise InvalidSettings("name: expected one line of at most 200 characters", field="name")
         key = data.get("key")
