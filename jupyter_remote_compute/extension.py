@@ -13,7 +13,7 @@ from tornado.ioloop import IOLoop
 from traitlets import Float, Int, Unicode
 
 from . import secret_sources
-from .handlers import HANDLERS, RemoteComputeContext, TransferPool
+from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
 from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job
 from .tracking import TrackingSettings
@@ -124,7 +124,7 @@ class RemoteComputeApp(ExtensionApp):
                 os.environ[variable] = value
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend(HANDLERS)
+        self.handlers.extend([*HANDLERS, FALLBACK_HANDLER])
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self._start_poller()

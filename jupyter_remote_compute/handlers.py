@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from http.client import responses
 from typing import Any, TypeVar
 
 import tornado.web
@@ -101,6 +102,33 @@ class RemoteComputeHandler(APIHandler):
 
     def fail(self, error: RemoteComputeError) -> None:
         self.reply(error.to_json(), error.status)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Every error tornado or jupyter_server raises here (403, 404, 405, 500) as the documented ``Error``."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, tornado.web.HTTPError):
+            # jupyter_server's own messages (auth, XSRF) name no secret; fall back to the status phrase.
+            message = exc.log_message % exc.args if exc.log_message and exc.args else exc.log_message
+            message = message or responses.get(status_code, "error")
+        else:
+            # An unexpected exception: its text may hold anything, so the client sees only that it happened.
+            message = "internal error of the server; its log has the details"
+        if status_code == 405:
+            # The verbs this route does serve, as RFC 9110 asks of a 405.
+            verbs = [m for m in self.SUPPORTED_METHODS if m.lower() in vars(type(self))]
+            self.set_header("Allow", ", ".join(verbs))
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"code": HTTP_ERROR_CODES.get(status_code, "error"), "message": message}))
+
+
+#: The ``code`` of an ``Error`` raised outside the domain (by tornado or jupyter_server), by status.
+HTTP_ERROR_CODES = {
+    400: "invalid",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    500: "internal",
+}
 
 
 def api(method: Callable[..., Any] | None = None, *, action: str | None = None) -> Any:
@@ -239,7 +267,10 @@ class JobsHandler(RemoteComputeHandler):
     @api(action="execute")
     async def post(self) -> None:
         body = self.body()
-        new = bool(body.pop("new", False))
+        new = body.pop("new", None)
+        new = False if new is None else new
+        if not isinstance(new, bool):
+            raise InvalidSettings("new: expected true or false", field="new")
         spec = JobSpec.from_json(body)
         result = await self.call(self.service.submit, spec, new=new)
         if not result.attached:
@@ -256,12 +287,15 @@ class JobsPruneHandler(RemoteComputeHandler):
         unknown = sorted(set(body) - {"older_than", "state", "keep_newest", "dry_run"})
         if unknown:
             raise InvalidSettings(f"{unknown[0]}: unknown setting", field=unknown[0])
+        dry_run = body.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise InvalidSettings("dry_run: expected true or false", field="dry_run")
         result = await self.call(
             self.service.prune,
             older_than=body.get("older_than"),
             states=body.get("state"),
             keep_newest=body.get("keep_newest"),
-            dry_run=bool(body.get("dry_run", False)),
+            dry_run=dry_run,
         )
         self.reply(result.to_json())
 
@@ -291,14 +325,28 @@ class JobCancelHandler(RemoteComputeHandler):
         self.reply(job.public_json())
 
 
+#: The largest log offset asked for: past any real log (1 TiB) and below what a file system can seek to.
+MAX_LOG_OFFSET = 1 << 40
+MAX_LOG_LIMIT = 4 << 20
+
+
 class JobLogHandler(RemoteComputeHandler):
+    def whole_number(self, name: str, default: int, low: int, high: int) -> int:
+        text = self.get_argument(name, None)
+        if text is None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not text.strip().isdigit() or not low <= value <= high:
+            raise InvalidSettings(f"{name}: expected a whole number from {low} to {high}", field=name)
+        return value
+
     @api
     async def get(self, job_id: str) -> None:
-        try:
-            offset = max(0, int(self.get_argument("offset", "0")))
-            limit = min(4 << 20, max(1, int(self.get_argument("limit", str(1 << 20)))))
-        except ValueError:
-            raise InvalidSettings("offset and limit must be whole numbers", field="offset") from None
+        offset = self.whole_number("offset", 0, 0, MAX_LOG_OFFSET)
+        limit = self.whole_number("limit", 1 << 20, 1, MAX_LOG_LIMIT)
         chunk = await self.call(self.service.read_log, job_id, offset, limit)
         self.reply(
             {
@@ -332,6 +380,16 @@ class SecretsHandler(RemoteComputeHandler):
         self.reply({"store": status, "secrets": [e.to_json() for e in entries]})
 
 
+class UnknownRouteHandler(RemoteComputeHandler):
+    """Any other path under the prefix: a 404 ``Error`` (once authenticated), whatever the verb."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if not self.current_user:
+            raise tornado.web.HTTPError(403)
+        raise tornado.web.HTTPError(404, "no such route under /remote-compute/; see openapi.yaml")
+
+
 HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/machines", MachinesHandler),
     (rf"{PREFIX}/machines/{MACHINE}", MachineHandler),
@@ -345,3 +403,6 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/steps", StepsHandler),
     (rf"{PREFIX}/secrets", SecretsHandler),
 ]
+
+#: Registered after HANDLERS (and every other handler of the extension): catches the rest of the prefix.
+FALLBACK_HANDLER: tuple[str, type[RemoteComputeHandler]] = (rf"{PREFIX}/.*", UnknownRouteHandler)

@@ -152,6 +152,8 @@ async def test_every_verb_needs_authentication(jp_fetch, jp_serverapp, jp_base_u
                 f"{jp_base_url}remote-compute/{path}", method=method, body=b"{}" if method == "POST" else None
             )
         assert info.value.code == 403
+        error = json.loads(info.value.response.body)
+        assert error["code"] == "forbidden" and isinstance(error["message"], str)
 
 
 async def test_state_changes_are_emitted_as_events(jp_fetch, jp_serverapp):
@@ -182,3 +184,33 @@ async def test_steps_lists_the_training_step_with_enabled_machines(jp_fetch, tes
     step = next(s for s in data["steps"] if s["id"] == "train-on-remote-machine")
     assert step["label"] == "Train on a Remote Machine"
     assert step["settings"]["properties"]["machine"]["enum"] == ["local", "on"]
+
+
+async def test_errors_outside_the_domain_are_the_documented_error_json(jp_fetch):
+    # An unknown route under the prefix, a verb a route does not serve, and a log offset past any file.
+    code, err = await _error(jp_fetch, "no-such-route")
+    assert (code, err["code"]) == (404, "not_found") and set(err) == {"code", "message"}
+    code, err = await _error(jp_fetch, "jobs", "x", "log", method="POST", body={})
+    assert (code, err["code"]) == (405, "method_not_allowed") and set(err) == {"code", "message"}
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("remote-compute", "machines", "box", method="PUT", body="{}")
+    assert info.value.code == 405 and info.value.response.headers["Allow"] == "GET, DELETE, PATCH"
+    assert json.loads(info.value.response.body)["code"] == "method_not_allowed"
+
+
+async def test_a_log_offset_or_limit_out_of_range_names_the_field(jp_fetch):
+    _, data = await _json(jp_fetch, "jobs", method="POST", body={"command": "echo hi"})
+    job_id = data["job"]["id"]
+    for params, field in [
+        ({"offset": "1859993907911488"}, "offset"),
+        ({"offset": "-1"}, "offset"),
+        ({"offset": "1e3"}, "offset"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": str(5 << 20)}, "limit"),
+    ]:
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("remote-compute", "jobs", job_id, "log", params=params)
+        err = json.loads(info.value.response.body)
+        assert (info.value.code, err["code"], err["field"]) == (400, "invalid", field), params
+    code, chunk = await _json(jp_fetch, "jobs", job_id, "log", offset="0", limit="10")
+    assert code == 200 and chunk["offset"] == 0

@@ -39,3 +39,30 @@ def test_the_job_spec_schema_lists_every_setting_the_server_accepts() -> None:
 
     schema = _spec()["components"]["schemas"]["JobSpec"]["properties"]
     assert set(schema) == {f.name for f in dataclasses.fields(JobSpec)} | {"new"}
+
+
+def test_the_job_schema_lists_every_field_the_api_shows() -> None:
+    import dataclasses
+
+    from jupyter_remote_compute.jobs.store import Job
+
+    shown = {f.name for f in dataclasses.fields(Job)} - {"lease"} | {"name", "progress"}
+    assert set(_spec()["components"]["schemas"]["Job"]["properties"]) == shown
+
+
+def test_every_operation_documents_its_errors_and_the_token_is_required() -> None:
+    spec = _spec()
+    assert spec["security"] == [{"token": []}]
+    assert spec["components"]["securitySchemes"]["token"] == {
+        **spec["components"]["securitySchemes"]["token"],
+        "type": "apiKey",
+        "in": "header",
+        "name": "Authorization",
+    }
+    for path, ops in spec["paths"].items():
+        for verb, op in ops.items():
+            if verb not in VERBS:
+                continue
+            statuses = set(op["responses"])
+            assert {"400", "403", "default"} <= statuses, (path, verb)
+            assert ("{" in path) == ("404" in statuses), (path, verb)

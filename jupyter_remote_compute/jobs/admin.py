@@ -94,6 +94,8 @@ class MachineAdmin:
         for field, value in (("name", name), ("kind", kind), ("address", address)):
             if not isinstance(value, str) or not value:
                 raise InvalidSettings(f"{field}: required", field=field)
+        if options is not None and not isinstance(options, Mapping):
+            raise InvalidSettings("options: expected a mapping of option names to values", field="options")
         options = dict(options or {})
         secret_name = None
         if _given(token):
@@ -191,8 +193,12 @@ class MachineAdmin:
         one the user compared with the machine's own (the CLI's --fingerprint, the panel's dialog). The
         engine compares it on the connection that records the key, so no other key can slip in between.
         """
+        engine = self.engine(name)
+        if type(engine).trust_host is Engine.trust_host:
+            # Asking is the caller's mistake (a 400), not a machine that failed (a 502).
+            raise InvalidSettings(f"{name}: a {engine.kind} machine has no host key to trust", field="name")
         try:
-            recorded = self.engine(name).trust_host(fingerprint)
+            recorded = engine.trust_host(fingerprint)
         except EngineError as e:
             if e.details.get("mismatch"):
                 raise HostKeyNotConfirmed(f"{name}: {e}", details={"host_key": e.details["host_key"]}) from e

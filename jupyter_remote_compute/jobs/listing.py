@@ -85,7 +85,9 @@ def parse_states(value: str | Iterable[str] | None, field: str = "state") -> fro
     """``"running"``, ``"succeeded,failed"`` or a list of them; an unknown state names the field."""
     if value is None or value == "":
         return None
-    names = value.split(",") if isinstance(value, str) else list(value)
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple, set, frozenset)) or not all(isinstance(n, str) for n in names):
+        raise InvalidSettings(f"{field}: expected state names, e.g. succeeded,failed", field=field)
     states = frozenset(n.strip() for n in names if n.strip())
     unknown = sorted(states - ALL_STATES)
     if unknown:
@@ -135,8 +137,9 @@ class JobQuery:
             machine=machine or None,
             states=parse_states(state),
             name=name.casefold() if name else None,
-            since=_iso_time(since, "since") if since else None,
-            until=_iso_time(until, "until") if until else None,
+            # Given but empty is a mistake, not "no filter": the panel and the CLI leave an unused filter out.
+            since=_iso_time(since, "since") if since is not None else None,
+            until=_iso_time(until, "until") if until is not None else None,
         )
 
 

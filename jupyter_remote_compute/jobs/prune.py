@@ -90,7 +90,9 @@ def prune_jobs(
     """Remove finished jobs that ended more than ``older_than`` ago and/or beyond the newest ``keep_newest``."""
     age = parse_duration(older_than, "older_than")
     wanted = prune_states(states)
-    if keep_newest is not None and (isinstance(keep_newest, bool) or keep_newest < 0):
+    if keep_newest is not None and (
+        not isinstance(keep_newest, int) or isinstance(keep_newest, bool) or keep_newest < 0
+    ):
         raise InvalidSettings("keep_newest: expected a whole number of at least 0", field="keep_newest")
     if age is None and keep_newest is None:
         raise InvalidSettings("older_than: say how old a finished job must be to go, e.g. 90d", field="older_than")

@@ -10,6 +10,7 @@ workspace once symlinks are followed) is checked when they are read
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
@@ -33,7 +34,9 @@ def parse_duration(value: str | float | int | None, field: str) -> float | None:
     if isinstance(value, bool):
         raise InvalidSettings(f"{field}: expected a duration such as 3600, '30m' or '2h'", field=field)
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = float(value) if value < 1e300 else math.inf  # float() of a huge int would raise
+    elif not isinstance(value, str):
+        raise InvalidSettings(f"{field}: expected a duration such as 3600, '30m' or '2h'", field=field)
     else:
         text = value.strip()
         try:
@@ -47,6 +50,8 @@ def parse_duration(value: str | float | int | None, field: str) -> float | None:
             seconds = sum(float(n) * _UNIT_SECONDS[u.lower()] for n, u in parts)
     if seconds <= 0:
         raise InvalidSettings(f"{field}: must be longer than zero", field=field)
+    if not math.isfinite(seconds):
+        raise InvalidSettings(f"{field}: must be a finite duration", field=field)
     return seconds
 
 
@@ -87,6 +92,10 @@ def _str_list(value: Any, field: str) -> list[str]:
     return list(value)
 
 
+def _given_or(value: Any, default: Any) -> Any:
+    return default if value is None or value == "" else value
+
+
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
     machine: str
@@ -110,7 +119,8 @@ class JobSpec:
             name = sorted(unknown)[0]
             raise InvalidSettings(f"{name}: unknown setting", field=name)
 
-        machine = data.get("machine") or "local"
+        # null (or "") means "not given"; any other falsy value ({}, 0, false) is a wrong type, not a default.
+        machine = _given_or(data.get("machine"), "local")
         if not isinstance(machine, str):
             raise InvalidSettings("machine: expected a machine name", field="machine")
 
@@ -132,7 +142,7 @@ class JobSpec:
             for i, p in enumerate(_str_list(data.get("bring_back"), "bring_back"))
         )
 
-        env_in = data.get("env") or {}
+        env_in = _given_or(data.get("env"), {})
         if not isinstance(env_in, Mapping):
             raise InvalidSettings("env: expected NAME → value pairs", field="env")
         env: dict[str, str] = {}
@@ -148,7 +158,7 @@ class JobSpec:
                 raise InvalidSettings(f"{field}: contains a NUL character", field=field)
             env[name] = value
 
-        name = data.get("name") or ""
+        name = _given_or(data.get("name"), "")
         if not isinstance(name, str) or len(name) > 200 or any(ord(c) < 32 for c in name):
             raise InvalidSettings("name: expected one line of at most 200 characters", field="name")
         key = data.get("key")
