@@ -76,7 +76,7 @@ class Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, env=self.env)
         self.starts += 1
-        wait_for(self._ready, timeout=90, interval=0.1, message="jupyter server to answer")
+        wait_for(self._ready, timeout=180, interval=0.1, message="jupyter server to answer")
 
     def _ready(self) -> bool:
         assert self.proc and self.proc.poll() is None, self.log.read_text()[-3000:]
