@@ -145,9 +145,9 @@ test.describe('Compute panel', () => {
     const panel = await openPanel(page);
     await expect(panel.getByRole('listitem', { name })).toContainText('Check failed');
 
-    // And a machine that answers: this one.
+    // And a machine that answers: this one, with every common fact (GPUs, or "no GPU", and free disk).
     await panel.getByRole('button', { name: 'Check This machine' }).click();
-    await expect(page.getByText(/local answered: os: Linux/)).toBeVisible();
+    await expect(page.getByText(/local answered: .*\d+ CPUs · .+ · .*free disk/)).toBeVisible();
   });
 
   test('shows a server-side validation error inline on its field', async ({ page }) => {
