@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -307,7 +308,25 @@ def _record_in_child(workspace: Path, settings: TrackingSettings, job: JobRecord
     return child.stdout.decode().strip()
 
 
+def _exit_with_parent() -> None:
+    """End this recorder as soon as the process that started it is gone (it was SIGKILLed, say).
+
+    Recording in-process died with the server; a child must too, or an orphan could go on writing
+    while the next server records the same job. Exactly once still holds either way: the next
+    collector finds the run by its job tag, under the store's lock.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _main() -> int:
+    _exit_with_parent()
     request = json.loads(sys.stdin.buffer.read())
     raw = request["job"]
     job = JobRecord(

@@ -308,9 +308,9 @@ def test_local_is_reserved(registry: MachineRegistry, path: Path) -> None:
 
 def test_unknown_kind_lists_the_known_ones(registry: MachineRegistry) -> None:
     with pytest.raises(InvalidSettings) as caught:
-        registry.add("a", "slurm", "a.lab")
+        registry.add("a", "mainframe", "a.lab")
     assert caught.value.field == "kind"
-    assert "'slurm'" in caught.value.message and "fake" in caught.value.message and "strict" in caught.value.message
+    assert "'mainframe'" in caught.value.message and "fake" in caught.value.message and "strict" in caught.value.message
 
 
 def test_address_is_checked_by_the_engine(registry: MachineRegistry) -> None:
@@ -487,7 +487,7 @@ def test_set_enabled_adds_the_key_when_absent(registry: MachineRegistry, path: P
 def test_a_machine_of_an_uninstalled_kind_can_be_listed_disabled_and_removed(
     registry: MachineRegistry, path: Path
 ) -> None:
-    write(path, "machines:\n  old:\n    kind: slurm\n    address: login.hpc\n    partition: gpu\n")
+    write(path, "machines:\n  old:\n    kind: mainframe\n    address: login.hpc\n    partition: gpu\n")
     assert registry.get("old").options == {"partition": "gpu"}
     assert registry.set_enabled("old", False).enabled is False
     with pytest.raises(InvalidSettings) as caught:
