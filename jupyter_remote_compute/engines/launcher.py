@@ -21,6 +21,17 @@ from .base import TRACKING_DIR, WORK_DIR
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# The launcher's stdin, one NAME=<base64 value> line each, exported; shared by every far-side script
+# that receives an environment (the launcher, Slurm's submit script).
+READ_ENV_SH = """\
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  name=${line%%=*}
+  value=$(printf '%s' "${line#*=}" | base64 -d) || exit 98
+  export "$name=$value"
+done
+"""
+
 # Reads the environment from stdin, then starts run.sh in a new session (so
 # it outlives this shell, the connection and the server) and records its pid,
 # which is also its process group id. Idempotent: a job directory with a pid
@@ -32,13 +43,7 @@ jobdir=$1
 # Starting twice (this side crashed between start and recording it) finds the first start.
 if [ -f "$jobdir/pid" ]; then cat "$jobdir/pid"; exit 0; fi
 cd "$jobdir/{WORK_DIR}" || exit 97
-while IFS= read -r line; do
-  [ -n "$line" ] || continue
-  name=${{line%%=*}}
-  value=$(printf '%s' "${{line#*=}}" | base64 -d) || exit 98
-  export "$name=$value"
-done
-export PYTHONUNBUFFERED=1
+{READ_ENV_SH}export PYTHONUNBUFFERED=1
 export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
 export MLFLOW_ALLOW_FILE_STORE=true
 : > "$jobdir/log"

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from ..errors import InvalidSettings
 from .base import TRACKING_DIR, WORK_DIR
+from .launcher import READ_ENV_SH
 
 #: How long before its time limit a job is warned (sbatch --signal), unless the limit is shorter.
 WARN_BEFORE_SECONDS = 300
@@ -356,13 +357,7 @@ set -u
 jobdir=$1
 shift
 if [ -s "$jobdir/{SLURM_JOB_ID_FILE}" ]; then cat "$jobdir/{SLURM_JOB_ID_FILE}"; exit 0; fi
-while IFS= read -r line; do
-  [ -n "$line" ] || continue
-  name=${{line%%=*}}
-  value=$(printf '%s' "${{line#*=}}" | base64 -d) || exit 98
-  export "$name=$value"
-done
-answer=$("$@" < /dev/null) || exit $?
+{READ_ENV_SH}answer=$("$@" < /dev/null) || exit $?
 idfile="$jobdir/{SLURM_JOB_ID_FILE}"
 printf '%s\\n' "$answer" > "$idfile.tmp" && mv -f "$idfile.tmp" "$idfile"
 printf '%s\\n' "$answer"
