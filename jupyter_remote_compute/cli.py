@@ -20,7 +20,7 @@ from .errors import RemoteComputeError
 from .jobs.admin import HostKeyNotConfirmed
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.logs import waiting_line
-from .jobs.service import JobService, require_trained
+from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.store import TERMINAL_STATES, Job
 from .run_options import add_run_options, command_of, spec_settings
@@ -31,7 +31,9 @@ EXIT_DETACHED = 3
 
 
 def _service(args: argparse.Namespace) -> JobService:
-    return JobService(Workspace.find(args.workspace, fallback=args.workspace))
+    # The CLI exits when its job ends: the MLflow run is recorded by a detached recorder (jobs/record.py).
+    settings = ServiceSettings(record_in_background=True)
+    return JobService(Workspace.find(args.workspace, fallback=args.workspace), settings)
 
 
 def _print_json(data: Any) -> None:
@@ -146,6 +148,8 @@ def _summary(job: Job) -> str:
         parts.append("outputs: " + ", ".join(sorted(job.outputs)))
     if job.mlflow_run_id:
         parts.append(f"MLflow run {job.mlflow_run_id}")
+    elif job.state in TERMINAL_STATES and job.spec is not None:
+        parts.append("MLflow run being recorded in the background (`jobs show` gives its id)")
     return "; ".join(parts)
 
 

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 import keyring
@@ -33,6 +34,13 @@ from keyring.backends import chainer, fail, null
 
 from .errors import InvalidSettings, SecretStoreUnavailable
 from .fsutil import atomic_write
+
+if sys.platform != "darwin":
+    # keyring imports every backend when it first chooses one; its macOS backend's module asks ctypes for three
+    # macOS frameworks, which on Linux runs ldconfig and a compiler (~0.1 s) only to learn they are
+    # absent. Off macOS that backend refuses to run anyway, so its module is not imported at all.
+    sys.modules.setdefault("keyring.backends.macOS.api", None)  # type: ignore[arg-type]
+
 
 #: Settings (environment variables; the server's traitlets of the same meaning set them).
 STORE_ENV = "JUPYTER_REMOTE_COMPUTE_SECRETS_STORE"

@@ -74,6 +74,31 @@ class JobRecord:
     far_store: Path | None  # the job's brought-back mlruns/
     mask_values: tuple[str, ...] = ()  # secret values the job saw: hidden in replayed params and tags
 
+    def to_json(self, *, with_secrets: bool = True) -> dict[str, Any]:
+        """As JSON; ``with_secrets=False`` leaves out ``mask_values`` (for anything written to disk)."""
+        data = dataclasses.asdict(self)
+        data.update(
+            log_path=str(self.log_path) if self.log_path else None,
+            outputs={name: str(path) for name, path in self.outputs.items()},
+            inputs_manifest=str(self.inputs_manifest) if self.inputs_manifest else None,
+            far_store=str(self.far_store) if self.far_store else None,
+            mask_values=list(self.mask_values) if with_secrets else [],
+        )
+        return data
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> JobRecord:
+        return cls(
+            **{
+                **raw,
+                "log_path": Path(raw["log_path"]) if raw["log_path"] else None,
+                "outputs": {name: Path(path) for name, path in raw["outputs"].items()},
+                "inputs_manifest": Path(raw["inputs_manifest"]) if raw["inputs_manifest"] else None,
+                "far_store": Path(raw["far_store"]) if raw["far_store"] else None,
+                "mask_values": tuple(raw.get("mask_values", ())),
+            }
+        )
+
 
 def tracking_uri(workspace: Path, settings: TrackingSettings) -> str:
     return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace / 'mlflow.db'}"
@@ -287,13 +312,7 @@ def _record_in_child(workspace: Path, settings: TrackingSettings, job: JobRecord
     request = {
         "workspace": str(workspace),
         "settings": {**dataclasses.asdict(settings), "isolated": False},
-        "job": {
-            **dataclasses.asdict(job),
-            "log_path": str(job.log_path) if job.log_path else None,
-            "outputs": {name: str(path) for name, path in job.outputs.items()},
-            "inputs_manifest": str(job.inputs_manifest) if job.inputs_manifest else None,
-            "far_store": str(job.far_store) if job.far_store else None,
-        },
+        "job": job.to_json(),
     }
     child = subprocess.run(
         [sys.executable, "-m", "jupyter_remote_compute.tracking"],
@@ -328,17 +347,7 @@ def _exit_with_parent() -> None:
 def _main() -> int:
     _exit_with_parent()
     request = json.loads(sys.stdin.buffer.read())
-    raw = request["job"]
-    job = JobRecord(
-        **{
-            **raw,
-            "log_path": Path(raw["log_path"]) if raw["log_path"] else None,
-            "outputs": {name: Path(path) for name, path in raw["outputs"].items()},
-            "inputs_manifest": Path(raw["inputs_manifest"]) if raw["inputs_manifest"] else None,
-            "far_store": Path(raw["far_store"]) if raw["far_store"] else None,
-            "mask_values": tuple(raw["mask_values"]),
-        }
-    )
+    job = JobRecord.from_json(request["job"])
     settings = TrackingSettings(**request["settings"])
     print(record_job(Path(request["workspace"]), settings, job))
     return 0

@@ -21,6 +21,7 @@ from ..errors import InvalidSettings
 from ..fsutil import sha256_file
 from ..secrets import mask
 from ..tracking import JobRecord, record_job
+from . import record as record_later
 from .context import JobContext, engine_faults, remote_of
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
@@ -82,8 +83,15 @@ class Collector:
             outcome = dataclasses.replace(outcome, reason=f"exit code {job.exit_code}: {_tail(log_path)}")
 
         ended = utcnow()
-        run_id, outcome = self._record(job, outcome, log_path, landed, incoming, ended, secrets or [])
-        shutil.rmtree(incoming, ignore_errors=True)
+        record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [])
+        background = self.ctx.settings.record_in_background
+        if background:
+            # The to-do is written before the job ends, so a crash in between leaves it for resume().
+            record_later.queue(self.ctx.workspace, record, cleanup=incoming)
+            run_id = None
+        else:
+            run_id, outcome = self._record(record, outcome, secrets or [])
+            shutil.rmtree(incoming, ignore_errors=True)
         self.leases.update(
             job.id,
             state=outcome.state,
@@ -94,6 +102,8 @@ class Collector:
             lease=None,
             failing_since=None,
         )
+        if background:
+            record_later.start(self.ctx.workspace, self.ctx.settings.tracking, job.id, secrets or [])
 
     def _check_landing(self, verified: dict[str, str]) -> str | None:
         """Before anything moves: every destination is inside the workspace and can take a file."""
@@ -117,7 +127,7 @@ class Collector:
             landed[rel] = dst
         return landed
 
-    def _record(
+    def _job_record(
         self,
         job: Job,
         outcome: Outcome,
@@ -126,9 +136,8 @@ class Collector:
         incoming: Path,
         ended: str,
         secrets: Sequence[str],
-    ) -> tuple[str | None, Outcome]:
-        """The job's MLflow run id and its outcome (which says so if the run could not be recorded)."""
-        record = JobRecord(
+    ) -> JobRecord:
+        return JobRecord(
             job_id=job.id,
             key=job.key,
             name=job.name,
@@ -145,10 +154,13 @@ class Collector:
             far_store=incoming / "mlruns",
             mask_values=tuple(secrets),
         )
+
+    def _record(self, record: JobRecord, outcome: Outcome, secrets: Sequence[str]) -> tuple[str | None, Outcome]:
+        """The job's MLflow run id and its outcome (which says so if the run could not be recorded)."""
         try:
             return record_job(self.ctx.workspace.root, self.ctx.settings.tracking, record), outcome
         except Exception as e:  # MLflow down must not lose the job: keep the reason, record later by hand
-            log.error("job %s: recording the MLflow run failed: %s", job.id, type(e).__name__)
+            log.error("job %s: recording the MLflow run failed: %s", record.job_id, type(e).__name__)
             error = mask(str(e).encode(), secrets).decode(errors="replace")[:500]
             reason = ((outcome.reason or "") + f" (not recorded in MLflow: {error})").strip()
             return None, dataclasses.replace(outcome, reason=reason)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from ..engines.base import EngineError, InputFile, LaunchSpec, ProgressCallback, RemoteStatus
 from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
+from . import record as record_later
 from .collect import Collector
 from .context import JobContext, engine_faults, remote_of
 from .leases import Leases
@@ -95,7 +96,9 @@ class Driver:
         """One pass over every unfinished job: one poll per machine, then each job advanced.
 
         With ``transfer``, sending and collecting (long) are handed to it instead of run here.
+        Runs whose recorder died are handed to a new one (record.py).
         """
+        record_later.resume(self.ctx)
         jobs = [j for j in self.ctx.store.jobs().values() if j.active]
         running: dict[str, list[Job]] = {}
         for job in jobs:

@@ -33,6 +33,7 @@ from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..workspace import Workspace
 from . import logs
+from . import record as record_later
 from .admin import MachineAdmin, snapshot_of
 from .collect import Collector
 from .context import JobContext, ServiceSettings, remote_of
@@ -203,6 +204,7 @@ class JobService:
             )
             jobs[job_id] = job
         self._emit(job)
+        record_later.resume(self.ctx)  # a run some earlier face left unrecorded (it was killed, say)
         return SubmitResult(job, attached=False)
 
     def _admit(self, machine: Machine, spec: JobSpec) -> None:

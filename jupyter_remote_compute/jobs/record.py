@@ -1,0 +1,199 @@
+"""Recording a finished job's MLflow run in a process of its own, after the job has ended.
+
+A face that exits once its job ends (the CLI) should not wait ~2 s for MLflow to import and open
+its store. With ``ServiceSettings.record_in_background`` the collector ends the job first and leaves
+the run to a detached recorder: ``python -m jupyter_remote_compute.jobs.record <job id>``, in a
+session of its own, so killing the face (Ctrl-C, SIGKILL) does not kill it.
+
+Exactly one run per job, always:
+
+- before the job ends, a to-do file ``.punica/recording/<job id>.json`` is written (the record
+  without its secret values), so no process can die between "ended" and "someone will record";
+- a recorder holds an exclusive ``flock`` on that file while it works; the kernel drops it when the
+  recorder dies, however it dies, so "nobody holds it" means "nobody is recording";
+- every ``submit`` and every poll pass (the server's, the CLI's) starts a recorder for each to-do
+  nobody holds; two that race both find the run by its job tag under the store's lock (tracking.py);
+- the recorder writes the run id (or why it could not record) onto the job, then removes the to-do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import NotFound
+from ..fsutil import atomic_write
+from ..secrets import mask
+from ..tracking import JobRecord, TrackingSettings, record_job
+from ..workspace import Workspace
+from .context import JobContext
+from .logs import mask_values
+from .store import JobStore, utcnow
+
+log = logging.getLogger(__name__)
+
+PENDING_DIR = "recording"
+#: A to-do whose recorder died this many times (it cannot even start, say) is given up, with a reason.
+MAX_ATTEMPTS = 5
+
+
+def pending_dir(workspace: Workspace) -> Path:
+    return workspace.punica_dir / PENDING_DIR
+
+
+def pending_file(workspace: Workspace, job_id: str) -> Path:
+    return pending_dir(workspace) / f"{job_id}.json"
+
+
+def queue(workspace: Workspace, record: JobRecord, cleanup: Path | None) -> None:
+    """Leave the to-do for ``record`` (no secret values in it); ``cleanup`` goes once it is recorded."""
+    data = {"record": record.to_json(with_secrets=False), "cleanup": str(cleanup) if cleanup else None}
+    atomic_write(pending_file(workspace, record.job_id), json.dumps(data).encode())
+
+
+def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str]) -> None:
+    """Start a detached recorder for the job's to-do; the request (secret values to hide included)
+    travels on its standard input, never in argv or a file."""
+    request = {
+        "workspace": str(workspace.root),
+        "settings": {**dataclasses.asdict(settings), "isolated": False},
+        "mask_values": list(secrets),
+    }
+    log_file = pending_dir(workspace) / f"{job_id}.log"
+    with open(log_file, "ab") as errors:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_remote_compute.jobs.record", job_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            start_new_session=True,  # outlives the face: a Ctrl-C or a kill of its group does not reach it
+            close_fds=True,
+        )
+    assert child.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        child.stdin.write(json.dumps(request).encode())
+        child.stdin.close()
+    child.returncode = 0  # not waited for on purpose: tell Popen's destructor not to warn about it
+
+
+def unclaimed(workspace: Workspace) -> list[str]:
+    """Job ids whose to-do no live recorder holds (cheap: one listing of a folder that is usually empty)."""
+    try:
+        names = [e.name for e in os.scandir(pending_dir(workspace)) if e.name.endswith(".json")]
+    except FileNotFoundError:
+        return []
+    free = []
+    for name in names:
+        try:
+            fd = os.open(pending_dir(workspace) / name, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # recorded meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a recorder is at work
+        finally:
+            os.close(fd)  # releases the probe's lock too
+        free.append(name.removesuffix(".json"))
+    return free
+
+
+def resume(ctx: JobContext) -> None:
+    """Start a recorder for every to-do nobody records (its recorder died, or never started)."""
+    for job_id in unclaimed(ctx.workspace):
+        try:
+            secrets = mask_values(ctx.secrets, ctx.store.get(job_id)) or []
+        except NotFound:
+            secrets = []  # the recorder only tidies up after a deleted job
+        start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
+
+
+# -- the recorder process ----------------------------------------------------------------------
+def _claim(path: Path) -> int | None:
+    """An open descriptor of the to-do, locked for this process; None if it is gone or taken."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # The to-do may have been recorded and removed between the open and the lock.
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:
+            raise FileNotFoundError(path)
+    except (BlockingIOError, FileNotFoundError):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _attempt(workspace: Workspace, job_id: str) -> int:
+    """Count this attempt (one byte appended per try, so a crash mid-write loses nothing)."""
+    counter = pending_dir(workspace) / f"{job_id}.attempts"
+    with open(counter, "ab") as f:
+        f.write(b".")
+    return counter.stat().st_size
+
+
+def _finish(workspace: Workspace, job_id: str, run_id: str | None, problem: str | None) -> None:
+    store = JobStore(workspace.state_file)
+    with store.transaction() as jobs:
+        job = jobs.get(job_id)
+        if job is None:
+            return  # deleted meanwhile
+        if run_id is not None:
+            job.mlflow_run_id = run_id
+        else:
+            job.reason = ((job.reason or "") + f" (not recorded in MLflow: {problem})").strip()
+        job.updated = utcnow()
+
+
+def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str]) -> int:
+    """Record one to-do, if no other recorder holds it; 0 when done or not this process's to do."""
+    path = pending_file(workspace, job_id)
+    fd = _claim(path)
+    if fd is None:
+        return 0
+    try:
+        todo = json.loads(os.read(fd, 1 << 24))
+        record = dataclasses.replace(JobRecord.from_json(todo["record"]), mask_values=tuple(secrets))
+        try:
+            JobStore(workspace.state_file).get(job_id)
+        except NotFound:
+            run_id, problem = None, None  # deleted before it was recorded: nothing to record it for
+        else:
+            if _attempt(workspace, job_id) > MAX_ATTEMPTS:
+                run_id, problem = None, f"gave up after {MAX_ATTEMPTS} attempts"
+            else:
+                try:
+                    run_id, problem = record_job(workspace.root, settings, record), None
+                except Exception as e:  # MLflow down must not lose the job: say so on it, as collection did
+                    run_id, problem = None, mask(str(e).encode(), secrets).decode(errors="replace")[:500]
+            _finish(workspace, job_id, run_id, problem)
+        if todo.get("cleanup"):
+            shutil.rmtree(todo["cleanup"], ignore_errors=True)
+        for leftover in (path, path.with_suffix(".attempts"), path.with_suffix(".log")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+    finally:
+        os.close(fd)
+    return 0
+
+
+def _main(argv: Sequence[str]) -> int:
+    (job_id,) = argv
+    request = json.loads(sys.stdin.buffer.read())
+    settings = TrackingSettings(**request["settings"])
+    return record_pending(Workspace(Path(request["workspace"])), settings, job_id, request["mask_values"])
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,160 @@
+"""The CLI ends a job before MLflow records it: a detached recorder makes exactly one run per job.
+
+Real processes throughout: the CLI as a user runs it, the recorder it leaves behind, a real MLflow
+sqlite store. The test bed's ``git`` (first on PATH, nowhere in the product) holds the recorder
+just before it creates the run, so the test can kill things at that point without sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import job_runs
+from waiting import wait_for
+
+from jupyter_remote_compute.jobs import record
+from jupyter_remote_compute.tracking import TrackingSettings
+from jupyter_remote_compute.workspace import Workspace
+
+# Test bed only: the recorder asks git for the commit just before it creates the job's run.
+HOLDING_GIT = """\
+#!/bin/sh
+faults={faults}
+if [ "${{1:-}} ${{3:-}}" = "-C rev-parse" ] && mv "$faults/arm" "$faults/claimed" 2>/dev/null; then
+  echo "$PPID" > "$faults/held.tmp" && mv "$faults/held.tmp" "$faults/held"
+  while [ ! -e "$faults/release" ] && kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done
+fi
+exec {git} "$@"
+"""
+
+
+@pytest.fixture
+def bed(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path) -> dict[str, Any]:
+    faults, bin_dir = tmp_path / "faults", tmp_path / "bin"
+    faults.mkdir()
+    bin_dir.mkdir()
+    git = bin_dir / "git"
+    git.write_text(HOLDING_GIT.format(faults=faults, git=shutil.which("git") or "/bin/false"))
+    git.chmod(0o755)
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "MLFLOW_EXPERIMENT_NAME": "tests",
+        "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    }
+    return {"root": quickstart, "faults": faults, "env": env, "uri": tracking_uri}
+
+
+def _cli(bed: dict[str, Any], *args: str, **popen: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "jupyter_remote_compute.cli", *args],
+        cwd=bed["root"],
+        env=bed["env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+def _jobs(bed: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return json.loads((bed["root"] / ".punica/jobs.json").read_bytes())["jobs"]
+
+
+def _recorded(bed: dict[str, Any], job_id: str) -> str | None:
+    return _jobs(bed)[job_id]["mlflow_run_id"]
+
+
+def _pending(bed: dict[str, Any]) -> list[str]:
+    folder = bed["root"] / ".punica/recording"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def _held_recorder(bed: dict[str, Any]) -> int:
+    held = wait_for(lambda: (bed["faults"] / "held").exists(), timeout=120, message="the recorder to reach git")
+    assert held
+    pid = int((bed["faults"] / "held").read_text())
+    assert b"jupyter_remote_compute.jobs.record" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return pid
+
+
+def test_the_cli_ends_before_mlflow_and_one_run_is_recorded(bed: dict[str, Any]) -> None:
+    cli = _cli(bed, "run", "--bring-back", "model.pkl", "--send", "train.py", "--send", "data/*.csv",
+               "--", "python", "train.py")  # fmt: skip
+    _, err = cli.communicate(timeout=120)
+    assert cli.returncode == 0, err
+    (job_id,) = _jobs(bed)
+    assert "succeeded" in err and "recorded in the background" in err
+    run_id = wait_for(lambda: _recorded(bed, job_id), timeout=120, message="the run id on the job")
+    runs = job_runs(bed["uri"], job_id)
+    assert [r.info.run_id for r in runs] == [run_id]
+    # What the job logged and brought back reached the run; the to-do and the fetched copy are gone.
+    assert runs[0].data.tags["remote_compute.replayed"] == "true"
+    assert _pending(bed) == []
+    assert not (bed["root"] / ".punica/jobs" / job_id / "incoming").exists()
+
+
+def test_killing_the_cli_after_its_job_ended_still_records_one_run(bed: dict[str, Any]) -> None:
+    (bed["faults"] / "arm").touch()
+    cli = _cli(bed, "run", "--", "true", start_new_session=True)
+    recorder = _held_recorder(bed)
+    (job_id,) = _jobs(bed)
+    assert _jobs(bed)[job_id]["state"] == "succeeded" and _recorded(bed, job_id) is None
+    # What a terminal's Ctrl-C or a CI runner's cleanup does: the CLI's whole process group goes.
+    with contextlib.suppress(ProcessLookupError):  # it may have exited already
+        os.killpg(cli.pid, signal.SIGKILL)
+    cli.communicate(timeout=30)
+    assert Path(f"/proc/{recorder}").exists()
+    (bed["faults"] / "release").touch()
+    run_id = wait_for(lambda: _recorded(bed, job_id), timeout=120, message="the run id on the job")
+    assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
+    wait_for(lambda: _pending(bed) == [], timeout=30, message="the to-do to go")
+
+
+def _orphan(bed: dict[str, Any]) -> str:
+    """A finished job whose recorder was killed before it created the run: its to-do is left."""
+    (bed["faults"] / "arm").touch()
+    cli = _cli(bed, "run", "--", "true")
+    recorder = _held_recorder(bed)
+    cli.communicate(timeout=60)
+    (job_id,) = _jobs(bed)
+    os.kill(recorder, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{recorder}").exists(), timeout=30, message="the recorder to die")
+    assert _recorded(bed, job_id) is None and job_runs(bed["uri"], job_id) == []
+    assert f"{job_id}.json" in _pending(bed)
+    return job_id
+
+
+def test_a_recorder_that_died_is_replaced_by_the_next_submit(bed: dict[str, Any]) -> None:
+    first_id = _orphan(bed)
+    second = _cli(bed, "run", "--new", "--", "sh", "-c", "exit 0")
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    second_id = next(i for i in _jobs(bed) if i != first_id)
+    for job_id in (first_id, second_id):
+        run_id = wait_for(lambda j=job_id: _recorded(bed, j), timeout=180, message=f"job {job_id}'s run id")
+        assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
+    wait_for(lambda: _pending(bed) == [], timeout=60, message="every to-do to go")
+
+
+def test_recorders_racing_for_one_job_make_one_run(bed: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    job_id = _orphan(bed)
+    for name, value in bed["env"].items():
+        monkeypatch.setenv(name, value)
+    # As a server's poll, a CLI's submit and a second server would, all at once.
+    settings = TrackingSettings(tracking_uri=bed["uri"], experiment="tests")
+    for _ in range(3):
+        record.start(Workspace(bed["root"]), settings, job_id, [])
+    run_id = wait_for(lambda: _recorded(bed, job_id), timeout=180, message="the run id on the job")
+    wait_for(lambda: _pending(bed) == [], timeout=60, message="the to-do to go")
+    assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
