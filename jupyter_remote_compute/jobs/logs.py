@@ -123,6 +123,9 @@ def read_log(ctx: JobContext, job_id: str, offset: int = 0, limit: int = LOG_CHU
     return LogChunk(data, offset, offset + len(data), False)
 
 
+FIRST_LOOK = 0.05  # seconds before following looks at a job again the first time; doubles up to the interval
+
+
 def waiting_line(job: Job) -> str:
     """What a person following a job reads when it starts or stops waiting for its machine's scheduler."""
     if job.state == "pending":
@@ -153,6 +156,8 @@ def follow(
     stop = stop or threading.Event()
     offset = 0
     waiting: tuple[str, str | None] | None = None
+    # Look again soon, then less often: a short job ends within a poll or two, not a whole interval later.
+    delay = min(FIRST_LOOK, interval)
     while True:
         job = advance(job_id, progress=progress)
         if on_wait is not None and (job.state == "pending" or waiting is not None):
@@ -173,5 +178,6 @@ def follow(
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             return job
-        if stop.wait(interval if remaining is None else min(interval, remaining)):
+        if stop.wait(delay if remaining is None else min(delay, remaining)):
             return job
+        delay = min(delay * 2, interval)
