@@ -218,3 +218,22 @@ def test_status_answers_for_every_job_in_one_call(tmp_path: Path):
     )
     assert found["never"].detail == "never started" and found["never"].log_size is None
     assert "missing" in found["no-such-job"].detail
+
+
+def test_outputs_are_hashed_as_they_land_hard_links_included(tmp_path: Path):
+    """receive_outputs gives the sha256 of every file it wrote, so collection does not read them again."""
+    engine = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s"))
+    job = engine.prepare(RemoteJob("hashing", "k", {}))
+    work = Path(job.handle["dir"]) / "work"
+    (work / "out").mkdir(parents=True)
+    (work / "out" / "a.bin").write_bytes(os.urandom(3 * (1 << 20) + 5))  # more than one chunk
+    os.link(work / "out" / "a.bin", work / "out" / "same.bin")  # travels as a tar hard link
+    (work / "model.pkl").write_bytes(b"")
+    result = engine.fetch(job, ["out", "model.pkl"], tmp_path / "incoming")
+    landed = {
+        p.relative_to(tmp_path / "incoming" / "work").as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (tmp_path / "incoming" / "work").rglob("*")
+        if p.is_file()
+    }
+    assert set(landed) == {"out/a.bin", "out/same.bin", "model.pkl"}
+    assert result.received == landed == result.digests

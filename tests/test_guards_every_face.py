@@ -228,24 +228,22 @@ def test_a_referenced_secret_reaches_the_job_and_no_file_here(engine_workspace, 
         assert {p.relative_to(far).as_posix() for p in far_holding} <= {"work/expected", "log"}, far_holding
 
 
-def _flip_last_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 def test_an_output_damaged_on_its_way_back_never_lands(  # type: ignore[no-untyped-def]
     engine_workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service, machine, _ = engine_workspace
     # Every engine brings outputs back through the same verified tar stream (engines/farside):
-    # damage one file as it is written here, after the far side computed its digest.
+    # damage one file's bytes as they arrive here, after the far side computed its digest.
     original = ssh_transfer.SafeExtractor._write
 
+    def damaged(chunks):  # type: ignore[no-untyped-def]
+        for chunk in chunks:
+            data = bytearray(chunk)
+            data[-1:] = bytes([data[-1] ^ 0x01]) if data else b""
+            yield bytes(data)
+
     def tamper(self, name, mode, chunks, progress):  # type: ignore[no-untyped-def]
-        original(self, name, mode, chunks, progress)
-        if name.endswith("b2"):
-            _flip_last_byte(self.dest / name)
+        original(self, name, mode, damaged(chunks) if name.endswith("b2") else chunks, progress)
 
     monkeypatch.setattr(ssh_transfer.SafeExtractor, "_write", tamper)
     spec = {"machine": machine, "command": "echo one > b1 && echo two > b2", "bring_back": ["b1", "b2"]}

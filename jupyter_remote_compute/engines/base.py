@@ -127,11 +127,16 @@ class FetchResult:
     ``digests`` maps each fetched output file, as a POSIX path relative to the
     work tree (``model.pkl``, ``out/sub/b``; the file itself lands at
     ``dest/work/<path>``), to the sha256 the far side computed before sending;
-    the lifecycle re-hashes what landed here. ``mlruns/`` is not listed.
+    the lifecycle checks what landed here against it. ``mlruns/`` is not listed.
+
+    ``received`` maps the files this side wrote to the sha256 of the bytes written, hashed as they
+    landed (``farside.receive_outputs`` fills it), so the lifecycle need not read them again; a
+    file not in it is hashed from disk.
     """
 
     digests: dict[str, str] = dataclasses.field(default_factory=dict)
     missing: list[str] = dataclasses.field(default_factory=list)
+    received: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class Gpu(TypedDict):

@@ -16,6 +16,7 @@ directories this module made itself. This works the same on Python 3.10+
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import posixpath
 import re
@@ -232,6 +233,7 @@ class SafeExtractor:
         self.allowed = allowed
         self.source = source
         self.files: dict[str, int] = {}  # extracted regular files -> size
+        self.digests: dict[str, str] = {}  # extracted regular files -> sha256 of the bytes written, hashed as they land
         self._dirs: set[str] = set()
         self.bytes_written = 0
 
@@ -244,6 +246,7 @@ class SafeExtractor:
             with contextlib.suppress(OSError):
                 os.rmdir(self.dest / name)
         self.files.clear()
+        self.digests.clear()
         self._dirs.clear()
 
     def _refuse(self, name: str, why: str) -> UnsafeArchive:
@@ -298,6 +301,7 @@ class SafeExtractor:
             if target not in self.files:
                 raise self._refuse(name, f"hard link to {target!r}, which is not a file of this archive")
             self._write(name, 0o644, self._copy_source(target), progress=None)
+            self.digests[name] = self.digests[target]  # the same bytes: no second hash
             return
         if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE):
             kind = {
@@ -331,8 +335,10 @@ class SafeExtractor:
         except OSError as e:
             raise self._refuse(name, f"cannot be written: {e.strerror}") from None
         size = 0
+        digest = hashlib.sha256()
         try:
             for chunk in chunks:
+                digest.update(chunk)
                 view = memoryview(chunk)
                 while view:
                     n = os.write(fd, view)
@@ -343,6 +349,7 @@ class SafeExtractor:
         finally:
             os.close(fd)
         self.files[name] = size
+        self.digests[name] = digest.hexdigest()
         self.bytes_written += size
 
 

@@ -261,6 +261,11 @@ def receive_outputs(
     except UnsafeArchive:
         extractor.discard()
         raise
+    result.received = {
+        name.removeprefix(WORK_DIR + "/"): digest
+        for name, digest in extractor.digests.items()
+        if name.startswith(WORK_DIR + "/")
+    }
     return result
 
 
