@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -82,7 +83,9 @@ def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets
     with contextlib.suppress(BrokenPipeError):
         child.stdin.write(json.dumps(request).encode())
         child.stdin.close()
-    child.returncode = 0  # not waited for on purpose: tell Popen's destructor not to warn about it
+    # Reaped when it ends (a long-running server must not collect zombies); a face that exits first
+    # leaves it to init.
+    threading.Thread(target=child.wait, name=f"recorder-{job_id}", daemon=True).start()
 
 
 def unclaimed(workspace: Workspace) -> list[str]:
