@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import secrets
@@ -167,10 +168,9 @@ def _measure_under_transfer(server: Server, service: JobService, size: int, mib:
             return wait_until(arrived, 120, f"the event of job {job_id}")
 
         spec = JobSpec.from_json({"command": "true", "name": "event probe"})
-        through_server = [
-            delay_of(post(server, "/remote-compute/jobs", {"command": "true", "name": "event probe"})["job"]["id"])
-            for _ in range(5)
-        ]
+        # Each probe a different command: the same work twice would attach to the first job, not submit.
+        probe = "/remote-compute/jobs"
+        through_server = [delay_of(post(server, probe, {"command": f"echo probe {i}"})["job"]["id"]) for i in range(5)]
         elsewhere = [delay_of(service.submit(spec, new=True).job.id) for _ in range(5)]
         cases = (("submitted through the server", through_server), ("written by another process", elsewhere))
         for what, delays in cases:
@@ -192,9 +192,15 @@ def _measure_under_transfer(server: Server, service: JobService, size: int, mib:
 def _measure_post_submit(server: Server, n: int) -> None:
     from bench_load import post  # imports this module: loaded late
 
-    body = {"command": "true", "name": "submit probe"}
-    post(server, "/remote-compute/jobs", body)
-    _line("POST /jobs (server running)", _timed(lambda: post(server, "/remote-compute/jobs", body), n), SUBMIT_GOAL_MS)
+    probes = itertools.count()
+
+    def submit() -> None:
+        # A new command each time: the same work again would attach to the job already running it.
+        answer = post(server, "/remote-compute/jobs", {"command": f"echo submit probe {next(probes)}"})
+        assert not answer.get("attached"), answer
+
+    submit()
+    _line("POST /jobs (server running)", _timed(submit, n), SUBMIT_GOAL_MS)
 
 
 def _measure_in_process(path: Path) -> None:
