@@ -170,9 +170,9 @@ class RemoteComputeApp(ExtensionApp):
 
     def _unannounced(self, snapshot: Snapshot, seen_generation: int) -> list[Job]:
         emitted = self._emitted
-        delta = snapshot.delta
-        if delta is not None and delta.base == seen_generation:
-            # Made from the snapshot last looked at (a journal replay, a commit): only its jobs changed.
+        delta = snapshot.changes_since(seen_generation) if seen_generation >= 0 else None
+        if delta is not None:
+            # Only the jobs changed since the snapshot last looked at (journal replays, commits).
             candidates: Iterable[Job] = (snapshot.jobs[job_id] for job_id in delta.touched)
         else:
             candidates = snapshot.jobs.values()

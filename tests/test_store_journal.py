@@ -200,3 +200,20 @@ def test_a_schema_one_file_is_read_and_upgraded_by_its_first_change(path: Path) 
     written = json.loads(path.read_bytes())
     assert written["schema"] == store_module.SCHEMA_VERSION and set(written["jobs"]) == {"a", "b"}
     assert set(JobStore(path).jobs()) == {"a", "b"}
+
+
+def test_changes_since_an_older_snapshot_span_commits_and_replays(path: Path) -> None:
+    """What a list index or the event watch that looked a few snapshots ago needs to patch itself."""
+    store, other = JobStore(path), JobStore(path)
+    _put(store, _job("a"), _job("b"))
+    start = store.snapshot().generation
+    _put(store, _job("c"))  # this process's commit
+    _put(other, _job("d"))  # another's, replayed below
+    with other.transaction() as jobs:
+        jobs.pop("a")
+        jobs["b"].state = "running"
+    now = store.snapshot()
+    delta = now.changes_since(start)
+    assert delta is not None and delta.touched == {"b", "c", "d"} and delta.removed == {"a"}
+    assert now.changes_since(now.generation) == store_module.Delta(now.generation, frozenset(), frozenset())
+    assert now.changes_since(-1) is None  # from before any snapshot it knows: rebuild

@@ -47,6 +47,7 @@ JOURNAL_FORMAT = 1
 #: waiting until the journal is a fixed share of it keeps the rewrite's cost per change constant.
 COMPACT_MIN_BYTES = 256 * 1024
 COMPACT_SHARE = 0.25
+RECENT_DELTAS = 32  # how many snapshots back ``Snapshot.changes_since`` can reach
 UNREADABLE = ".unreadable-"  # jobs.json.unreadable-<time>: a state file that could not be read, kept
 LOCK_TIMEOUT = 30.0
 
@@ -220,6 +221,29 @@ class Snapshot:
     delta: Delta | None = None
     journal_end: int | None = None
     base_size: int = 0
+    #: The last few (generation, delta) pairs that led here, newest first: lets whoever last looked a few
+    #: snapshots ago patch what it derived instead of rebuilding it (see ``changes_since``).
+    recent: tuple[tuple[int, Delta], ...] = ()
+
+    def changes_since(self, generation: int) -> Delta | None:
+        """The jobs touched and removed since snapshot ``generation`` of this store; None if not known."""
+        touched: set[str] = set()
+        removed: set[str] = set()
+        want = self.generation
+        for made, delta in self.recent:
+            if want == generation or made != want:
+                break
+            touched |= delta.touched
+            removed |= delta.removed
+            want = delta.base
+        if want != generation:
+            return None
+        present = self.jobs
+        return Delta(
+            generation,
+            frozenset(job_id for job_id in touched if job_id in present),
+            frozenset(job_id for job_id in removed if job_id not in present),
+        )
 
 
 def _fragment(job: Job) -> str:
@@ -336,8 +360,13 @@ class JobStore:
         delta: Delta | None = None,
         journal_end: int | None = None,
         base_size: int = 0,
+        previous: Snapshot | None = None,
     ) -> Snapshot:
-        return Snapshot(token, base_id, jobs, fragments, next(self._generations), delta, journal_end, base_size)
+        generation = next(self._generations)
+        recent: tuple[tuple[int, Delta], ...] = ()
+        if delta is not None and previous is not None and previous.generation == delta.base:
+            recent = ((generation, delta), *previous.recent[: RECENT_DELTAS - 1])
+        return Snapshot(token, base_id, jobs, fragments, generation, delta, journal_end, base_size, recent)
 
     # -- reading ----------------------------------------------------------
     def _stat_token(self) -> tuple[int, int, int] | None:
@@ -413,7 +442,9 @@ class JobStore:
                 and head.get("compacted") == f"{seen.base_id}:{seen.journal_end}"
             ):
                 delta = Delta(seen.generation, frozenset(), frozenset())
-                return self._new_snapshot(token, base_id, seen.jobs, seen.fragments, delta, None, st.st_size)
+                return self._new_snapshot(
+                    token, base_id, seen.jobs, seen.fragments, delta, None, st.st_size, previous=seen
+                )
             f.seek(0)
             raw = f.read()
         try:
@@ -476,7 +507,7 @@ class JobStore:
                 removed.add(job_id)
                 touched.discard(job_id)
         delta = Delta(seen.generation, frozenset(touched), frozenset(removed))
-        return self._new_snapshot(seen.token, seen.base_id, jobs, fragments, delta, end, seen.base_size)
+        return self._new_snapshot(seen.token, seen.base_id, jobs, fragments, delta, end, seen.base_size, previous=seen)
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
         stamp = f"{self.path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}"
@@ -590,15 +621,15 @@ class JobStore:
         if snapshot.base_id is None or snapshot.journal_end is None or len(line) > limit:
             # No journal of this file's yet (a new or schema-1 file, a compaction cut short), or a change
             # as large as a good share of the file: write the whole file.
-            self._write_base(all_jobs, fragments, None, delta)
+            self._write_base(all_jobs, fragments, None, delta, snapshot)
             return
         try:
             end = self._append(snapshot.journal_end, line)
         except FileNotFoundError:
-            self._write_base(all_jobs, fragments, None, delta)
+            self._write_base(all_jobs, fragments, None, delta, snapshot)
             return
         self._snapshot = self._new_snapshot(
-            snapshot.token, snapshot.base_id, all_jobs, fragments, delta, end, snapshot.base_size
+            snapshot.token, snapshot.base_id, all_jobs, fragments, delta, end, snapshot.base_size, previous=snapshot
         )
         if end > limit:
             self._compact(self._snapshot)
@@ -648,9 +679,12 @@ class JobStore:
         if seen.base_id is not None and seen.journal_end is not None:
             # Readers that had read the journal this far take the new file as it is, without parsing it.
             compacted = f"{seen.base_id}:{seen.journal_end}"
-        self._write_base(seen.jobs, dict(seen.fragments), compacted, Delta(seen.generation, frozenset(), frozenset()))
+        unchanged = Delta(seen.generation, frozenset(), frozenset())
+        self._write_base(seen.jobs, dict(seen.fragments), compacted, unchanged, seen)
 
-    def _write_base(self, jobs: dict[str, Job], fragments: dict[str, str], compacted: str | None, delta: Delta) -> None:
+    def _write_base(
+        self, jobs: dict[str, Job], fragments: dict[str, str], compacted: str | None, delta: Delta, previous: Snapshot
+    ) -> None:
         """Write the whole state file naming a fresh journal, then start that journal (under the lock)."""
         base_id = uuid.uuid4().hex
         parts = []
@@ -666,4 +700,6 @@ class JobStore:
         # Until this rename, the old journal names the old file: readers ignore it, the new file holds it all.
         journal_head = _journal_head(base_id)
         atomic_write(self.journal_path, journal_head, mode=0o600)
-        self._snapshot = self._new_snapshot(token, base_id, jobs, fragments, delta, len(journal_head), len(raw))
+        self._snapshot = self._new_snapshot(
+            token, base_id, jobs, fragments, delta, len(journal_head), len(raw), previous=previous
+        )
