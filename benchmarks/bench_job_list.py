@@ -8,14 +8,19 @@ On a throw-away workspace, with a real Jupyter Server on loopback running the ex
   (read, parse, index) separately; the same page revalidated by ETag (a 304);
 - GET with a filter matching few jobs (state=running) p50/p99;
 - submit latency with the largest size in the state file (JobService.submit in this process, the
-  work POST /jobs does: screen, hash, lock, read, write the file back).
-Bounded: a few minutes at most on a quiet machine.
+  work POST /jobs does: screen, hash, lock, read, append a journal line), and POST /jobs itself;
+- with --transfer-mib N (1024 for the issue's figures): the first page p99 again while a job sends
+  N MiB to the test bed's loopback sshd (tests/sshd_fixture.py), and how long a job event takes to
+  reach a websocket client of /api/events/subscribe, for a job submitted through the server and for
+  one written by another process (found by the server's journal watch).
+Bounded: a few minutes at most on a quiet machine (a transfer adds its own time).
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import secrets
@@ -32,11 +37,12 @@ from bench_store import _fill
 from jupyter_remote_compute.jobs.listing import JobQuery, list_page
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.jobs.store import JobStore
+from jupyter_remote_compute.jobs.store import TERMINAL_STATES, JobStore
 from jupyter_remote_compute.workspace import Workspace
 
 GOALS_MS = {10_000: 20.0, 100_000: 50.0}  # GET first page p99
 SUBMIT_GOAL_MS = 100.0
+EVENT_GOAL_MS = 500.0
 
 
 def _free_port() -> int:
@@ -61,8 +67,9 @@ class Server:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        deadline = time.monotonic() + 60
+        # Generous: the first request after start waits while the server reads a large state file.
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
+        deadline = time.monotonic() + 180
         while True:
             try:
                 if self.get("/api/status")[0] == 200:
@@ -71,7 +78,7 @@ class Server:
                 self.conn.close()
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 self.stop()
-                raise SystemExit("the server did not start within 60 s")
+                raise SystemExit("the server did not start within 180 s")
             time.sleep(0.2)
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
@@ -116,7 +123,7 @@ def _measure_lists(server: Server, size: int, n: int) -> None:
     status, body, headers = server.get(first_page)
     assert status == 200, body[:200]
     cold = (time.perf_counter() - t) * 1000
-    print(f"  first GET after the file changed  {cold:8.1f} ms (read, parse, index)")
+    print(f"  first GET after the server started {cold:7.1f} ms (it reads, parses and indexes the file first)")
     print(f"  page size                         {len(body) / 1000:8.1f} kB (the whole list was the file)")
     _line("GET /api/status (server floor)", _timed(lambda: server.get("/api/status"), n))
     _line("GET /jobs first page", _timed(lambda: server.get(first_page), n), GOALS_MS.get(size))
@@ -127,6 +134,74 @@ def _measure_lists(server: Server, size: int, n: int) -> None:
     _line("GET /jobs?state=running", _timed(lambda: server.get(running), n))
     second = f"{first_page}&cursor={json.loads(body)['next_cursor']}"
     _line("GET /jobs second page", _timed(lambda: server.get(second), n))
+
+
+def _measure_under_transfer(server: Server, service: JobService, size: int, mib: int, n: int) -> None:
+    """First page p99 while a job sends ``mib`` MiB over ssh; job events' delay to a websocket client."""
+    from bench_load import EventListener, post, wait_until  # imports this module: loaded late
+
+    big = service.workspace.root / f"big-{size}.bin"
+    with open(big, "wb") as f:  # fresh random bytes: the far side's cache must not recognise them
+        for _ in range(mib):
+            f.write(os.urandom(1 << 20))
+    events = EventListener(server)
+    try:
+        sent = post(server, "/remote-compute/jobs", {"machine": "box", "command": "true", "send": [big.name]})
+        big_id = sent["job"]["id"]
+        wait_until(
+            lambda: json.loads(server.get(f"/remote-compute/jobs/{big_id}")[1])["state"] == "sending",
+            300,
+            "the big job to start sending",
+        )
+        samples = _timed(lambda: server.get("/remote-compute/jobs?limit=100"), n)
+        still = json.loads(server.get(f"/remote-compute/jobs/{big_id}")[1])["state"]
+        _line(f"GET /jobs first page, {mib} MiB ssh", samples, GOALS_MS.get(size))
+        print(f"  (the big job was {still!r} when the requests ended)")
+
+        def delay_of(job_id: str) -> float:
+            def arrived() -> float | None:
+                # The listener appends to delays, then to seen: read no further than both reach.
+                for i in range(min(len(events.delays), len(events.seen))):
+                    if events.seen[i].get("id") == job_id:
+                        return events.delays[i] * 1000
+                return None
+
+            return wait_until(arrived, 120, f"the event of job {job_id}")
+
+        spec = JobSpec.from_json({"command": "true", "name": "event probe"})
+        # Each probe a different command: the same work twice would attach to the first job, not submit.
+        probe = "/remote-compute/jobs"
+        through_server = [delay_of(post(server, probe, {"command": f"echo probe {i}"})["job"]["id"]) for i in range(5)]
+        elsewhere = [delay_of(service.submit(spec, new=True).job.id) for _ in range(5)]
+        cases = (("submitted through the server", through_server), ("written by another process", elsewhere))
+        for what, delays in cases:
+            verdict = "met" if max(delays) <= EVENT_GOAL_MS else "NOT met"
+            print(
+                f"  event of a job {what:<29} median {statistics.median(delays):6.1f} ms  max {max(delays):6.1f} ms"
+                f"   goal <= {EVENT_GOAL_MS:.0f} ms: {verdict}   ({', '.join(f'{d:.0f}' for d in delays)})"
+            )
+        wait_until(
+            lambda: json.loads(server.get(f"/remote-compute/jobs/{big_id}")[1])["state"] in TERMINAL_STATES,
+            900,
+            "the big job to end",
+        )
+    finally:
+        events.close()
+        big.unlink()
+
+
+def _measure_post_submit(server: Server, n: int) -> None:
+    from bench_load import post  # imports this module: loaded late
+
+    probes = itertools.count()
+
+    def submit() -> None:
+        # A new command each time: the same work again would attach to the job already running it.
+        answer = post(server, "/remote-compute/jobs", {"command": f"echo submit probe {next(probes)}"})
+        assert not answer.get("attached"), answer
+
+    submit()
+    _line("POST /jobs (server running)", _timed(submit, n), SUBMIT_GOAL_MS)
 
 
 def _measure_in_process(path: Path) -> None:
@@ -141,6 +216,7 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--submits", type=int, default=5)
+    parser.add_argument("--transfer-mib", type=int, default=0, help="also measure during an ssh transfer this big")
     args = parser.parse_args()
 
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (figures scale with it)")
@@ -151,20 +227,37 @@ def main() -> int:
         scratch = Path(tmp) / "scratch"
         os.environ["JUPYTER_REMOTE_COMPUTE_SCRATCH"] = str(scratch)
         service = JobService(Workspace(root), ServiceSettings(scratch_dir=scratch))
-        server = Server(root, scratch)
+        bed = None
+        if args.transfer_mib:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+            from sshd_fixture import build_testbed
+
+            bed = build_testbed()
+            os.environ["SSH_AUTH_SOCK"] = str(bed.agent.sock)  # the server signs in through the agent
+            service.admin.add("box", "ssh", "127.0.0.1", bed.options())
         try:
             filled = 0
             for size in sorted(args.sizes):
                 t = time.perf_counter()
-                _fill(service.store, size - filled)  # another process, as far as the server knows
+                _fill(service.store, size - filled)  # prepared before the server starts, as a workspace is
                 filled = size
                 mb = service.workspace.state_file.stat().st_size / 1e6
                 print(f"{size} jobs: state file {mb:.1f} MB, written in {time.perf_counter() - t:.1f} s")
-
-                _measure_lists(server, size, args.requests)
-                _measure_in_process(service.store.path)
+                t = time.perf_counter()
+                server = Server(root, scratch)
+                try:
+                    print(f"  server started in {time.perf_counter() - t:8.1f} s")
+                    _measure_lists(server, size, args.requests)
+                    _measure_in_process(service.store.path)
+                    if args.transfer_mib:
+                        _measure_under_transfer(server, service, size, args.transfer_mib, args.requests)
+                    if size == max(args.sizes):
+                        _measure_post_submit(server, args.submits)
+                finally:
+                    server.stop()
         finally:
-            server.stop()
+            if bed is not None:
+                bed.stop()
 
         print(f"submit with {filled} jobs in the state file (no server running)")
         spec = JobSpec.from_json({"command": "echo hi", "send": ["train.py"]})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,14 @@ from traitlets import Float, Int, Unicode
 from . import secret_sources
 from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
 from .jobs.service import JobService, ServiceSettings
-from .jobs.store import Job
+from .jobs.store import Job, Snapshot
 from .tracking import TrackingSettings
 from .workspace import Workspace
 
 EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"
 EVENT_SCHEMA_ID = "https://events.jupyter.org/jupyter_remote_compute/job"
 RETENTION_EVERY = 60.0  # seconds between automatic prunes when keep_finished_jobs is set
+WATCH_INTERVAL = 0.2  # seconds between looks at the state file for other processes' changes
 
 
 class RemoteComputeApp(ExtensionApp):
@@ -107,6 +109,7 @@ class RemoteComputeApp(ExtensionApp):
         self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         self._emitted: dict[str, tuple[str, str, int]] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         # Also scheduled here: a host that never runs the start hook (pytest-jupyter's server)
         # still gets its poller once the loop runs. Starting is idempotent.
         IOLoop.current().add_callback(self._start_poller)
@@ -136,6 +139,7 @@ class RemoteComputeApp(ExtensionApp):
         # Changes made by this process's worker threads reach the event bus on the loop's thread.
         self.service.add_listener(lambda job: loop.call_soon_threadsafe(self._emit, job))
         self._poller = asyncio.create_task(self._poll_forever())
+        self._watcher = asyncio.create_task(self._watch_forever())
 
     def _emit(self, job: Job) -> None:
         seen = (job.state, job.updated, job.log_size)
@@ -164,24 +168,31 @@ class RemoteComputeApp(ExtensionApp):
                 self.keep_finished_jobs,
             )
 
-    def _unannounced(self, jobs: dict[str, Job]) -> list[Job]:
+    def _unannounced(self, snapshot: Snapshot, seen_generation: int) -> list[Job]:
         emitted = self._emitted
-        return [j for j in jobs.values() if emitted.get(j.id) != (j.state, j.updated, j.log_size)]
+        delta = snapshot.changes_since(seen_generation) if seen_generation >= 0 else None
+        if delta is not None:
+            # Only the jobs changed since the snapshot last looked at (journal replays, commits).
+            candidates: Iterable[Job] = (snapshot.jobs[job_id] for job_id in delta.touched)
+        else:
+            candidates = snapshot.jobs.values()
+        return [j for j in candidates if emitted.get(j.id) != (j.state, j.updated, j.log_size)]
 
-    async def _poll_forever(self) -> None:
-        """Reconcile at start, then drive every unfinished job, including ones other processes submitted."""
+    async def _watch_forever(self) -> None:
+        """Announce changes other processes (CLI, kernels) make, within a fraction of a second.
+
+        A look costs a stat and a read of the journal's new lines, so it runs far more often than
+        the poll of the machines.
+        """
         loop = asyncio.get_running_loop()
         seen_generation = -1
-        reconciled = False
-        next_retention = 0.0
+        # Compacted at start, once: other processes' journal lines are folded in while few are reading.
+        await loop.run_in_executor(self.executor, self.service.store.compact)
         while True:
             try:
-                await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
                 snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)
                 if snapshot.generation != seen_generation:
-                    # Also announces changes other processes (CLI, kernels) made. Finding them is a pass
-                    # over every job: done off the loop, and only when the file changed.
-                    changed = await loop.run_in_executor(self.executor, self._unannounced, snapshot.jobs)
+                    changed = await loop.run_in_executor(self.executor, self._unannounced, snapshot, seen_generation)
                     if seen_generation == -1:
                         # At start every job is news: remember them rather than flood the event bus.
                         self._emitted.update({j.id: (j.state, j.updated, j.log_size) for j in changed})
@@ -189,6 +200,21 @@ class RemoteComputeApp(ExtensionApp):
                         for job in changed:
                             self._emit(job)
                     seen_generation = snapshot.generation
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.log.exception("remote-compute: reading the job state file failed")
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    async def _poll_forever(self) -> None:
+        """Reconcile at start, then drive every unfinished job, including ones other processes submitted."""
+        loop = asyncio.get_running_loop()
+        reconciled = False
+        next_retention = 0.0
+        while True:
+            try:
+                await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
+                snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)
                 if self.keep_finished_jobs > 0 and loop.time() >= next_retention:
                     next_retention = loop.time() + RETENTION_EVERY
                     await loop.run_in_executor(self.executor, self._retain)
@@ -205,6 +231,8 @@ class RemoteComputeApp(ExtensionApp):
     async def stop_extension(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.transfers.shutdown()
         self.service.close()

@@ -20,6 +20,7 @@ from tmpfs import tmpfs
 from waiting import wait_for
 
 from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.jobs.store import JobStore
 
 OUTPUT = 1536 << 10  # 1.5 MiB of random bytes: more than the room left, less than the file system
 
@@ -71,8 +72,8 @@ def test_a_full_workspace_disk_retries_with_the_reason_and_keeps_no_partial_file
     _retries_for_want_of_space(service, job_id)
     assert not _partial_files(root), _partial_files(root)
     assert not (root / "out/big.bin").exists()
-    state = json.loads((root / ".punica/jobs.json").read_bytes())  # whole and readable
-    assert state["jobs"][job_id]["state"] == "collecting"
+    json.loads((root / ".punica/jobs.json").read_bytes())  # whole and readable
+    assert JobStore(root / ".punica/jobs.json").get(job_id).state == "collecting"  # with its journal
 
     filler.unlink()  # room again: the next attempt brings the output back whole
     job = service.wait(job_id, timeout=120)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -34,6 +33,8 @@ from procs import group_members
 from server_process import Server, open_files
 from tmpfs import tmpfs
 from waiting import wait_for
+
+from jupyter_remote_compute.jobs.store import JobStore
 
 BIG_INPUT = 150 << 20  # sparse: cheap to make, slow enough to hash and copy to be seen doing it
 BIG_OUTPUT = 32 << 20
@@ -110,8 +111,7 @@ class Bed:
 
     # -- the state file, read as any other process would -------------------------------------
     def jobs(self) -> dict[str, dict[str, Any]]:
-        path = self.root / ".punica/jobs.json"
-        return json.loads(path.read_bytes())["jobs"] if path.exists() else {}
+        return {job_id: job.to_json() for job_id, job in JobStore(self.root / ".punica/jobs.json").jobs().items()}
 
     def state(self, name: str) -> str | None:
         job = self.jobs().get(self.ids.get(name, ""))

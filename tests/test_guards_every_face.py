@@ -8,7 +8,6 @@ referenced by a job reaches it and no file, and an output damaged on its way bac
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import secrets
 import shutil
@@ -29,6 +28,7 @@ from waiting import wait_for
 from jupyter_remote_compute.engines import ssh_transfer
 from jupyter_remote_compute.errors import PolicyDenied, SecretInSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.jobs.store import JobStore
 from jupyter_remote_compute.machines import MachineRegistry
 from jupyter_remote_compute.steps import run_step
 
@@ -145,8 +145,7 @@ def test_a_secret_typed_into_a_job_is_refused_and_kept_nowhere(faces: Faces, fac
 
 
 def _jobs(root: Path) -> list[dict[str, Any]]:
-    path = root / ".punica/jobs.json"
-    return list(json.loads(path.read_bytes())["jobs"].values()) if path.exists() else []
+    return [job.to_json() for job in JobStore(root / ".punica/jobs.json").jobs().values()]
 
 
 @pytest.fixture

@@ -101,6 +101,7 @@ def test_a_secret_split_across_log_chunks_is_still_masked(workspace, make_servic
     assert secret_value.encode() not in collected and b"*" * len(secret_value) in collected
     assert secret_value not in job.reason
     assert secret_value.encode() not in (workspace / ".punica/jobs.json").read_bytes()
+    assert secret_value.encode() not in (workspace / ".punica/jobs.json.journal").read_bytes()
 
 
 def test_a_live_log_read_in_small_pieces_never_shows_a_secret(workspace, make_service, secret_value):

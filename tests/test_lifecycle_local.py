@@ -19,6 +19,7 @@ from waiting import wait_for
 from jupyter_remote_compute.errors import InvalidSettings, NotTrained
 from jupyter_remote_compute.jobs.service import require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.jobs.store import JobStore
 
 QUICKSTART_SPEC = {
     "machine": "local",
@@ -374,5 +375,5 @@ def test_a_server_records_in_a_child_and_never_loads_mlflow_itself(quickstart, s
 
 
 def _only_job(workspace: Path) -> str:
-    [job_id] = json.loads((workspace / ".punica/jobs.json").read_text())["jobs"]
+    [job_id] = JobStore(workspace / ".punica/jobs.json").jobs()
     return job_id

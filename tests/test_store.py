@@ -53,10 +53,11 @@ def test_three_processes_submitting_fifty_jobs_each_lose_nothing(workspace: Path
         spans.append(tuple(map(float, out.split())))
     # The writers really overlapped: the last to begin began before the first to end ended.
     assert max(begin for begin, _ in spans) < min(end for _, end in spans)
-    raw = json.loads((workspace / ".punica/jobs.json").read_text())
-    commands = sorted(job["spec"]["command"] for job in raw["jobs"].values())
+    # Read as a process that starts now would: the file and its journal.
+    stored = JobStore(workspace / ".punica/jobs.json").jobs()
+    commands = sorted(job.spec.command for job in stored.values())
     assert commands == sorted(f"echo p{n}-{i}" for n in range(3) for i in range(50))
-    assert len({job["id"] for job in raw["jobs"].values()}) == 150
+    assert len(stored) == 150
     assert not list((workspace / ".punica").glob("*.tmp"))
 
 
@@ -86,7 +87,7 @@ def test_a_file_from_a_newer_version_is_left_alone_and_reported(workspace: Path)
 
 
 def test_a_write_that_keeps_inode_size_and_mtime_is_still_seen_by_a_writer(workspace: Path) -> None:
-    """write-rename may bring back the same inode, size and (coarse) mtime: a writer compares bytes."""
+    """write-rename may bring back the same inode, size and (coarse) mtime: a writer compares the journal generation."""
     import os
 
     path = workspace / ".punica/jobs.json"
@@ -94,9 +95,11 @@ def test_a_write_that_keeps_inode_size_and_mtime_is_still_seen_by_a_writer(works
     with store.transaction() as jobs:
         jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"}, state="running")
     st = path.stat()
-    # Another process's change of the same size, in place, with the mtime a coarse clock would give.
+    # Another process's compaction (a new journal generation) of the same size, in place, with the
+    # mtime a coarse clock would give.
+    old_generation = json.loads(path.read_text())["journal"]
     with open(path, "r+b") as f:
-        data = f.read().replace(b'"running"', b'"sending"')
+        data = f.read().replace(b'"running"', b'"sending"').replace(old_generation.encode(), b"f" * len(old_generation))
         f.seek(0)
         f.write(data)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -151,11 +154,14 @@ def test_a_stored_job_is_read_into_typed_records_and_written_back_the_same(works
     assert job.spec.secret_refs() == {"TOKEN": "team/token"} and job.outcome.state == "succeeded"
     assert job.name == "python train.py"
     assert job.to_json() == OLD_JOB and list(job.to_json()["spec"]) == list(OLD_JOB["spec"])
-    # Touching one job rewrites only that one; the other keeps its bytes.
+    # Touching one job serialises only that one; the other keeps its bytes. (A schema-1 file has no
+    # journal yet, so this first change writes the file again, naming one.)
     with store.transaction() as jobs:
         jobs[OLD_JOB["id"]].log_size = 13
 
     def fragment(job: dict) -> str:
         return json.dumps(job, separators=(",", ":"))
 
-    assert path.read_text() == raw.replace(fragment(OLD_JOB), fragment({**OLD_JOB, "log_size": 13}))
+    written = path.read_text()
+    assert json.loads(written)["schema"] == 2 and isinstance(json.loads(written)["journal"], str)
+    assert fragment(old) in written and fragment({**OLD_JOB, "log_size": 13}) in written

@@ -7,6 +7,7 @@ webServer (`jlpm start`).
 """
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -34,6 +35,15 @@ punica.mkdir(parents=True, exist_ok=True)
 )
 # The tests read compute.yaml back through this path.
 (base / "compute.yaml.path").write_text(str(punica / "compute.yaml"))
+
+# REMOTE_COMPUTE_UI_JOBS=100000: that many old jobs in the state file before the server starts, for
+# the job list spec's first-paint figure (named "old <i>", apart from the jobs the specs seed).
+prepared = int(os.environ.get("REMOTE_COMPUTE_UI_JOBS") or 0)
+if prepared:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from seed_jobs import seed_jobs
+
+    seed_jobs(punica / "jobs.json", prepared, prefix="pre", name="old")
 
 # Tokens go to a real keyring backend, in a temp dir (plaintext: tests only).
 os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyrings.alt.file.PlaintextKeyring")

@@ -214,8 +214,9 @@ class JobIndex:
     def _sync(self, snapshot: Snapshot) -> None:
         if snapshot.generation == self._generation:
             return
-        delta = snapshot.delta
-        if delta is not None and delta.base == self._generation:
+        # Patched even when several snapshots were made since the last page (a replay, commits).
+        delta = snapshot.changes_since(self._generation) if self._generation >= 0 else None
+        if delta is not None:
             self._apply(snapshot, delta.touched, delta.removed)
         else:
             self._rebuild(snapshot)

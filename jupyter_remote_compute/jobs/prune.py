@@ -7,6 +7,7 @@ effort, their folders on the far side (``engine.cleanup``) and their private fol
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -73,10 +74,12 @@ def _select(jobs: Iterable[Job], states: frozenset[str], cutoff: float | None, k
 
 
 def _size(service: JobService) -> int:
-    try:
-        return service.store.path.stat().st_size
-    except FileNotFoundError:
-        return 0
+    """The state file's bytes with its journal's."""
+    total = 0
+    for path in (service.store.path, service.store.journal_path):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
 
 
 def prune_jobs(
@@ -108,6 +111,8 @@ def prune_jobs(
         chosen = _select(jobs.values(), wanted, cutoff, keep_newest)
         for job in chosen:
             jobs.pop(job.id)
+    if chosen:
+        service.store.compact()  # forgetting is recorded in the journal: fold it in, so the file shrinks now
     after = _size(service)
 
     cleaned = 0

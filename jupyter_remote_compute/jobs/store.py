@@ -2,8 +2,14 @@
 
 The server, a kernel running the magic, the CLI and a pipeline runner all read
 and change ``.punica/jobs.json`` at once. Every change happens inside
-``transaction()``: an inter-process lock, a fresh read, the change, then
-write-temp-fsync-rename, so readers without the lock always see a whole file.
+``transaction()``: an inter-process lock, a fresh read, the change, then one
+checksummed line appended to the journal beside the file (``jobs.json.journal``)
+and fsynced. Readers replay the journal from where they last stopped, so a
+change costs its own size, not the file's. Once the journal outgrows a share of
+the file, the next writer compacts: the file is written again (temp, fsync,
+rename) naming a fresh journal, then that journal replaces the old one. The file
+and the journal each name the journal generation they belong to, so a journal
+left over from a compaction that was cut short is recognised and ignored.
 A file that cannot be read is moved aside (kept, never deleted) and reported.
 """
 
@@ -17,8 +23,10 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +38,16 @@ from ..errors import NotFound, RemoteComputeError
 from ..fsutil import atomic_write
 from .spec import JobSpec
 
-SCHEMA_VERSION = 1
+#: 2: the file names its journal (``"journal"``) on its first line; 1 (no journal) is still read.
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
+JOURNAL_SUFFIX = ".journal"
+JOURNAL_FORMAT = 1
+#: Compact once the journal is larger than both of these: a compaction rewrites the whole file, so
+#: waiting until the journal is a fixed share of it keeps the rewrite's cost per change constant.
+COMPACT_MIN_BYTES = 256 * 1024
+COMPACT_SHARE = 0.25
+RECENT_DELTAS = 32  # how many snapshots back ``Snapshot.changes_since`` can reach
 UNREADABLE = ".unreadable-"  # jobs.json.unreadable-<time>: a state file that could not be read, kept
 LOCK_TIMEOUT = 30.0
 
@@ -188,18 +205,45 @@ class Delta:
 
 @dataclasses.dataclass
 class Snapshot:
-    """The file as this process last read or wrote it: its stat, bytes, jobs, each job's JSON text.
+    """The file and its journal as this process last read or wrote them; the jobs, each job's JSON text.
 
-    ``generation`` counts the snapshots this store made; ``delta`` is set when this process's own
-    commit made it, so whoever keeps something derived from the jobs can patch it, not rebuild it.
+    ``base_id`` is the journal generation the file names, ``journal_end`` how far this process read
+    that journal (None: not at all yet). ``generation`` counts the snapshots this store made;
+    ``delta`` is set when it was made from the previous one by a commit or a journal replay, so
+    whoever keeps something derived from the jobs can patch it, not rebuild it.
     """
 
     token: tuple[int, int, int] | None
-    raw: bytes
+    base_id: str | None
     jobs: dict[str, Job]
     fragments: dict[str, str]
     generation: int = 0
     delta: Delta | None = None
+    journal_end: int | None = None
+    base_size: int = 0
+    #: The last few (generation, delta) pairs that led here, newest first: lets whoever last looked a few
+    #: snapshots ago patch what it derived instead of rebuilding it (see ``changes_since``).
+    recent: tuple[tuple[int, Delta], ...] = ()
+
+    def changes_since(self, generation: int) -> Delta | None:
+        """The jobs touched and removed since snapshot ``generation`` of this store; None if not known."""
+        touched: set[str] = set()
+        removed: set[str] = set()
+        want = self.generation
+        for made, delta in self.recent:
+            if want == generation or made != want:
+                break
+            touched |= delta.touched
+            removed |= delta.removed
+            want = delta.base
+        if want != generation:
+            return None
+        present = self.jobs
+        return Delta(
+            generation,
+            frozenset(job_id for job_id in touched if job_id in present),
+            frozenset(job_id for job_id in removed if job_id not in present),
+        )
 
 
 def _fragment(job: Job) -> str:
@@ -246,24 +290,83 @@ class StoreUnreadable(RemoteComputeError):
     status = 500
 
 
+def _journal_head(base_id: str) -> bytes:
+    return json.dumps({"journal": JOURNAL_FORMAT, "base": base_id}, separators=(",", ":")).encode() + b"\n"
+
+
+def _frame(text: str) -> bytes:
+    """One journal line: the record's CRC-32, a space, the record, a newline. Torn or damaged lines fail it."""
+    body = text.encode()
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def _unframe(data: bytes, start: int) -> tuple[list[dict[str, Any]], int]:
+    """The whole, intact records at the start of ``data``, and the offset just past the last of them.
+
+    The first line that is unfinished (no newline: a writer is still appending, or died while it did)
+    or fails its checksum ends the replay; what follows is not trusted.
+    """
+    records: list[dict[str, Any]] = []
+    pos = 0
+    while (newline := data.find(b"\n", pos)) >= 0:
+        line = data[pos:newline]
+        body = line[9:]
+        if line[8:9] != b" " or line[:8] != b"%08x" % zlib.crc32(body):
+            break
+        try:
+            record = json.loads(body)
+        except ValueError:
+            break
+        if not isinstance(record, dict):
+            break
+        records.append(record)
+        pos = newline + 1
+    return records, start + pos
+
+
+def _read_head(f: Any, limit: int = 4096) -> dict[str, Any] | None:
+    """The JSON object on the first line of a file written by this module, or None (an older or other file)."""
+    line = f.readline(limit)
+    if not line.endswith(b"\n"):
+        return None
+    text = line[:-1]
+    if text.startswith(b"{") and not text.endswith(b"}"):
+        text += b"}"  # the state file's first line opens the object its second line continues
+    try:
+        head = json.loads(text)
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) else None
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.journal_path = path.with_name(path.name + JOURNAL_SUFFIX)
         self._lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
+        # Threads of one process refresh one after another, so each journal line is replayed once.
+        self._refreshing = threading.RLock()
         self._generations = itertools.count(1)
-        self._snapshot = Snapshot(None, b"", {}, {})
+        self._snapshot = Snapshot(None, None, {}, {})
         #: Set when a broken state file was moved aside, for the API and CLI to report.
         self.recovered_from: Path | None = None
 
     def _new_snapshot(
         self,
         token: tuple[int, int, int] | None,
-        raw: bytes,
+        base_id: str | None,
         jobs: dict[str, Job],
         fragments: dict[str, str],
         delta: Delta | None = None,
+        journal_end: int | None = None,
+        base_size: int = 0,
+        previous: Snapshot | None = None,
     ) -> Snapshot:
-        return Snapshot(token, raw, jobs, fragments, next(self._generations), delta)
+        generation = next(self._generations)
+        recent: tuple[tuple[int, Delta], ...] = ()
+        if delta is not None and previous is not None and previous.generation == delta.base:
+            recent = ((generation, delta), *previous.recent[: RECENT_DELTAS - 1])
+        return Snapshot(token, base_id, jobs, fragments, generation, delta, journal_end, base_size, recent)
 
     # -- reading ----------------------------------------------------------
     def _stat_token(self) -> tuple[int, int, int] | None:
@@ -274,7 +377,8 @@ class JobStore:
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     @staticmethod
-    def _parse(raw_bytes: bytes) -> dict[str, Job]:
+    def _parse(raw_bytes: bytes) -> tuple[dict[str, Job], str | None]:
+        """The jobs in a state file's bytes and the journal generation it names (None: schema 1)."""
         raw = json.loads(raw_bytes)
         if not isinstance(raw, dict) or not isinstance(raw.get("jobs"), dict):
             raise ValueError("no 'jobs' object")
@@ -285,40 +389,125 @@ class JobStore:
                 f"the job state file was written by a newer jupyter-remote-compute (schema {schema}); "
                 "upgrade this installation to use it"
             )
-        if schema != SCHEMA_VERSION:
-            raise ValueError(f"schema {schema!r}, this version reads {SCHEMA_VERSION}")
-        return {job_id: Job.from_json(data) for job_id, data in raw["jobs"].items()}
+        if schema not in READABLE_SCHEMAS:
+            raise ValueError(f"schema {schema!r}, this version reads {READABLE_SCHEMAS}")
+        base_id = raw.get("journal") if schema >= 2 else None
+        if base_id is not None and not isinstance(base_id, str):
+            raise ValueError(f"'journal' is {base_id!r}, expected a string")
+        return {job_id: Job.from_json(data) for job_id, data in raw["jobs"].items()}, base_id
 
     def _refresh(self, *, locked: bool) -> Snapshot:
-        """The snapshot, read again only if the file changed since this process last saw it.
+        """The file and its journal as on disk now, read again only as far as they changed."""
+        with self._refreshing:
+            for _ in range(5):
+                replayed = self._replay(self._refresh_base(locked=locked))
+                if replayed is not None:
+                    self._snapshot = replayed
+                    return replayed
+            # Compactions overtook every attempt (other processes writing fast): what was read is whole.
+            return self._snapshot
 
-        Readers trust the stat token; a writer holding the lock compares the bytes too, since
-        write-rename can bring back the same inode, size and (coarse) mtime.
+    def _refresh_base(self, *, locked: bool) -> Snapshot:
+        """The snapshot as of the state file itself, read again only if it changed since last seen.
+
+        Readers trust the stat token; a writer holding the lock also compares the journal generation
+        on the file's first line, since write-rename can bring back the same inode, size and (coarse)
+        mtime. A file that names the point of the journal this process had read up to (it was
+        compacted from exactly what this process holds) is taken without parsing it.
         """
+        seen = self._snapshot
         token = self._stat_token()
-        if token is None:
-            self._snapshot = self._new_snapshot(None, b"", {}, {})
-            return self._snapshot
-        if token == self._snapshot.token and not locked:
-            return self._snapshot
+        if token is not None and token == seen.token and not locked:
+            return seen
         try:
-            raw = self.path.read_bytes()
+            f = open(self.path, "rb")  # noqa: SIM115 - closed below, on every path
         except FileNotFoundError:
-            self._snapshot = self._new_snapshot(None, b"", {}, {})
+            token = None
+        if token is None:
+            if seen.token is None and seen.base_id is None and not seen.jobs:
+                return seen
+            self._snapshot = self._new_snapshot(None, None, {}, {})
             return self._snapshot
-        if raw == self._snapshot.raw and self._snapshot.token is not None:
-            self._snapshot.token = token
-            return self._snapshot
+        with f:
+            st = os.fstat(f.fileno())
+            token = (st.st_ino, st.st_size, st.st_mtime_ns)
+            head = _read_head(f) or {}
+            base_id = head.get("journal") if isinstance(head.get("journal"), str) else None
+            if token == seen.token and base_id is not None and base_id == seen.base_id:
+                return seen
+            if (
+                base_id is not None
+                and seen.base_id is not None
+                and seen.journal_end is not None
+                and head.get("compacted") == f"{seen.base_id}:{seen.journal_end}"
+            ):
+                delta = Delta(seen.generation, frozenset(), frozenset())
+                return self._new_snapshot(
+                    token, base_id, seen.jobs, seen.fragments, delta, None, st.st_size, previous=seen
+                )
+            f.seek(0)
+            raw = f.read()
         try:
-            jobs = self._parse(raw)
+            jobs, base_id = self._parse(raw)
         except (ValueError, TypeError, KeyError) as e:
             if not locked:
                 # Only a writer holding the lock may move the file; readers take it to do so.
                 with self._lock:
-                    return self._refresh(locked=True)
-            jobs, token, raw = self._move_aside(e), None, b""
-        self._snapshot = self._new_snapshot(token, raw, jobs, {})
+                    return self._refresh_base(locked=True)
+            self._snapshot = self._new_snapshot(None, None, self._move_aside(e), {})
+            return self._snapshot
+        self._snapshot = self._new_snapshot(token, base_id, jobs, {}, None, None, len(raw))
         return self._snapshot
+
+    def _replay(self, seen: Snapshot) -> Snapshot | None:
+        """``seen`` with the journal lines appended since it was read; None: read the file again first."""
+        if seen.base_id is None:
+            return seen  # no file, or one from before the journal: nothing in a journal belongs to it
+        try:
+            f = open(self.journal_path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return seen
+        with f:
+            head = _read_head(f) or {}
+            if head.get("base") != seen.base_id:
+                # Either a compaction was cut short after writing the file (the file holds everything,
+                # this journal is ignored until the next writer replaces it), or the file was compacted
+                # after this process read it (read the file again).
+                return seen if self._stat_token() == seen.token else None
+            start = seen.journal_end if seen.journal_end is not None else f.tell()
+            if start > os.fstat(f.fileno()).st_size:
+                # Shorter than what this process read: not a journal only ever appended to. Read it all again.
+                seen.token = None
+                return None
+            f.seek(start)
+            data = f.read()
+        records, end = _unframe(data, start)
+        if not records:
+            seen.journal_end = end  # this process's own bookkeeping: readers of the snapshot never look at it
+            return seen
+        jobs = dict(seen.jobs)
+        fragments = dict(seen.fragments)
+        touched: set[str] = set()
+        removed: set[str] = set()
+        for record in records:
+            for job_id, data_of_job in record.get("put", {}).items():
+                try:
+                    jobs[job_id] = Job.from_json(data_of_job)
+                except (TypeError, ValueError, KeyError, AttributeError) as e:
+                    log.error(
+                        "job state journal %s: job %s could not be read (%s); skipped", self.journal_path, job_id, e
+                    )
+                    continue
+                fragments.pop(job_id, None)
+                touched.add(job_id)
+                removed.discard(job_id)
+            for job_id in record.get("del", []):
+                jobs.pop(job_id, None)
+                fragments.pop(job_id, None)
+                removed.add(job_id)
+                touched.discard(job_id)
+        delta = Delta(seen.generation, frozenset(touched), frozenset(removed))
+        return self._new_snapshot(seen.token, seen.base_id, jobs, fragments, delta, end, seen.base_size, previous=seen)
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
         stamp = f"{self.path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}"
@@ -329,6 +518,9 @@ class JobStore:
                 break
             aside = self.path.with_name(f"{stamp}-{n}")
         os.replace(self.path, aside)
+        # Its journal goes with it (it holds changes to the jobs the broken file listed), out of the way.
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.journal_path, aside.with_name(aside.name.replace(UNREADABLE, JOURNAL_SUFFIX + UNREADABLE)))
         self.recovered_from = aside
         log.error("job state file %s could not be read (%s); moved it to %s", self.path, error, aside)
         return {}
@@ -375,36 +567,139 @@ class JobStore:
 
     # -- changing ---------------------------------------------------------
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[JobMap]:
-        """Lock, read what changed, let the caller change jobs, write the file back atomically."""
+    def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire()
         except Timeout:
             raise StoreUnreadable(f"{self.path}: could not take its lock within {LOCK_TIMEOUT:.0f} s") from None
         try:
-            snapshot = self._refresh(locked=True)
-            jobs = JobMap(snapshot.jobs)
-            yield jobs
-            self._commit(snapshot, jobs)
+            yield
         finally:
             self._lock.release()
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[JobMap]:
+        """Lock, read what changed, let the caller change jobs, record the change (one journal line)."""
+        with self._locked():
+            snapshot = self._refresh(locked=True)
+            jobs = JobMap(snapshot.jobs)
+            yield jobs
+            with self._refreshing:
+                self._commit(snapshot, jobs)
+
+    def compact(self) -> bool:
+        """Fold the journal into the state file now (the server does at start); False if it held nothing."""
+        with self._locked(), self._refreshing:
+            seen = self._refresh(locked=True)
+            if seen.token is None and not seen.jobs:
+                return False
+            if seen.base_id is not None and seen.journal_end == len(_journal_head(seen.base_id)):
+                return False
+            self._compact(seen)
+            return True
+
     def _commit(self, snapshot: Snapshot, jobs: JobMap) -> None:
-        fragments = {job_id: frag for job_id, frag in snapshot.fragments.items() if job_id not in jobs.removed}
-        touched = set()
-        for job_id in jobs.touched:
-            job = dict.__getitem__(jobs, job_id)
-            if job_id not in snapshot.jobs or job != snapshot.jobs[job_id]:
-                touched.add(job_id)
-                fragments[job_id] = _fragment(job)
-        if not touched and not jobs.removed:
+        touched = {
+            job_id
+            for job_id in jobs.touched
+            if job_id not in snapshot.jobs or dict.__getitem__(jobs, job_id) != snapshot.jobs[job_id]
+        }
+        removed = {job_id for job_id in jobs.removed if job_id in snapshot.jobs}
+        if not touched and not removed:
             return
-        # Unchanged jobs keep the text they had; only jobs never serialised here are dumped.
-        parts = [f"{json.dumps(job_id)}:{fragments.get(job_id) or _fragment(job)}" for job_id, job in dict.items(jobs)]
-        payload = '{"schema":' + str(SCHEMA_VERSION) + ',"jobs":{' + ",".join(parts) + "}}"
-        raw = payload.encode()
+        all_jobs = dict.copy(jobs)  # the stored values, not copies; ten times faster than dict(dict.items())
+        fragments = dict(snapshot.fragments)
+        for job_id in removed:
+            fragments.pop(job_id, None)
+        for job_id in touched:
+            fragments[job_id] = _fragment(all_jobs[job_id])
+        delta = Delta(snapshot.generation, frozenset(touched), frozenset(removed))
+        puts = ",".join(f"{json.dumps(job_id)}:{fragments[job_id]}" for job_id in sorted(touched))
+        line = _frame('{"put":{' + puts + '},"del":' + json.dumps(sorted(removed)) + "}")
+        limit = max(COMPACT_MIN_BYTES, snapshot.base_size * COMPACT_SHARE)
+        if snapshot.base_id is None or snapshot.journal_end is None or len(line) > limit:
+            # No journal of this file's yet (a new or schema-1 file, a compaction cut short), or a change
+            # as large as a good share of the file: write the whole file.
+            self._write_base(all_jobs, fragments, None, delta, snapshot)
+            return
+        try:
+            end = self._append(snapshot.journal_end, line)
+        except FileNotFoundError:
+            self._write_base(all_jobs, fragments, None, delta, snapshot)
+            return
+        self._snapshot = self._new_snapshot(
+            snapshot.token, snapshot.base_id, all_jobs, fragments, delta, end, snapshot.base_size, previous=snapshot
+        )
+        if end > limit:
+            self._compact(self._snapshot)
+
+    def _append(self, valid_end: int, line: bytes) -> int:
+        """Append one line to the journal after its last intact line; the journal's new end."""
+        fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND)
+        try:
+            size = os.fstat(fd).st_size
+            if size > valid_end:
+                self._keep_damaged_tail(valid_end, size)
+                os.ftruncate(fd, valid_end)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError:
+                # A full disk, say: take back what was written, so the next line starts on a clean end.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, valid_end)
+                raise
+        finally:
+            os.close(fd)
+        return valid_end + len(line)
+
+    def _keep_damaged_tail(self, valid_end: int, size: int) -> None:
+        with open(self.journal_path, "rb") as f:
+            f.seek(valid_end)
+            tail = f.read(size - valid_end)
+        if b"\n" not in tail:
+            # A writer died while appending its line: the change it was making never happened.
+            log.warning("job state journal %s: dropped a torn last line (%d bytes)", self.journal_path, len(tail))
+            return
+        aside = self.journal_path.with_name(f"{self.journal_path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}")
+        atomic_write(aside, tail, mode=0o600)
+        log.error(
+            "job state journal %s: %d bytes after offset %d failed their checksum; moved them to %s",
+            self.journal_path,
+            len(tail),
+            valid_end,
+            aside,
+        )
+
+    def _compact(self, seen: Snapshot) -> None:
+        compacted = None
+        if seen.base_id is not None and seen.journal_end is not None:
+            # Readers that had read the journal this far take the new file as it is, without parsing it.
+            compacted = f"{seen.base_id}:{seen.journal_end}"
+        unchanged = Delta(seen.generation, frozenset(), frozenset())
+        self._write_base(seen.jobs, dict(seen.fragments), compacted, unchanged, seen)
+
+    def _write_base(
+        self, jobs: dict[str, Job], fragments: dict[str, str], compacted: str | None, delta: Delta, previous: Snapshot
+    ) -> None:
+        """Write the whole state file naming a fresh journal, then start that journal (under the lock)."""
+        base_id = uuid.uuid4().hex
+        parts = []
+        for job_id, job in jobs.items():
+            fragment = fragments.get(job_id)
+            if fragment is None:
+                fragment = fragments[job_id] = _fragment(job)
+            parts.append(f"{json.dumps(job_id)}:{fragment}")
+        head = json.dumps({"schema": SCHEMA_VERSION, "journal": base_id, "compacted": compacted}, separators=(",", ":"))
+        raw = (head[:-1] + '\n,"jobs":{' + ",".join(parts) + "}}").encode()
         atomic_write(self.path, raw, mode=0o600)
-        full = {job_id: fragments.get(job_id) or _fragment(job) for job_id, job in dict.items(jobs)}
-        delta = Delta(snapshot.generation, frozenset(touched), frozenset(jobs.removed))
-        self._snapshot = self._new_snapshot(self._stat_token(), raw, dict(dict.items(jobs)), full, delta)
+        token = self._stat_token()
+        # Until this rename, the old journal names the old file: readers ignore it, the new file holds it all.
+        journal_head = _journal_head(base_id)
+        atomic_write(self.journal_path, journal_head, mode=0o600)
+        self._snapshot = self._new_snapshot(
+            token, base_id, jobs, fragments, delta, len(journal_head), len(raw), previous=previous
+        )

@@ -1,0 +1,45 @@
+"""Old finished jobs, as months of work leave them, written to a workspace's job state file.
+
+Written through ``JobStore`` (its lock and journal), as the CLI would, so jobs the server or other
+tests recorded are kept. Used by jupyter_server_test_config.py (before the server starts) and by
+the job list spec (while it runs):
+
+    python ui-tests/seed_jobs.py <state file> <count> [<id prefix> [<name>]]
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from jupyter_remote_compute.jobs.store import Job, JobStore
+
+EPOCH = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+
+def seed_jobs(state_file: Path, count: int, prefix: str = "ui", name: str = "seed") -> None:
+    """``count`` finished jobs named ``<name> <i>``, one a second from 2025-01-01, every fifth failed."""
+    with JobStore(state_file).transaction() as jobs:
+        for i in range(count):
+            job_id = f"20250101-000000-{prefix}{i:06d}"
+            at = (EPOCH + timedelta(seconds=i)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            failed = i % 5 == 0
+            jobs[job_id] = Job(
+                id=job_id,
+                key=f"seed{prefix}{i}",
+                machine="local",
+                kind="local",
+                spec={"machine": "local", "command": "python train.py", "name": f"{name} {i}"},
+                state="failed" if failed else "succeeded",
+                reason="exit code 1" if failed else None,
+                created=at,
+                updated=at,
+                started=at,
+                ended=at,
+                exit_code=1 if failed else 0,
+            )
+
+
+if __name__ == "__main__":
+    seed_jobs(Path(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:5])
