@@ -7,6 +7,7 @@ on its PATH, and its token on stdin. Nothing of this side's Python environment r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -125,11 +126,15 @@ class AgentBed:
             agent.stop()
 
 
-@pytest.fixture
-def agent_bed(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path) -> Iterator[AgentBed]:
-    """A server on the quickstart workspace (agent leases of 4 s), with no agent machine yet."""
+@contextlib.contextmanager
+def running_bed(workspace: Path, scratch: Path, tracking_uri: str, log: Path, lease: float = 6) -> Iterator[AgentBed]:
+    """A server on ``workspace`` that lets in only authenticated requests (agents bring their own token)."""
     server = Server(
-        quickstart, scratch_dir, tracking_uri, tmp_path / "server.log", extra_args=("--RemoteComputeApp.agent_lease=4",)
+        workspace,
+        scratch,
+        tracking_uri,
+        log,
+        extra_args=(f"--RemoteComputeApp.agent_lease={lease}", "--ServerApp.allow_unauthenticated_access=False"),
     )
     server.start()
     # The agents' user reaches its files here (the test's own tmp_path is private to root).
@@ -142,7 +147,29 @@ def agent_bed(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: 
         bed.stop()
         server.stop()
         # Shown by pytest only when the test failed.
-        for log in sorted(shared.glob("agent-*.log")):
-            print(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
+        for agent_log in sorted(shared.glob("agent-*.log")):
+            print(f"--- {agent_log.name}\n{agent_log.read_text(errors='replace')[-4000:]}")
         print(f"--- server.log\n{server.log.read_text(errors='replace')[-6000:]}")
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture
+def agent_bed(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path) -> Iterator[AgentBed]:
+    """A server on the quickstart workspace, with no agent machine yet."""
+    with running_bed(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log") as bed:
+        yield bed
+
+
+@pytest.fixture(scope="module")
+def module_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentBed]:
+    """One server for a whole test module (starting one is the slow part), on a copy of the quickstart."""
+    from conftest import QUICKSTART
+
+    base = tmp_path_factory.mktemp("agents")
+    workspace = base / "quickstart"
+    shutil.copytree(QUICKSTART, workspace, ignore=shutil.ignore_patterns("mlflow.db", "model.pkl", "metrics.json"))
+    (base / "scratch").mkdir()
+    tracking = f"sqlite:///{base / 'mlflow.db'}"
+    # A lease long enough for an agent to start again on a busy test machine, short enough to wait out.
+    with running_bed(workspace, base / "scratch", tracking, base / "server.log", lease=30) as bed:
+        yield bed
