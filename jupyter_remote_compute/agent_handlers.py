@@ -98,10 +98,14 @@ class AgentHandler(RemoteComputeHandler):
         self.machine = machine
 
     def job_dir(self, job_id: str) -> Path:
+        """The job's folder on this side, if the job is this machine's; else "not found" (never "not yours")."""
         try:
-            return self.machine.job_dir(job_id)
+            path = self.machine.job_dir(job_id)
         except UnknownJob:
-            raise NotFound(f"no job {job_id!r} for {self.machine.name}") from None
+            path = None
+        if path is None or not (path / "state.json").is_file():
+            raise NotFound(f"no job {job_id!r} for {self.machine.name}")
+        return path
 
     async def scoped(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A hub call answered as 404 (unknown to this machine) or 409 (a stale attempt)."""

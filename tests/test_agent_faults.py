@@ -76,7 +76,7 @@ def test_an_output_that_does_not_match_its_sha256_is_refused(module_bed: agent_f
     token = module_bed.add_machine("tamper")
     client = Server(module_bed.url, "tamper", token)
     client.request("POST", "hello", {"version": "test"})
-    job = submit(server, "tamper", command="python train.py")
+    job = submit(server, "tamper", command="python train.py", send=["train.py", "data/points.csv"])
     status, answer = client.request("POST", "claim", {"agent": "test", "hold": 20}, timeout=40)
     assert status == 200 and answer["job"]["job_id"] == job["id"]
     attempt = answer["job"]["attempt"]
@@ -118,7 +118,7 @@ def test_agents_waiting_through_a_server_restart_take_the_next_job(module_bed: a
     server.start()
     wait_for(server.reconciled, timeout=60, message="the restarted server to catch up")
 
-    job = submit(server, "patient", command="python train.py")
+    job = submit(server, "patient", command="python train.py", send=["train.py", "data/points.csv"])
     done = ended(server, job["id"])
     assert done["state"] == "succeeded", done["reason"]
     assert agent.proc is not None and agent.proc.poll() is None
