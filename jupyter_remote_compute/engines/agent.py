@@ -163,7 +163,9 @@ class AgentEngine(Engine):
         progress: ProgressCallback | None = None,
     ) -> FetchResult:
         state = self.hub.state(job.job_id) or {}
-        if state.get("state") == "lost" or (state.get("how") == "failed" and not state.get("outputs")):
+        never_ran = state.get("how") == "failed" or not state.get("started_at")
+        if not state.get("outputs") and (state.get("state") == "lost" or never_ran):
+            # Nothing will come: the command never started, or its agent is gone.
             return FetchResult(missing=list(outputs))
         state = self._wait(job.job_id, lambda s: bool(s.get("outputs")), "uploaded the outputs")
         uploaded = state["outputs"]
