@@ -155,7 +155,10 @@ class ClaimHandler(AgentHandler):
         """Held until a job for this machine is queued (then claimed: a lease on a new attempt) or ~25 s pass."""
         body = self.body()
         agent = str(body.get("agent") or "agent")[:200]
-        hold = min(float(body.get("hold", CLAIM_HOLD)), CLAIM_HOLD)
+        try:
+            hold = min(float(body.get("hold", CLAIM_HOLD)), CLAIM_HOLD)
+        except (TypeError, ValueError):
+            raise InvalidSettings("hold: expected seconds", field="hold") from None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + hold
         stamp: int | None = None
@@ -220,6 +223,8 @@ class HeartbeatHandler(AgentHandler):
             raise InvalidSettings("log_offset: expected a byte offset", field="log_offset")
         report = {k: body.get(k) for k in ("state", "how", "exit_code", "detail", "started_at")}
         self.job_dir(job_id)
+        # An agent busy with its jobs claims nothing, but its heartbeats say it is there.
+        await self.call(self.machine.seen, SEEN_EVERY)
         answer = await self.scoped(self.machine.heartbeat, job_id, _attempt(body.get("attempt")), report, log, offset)
         self.reply(answer)
 

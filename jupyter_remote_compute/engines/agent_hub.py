@@ -112,9 +112,14 @@ class MachineHub:
         return hmac.compare_digest(token_digest(token), expected or "0" * 64) and bool(expected)
 
     # -- the agent ---------------------------------------------------------------
-    def seen(self, **facts: Any) -> None:
-        """The agent called now; ``facts`` (what it reported on connecting) are kept with the time."""
+    def seen(self, every: float = 0.0, **facts: Any) -> None:
+        """The agent called now; ``facts`` (what it reported on connecting) are kept with the time.
+
+        With ``every``, the time is written only if the last one is older (heartbeats come each second).
+        """
         record = _read_json(self.dir / "seen.json") or {}
+        if every and not facts and time.time() - float(record.get("last_seen") or 0) < every:
+            return
         record.update(facts)
         record["last_seen"] = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
