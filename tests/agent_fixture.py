@@ -46,7 +46,7 @@ class AgentProcess:
             "--server", self.bed.url, "--machine", self.machine, "--token-stdin", "--state-dir", str(self.state),
             *self.extra,
         ]  # fmt: skip
-        env = {"PATH": f"{far_python_bin()}:/usr/bin:/bin", "HOME": str(self.bed.home), "LANG": "C.UTF-8"}
+        env = {"PATH": f"{self.bed.far_bin}:/usr/bin:/bin", "HOME": str(self.bed.home), "LANG": "C.UTF-8"}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 args, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/", **self.bed.as_user
@@ -84,6 +84,8 @@ class AgentBed:
         self.home.mkdir(exist_ok=True)
         os.chown(self.home, self.uid, -1)
         self.agents: list[AgentProcess] = []
+        # Looked up once: checking it imports MLflow, which would slow every agent (re)start on a busy machine.
+        self.far_bin = far_python_bin()
         self._pyz: Path | None = None
         self.tokens: dict[str, str] = {}
 
@@ -170,6 +172,10 @@ def module_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentBed]:
     shutil.copytree(QUICKSTART, workspace, ignore=shutil.ignore_patterns("mlflow.db", "model.pkl", "metrics.json"))
     (base / "scratch").mkdir()
     tracking = f"sqlite:///{base / 'mlflow.db'}"
+    # The store exists before the first job ends, so no test waits on MLflow creating its tables.
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking).search_experiments()
     # A lease long enough for an agent to start again on a busy test machine, short enough to wait out.
     with running_bed(workspace, base / "scratch", tracking, base / "server.log", lease=30) as bed:
         yield bed

@@ -25,7 +25,7 @@ def state_of(server: Server, job_id: str) -> dict[str, Any]:
     return server.request("GET", f"jobs/{job_id}")
 
 
-def ended(server: Server, job_id: str, timeout: float = 120) -> dict[str, Any]:
+def ended(server: Server, job_id: str, timeout: float = 180) -> dict[str, Any]:
     return wait_for(
         lambda: (j := state_of(server, job_id))["state"] in ("succeeded", "failed", "cancelled", "lost") and j,
         timeout=timeout,

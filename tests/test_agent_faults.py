@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import tarfile
 import uuid
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_an_agent_killed_mid_job_loses_it_after_its_lease(module_bed: agent_fixt
     job_id, jobdir = running_job(module_bed, agent, "killed")
     agent.kill()
 
-    done = ended(module_bed.server, job_id, timeout=60)
+    done = ended(module_bed.server, job_id, timeout=180)
     assert done["state"] == "lost"
     assert "stopped reporting: no heartbeat for" in done["reason"], done["reason"]
     # Started again later, the agent holds a stale attempt: the server refuses it and the agent stops the job.
@@ -56,12 +57,15 @@ def test_an_agent_killed_mid_job_loses_it_after_its_lease(module_bed: agent_fixt
     assert group_members(group) == []
 
 
-def test_an_agent_restarted_within_its_lease_adopts_the_job_again(module_bed: agent_fixture.AgentBed) -> None:
+def test_an_agent_stopped_and_started_within_its_lease_adopts_the_job_again(module_bed: agent_fixture.AgentBed) -> None:
     server = module_bed.server
     module_bed.add_machine("restarted")
     agent = module_bed.start_agent("restarted")
     job_id, jobdir = running_job(module_bed, agent, "restarted")
-    agent.kill()
+    agent.kill(signal.SIGTERM)
+    # Stopping the agent stops its claims, not its jobs.
+    assert agent.proc is not None and agent.proc.returncode == 0
+    assert group_members(int((jobdir / "pid").read_text()))
     module_bed.start_agent("restarted", state=agent.state)
     (jobdir / "work" / "go").write_text("")
 
@@ -108,6 +112,34 @@ def test_an_output_that_does_not_match_its_sha256_is_refused(module_bed: agent_f
         raise AssertionError("a heartbeat on an attempt that never was was accepted")
     except Refused as e:
         assert e.status == 409
+
+
+def test_a_job_cancelled_before_any_agent_took_it(module_bed: agent_fixture.AgentBed) -> None:
+    server = module_bed.server
+    module_bed.add_machine("nobody")
+    job = submit(server, "nobody", command="true", send=[], bring_back=[])
+    wait_for(lambda: state_of(server, job["id"])["state"] == "pending", timeout=60, message="the job to wait")
+    server.request("POST", f"jobs/{job['id']}/cancel")
+    done = ended(server, job["id"], timeout=180)
+    assert done["state"] == "cancelled", done["reason"]
+
+
+def test_each_job_gets_its_own_gpus(module_bed: agent_fixture.AgentBed) -> None:
+    server = module_bed.server
+    module_bed.add_machine("gpus")
+    module_bed.start_agent("gpus", "--max-jobs", "2", "--gpus-per-job", "1", "--gpu-ids", "0,1")
+    # Each waits until both GPUs are held, so the two jobs run at the same time.
+    (server.root / "both.sh").write_text(
+        'echo "gpu=$CUDA_VISIBLE_DEVICES"; touch "$HOME/gpu-$CUDA_VISIBLE_DEVICES"\n'
+        'while [ ! -f "$HOME/gpu-0" ] || [ ! -f "$HOME/gpu-1" ]; do sleep 0.05; done\n'
+    )
+    ids = [submit(server, "gpus", command="sh both.sh", send=["both.sh"], bring_back=[], new=True)["id"] for _ in "ab"]
+    logs = []
+    for job_id in ids:
+        done = ended(server, job_id)
+        assert done["state"] == "succeeded", done["reason"]
+        logs.append(server.request("GET", f"jobs/{job_id}/log")["data"].strip())
+    assert sorted(logs) == ["gpu=0", "gpu=1"]
 
 
 def test_agents_waiting_through_a_server_restart_take_the_next_job(module_bed: agent_fixture.AgentBed) -> None:

@@ -124,6 +124,9 @@ def test_a_second_agent_sees_nothing_of_the_first_machines_jobs(module_bed: agen
     assert job_a not in agent_b.log.read_text()
     shown = {m["name"]: m.get("agent") for m in server.request("GET", "machines")["machines"]}
     assert shown["iso-b"]["online"] is True and shown["iso-a"]["online"] is False
+    # check shows the facts the agent reported when it connected, and when it was last seen.
+    facts = server.request("POST", "machines/iso-b/check")["facts"]
+    assert facts["online"] is True and facts["last_seen"] and facts["cpus"] >= 1 and facts["python"]
 
 
 def socket_inodes(pid: int) -> set[str]:
