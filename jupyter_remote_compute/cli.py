@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .engines.agent_hub import AgentHub, welcome
 from .errors import RemoteComputeError
 from .jobs.admin import HostKeyNotConfirmed
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
@@ -97,8 +98,28 @@ def cmd_machines(args: argparse.Namespace) -> int:
             if getattr(args, name, None) is not None:
                 options[name] = getattr(args, name)
         token = _read_secret(f"Token for {args.name}: ") if args.token_stdin else None
-        machine = admin.add(args.name, args.kind, args.address, options, enabled=not args.disabled, token=token)
-        return _done(args, machine.to_json(), f"added {machine.name} ({machine.kind}, {machine.address})")
+        address = args.address
+        if address is None:
+            if args.kind != "agent":
+                raise RemoteComputeError("machines add: --address is required (only an agent machine may leave it out)")
+            address = args.name  # nothing dials an agent machine: the address only describes it
+        machine = admin.add(args.name, args.kind, address, options, enabled=not args.disabled, token=token)
+        data = machine.to_json()
+        text = f"added {machine.name} ({machine.kind}, {machine.address})"
+        if machine.kind == "agent":
+            data.update(_agent_welcome(args, machine.name))
+            text += _agent_welcome_text(data)
+        return _done(args, data, text)
+    if action == "agent-token":
+        if admin.get(args.name).kind != "agent":
+            raise RemoteComputeError(f"{args.name} is not an agent machine: it has no agent token")
+        if args.revoke:
+            AgentHub(Workspace.find(args.workspace, fallback=args.workspace).punica_dir).machine(
+                args.name
+            ).revoke_token()
+            return _done(args, {"name": args.name, "revoked": True}, f"revoked the agent token of {args.name}")
+        data = {"name": args.name, **_agent_welcome(args, args.name)}
+        return _done(args, data, f"new agent token for {args.name}" + _agent_welcome_text(data))
     if action == "edit":
         token = _read_secret(f"Token for {args.name}: ") if args.token_stdin else None
         machine = admin.update(args.name, address=args.address, options=_options(args.option), token=token)
@@ -132,6 +153,18 @@ def cmd_machines(args: argparse.Namespace) -> int:
         result = admin.trust(args.name, args.fingerprint)
         return _done(args, result, f"trusted {args.name}: {result['fingerprint']}")
     raise AssertionError(action)
+
+
+def _agent_welcome(args: argparse.Namespace, name: str) -> dict[str, str]:
+    punica = Workspace.find(args.workspace, fallback=args.workspace).punica_dir
+    return welcome(punica, name, args.server_url or "SERVER_URL")
+
+
+def _agent_welcome_text(data: dict[str, Any]) -> str:
+    return (
+        f"\nagent token (shown once; the old one, if any, no longer works):\n  {data['agent_token']}\n"
+        f"save it on the machine in ~/.config/jrc-agent.token (chmod 600), then run there:\n  {data['agent_command']}"
+    )
 
 
 # -- run and jobs -------------------------------------------------------------
@@ -326,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = msub.add_parser("add", help="add a machine; a token is read from stdin or a prompt")
     p.add_argument("name")
     p.add_argument("--kind", required=True)
-    p.add_argument("--address", required=True)
+    p.add_argument("--address", help="host or URL (an agent machine may leave it out)")
+    p.add_argument("--server-url", help="agent machines: this server's URL, for the command shown")
     p.add_argument("--user")
     p.add_argument("--port", type=int)
     p.add_argument("--identity-file", dest="identity_file")
@@ -341,6 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", metavar="KEY=VALUE")
     p.add_argument("--token-stdin", action="store_true")
     p.add_argument("--json", action="store_true")
+    p = msub.add_parser("agent-token", help="an agent machine's token: --rotate (a new one, shown once) or --revoke")
+    p.add_argument("name")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--rotate", action="store_true")
+    group.add_argument("--revoke", action="store_true")
+    p.add_argument("--server-url", help="this server's URL, for the command shown")
+    p.add_argument("--json", action="store_true")
     p = msub.add_parser("trust", help="trust an SSH machine's host key, after comparing its fingerprint")
     p.add_argument("name")
     p.add_argument(
@@ -349,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fingerprint you compared with the machine's own; without it, the presented key is only shown",
     )
     p.add_argument("--json", action="store_true")
+
+    agent = sub.add_parser("agent", help="run the pull agent of an agent machine (its options: agent --help)")
+    agent.add_argument("rest", nargs=argparse.REMAINDER)
 
     run = sub.add_parser("run", help="submit a job (or attach to the same one running) and follow its log")
     add_run_options(run)
@@ -381,10 +425,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"machines": cmd_machines, "run": cmd_run, "jobs": cmd_jobs, "secrets": cmd_secrets}
+def cmd_agent(args: argparse.Namespace) -> int:
+    from .agent.client import main as agent_main
+
+    return agent_main(args.rest)
+
+
+COMMANDS = {"machines": cmd_machines, "run": cmd_run, "jobs": cmd_jobs, "secrets": cmd_secrets, "agent": cmd_agent}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["agent"]:
+        # The pull agent has its own options (and reads no workspace): hand it the rest as it is.
+        return cmd_agent(argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     if args.workspace is None:
         args.workspace = os.getcwd()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,8 @@ from tornado.ioloop import IOLoop
 from traitlets import Float, Int, Unicode
 
 from . import secret_sources
+from .agent_handlers import AGENT_HANDLERS
+from .engines.agent_hub import DEFAULT_LEASE, AgentHub
 from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
 from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job, Snapshot
@@ -84,6 +87,12 @@ class RemoteComputeApp(ExtensionApp):
     )
     max_workers = Int(8, config=True, help="Threads for short blocking work: requests, polls, hashing.")
     max_transfers = Int(4, config=True, help="Threads for sending and collecting jobs (long transfers).")
+    agent_lease = Float(
+        DEFAULT_LEASE,
+        config=True,
+        help="Seconds an agent's claim on a job lives without a heartbeat: then a job that started is lost, "
+        "one that did not is queued again. Counted from this server's start at the earliest.",
+    )
 
     def initialize_settings(self) -> None:
         self._export_secret_settings()
@@ -106,6 +115,8 @@ class RemoteComputeApp(ExtensionApp):
         self.transfers = TransferPool(self.service, self.max_transfers)
         self.context = RemoteComputeContext(self.service, self.executor, self.transfers)
         self.settings["remote_compute"] = self.context
+        self.settings["remote_compute_agent_lease"] = self.agent_lease
+        self._started_at = time.time()
         self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         self._emitted: dict[str, tuple[str, str, int]] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -127,7 +138,7 @@ class RemoteComputeApp(ExtensionApp):
                 os.environ[variable] = value
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend([*HANDLERS, FALLBACK_HANDLER])
+        self.handlers.extend([*HANDLERS, *AGENT_HANDLERS, FALLBACK_HANDLER])
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self._start_poller()
@@ -158,6 +169,11 @@ class RemoteComputeApp(ExtensionApp):
                 "log_size": job.log_size,
             },
         )
+
+    def _expire_agent_leases(self) -> None:
+        for machine in AgentHub(self.service.workspace.punica_dir).machines():
+            for job_id in machine.expire(self.agent_lease, self._started_at):
+                self.log.warning("remote-compute: job %s: the agent of %s let its lease run out", job_id, machine.name)
 
     def _retain(self) -> None:
         result = self.service.prune(keep_newest=self.keep_finished_jobs)
@@ -213,6 +229,8 @@ class RemoteComputeApp(ExtensionApp):
         next_retention = 0.0
         while True:
             try:
+                # Only the server talks to agents, so only it decides that a silent agent's lease ran out.
+                await loop.run_in_executor(self.executor, self._expire_agent_leases)
                 await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
                 snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)
                 if self.keep_finished_jobs > 0 and loop.time() >= next_retention:

@@ -22,6 +22,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
+from .engines.agent_hub import welcome, with_presence
 from .errors import InvalidSettings, RemoteComputeError
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
@@ -178,7 +179,9 @@ class MachinesHandler(RemoteComputeHandler):
         # Read the version first: a write carrying it fails if the file changed after this read.
         version = await self.call(admin.version)
         machines = await self.call(admin.list)
-        self.reply({"machines": [m.to_json() for m in machines], "version": version, "kinds": kinds_json()})
+        punica = self.service.workspace.punica_dir
+        shown = [with_presence(punica, m.to_json()) for m in machines]
+        self.reply({"machines": shown, "version": version, "kinds": kinds_json()})
 
     @api
     async def post(self) -> None:
@@ -193,7 +196,13 @@ class MachinesHandler(RemoteComputeHandler):
             token=body.get("token"),
             expected_version=body.get("version"),
         )
-        self.reply(machine.to_json(), 201)
+        data = machine.to_json()
+        if machine.kind == "agent":
+            # The agent's token, shown this once with the command to run on the machine; only its hash stays.
+            base = self.settings.get("base_url", "/").rstrip("/")
+            url = f"{self.request.protocol}://{self.request.host}{base}"
+            data.update(await self.call(welcome, self.service.workspace.punica_dir, machine.name, url))
+        self.reply(data, 201)
 
 
 class MachineHandler(RemoteComputeHandler):

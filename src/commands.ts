@@ -37,6 +37,7 @@ import {
   trustMachine,
   updateMachine
 } from './api';
+import { registerAgentCommands } from './agent';
 import { ComputePanel } from './components/ComputePanel';
 import { JobDetailWidget } from './components/JobDetail';
 import { JobFormWidget } from './components/JobForm';
@@ -245,6 +246,7 @@ function safeId(text: string): string {
 export function registerCommands(context: ICommandContext): void {
   const { app, model, panel, trans, palette } = context;
   const { commands } = app;
+  registerAgentCommands(commands, model, trans);
   const category = trans.__('Compute');
 
   const openMachineForm = (

@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import agent_fixture
 import jupyter_server_fixture
 import pytest
 import slurm_fixture
@@ -30,6 +31,7 @@ sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 remote_server = jupyter_server_fixture.remote_server
 slurm_bed = slurm_fixture.slurm_bed
+agent_bed = agent_fixture.agent_bed
 
 # A script that names its own experiment and run, and logs every kind of record MLflow has.
 NAMED_EXPERIMENT = textwrap.dedent(
@@ -79,6 +81,16 @@ def slurm_machine(
     service = make_service(quickstart)
     service.machines.add("hpc", "slurm", "127.0.0.1", slurm_bed.machine_options())
     return service, "hpc"
+
+
+@pytest.fixture
+def agent_machine(
+    make_service: Callable[..., JobService], quickstart: Path, agent_bed: agent_fixture.AgentBed
+) -> tuple[JobService, str]:
+    """A pull agent, as another user, connected to a server on the same workspace; this service queues for it."""
+    agent_bed.add_machine("lab")
+    agent_bed.start_agent("lab")
+    return make_service(quickstart), "lab"
 
 
 @pytest.fixture(params=engine_kinds())

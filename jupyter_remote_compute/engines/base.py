@@ -106,6 +106,11 @@ class RemoteStatus:
     exit_code: int | None = None
     log_size: int | None = None
     detail: str = ""
+    # When the far side's scheduler says the job was queued, started and ended (epoch seconds);
+    # None where it does not say.
+    queued_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,3 +384,5 @@ class EngineContext:
 
     get_secret: Callable[[str], str | None]
     scratch_dir: Path  # the built-in machine's job base
+    #: The workspace's ``.punica/`` folder: where a kind that keeps state on this side (agent queues) keeps it.
+    punica_dir: Path | None = None

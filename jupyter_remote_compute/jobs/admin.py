@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engines import engine_class, engine_kinds
+from ..engines.agent_hub import AgentHub
 from ..engines.base import Engine, EngineContext, EngineError
 from ..errors import InvalidSettings, MachineError, RemoteComputeError
 from ..machines import Machine, MachineRegistry
@@ -66,7 +67,11 @@ class MachineAdmin:
             cached = self._engines.get(cache_key)
             if cached is not None:
                 return cached
-            context = EngineContext(get_secret=self.secrets.get, scratch_dir=self.scratch_dir or default_scratch_dir())
+            context = EngineContext(
+                get_secret=self.secrets.get,
+                scratch_dir=self.scratch_dir or default_scratch_dir(),
+                punica_dir=self.registry.path.parent,
+            )
             cls = engine_class(snapshot["kind"])
             engine = cls(machine_name, snapshot["address"], dict(snapshot.get("options") or {}), context)
             self._engines[cache_key] = engine
@@ -147,7 +152,10 @@ class MachineAdmin:
         return machine
 
     def remove(self, name: str, *, expected_version: str | None = None) -> None:
+        kind = self.registry.get(name).kind
         self.registry.remove(name, expected_version=expected_version)
+        if kind == "agent":  # a removed machine's agent is let in no more
+            AgentHub(self.registry.path.parent).machine(name).revoke_token()
 
     def set_enabled(self, name: str, enabled: bool, *, expected_version: str | None = None) -> Machine:
         return self.registry.set_enabled(name, enabled, expected_version=expected_version)

@@ -26,6 +26,11 @@ import {
   isActive,
   SERVER_EXTENSION
 } from '../api';
+import {
+  AgentPresence,
+  REVOKE_AGENT_TOKEN,
+  ROTATE_AGENT_TOKEN
+} from '../agent';
 import { jobDuration, relativeTime } from '../format';
 import { computeIcon } from '../icons';
 import { ComputeModel } from '../model';
@@ -109,13 +114,15 @@ function RequestFailed(props: {
 function openMachineMenu(
   commands: CommandRegistry,
   name: string,
-  anchor: HTMLElement | null
+  anchor: HTMLElement | null,
+  kind?: string
 ): void {
   const menu = new Menu({ commands });
   menu.addClass('jp-RemoteCompute-menu');
   for (const command of [
     'remote-compute:edit-machine',
     'remote-compute:duplicate-machine',
+    ...(kind === 'agent' ? [ROTATE_AGENT_TOKEN, REVOKE_AGENT_TOKEN] : []),
     'remote-compute:remove-machine'
   ]) {
     menu.addItem({ command, args: { name } });
@@ -187,7 +194,7 @@ function MachineRow(props: {
               tooltip={trans.__('More actions for %1', machine.name)}
               onClick={() => {
                 const button = document.activeElement as HTMLElement | null;
-                openMachineMenu(commands, machine.name, button);
+                openMachineMenu(commands, machine.name, button, machine.kind);
               }}
             />
           )}
@@ -200,6 +207,7 @@ function MachineRow(props: {
               ? trans.__('built in, always there')
               : machine.address}
           </span>
+          <AgentPresence machine={machine} trans={trans} now={now} />
           {machine.created && (
             <>
               {' · '}

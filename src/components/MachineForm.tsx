@@ -25,6 +25,7 @@ import {
   ISecrets,
   updateMachine
 } from '../api';
+import { showAgentWelcome, welcomeOf } from '../agent';
 import { computeIcon } from '../icons';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, useSignal } from './common';
@@ -217,6 +218,10 @@ function MachineForm(props: {
           input.token = values.token;
         }
         saved = await addMachine(input);
+        const welcome = welcomeOf(saved);
+        if (welcome) {
+          void showAgentWelcome(saved.name, welcome, trans);
+        }
       } else {
         const patch: IMachinePatch = {
           address: values.address.trim(),
