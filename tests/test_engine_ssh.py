@@ -601,6 +601,53 @@ def test_proxyjump_two_hops(ssh_agent_env: TestBed, tmp_path: Path, transport: s
     eng.close()
 
 
+def test_proxycommand_host(ssh_agent_env: TestBed, tmp_path: Path, transport: str):
+    """A ProxyCommand from the ssh config is run by the user's ssh; paramiko says plainly that it cannot."""
+    log = ssh_agent_env.jump.log
+    before = log.read_text().count("direct-tcpip")
+    eng = make_engine(ssh_agent_env, tmp_path, transport=transport, address="viaproxycommand")
+    if transport == "paramiko":
+        with pytest.raises(EngineError, match="ProxyCommand, which only the OpenSSH transport runs") as err:
+            eng.check()
+        assert not err.value.transient
+        return
+    job = run_job(eng, [input_file(tmp_path, "in.txt", b"through a command\n")], "cat in.txt")
+    assert wait_exited(eng, job).exit_code == 0
+    assert eng.read_log(job, 0, 100) == b"through a command\n"
+    assert log.read_text().count("direct-tcpip") > before  # the bytes went through the command's ssh -W
+    eng.close()
+
+
+@pytest.mark.parametrize("transport", ["openssh"])  # paramiko reads only SSH_AUTH_SOCK, not IdentityAgent
+def test_identity_agent_from_the_config(sshd_bed: TestBed, tmp_path: Path, monkeypatch, transport: str):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    eng = make_engine(sshd_bed, tmp_path, transport=transport, address="agentbox")
+    assert eng.check()["cpus"] >= 1
+    eng.close()
+    # the same machine, not through that alias: no agent, no key file it accepts, so refused
+    refused = make_engine(sshd_bed, tmp_path, transport=transport)
+    with pytest.raises(AuthenticationFailed):
+        refused.check()
+
+
+@pytest.mark.parametrize("transport", ["openssh"])  # the paramiko transport offers plain keys only
+def test_certificate_signs_in(sshd_bed: TestBed, tmp_path: Path, monkeypatch, transport: str):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    assert sshd_bed.cert_key is not None
+    eng = make_engine(sshd_bed, tmp_path, transport=transport, address="certbox")
+    assert eng.check()["cpus"] >= 1
+    eng.close()
+    assert "jrc-test-cert" in sshd_bed.sshd.log.read_text()  # sshd accepted the certificate (its key id)
+    # the key alone, without its certificate, is in no authorized_keys file
+    (tmp_path / "no-cert").mkdir()
+    bare_key = tmp_path / "no-cert" / "id"
+    bare_key.write_bytes(sshd_bed.cert_key.read_bytes())
+    bare_key.chmod(0o600)
+    bare = make_engine(sshd_bed, tmp_path, transport=transport, identity_file=str(bare_key))
+    with pytest.raises(AuthenticationFailed):
+        bare.check()
+
+
 def test_network_errors_are_specific_and_transient(ssh_agent_env: TestBed, tmp_path: Path, transport: str):
     closed = make_engine(ssh_agent_env, tmp_path, transport=transport, port=sshd_fixture.free_port())
     with pytest.raises(EngineError, match="connection refused") as err:
@@ -647,6 +694,9 @@ def test_ssh_config_include_and_jump_parsing(tmp_path: Path):
 
 
 @pytest.mark.timeout(180)
+# paramiko's hazard (its own re-key at 2^29 bytes). Through OpenSSH a big file takes the same pipe loop as the
+# 128 MiB cut-connection cases of test_faults_ssh.py, and re-keys are OpenSSH's: one transport keeps this slow case.
+@pytest.mark.parametrize("transport", ["paramiko"])
 def test_transfer_over_512_mib_both_ways(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
     """600 MiB up and 600 MiB down on one connection: past paramiko's 2^29-byte re-key point each way."""
     size = 600 << 20
