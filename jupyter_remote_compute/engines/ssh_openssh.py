@@ -79,6 +79,13 @@ def _option_value(value: str) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
+def _wait(fd: int, event: int, timeout: float | None) -> bool:
+    """Whether ``fd`` is ready (or at its end) within ``timeout`` seconds; poll, not select: any fd number works."""
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(None if timeout is None else timeout * 1000))
+
+
 def _widen(fd: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
@@ -122,7 +129,8 @@ class OpenSSHChannel:
         os.set_blocking(self._in, False)  # writes wait in select, so a far side that stops reading times out
         for fd in (self._in, self._out):
             _widen(fd)
-        self._err = bytearray()
+        self._err = bytearray()  # not yet taken by recv_stderr
+        self._said = bytearray()  # the start of everything said on stderr, to tell a lost connection by
         self._err_done = False
         self._err_ready = threading.Condition()
         self._err_thread = threading.Thread(target=self._read_stderr, name="jrc-ssh-stderr", daemon=True)
@@ -146,6 +154,8 @@ class OpenSSHChannel:
                     return
                 if len(self._err) < 1 << 20:
                     self._err += data
+                if len(self._said) < 65536:
+                    self._said += data
                 self._err_ready.notify_all()
 
     def settimeout(self, timeout: float) -> None:
@@ -158,8 +168,7 @@ class OpenSSHChannel:
         if self._in is None:
             raise OSError("the channel's input is already closed")
         while True:
-            _, ready, _ = select.select([], [self._in], [], self.timeout)
-            if not ready:
+            if not _wait(self._in, select.POLLOUT, self.timeout):
                 raise TimeoutError(f"the far side read nothing for {self.timeout:.0f}s")
             try:
                 return os.write(self._in, data)
@@ -168,14 +177,12 @@ class OpenSSHChannel:
 
     def shutdown_write(self) -> None:
         if self._in is not None:
-            fd, self._in = self._in, None
+            self._in = None
             assert self.proc.stdin is not None
-            self.proc.stdin.close()  # closes fd
-            del fd
+            self.proc.stdin.close()
 
     def recv(self, n: int) -> bytes:
-        ready, _, _ = select.select([self._out], [], [], self.timeout)
-        if not ready:
+        if not _wait(self._out, select.POLLIN, self.timeout):
             raise TimeoutError(f"no answer for {self.timeout:.0f}s")
         return os.read(self._out, n)
 
@@ -199,7 +206,7 @@ class OpenSSHChannel:
             # 255 is also the ssh client's own failure: the connection went away under the command.
             # paramiko says -1 then ("no exit status"), so the engine sees one meaning for both.
             with self._err_ready:
-                said = bytes(self._err).decode("utf-8", "replace")
+                said = bytes(self._said).decode("utf-8", "replace")
             self.master.proc.poll()
             if _CONNECTION_GONE.search(said) or not self.master.is_active():
                 return -1
@@ -332,8 +339,7 @@ class OpenSSHConnection(Connection):
         try:
             while not line.endswith(b"\n"):
                 left = deadline - time.monotonic()
-                ready = select.select([proc.stdout], [], [], max(left, 0))[0] if left > 0 else []
-                if not ready:
+                if left <= 0 or not _wait(proc.stdout.fileno(), select.POLLIN, left):
                     raise EngineError(
                         f"timed out after {2 * hop.connect_timeout + 30:.0f}s signing in to {hop.label}",
                         transient=True,
