@@ -44,8 +44,12 @@ def transport(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def make_engine(bed: TestBed, tmp_path: Path, address: str = "127.0.0.1", *, transport: str, **options) -> SSHEngine:
-    options.setdefault("ssh_transport", transport)
+def make_engine(
+    bed: TestBed, tmp_path: Path, address: str = "127.0.0.1", *, transport: str | None = None, **options
+) -> SSHEngine:
+    """An engine for the test bed; ``transport`` None leaves the choice to the machine's default (auto)."""
+    if transport is not None:
+        options.setdefault("ssh_transport", transport)
     ctx = EngineContext(get_secret=lambda name: None, scratch_dir=tmp_path)
     opts = (
         bed.options(**options)
