@@ -38,6 +38,7 @@ from wan_relay import WanRelay  # noqa: E402
 
 from jupyter_remote_compute.engines.base import EngineContext, InputFile, RemoteJob  # noqa: E402
 from jupyter_remote_compute.engines.ssh import SSHEngine  # noqa: E402
+from jupyter_remote_compute.engines.ssh_connection import quote, sh_script  # noqa: E402
 
 CIPHER = "aes128-gcm@openssh.com"
 MiB = 1 << 20
@@ -138,6 +139,16 @@ class Tools:
         return f"{self.target}:{rel}"
 
 
+def drain(eng: SSHEngine, path: str) -> None:
+    """``cat`` a far-side file down one of the engine's channels into nothing."""
+    with eng.connection.channel(sh_script(f"cat {quote(path)}"), 120) as ch:
+        ch.shutdown_write()
+        got = 0
+        while data := ch.recv(MiB):
+            got += len(data)
+        assert eng.connection.finish(ch, bytearray(), 120) == 0 and got > 0
+
+
 def timed(fn, *args, **kw) -> float:
     t0 = time.perf_counter()
     fn(*args, **kw)
@@ -200,6 +211,10 @@ def main() -> None:
             with PeakRSS() as down:
                 rows.append((f"{what} down", label, timed(eng.fetch, job, ["big.bin"], dest), size))
             memory[f"{what}, {label}"] = (up.extra, down.extra)
+            # The transport alone: the same file's bytes down a channel, without the fetch's far-side hashing
+            # and tar, nor this side's extraction: what the transport costs against raw ssh.
+            far_file = f"{job.handle['dir']}/work/big.bin"
+            rows.append((f"{what} down", f"{label} channel", timed(drain, eng, far_file), size))
             shutil.rmtree(dest)
             eng.cleanup(job)
 
@@ -304,6 +319,8 @@ def main() -> None:
         for direction in ("up", "down"):
             r = table[(f"big file {direction}", "raw ssh cat")] / table[(f"big file {direction}", ours)]
             goal(f"{transport}: {args.size} MiB file {direction} vs raw cat|ssh", r, GOALS["file"])
+        r = table[("big file down", "raw ssh cat")] / table[("big file down", f"{ours} channel")]
+        goal(f"{transport}: file down, the channel alone, vs raw cat|ssh", r, GOALS["file"])
         for direction in ("up", "down"):
             for tool in ("rsync -a", "scp -r"):
                 r = table[(f"tree {direction}", tool)] / table[(f"tree {direction}", ours)]
@@ -312,6 +329,8 @@ def main() -> None:
             for direction in ("up", "down"):
                 r = table[(f"WAN big file {direction}", "raw ssh cat")] / table[(f"WAN big file {direction}", ours)]
                 goal(f"{transport}: WAN {args.rtt:.0f} ms file {direction} vs raw ssh", r, GOALS["wan"])
+            r = table[("WAN big file down", "raw ssh cat")] / table[("WAN big file down", f"{ours} channel")]
+            goal(f"{transport}: WAN file down, the channel alone, vs raw ssh", r, GOALS["wan"])
 
 
 if __name__ == "__main__":
