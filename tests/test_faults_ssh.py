@@ -63,7 +63,9 @@ def _retried(caplog: pytest.LogCaptureFixture, job_id: str) -> bool:
 @pytest.fixture
 def box(workspace: Path, make_service, ssh_agent_env: TestBed, ssh_transport: str):  # type: ignore[no-untyped-def]
     service = make_service(workspace)
-    service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options(ssh_transport=ssh_transport))
+    # A far-side cache per transport: a file the other transport's test already sent would not be sent again.
+    options = ssh_agent_env.options(ssh_transport=ssh_transport, base_dir=f"{ssh_agent_env.base_dir}/{ssh_transport}")
+    service.machines.add("box", "ssh", "127.0.0.1", options)
     return service
 
 
