@@ -50,6 +50,8 @@ def make_engine(
     """An engine for the test bed; ``transport`` None leaves the choice to the machine's default (auto)."""
     if transport is not None:
         options.setdefault("ssh_transport", transport)
+        # A far-side input cache per transport: what one transport's test sent is not already there for the other's.
+        options.setdefault("base_dir", f"{bed.base_dir}/{transport}")
     ctx = EngineContext(get_secret=lambda name: None, scratch_dir=tmp_path)
     opts = (
         bed.options(**options)
