@@ -64,6 +64,8 @@ class FuzzTarget:
             JUPYTER_DATA_DIR=str(self.base / "jdata"),
             JUPYTER_RUNTIME_DIR=str(self.base / "runtime"),
             JUPYTER_REMOTE_COMPUTE_SCRATCH=str(self.base / "scratch"),
+            # loopback_only.py guards this process's sockets, not a child ssh client's: made-up machines use paramiko.
+            JUPYTER_REMOTE_COMPUTE_SSH_TRANSPORT="paramiko",
             PYTHONPATH=os.pathsep.join([package_root, env.get("PYTHONPATH", "")]),
         )
         return env

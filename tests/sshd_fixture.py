@@ -212,6 +212,8 @@ class TestBed:
     known_hosts: Path
     ssh_config: Path
     base_dir: str  # far-side base dir for this session, under the user's home ("~/...")
+    # a key in no authorized_keys file, with an OpenSSH certificate (<key>-cert.pub) from the CA the main sshd trusts
+    cert_key: Path | None = None
 
     def options(self, **over) -> dict:
         """Machine options for a direct connection to the main sshd (address 127.0.0.1)."""
@@ -254,12 +256,23 @@ def build_testbed(rekey_limit: str | None = None) -> TestBed:
     authorized = workdir / "authorized_keys"
     authorized.write_text(user_pub + "\n" + Path(str(locked_key) + ".pub").read_text())
     os.chmod(authorized, 0o644)
-    for key in (user_key, locked_key):
+    # A user CA the main sshd trusts (TrustedUserCAKeys), and a key that signs in only by its certificate.
+    user_ca = workdir / "user_ca"
+    keygen(user_ca, "jrc-user-ca")
+    cert_key = workdir / "id_cert"
+    keygen(cert_key, "jrc-cert-user")
+    subprocess.run(
+        ["ssh-keygen", "-q", "-s", str(user_ca), "-I", "jrc-test-cert", "-n", user, "-V", "-5m:+1d", f"{cert_key}.pub"],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
+    for key in (user_key, locked_key, cert_key):
         # The client (root) reads them; keep them private as ssh expects.
         os.chmod(key, 0o600)
     # The far side's Python has MLflow, as a training machine's would (scripts log to it there).
     path = f"SetEnv PATH={far_python_bin()}:/usr/local/bin:/usr/bin:/bin"
-    sshd = start_sshd(workdir, "main", authorized, path)
+    sshd = start_sshd(workdir, "main", authorized, f"{path}\nTrustedUserCAKeys {user_ca}.pub")
     try:
         # The jump sshd re-keys often by itself, so tests can see server-initiated re-keys at work.
         rekey = f"RekeyLimit {rekey_limit}" if rekey_limit else ""
@@ -312,10 +325,37 @@ Host viatwojumps
     Port {sshd.port}
     IdentityFile {user_key}
     ProxyJump jumpbox,{user}@127.0.0.1:{jump.port}
+
+# Through a command (OpenSSH transport only): ssh -W through the jump sshd, so its log shows the route.
+Host viaproxycommand
+    HostName 127.0.0.1
+    User {user}
+    Port {sshd.port}
+    IdentityFile {user_key}
+    IdentitiesOnly yes
+    ProxyCommand ssh -F {workdir / "ssh_config"} -o UserKnownHostsFile={known_hosts} -o BatchMode=yes -W %h:%p jumpbox
+
+# The key is in an agent the config names (no SSH_AUTH_SOCK needed), and in no key file.
+Host agentbox
+    HostName 127.0.0.1
+    User {user}
+    Port {sshd.port}
+    IdentityAgent {agent.sock}
+
+# A key the sshd knows only through its certificate.
+Host certbox
+    HostName 127.0.0.1
+    User {user}
+    Port {sshd.port}
+    IdentityFile {cert_key}
+    CertificateFile {cert_key}-cert.pub
+    IdentitiesOnly yes
 """
     )
     base_dir = f"~/.jrc-test-{uuid.uuid4().hex[:8]}"
-    return TestBed(workdir, user, home, user_key, locked_key, agent, sshd, jump, known_hosts, ssh_config, base_dir)
+    return TestBed(
+        workdir, user, home, user_key, locked_key, agent, sshd, jump, known_hosts, ssh_config, base_dir, cert_key
+    )
 
 
 # -- pytest fixtures ---------------------------------------------------------
@@ -329,6 +369,12 @@ def sshd_bed() -> Iterator[TestBed]:
         yield bed
     finally:
         bed.stop()
+
+
+@pytest.fixture(params=["openssh", "paramiko"])
+def ssh_transport(request: pytest.FixtureRequest) -> str:
+    """The ssh engine's transport (machine option ``ssh_transport``): a test taking it runs once with each."""
+    return request.param
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from jupyter_remote_compute.engines.local import LocalEngine
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
+ssh_transport = sshd_fixture.ssh_transport
 
 
 def new_job() -> RemoteJob:
@@ -48,8 +49,10 @@ def test_a_stray_error_inside_an_engine_leaves_as_a_permanent_engine_error(tmp_p
     assert isinstance(err.value.__cause__, KeyError)
 
 
-def test_ssh_base_dir_under_a_regular_file_is_a_permanent_fault(ssh_agent_env: TestBed, tmp_path: Path):
-    engine = make_engine(ssh_agent_env, tmp_path, base_dir="/etc/passwd/jrc")
+def test_ssh_base_dir_under_a_regular_file_is_a_permanent_fault(
+    ssh_agent_env: TestBed, tmp_path: Path, ssh_transport: str
+):
+    engine = make_engine(ssh_agent_env, tmp_path, transport=ssh_transport, base_dir="/etc/passwd/jrc")
     try:
         with pytest.raises(EngineError) as err:
             engine.prepare(new_job())
@@ -59,8 +62,8 @@ def test_ssh_base_dir_under_a_regular_file_is_a_permanent_fault(ssh_agent_env: T
         engine.close()
 
 
-def test_ssh_bad_argument_is_a_permanent_engine_error(ssh_agent_env: TestBed, tmp_path: Path):
-    engine = make_engine(ssh_agent_env, tmp_path)
+def test_ssh_bad_argument_is_a_permanent_engine_error(ssh_agent_env: TestBed, tmp_path: Path, ssh_transport: str):
+    engine = make_engine(ssh_agent_env, tmp_path, transport=ssh_transport)
     try:
         with pytest.raises(EngineError, match="must not be negative") as err:
             engine.read_log(RemoteJob("j", "k", {"dir": "/nowhere"}), -1, 10)
@@ -69,8 +72,8 @@ def test_ssh_bad_argument_is_a_permanent_engine_error(ssh_agent_env: TestBed, tm
         engine.close()
 
 
-def test_ssh_session_killed_during_a_fetch_is_transient(ssh_agent_env: TestBed, tmp_path: Path):
-    engine = make_engine(ssh_agent_env, tmp_path)
+def test_ssh_session_killed_during_a_fetch_is_transient(ssh_agent_env: TestBed, tmp_path: Path, ssh_transport: str):
+    engine = make_engine(ssh_agent_env, tmp_path, transport=ssh_transport)
     try:
         job = run_job(engine, [], "head -c 33554432 /dev/zero > big.bin")
         assert wait_exited(engine, job).exit_code == 0

@@ -22,6 +22,7 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
+ssh_transport = sshd_fixture.ssh_transport
 
 BIG = 128 << 20  # long enough on loopback to be cut in the middle
 
@@ -60,9 +61,11 @@ def _retried(caplog: pytest.LogCaptureFixture, job_id: str) -> bool:
 
 
 @pytest.fixture
-def box(workspace: Path, make_service, ssh_agent_env: TestBed):  # type: ignore[no-untyped-def]
+def box(workspace: Path, make_service, ssh_agent_env: TestBed, ssh_transport: str):  # type: ignore[no-untyped-def]
     service = make_service(workspace)
-    service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options())
+    # A far-side cache per transport: a file the other transport's test already sent would not be sent again.
+    options = ssh_agent_env.options(ssh_transport=ssh_transport, base_dir=f"{ssh_agent_env.base_dir}/{ssh_transport}")
+    service.machines.add("box", "ssh", "127.0.0.1", options)
     return service
 
 

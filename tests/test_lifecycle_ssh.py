@@ -18,17 +18,18 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
+ssh_transport = sshd_fixture.ssh_transport
 
 SCRIPT = 'echo "read $(wc -c < data/in.bin) bytes"; mkdir -p out; sha256sum data/in.bin > out/digest.txt; echo done\n'
 
 
 @pytest.fixture
-def ssh_workspace(workspace: Path, make_service, ssh_agent_env):  # type: ignore[no-untyped-def]
+def ssh_workspace(workspace: Path, make_service, ssh_agent_env, ssh_transport):  # type: ignore[no-untyped-def]
     (workspace / "data").mkdir()
     (workspace / "data/in.bin").write_bytes(os.urandom(300_000))
     (workspace / "job.sh").write_text(SCRIPT)
     service = make_service(workspace)
-    service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options())
+    service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options(ssh_transport=ssh_transport))
     return workspace, service
 
 
@@ -85,13 +86,17 @@ def test_a_job_outlives_the_process_that_started_it(ssh_workspace, tracking_uri,
     assert json.loads((far_dir / "job.json").read_text())["key"] == job.key
 
 
-def test_an_unknown_host_key_is_reported_with_its_fingerprint_then_trusted(workspace, make_service, ssh_agent_env):
+def test_an_unknown_host_key_is_reported_with_its_fingerprint_then_trusted(
+    workspace, make_service, ssh_agent_env, ssh_transport
+):
     from jupyter_remote_compute.errors import MachineError
 
     empty = workspace / "known_hosts"
     empty.write_text("")
     service = make_service(workspace)
-    service.machines.add("fresh", "ssh", "127.0.0.1", ssh_agent_env.options(known_hosts=str(empty)))
+    service.machines.add(
+        "fresh", "ssh", "127.0.0.1", ssh_agent_env.options(known_hosts=str(empty), ssh_transport=ssh_transport)
+    )
     with pytest.raises(MachineError) as info:
         service.check_machine("fresh")
     payload = info.value.to_json()

@@ -1,7 +1,10 @@
-"""Machines reached over SSH (paramiko), needing only POSIX sh, tar and coreutils on the far side.
+"""Machines reached over SSH, needing only POSIX sh, tar and coreutils on the far side.
 
 Every call is an exec channel of the engine's one connection (``ssh_connection.py``:
-route, sign-in, host keys, reconnecting); the far-side work is the shared
+route, sign-in, host keys, reconnecting): the user's own OpenSSH client over a
+master connection this process owns where ``ssh`` is installed
+(``ssh_openssh.py``), paramiko otherwise (option ``ssh_transport`` chooses);
+the far-side work is the shared
 contract of ``farside/`` (status, cancel, manifest, cache, facts), run over it.
 Only sending inputs is ssh's own: one tar stream that answers the cache query
 first and then carries just the missing objects.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import posixpath
 import queue
 import re
@@ -33,7 +37,7 @@ from typing import Any
 
 import paramiko
 
-from . import farside, ssh_config
+from . import farside, ssh_config, ssh_openssh
 from .base import (
     WORK_DIR,
     Engine,
@@ -55,8 +59,8 @@ from .ssh_connection import (
     Dropped,
     HostKeyChanged,
     HostKeyUnknown,
+    ParamikoConnection,
     Result,
-    SSHConnection,
     feed,
     quote,
     send_view,
@@ -80,6 +84,24 @@ READ_AHEAD = 3  # chunks read and hashed ahead of the one being sent
 SMALL_FILE = 256 << 10  # inputs up to this size are read whole and batched with their neighbours
 _UNSAFE_ADDRESS = re.compile(r"[\s;&|<>()$`\\\"'*?\[\]{}!#~^,]")
 _ONE_LINE = re.compile(r"^[^\r\n\0]+$")
+TRANSPORTS = ("auto", "openssh", "paramiko")
+# The process-wide default for machines that do not choose (tests that must not run a real ssh client set it).
+TRANSPORT_ENV = "JUPYTER_REMOTE_COMPUTE_SSH_TRANSPORT"
+
+
+def choose_transport(options: Mapping[str, Any]) -> str:
+    """``openssh`` or ``paramiko``: the machine's ``ssh_transport``, else the environment's, else ``auto``.
+
+    ``auto`` is OpenSSH where an ``ssh`` client is on PATH, paramiko otherwise.
+    """
+    wanted = options.get("ssh_transport") or os.environ.get(TRANSPORT_ENV) or "auto"
+    if wanted not in TRANSPORTS:
+        raise EngineError(f"ssh_transport: {wanted!r} is not one of {', '.join(TRANSPORTS)}")
+    if wanted == "openssh" and not ssh_openssh.available():
+        raise EngineError("ssh_transport: openssh was chosen, but no ssh client is on PATH (install openssh-client)")
+    if wanted == "auto":
+        return "openssh" if ssh_openssh.available() else "paramiko"
+    return wanted
 
 
 class SSHEngine(Engine):
@@ -96,11 +118,14 @@ class SSHEngine(Engine):
         "base_dir": OptionField(str, f"Directory for jobs and the input cache on the machine ({DEFAULT_BASE_DIR})"),
         "known_hosts": OptionField(str, "known_hosts file checked and written (default ~/.ssh/known_hosts)"),
         "ssh_config": OptionField(str, "ssh config file read for the address (default ~/.ssh/config)"),
+        "ssh_transport": OptionField(
+            str, "auto (your ssh client where installed, else built-in), openssh or paramiko (built-in)"
+        ),
     }
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
         super().__init__(name, self.validate_address(address), options, context)
-        for key in ("base_dir", "known_hosts", "ssh_config", "identity_file", "user"):
+        for key in ("base_dir", "known_hosts", "ssh_config", "identity_file", "user", "ssh_transport"):
             value = self.machine_options.get(key)
             if value is not None and (not isinstance(value, str) or not _ONE_LINE.match(value)):
                 raise EngineError(f"{key}: must be a non-empty single line")
@@ -110,7 +135,9 @@ class SSHEngine(Engine):
         if port is not None and not (isinstance(port, int) and 0 < port < 65536):
             raise EngineError("port: must be a number from 1 to 65535")
         self.base_dir = self.machine_options.get("base_dir") or DEFAULT_BASE_DIR
-        self.connection = SSHConnection(name, self.address, self.machine_options)
+        transport = choose_transport(self.machine_options)
+        connection = ssh_openssh.OpenSSHConnection if transport == "openssh" else ParamikoConnection
+        self.connection = connection(name, self.address, self.machine_options)
         # Shorthands: the engine runs every far-side command through its connection.
         self._run = self.connection.run
         self._channel = self.connection.channel
@@ -182,18 +209,11 @@ class SSHEngine(Engine):
     # -- the job's life -------------------------------------------------------------------
 
     def check(self) -> dict[str, Any]:
-        t = self.connection.transport()
-        t0 = time.perf_counter()
-        try:
-            # A global request the server answers without starting a process: the network round trip.
-            t.global_request("keepalive@openssh.com", wait=True)
-        except (paramiko.SSHException, EOFError, OSError) as e:
-            raise self._lost(e) from None
-        rtt_ms = (time.perf_counter() - t0) * 1000
+        rtt_ms = self.connection.round_trip() * 1000
         res = self._run(farside.command_line("facts", self._base_expr()), timeout=60)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: check"))
-        return farside.parse_facts(res.text(), rtt_ms).to_json()
+        return farside.parse_facts(res.text(), rtt_ms, transport=self.connection.transport_name).to_json()
 
     def prepare(self, job: RemoteJob) -> RemoteJob:
         check_relpath(job.job_id, "job id")

@@ -3,7 +3,8 @@
 Kept apart from the engine so both are plain functions of files, testable
 without a network. Only what the engine uses is read from the config:
 HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump,
-ServerAliveInterval, ConnectTimeout, UserKnownHostsFile, HashKnownHosts.
+ServerAliveInterval, ConnectTimeout, UserKnownHostsFile, HashKnownHosts,
+ProxyCommand (for messages: only the OpenSSH transport runs one, through ssh itself).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Hop:
     hash_known_hosts: bool
     via: tuple[Hop, ...] = ()  # jump hosts, in connection order
     default_identities: bool = False  # no IdentityFile anywhere: ssh's default key names
+    proxy_command: str | None = None  # run by the OpenSSH transport only (paramiko refuses it)
 
     @property
     def label(self) -> str:
@@ -130,12 +132,15 @@ def resolve(
     port: int | None = None,
     identity_file: str | None = None,
     known_hosts: str | None = None,
+    allow_proxy_command: bool = False,
     _depth: int = 0,
 ) -> Hop:
     """Resolve ``address`` (an alias or host, optionally ``user@``) to a Hop with its jump hosts.
 
     Explicit arguments override the config, as ``ssh -l/-p/-i`` do; user, port
-    and key apply to the target only, ``known_hosts`` to every hop.
+    and key apply to the target only, ``known_hosts`` to every hop. A
+    ProxyCommand is refused unless ``allow_proxy_command`` (the OpenSSH
+    transport, where ssh itself runs it).
     """
     if _depth > MAX_JUMPS:
         raise EngineError(f"ProxyJump: more than {MAX_JUMPS} nested jump hosts (a loop in the ssh config?)")
@@ -173,19 +178,41 @@ def resolve(
         chain: list[Hop] = []
         for i, hop_spec in enumerate(hops):
             # A chosen known_hosts file is the machine's trust store: it covers the whole route.
-            hop = resolve(hop_spec, config=config, known_hosts=known_hosts, _depth=_depth + 1)
+            hop = resolve(
+                hop_spec,
+                config=config,
+                known_hosts=known_hosts,
+                allow_proxy_command=allow_proxy_command,
+                _depth=_depth + 1,
+            )
             if i > 0:
                 # Later hops go through the earlier ones, not through their own ProxyJump (as ssh -J does).
                 hop = dataclasses.replace(hop, via=())
             chain.extend(hop.via)
             chain.append(dataclasses.replace(hop, via=()))
         via = tuple(chain)
-    elif found.get("proxycommand"):
+    proxy_command = found.get("proxycommand")
+    if proxy_command and proxy_command.lower() == "none":
+        proxy_command = None
+    if proxy_command and not via and not allow_proxy_command:
         raise EngineError(
-            f"ssh config: {alias!r} uses ProxyCommand, which this extension does not run; use ProxyJump instead"
+            f"ssh config: {alias!r} uses ProxyCommand, which only the OpenSSH transport runs (no ssh client "
+            "here, or ssh_transport: paramiko); use ProxyJump instead, or install OpenSSH's client"
         )
     return Hop(
-        alias, hostname, the_port, the_user, identities, only, keepalive, timeout, files, hash_hosts, via, defaults
+        alias,
+        hostname,
+        the_port,
+        the_user,
+        identities,
+        only,
+        keepalive,
+        timeout,
+        files,
+        hash_hosts,
+        via,
+        defaults,
+        None if via else proxy_command,
     )
 
 

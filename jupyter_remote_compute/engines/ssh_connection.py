@@ -1,25 +1,34 @@
-"""The ssh engine's connection: route, sign-in, host keys and exec channels (paramiko).
+"""The ssh engine's connection: one small interface, two transports.
 
-One authenticated connection (through any ProxyJump hops) carries every call
-as its own exec channel; at most ``MAX_CHANNELS`` run at once. A dropped
-connection is re-made on the next call; calls that change nothing on the far
-side are retried once on a fresh one. Host keys are checked against
-known_hosts like OpenSSH does; an unknown key is only recorded by an explicit
-``trust_host``, a changed one never. Keys come from the agent and the key
-files ssh would use; a password is never asked for.
+``Connection`` is what the engine uses: ``channel`` (one far-side command with
+its stdin, stdout, stderr and exit status, shaped like a paramiko channel),
+``run`` on top of it, the host-key flow (``host_key``, ``trust_host``) and
+``close``. ``ssh_openssh.OpenSSHConnection`` runs the user's own ``ssh`` over a
+master connection this process owns; ``ParamikoConnection`` (here) speaks SSH
+itself, for machines where no ssh client is installed.
+
+The paramiko transport: one authenticated connection (through any ProxyJump
+hops) carries every call as its own exec channel; at most ``MAX_CHANNELS``
+run at once. A dropped connection is re-made on the next call; calls that
+change nothing on the far side are retried once on a fresh one. Host keys are
+checked against known_hosts like OpenSSH does; an unknown key is only
+recorded by an explicit ``trust_host``, a changed one never. Keys come from
+the agent and the key files ssh would use; a password is never asked for.
 """
 
 from __future__ import annotations
 
+import abc
 import base64
 import contextlib
 import dataclasses
 import shlex
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import paramiko
 
@@ -110,11 +119,50 @@ def sh_script(body: str) -> str:
     return "sh -c " + quote(body)
 
 
-# Process groups with at least one member that is not a zombie, as " pg1 pg2 ... ".
+def host_key_error(hop: ssh_config.Hop, blob: bytes, is_target: bool) -> EngineError | None:
+    """The refusal for a host key that known_hosts does not vouch for (None: it does), with its fingerprint."""
+    verdict, recorded = ssh_config.check_host_key(hop, blob)
+    if verdict == "ok":
+        return None
+    keytype, fp = ssh_config.blob_type(blob), ssh_config.key_fingerprint(blob)
+    name = hop.known_hosts_name
+    if verdict == "revoked":
+        return HostKeyChanged(f"the host key of {name} ({keytype} {fp}) is marked @revoked in known_hosts: refused")
+    if verdict == "changed":
+        old = "; ".join(f"{ssh_config.key_fingerprint(e.blob)} in {e.source}" for e in recorded)
+        return HostKeyChanged(
+            f"HOST KEY CHANGED for {name}: it now presents {keytype} {fp}, but the recorded key is {old}. "
+            "Someone may be intercepting the connection, or the machine was reinstalled. Nothing was sent. "
+            f"If you know the change is expected, remove the old entry (ssh-keygen -R '{name}' -f "
+            f"{hop.known_hosts[0]}) and trust the new key."
+        )
+    how = (
+        "then trust it (trust_host: the machine's Trust action), which records it in " + hop.known_hosts[0]
+        if is_target
+        else f"then record it by connecting once with ssh ({hop.user}@{hop.hostname} -p {hop.port})"
+    )
+    return HostKeyUnknown(
+        f"the host key of {name} is not known: {keytype} {fp}. Compare this fingerprint with the machine's "
+        f"own (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on it), {how}.",
+        keytype,
+        fp,
+    )
 
 
-class SSHConnection:
-    """The authenticated connection to one machine, made on first use and re-made after a drop."""
+class Connection(abc.ABC):
+    """The engine's way to one machine: made on first use, re-made after a drop, closed by ``close``.
+
+    ``channel`` yields an object with the part of paramiko's ``Channel`` the
+    engine uses: ``recv``, ``send``, ``shutdown_write``, ``recv_stderr_ready``,
+    ``recv_stderr``, ``status_event``, ``recv_exit_status`` (-1: the
+    connection went away before the command ended), ``exit_status_ready``,
+    ``closed`` and ``get_transport().is_active()``.
+    """
+
+    #: the name ``check`` reports (facts: ``transport``)
+    transport_name: ClassVar[str]
+    #: whether this transport can run a ProxyCommand from the ssh config
+    runs_proxy_command: ClassVar[bool] = False
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any]) -> None:
         self.name = name
@@ -122,7 +170,6 @@ class SSHConnection:
         self.machine_options = options
         self._lock = threading.Lock()  # guards the connection and the counters
         self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
-        self.link: Link | None = None
         self._hop: ssh_config.Hop | None = None
         #: exec channels opened so far (tests count round trips with it)
         self.channels_opened = 0
@@ -133,7 +180,7 @@ class SSHConnection:
         """The resolved route to the machine (read from the ssh config once per connection)."""
         if self._hop is None:
             opts = self.machine_options
-            config = ssh_config.load_config(opts.get("ssh_config") or "~/.ssh/config")
+            config = ssh_config.load_config(self.config_path())
             self._hop = ssh_config.resolve(
                 self.address,
                 config=config,
@@ -141,8 +188,140 @@ class SSHConnection:
                 port=opts.get("port"),
                 identity_file=opts.get("identity_file"),
                 known_hosts=opts.get("known_hosts"),
+                allow_proxy_command=self.runs_proxy_command,
             )
         return self._hop
+
+    def config_path(self) -> str:
+        """The user's ssh config file as this process sees it (``~`` from $HOME)."""
+        return str(Path(self.machine_options.get("ssh_config") or "~/.ssh/config").expanduser())
+
+    @abc.abstractmethod
+    def channel(self, command: str, timeout: float) -> contextlib.AbstractContextManager[Any]:
+        """Run ``command`` (a shell command line) on the machine; raises ``Dropped`` if the connection died."""
+
+    @abc.abstractmethod
+    def active(self) -> bool:
+        """Whether a connection is open now (no call is made)."""
+
+    @abc.abstractmethod
+    def round_trip(self) -> float:
+        """Seconds for one request the far side answers (connecting first if needed)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End the connection and everything it started; the next call connects again."""
+
+    @abc.abstractmethod
+    def _target_key(self) -> bytes:
+        """The machine's host key blob, fetched without signing in and without trusting it."""
+
+    # -- host keys ------------------------------------------------------------------
+
+    def host_key(self) -> tuple[str, str]:
+        """The machine's host key as (type, ``SHA256:`` fingerprint), without signing in to it."""
+        blob = self._target_key()
+        return ssh_config.blob_type(blob), ssh_config.key_fingerprint(blob)
+
+    def trust_host(self, expected_fingerprint: str | None = None) -> str:
+        """Record the machine's current host key in known_hosts (an explicit user action).
+
+        Refuses when a different key of the same type is already recorded (a
+        changed key is never trusted here), and, given ``expected_fingerprint``,
+        any key whose fingerprint is not that one: the key compared and the key
+        recorded are the same key. Returns the recorded fingerprint.
+        """
+        hop = self.hop()
+        blob = self._target_key()
+        fp = ssh_config.key_fingerprint(blob)
+        if expected_fingerprint is not None and fp != expected_fingerprint:
+            raise EngineError(
+                f"not trusting {hop.known_hosts_name}: it presents {ssh_config.blob_type(blob)} {fp}, not "
+                f"{expected_fingerprint}. Compare with the machine's own fingerprint (ssh-keygen -lf "
+                "/etc/ssh/ssh_host_*_key.pub on it).",
+                details={"host_key": {"type": ssh_config.blob_type(blob), "fingerprint": fp}, "mismatch": True},
+            )
+        verdict, recorded = ssh_config.check_host_key(hop, blob)
+        if verdict == "ok":
+            return fp
+        if verdict in ("changed", "revoked"):
+            old = "; ".join(f"{ssh_config.key_fingerprint(e.blob)} in {e.source}" for e in recorded) or "revoked"
+            raise HostKeyChanged(
+                f"not trusting {hop.known_hosts_name}: it presents {ssh_config.blob_type(blob)} {fp} but {old} "
+                "is recorded. Remove the old entry yourself if the machine was really reinstalled."
+            )
+        ssh_config.append_known_host(hop, blob)
+        return fp
+
+    # -- running commands -------------------------------------------------------------
+
+    def lost(self, error: object) -> EngineError:
+        return EngineError(f"connection to {self.name} lost: {error}", transient=True)
+
+    @staticmethod
+    def drain_stderr(ch: Any, err: bytearray) -> None:
+        # stdout and stderr share the channel window: unread stderr would stall stdout.
+        while ch.recv_stderr_ready():
+            data = ch.recv_stderr(65536)
+            if len(err) < 65536:
+                err += data
+
+    @staticmethod
+    def finish(ch: Any, err: bytearray, timeout: float) -> int:
+        while True:
+            data = ch.recv_stderr(65536)
+            if not data:
+                break
+            if len(err) < 65536:
+                err += data
+        if not ch.status_event.wait(timeout):
+            raise TimeoutError("no exit status")
+        return ch.recv_exit_status()
+
+    def run(self, body: str, stdin: bytes = b"", *, timeout: float = CALL_TIMEOUT, retry: bool = True) -> Result:
+        """Run a sh script; ``retry`` once on a new connection if the old one died (read-only calls)."""
+        for attempt in (0, 1):
+            try:
+                with self.channel(sh_script(body), timeout) as ch:
+                    writer = None
+                    if len(stdin) > WINDOW_SIZE // 2:
+                        # Feed a long stdin from a thread: the far side may answer while it reads, and an
+                        # unread answer would fill the window and stop it reading.
+                        writer = threading.Thread(target=feed, args=(ch, stdin), daemon=True)
+                        writer.start()
+                    else:
+                        if stdin:
+                            send_view(ch, memoryview(stdin))
+                        ch.shutdown_write()
+                    out = bytearray()
+                    err = bytearray()
+                    while True:
+                        data = ch.recv(CHUNK)
+                        if not data:
+                            break
+                        out += data
+                        self.drain_stderr(ch, err)
+                    code = self.finish(ch, err, timeout)
+                    if writer is not None:
+                        writer.join(timeout)
+                    if code == -1 and not ch.get_transport().is_active():
+                        raise Dropped("the connection closed before the command ended")
+                    return Result(code, bytes(out), bytes(err))
+            except Dropped as e:
+                if retry and attempt == 0:
+                    continue
+                raise self.lost(e) from None
+        raise AssertionError("unreachable")
+
+
+class ParamikoConnection(Connection):
+    """The authenticated paramiko connection to one machine, made on first use and re-made after a drop."""
+
+    transport_name = "paramiko"
+
+    def __init__(self, name: str, address: str, options: Mapping[str, Any]) -> None:
+        super().__init__(name, address, options)
+        self.link: Link | None = None
 
     # -- connecting -----------------------------------------------------------------
 
@@ -204,34 +383,10 @@ class SSHConnection:
         return t
 
     def _verify(self, hop: ssh_config.Hop, t: paramiko.Transport, is_target: bool) -> None:
-        blob = t.get_remote_server_key().asbytes()
-        verdict, recorded = ssh_config.check_host_key(hop, blob)
-        if verdict == "ok":
-            return
-        keytype, fp = ssh_config.blob_type(blob), ssh_config.key_fingerprint(blob)
-        t.close()
-        name = hop.known_hosts_name
-        if verdict == "revoked":
-            raise HostKeyChanged(f"the host key of {name} ({keytype} {fp}) is marked @revoked in known_hosts: refused")
-        if verdict == "changed":
-            old = "; ".join(f"{ssh_config.key_fingerprint(e.blob)} in {e.source}" for e in recorded)
-            raise HostKeyChanged(
-                f"HOST KEY CHANGED for {name}: it now presents {keytype} {fp}, but the recorded key is {old}. "
-                "Someone may be intercepting the connection, or the machine was reinstalled. Nothing was sent. "
-                f"If you know the change is expected, remove the old entry (ssh-keygen -R '{name}' -f "
-                f"{hop.known_hosts[0]}) and trust the new key."
-            )
-        how = (
-            "then trust it (trust_host: the machine's Trust action), which records it in " + hop.known_hosts[0]
-            if is_target
-            else f"then record it by connecting once with ssh ({hop.user}@{hop.hostname} -p {hop.port})"
-        )
-        raise HostKeyUnknown(
-            f"the host key of {name} is not known: {keytype} {fp}. Compare this fingerprint with the machine's "
-            f"own (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on it), {how}.",
-            keytype,
-            fp,
-        )
+        refusal = host_key_error(hop, t.get_remote_server_key().asbytes(), is_target)
+        if refusal is not None:
+            t.close()
+            raise refusal
 
     def _authenticate(self, hop: ssh_config.Hop, t: paramiko.Transport) -> None:
         try:
@@ -375,8 +530,6 @@ class SSHConnection:
                 self.link.close()
                 self.link = None
 
-    # -- host keys ------------------------------------------------------------------
-
     def _target_key(self) -> bytes:
         link = self._connect(authenticate=False)
         try:
@@ -384,45 +537,23 @@ class SSHConnection:
         finally:
             link.close()
 
-    def host_key(self) -> tuple[str, str]:
-        """The machine's host key as (type, ``SHA256:`` fingerprint), without signing in to it."""
-        blob = self._target_key()
-        return ssh_config.blob_type(blob), ssh_config.key_fingerprint(blob)
+    def active(self) -> bool:
+        return self.link is not None and self.link.active()
 
-    def trust_host(self, expected_fingerprint: str | None = None) -> str:
-        """Record the machine's current host key in known_hosts (an explicit user action).
-
-        Refuses when a different key of the same type is already recorded (a
-        changed key is never trusted here), and, given ``expected_fingerprint``,
-        any key whose fingerprint is not that one: the key compared and the key
-        recorded are the same key. Returns the recorded fingerprint.
-        """
-        hop = self.hop()
-        blob = self._target_key()
-        fp = ssh_config.key_fingerprint(blob)
-        if expected_fingerprint is not None and fp != expected_fingerprint:
-            raise EngineError(
-                f"not trusting {hop.known_hosts_name}: it presents {ssh_config.blob_type(blob)} {fp}, not "
-                f"{expected_fingerprint}. Compare with the machine's own fingerprint (ssh-keygen -lf "
-                "/etc/ssh/ssh_host_*_key.pub on it).",
-                details={"host_key": {"type": ssh_config.blob_type(blob), "fingerprint": fp}, "mismatch": True},
-            )
-        verdict, recorded = ssh_config.check_host_key(hop, blob)
-        if verdict == "ok":
-            return fp
-        if verdict in ("changed", "revoked"):
-            old = "; ".join(f"{ssh_config.key_fingerprint(e.blob)} in {e.source}" for e in recorded) or "revoked"
-            raise HostKeyChanged(
-                f"not trusting {hop.known_hosts_name}: it presents {ssh_config.blob_type(blob)} {fp} but {old} "
-                "is recorded. Remove the old entry yourself if the machine was really reinstalled."
-            )
-        ssh_config.append_known_host(hop, blob)
-        return fp
+    def round_trip(self) -> float:
+        t = self.transport()
+        t0 = time.perf_counter()
+        try:
+            # A global request the server answers without starting a process: the network round trip.
+            t.global_request("keepalive@openssh.com", wait=True)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise self.lost(e) from None
+        return time.perf_counter() - t0
 
     # -- running commands -------------------------------------------------------------
 
     @contextlib.contextmanager
-    def channel(self, command: str, timeout: float) -> Iterator[paramiko.Channel]:
+    def channel(self, command: str, timeout: float) -> Iterator[paramiko.Channel]:  # type: ignore[override]
         with self._channels:
             t = self.transport()
             try:
@@ -446,61 +577,8 @@ class SSHConnection:
             finally:
                 ch.close()
 
-    def lost(self, error: object) -> EngineError:
-        return EngineError(f"connection to {self.name} lost: {error}", transient=True)
 
-    @staticmethod
-    def drain_stderr(ch: paramiko.Channel, err: bytearray) -> None:
-        # stdout and stderr share the channel window: unread stderr would stall stdout.
-        while ch.recv_stderr_ready():
-            data = ch.recv_stderr(65536)
-            if len(err) < 65536:
-                err += data
-
-    @staticmethod
-    def finish(ch: paramiko.Channel, err: bytearray, timeout: float) -> int:
-        while True:
-            data = ch.recv_stderr(65536)
-            if not data:
-                break
-            if len(err) < 65536:
-                err += data
-        if not ch.status_event.wait(timeout):
-            raise TimeoutError("no exit status")
-        return ch.recv_exit_status()
-
-    def run(self, body: str, stdin: bytes = b"", *, timeout: float = CALL_TIMEOUT, retry: bool = True) -> Result:
-        """Run a sh script; ``retry`` once on a new connection if the old one died (read-only calls)."""
-        for attempt in (0, 1):
-            try:
-                with self.channel(sh_script(body), timeout) as ch:
-                    writer = None
-                    if len(stdin) > WINDOW_SIZE // 2:
-                        # Feed a long stdin from a thread: the far side may answer while it reads, and an
-                        # unread answer would fill the window and stop it reading.
-                        writer = threading.Thread(target=feed, args=(ch, stdin), daemon=True)
-                        writer.start()
-                    else:
-                        if stdin:
-                            send_view(ch, memoryview(stdin))
-                        ch.shutdown_write()
-                    out = bytearray()
-                    err = bytearray()
-                    while True:
-                        data = ch.recv(CHUNK)
-                        if not data:
-                            break
-                        out += data
-                        self.drain_stderr(ch, err)
-                    code = self.finish(ch, err, timeout)
-                    if writer is not None:
-                        writer.join(timeout)
-                    return Result(code, bytes(out), bytes(err))
-            except Dropped as e:
-                if retry and attempt == 0:
-                    continue
-                raise self.lost(e) from None
-        raise AssertionError("unreachable")
+SSHConnection = ParamikoConnection  # the name it had before the OpenSSH transport
 
 
 def feed(ch: paramiko.Channel, data: bytes, close: bool = True) -> None:
