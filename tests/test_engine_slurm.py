@@ -181,3 +181,14 @@ def test_a_pending_job_is_picked_up_by_a_restarted_server(
     reach(again, hog.id, lambda j: j.state == "cancelled", "the first job to be cancelled")
     waiter = reach(again, waiter.id, lambda j: j.state == "succeeded", "the waiting job to run and succeed", 120)
     assert "ran after the restart" in again.read_log(waiter.id).data.decode()
+
+
+def test_a_job_over_its_memory_limit_fails_saying_so(cluster) -> None:
+    service, _ = cluster
+    # The bed samples memory every second (jobacct_gather/linux) and OverMemoryKill ends the job.
+    grab = "python3 -c 'import time; b = bytearray(300 * 1024 * 1024); time.sleep(60)'"
+    job = submit(service, command=grab, resources={"memory": "64M"})
+    job = service.wait(job.id, timeout=120)
+    assert job.state == "failed", (job.state, job.reason)
+    assert (job.reason or "").startswith("out of memory: the job exceeded its 64M limit"), job.reason
+
