@@ -4,6 +4,7 @@ service every face uses: submitted over the login node's sshd, placed by Slurm, 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -192,3 +193,16 @@ def test_a_job_over_its_memory_limit_fails_saying_so(cluster) -> None:
     assert job.state == "failed", (job.state, job.reason)
     assert (job.reason or "").startswith("out of memory: the job exceeded its 64M limit"), job.reason
 
+
+def test_slurms_queue_start_and_end_times_are_kept_on_the_job(cluster) -> None:
+    service, _ = cluster
+    before = time.time()
+    job = submit(service, command="sleep 2")
+    job = service.wait(job.id, timeout=120)
+    assert job.state == "succeeded", job.reason
+    times = job.times
+    assert set(times) == {"queued_at", "started_at", "ended_at"}, times
+    # Slurm's clock is this machine's, in whole seconds.
+    assert before - 1 <= times["queued_at"] <= times["started_at"] <= times["ended_at"] <= time.time() + 1
+    assert times["ended_at"] - times["started_at"] >= 2  # the job's own run, not our polling's
+    assert service.get(job.id).to_json()["times"] == times  # stored in the state file, not only in memory
