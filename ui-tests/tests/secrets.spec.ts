@@ -158,10 +158,11 @@ test.describe('Secrets in the panel', () => {
     await form.getByLabel('Value of MODE').fill('fast');
     await form.getByLabel('CPUs', { exact: true }).fill('1');
     await form.getByRole('button', { name: 'Run' }).click();
-    await expect(form.getByRole('status')).toContainText('Started job');
-
-    const { jobs } = await api(page, 'GET', `jobs?name=${jobName}`);
-    expect(jobs).toHaveLength(1);
+    // Run opens the job's detail over the form, so the job is looked up through the API.
+    let jobs: any[] = [];
+    await expect
+      .poll(async () => (jobs = (await api(page, 'GET', `jobs?name=${jobName}`)).jobs).length, { timeout: 30000 })
+      .toBe(1);
     const job = await waitJob(page, jobs[0].id, 'succeeded');
     expect(job.spec.env).toEqual({ API_KEY: `secret:${name}`, MODE: 'fast' });
     expect(job.spec.resources).toEqual({ cpus: 1 });
