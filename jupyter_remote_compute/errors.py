@@ -44,6 +44,23 @@ class Conflict(RemoteComputeError):
     status = 409
 
 
+class SecretInUse(Conflict):
+    """A secret that a machine or an unfinished job still needs; ``details.used_by`` names them."""
+
+    code = "secret_in_use"
+
+    def __init__(self, name: str, used_by: list[str]) -> None:
+        super().__init__(
+            f"secret {name!r} is in use by {', '.join(used_by)}; change the machine or let the jobs end "
+            "(or cancel them), then delete it",
+            field="name",
+        )
+        self.used_by = used_by
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "details": {"used_by": self.used_by}}
+
+
 class ConfigFileError(RemoteComputeError):
     """A workspace file (compute.yaml, policy.yaml) cannot be used as it stands."""
 

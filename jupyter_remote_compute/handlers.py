@@ -389,6 +389,25 @@ class SecretsHandler(RemoteComputeHandler):
         self.reply({"store": status, "secrets": [e.to_json() for e in entries]})
 
 
+class SecretHandler(RemoteComputeHandler):
+    @api
+    async def put(self, secret_name: str) -> None:
+        """Store or replace one secret of the user's store; the answer names it and where it went, never the value."""
+        value = self.body().get("value")
+        if not isinstance(value, str) or not value:
+            raise InvalidSettings("value: the secret's value must be non-empty text", field="value")
+        store = self.service.secrets
+        await self.call(store.set, secret_name, value)
+        self.reply({"name": secret_name, "where": await self.call(store.where)})
+
+    @api
+    async def delete(self, secret_name: str) -> None:
+        """Delete one secret, refused (409 ``secret_in_use``) while a machine or an unfinished job needs it."""
+        await self.call(self.service.delete_secret, secret_name)
+        self.set_status(204)
+        self.finish()
+
+
 class UnknownRouteHandler(RemoteComputeHandler):
     """Any other path under the prefix: a 404 ``Error`` (once authenticated), whatever the verb."""
 
@@ -411,6 +430,8 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
     (rf"{PREFIX}/steps", StepsHandler),
     (rf"{PREFIX}/secrets", SecretsHandler),
+    # Names may hold "/" (compute/lab): the rest of the path is the name, checked by the Secret Manager.
+    (rf"{PREFIX}/secrets/(?P<secret_name>.+)", SecretHandler),
 ]
 
 #: Registered after HANDLERS (and every other handler of the extension): catches the rest of the prefix.

@@ -319,10 +319,25 @@ export interface IJobSpec {
   send?: string[];
   bring_back?: string[];
   env?: Record<string, string>;
+  /**
+   * What the job asks of its machine (`resources` in openapi.yaml); memory as `32G`, `512M`.
+   */
+  resources?: IResources | null;
   timeout?: number | string | null;
   name?: string | null;
   key?: string | null;
   new?: boolean;
+}
+
+/**
+ * Resources a job asks for; a field left out is not asked for.
+ */
+export interface IResources {
+  gpus?: number | null;
+  cpus?: number | null;
+  memory?: string | null;
+  nodes?: number | null;
+  partition?: string | null;
 }
 
 /**
@@ -623,4 +638,35 @@ export function getSecrets(
   settings?: ServerConnection.ISettings
 ): Promise<ISecrets> {
   return requestAPI<ISecrets>('secrets', { method: 'GET' }, settings);
+}
+
+/**
+ * Store or replace one secret of the user's store. The value goes to the server once and is never
+ * sent back.
+ */
+export function setSecret(
+  name: string,
+  value: string,
+  settings?: ServerConnection.ISettings
+): Promise<{ name: string; where: string }> {
+  return requestAPI<{ name: string; where: string }>(
+    `secrets/${enc(name)}`,
+    jsonBody('PUT', { value }),
+    settings
+  );
+}
+
+/**
+ * Delete one secret; refused (409 `secret_in_use`, `details.used_by`) while a machine or an
+ * unfinished job needs it.
+ */
+export async function deleteSecret(
+  name: string,
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI<void>(
+    `secrets/${enc(name)}`,
+    { method: 'DELETE' },
+    settings
+  );
 }

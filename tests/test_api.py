@@ -214,3 +214,15 @@ async def test_a_log_offset_or_limit_out_of_range_names_the_field(jp_fetch):
         assert (info.value.code, err["code"], err["field"]) == (400, "invalid", field), params
     code, chunk = await _json(jp_fetch, "jobs", job_id, "log", offset="0", limit="10")
     assert code == 200 and chunk["offset"] == 0
+
+
+def test_the_job_event_schema_admits_every_lifecycle_state() -> None:
+    # A state the schema lacks makes jupyter_events refuse the event, and the server's poller fail.
+    from importlib.resources import files
+
+    import yaml
+
+    from jupyter_remote_compute.jobs.store import ACTIVE_STATES, TERMINAL_STATES
+
+    schema = yaml.safe_load(files("jupyter_remote_compute").joinpath("events/job.yaml").read_text())
+    assert set(schema["properties"]["state"]["enum"]) == ACTIVE_STATES | TERMINAL_STATES

@@ -34,8 +34,10 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("jobs/{job_id}/log", "GET"): "read",
     ("steps", "GET"): "read",
     ("secrets", "GET"): "read",
+    ("secrets/{secret_name}", "PUT"): "write",
+    ("secrets/{secret_name}", "DELETE"): "write",
 }
-IDS = {"name": "nobox", "job_id": "nojob"}
+IDS = {"name": "nobox", "job_id": "nojob", "secret_name": "no/such-secret"}
 REFUSED: set[str] = set()  # the actions RefusingAuthorizer refuses on remote-compute, set by each test
 
 

@@ -4,6 +4,7 @@ service every face uses: submitted over the login node's sshd, placed by Slurm, 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -181,3 +182,27 @@ def test_a_pending_job_is_picked_up_by_a_restarted_server(
     reach(again, hog.id, lambda j: j.state == "cancelled", "the first job to be cancelled")
     waiter = reach(again, waiter.id, lambda j: j.state == "succeeded", "the waiting job to run and succeed", 120)
     assert "ran after the restart" in again.read_log(waiter.id).data.decode()
+
+
+def test_a_job_over_its_memory_limit_fails_saying_so(cluster) -> None:
+    service, _ = cluster
+    # The bed samples memory every second (jobacct_gather/linux) and OverMemoryKill ends the job.
+    grab = "python3 -c 'import time; b = bytearray(300 * 1024 * 1024); time.sleep(60)'"
+    job = submit(service, command=grab, resources={"memory": "64M"})
+    job = service.wait(job.id, timeout=120)
+    assert job.state == "failed", (job.state, job.reason)
+    assert (job.reason or "").startswith("out of memory: the job exceeded its 64M limit"), job.reason
+
+
+def test_slurms_queue_start_and_end_times_are_kept_on_the_job(cluster) -> None:
+    service, _ = cluster
+    before = time.time()
+    job = submit(service, command="sleep 2")
+    job = service.wait(job.id, timeout=120)
+    assert job.state == "succeeded", job.reason
+    times = job.times
+    assert set(times) == {"queued_at", "started_at", "ended_at"}, times
+    # Slurm's clock is this machine's, in whole seconds.
+    assert before - 1 <= times["queued_at"] <= times["started_at"] <= times["ended_at"] <= time.time() + 1
+    assert times["ended_at"] - times["started_at"] >= 2  # the job's own run, not our polling's
+    assert service.get(job.id).to_json()["times"] == times  # stored in the state file, not only in memory

@@ -260,18 +260,19 @@ def test_batch_script_on_several_nodes_starts_through_srun() -> None:
 
 # squeue_argv's output on the test bed (SLURM_TIME_FORMAT=%s), names added.
 SQUEUE_OUT = """\
-3|PENDING|N/A|1796028654||jrc-b|Resources
-4|PENDING|1827564739|1796028654||jrc-c|Priority
-1|RUNNING|1796028655|1796028653|jrcnode009d5179|jrc-a|None
-7|FAILED|1796028658|1796028654|jrcnode009d5179|jrc-d|NonZeroExitCode
-8|PENDING|N/A|1796028654||odd|name|ReqNodeNotAvail, UnavailableNodes:n[1-2]
+3|PENDING|N/A|1796028654|NONE|256M||jrc-b|Resources
+4|PENDING|1827564739|1796028654|1827565339|256M||jrc-c|Priority
+1|RUNNING|1796028655|1796028653|1796029255|64M|jrcnode009d5179|jrc-a|None
+7|FAILED|1796028658|1796028654|1796028659|2G|jrcnode009d5179|jrc-d|NonZeroExitCode
+8|PENDING|N/A|1796028654|N/A|256M||odd|name|ReqNodeNotAvail, UnavailableNodes:n[1-2]
 """
 
 
 def test_parse_squeue() -> None:
     jobs = sc.parse_squeue(SQUEUE_OUT)
-    assert jobs["3"] == sc.SlurmJob("3", "PENDING", "Resources", 1796028654.0, None, "", "jrc-b")
+    assert jobs["3"] == sc.SlurmJob("3", "PENDING", "Resources", 1796028654.0, None, "", "jrc-b", memory="256M")
     assert jobs["1"].reason == "" and jobs["1"].start == 1796028655.0 and jobs["1"].nodes == "jrcnode009d5179"
+    assert (jobs["7"].end, jobs["7"].memory) == (1796028659.0, "2G")
     assert jobs["4"].start == 1827564739.0  # Slurm's estimate for a pending job
     # Only the reason is free text; a name with the delimiter would shift it, so names are ours.
     assert jobs["8"].name == "odd"
@@ -320,8 +321,8 @@ def test_sacct_without_accounting_says_so() -> None:
 # -- states -------------------------------------------------------------------------
 
 
-def job(state: str, reason: str = "", exit_code: int | None = None) -> sc.SlurmJob:
-    return sc.SlurmJob("9", state, reason, None, None, "", "jrc-x", exit_code=exit_code)
+def job(state: str, reason: str = "", exit_code: int | None = None, memory: str = "") -> sc.SlurmJob:
+    return sc.SlurmJob("9", state, reason, None, None, "", "jrc-x", exit_code=exit_code, memory=memory)
 
 
 @pytest.mark.parametrize(
@@ -363,7 +364,11 @@ def test_states_in_our_words(state: str, reason: str, file_code: int | None, our
 def test_memory_kill_by_sampling_is_read_from_the_log() -> None:
     # What jobacct_gather's OverMemoryKill wrote on the test bed; Slurm's state says only FAILED.
     tail = "slurmstepd-n1: error: StepId=1.batch exceeded memory limit (429477888 > 67108864), being killed\n"
-    assert sc.interpret(job("FAILED", "JobLaunchFailure"), None, tail).reason.startswith("ran out of memory")
+    outcome = sc.interpret(job("FAILED", "JobLaunchFailure", memory="64M"), None, tail)
+    assert outcome.state == "failed"
+    assert outcome.reason.startswith("out of memory: the job exceeded its 64M limit"), outcome.reason
+    # Without squeue's memory field the reason still says what happened, without a made-up figure.
+    assert "exceeded its memory limit" in sc.interpret(job("FAILED", "JobLaunchFailure"), None, tail).reason
 
 
 def test_a_job_slurm_forgot_is_decided_by_its_exit_code_file() -> None:

@@ -36,8 +36,10 @@ from .slurm_commands import (
     SECRETS_FILE,
     SLURM_JOB_ID_FILE,
     SUBMIT_SH,
+    Outcome,
     Resources,
     SlurmFacts,
+    SlurmJob,
     SlurmMissing,
     SlurmSettings,
     batch_script,
@@ -197,7 +199,7 @@ rm -f "$e" "$e.out"
             if outcome.state in ("failed", "exited") and queue.get(slurm_id) is not None and outcome.exit_code != 0:
                 # Only the log says a job was killed for its memory where Slurm samples it.
                 outcome = interpret(queue[slurm_id], code, self._log_tail(job))
-            statuses[job.job_id] = _status(outcome, far.log_size)
+            statuses[job.job_id] = _status(outcome, far.log_size, queue.get(slurm_id))
         return statuses
 
     def _log_tail(self, job: RemoteJob) -> str:
@@ -240,12 +242,27 @@ done
         return slurm_id
 
 
-def _status(outcome: Any, log_size: int | None) -> RemoteStatus:
-    """slurm_commands' outcome as the lifecycle's RemoteStatus."""
+def _status(outcome: Outcome, log_size: int | None, slurm: SlurmJob | None = None) -> RemoteStatus:
+    """slurm_commands' outcome as the lifecycle's RemoteStatus, with Slurm's times where it has them."""
+    times = _times(outcome, slurm)
     if outcome.state in ("pending", "running"):
-        return RemoteStatus(outcome.state, log_size=log_size, detail=outcome.reason)
+        return RemoteStatus(outcome.state, log_size=log_size, detail=outcome.reason, **times)
     if outcome.state == "exited":
-        return RemoteStatus("exited", exit_code=outcome.exit_code, log_size=log_size)
+        return RemoteStatus("exited", exit_code=outcome.exit_code, log_size=log_size, **times)
     if outcome.state == "lost":
-        return RemoteStatus("gone", log_size=log_size, detail=outcome.reason)
-    return RemoteStatus(outcome.state, exit_code=outcome.exit_code, log_size=log_size, detail=outcome.reason)
+        return RemoteStatus("gone", log_size=log_size, detail=outcome.reason, **times)
+    return RemoteStatus(outcome.state, exit_code=outcome.exit_code, log_size=log_size, detail=outcome.reason, **times)
+
+
+def _times(outcome: Outcome, slurm: SlurmJob | None) -> dict[str, float | None]:
+    """queued_at/started_at/ended_at from squeue. A pending job's start and a running job's end are
+    Slurm's forecasts (the scheduler's estimate, the time limit), not what happened: left out."""
+    if slurm is None:
+        return {}
+    ran = outcome.state != "pending"
+    ended = outcome.state not in ("pending", "running")
+    return {
+        "queued_at": slurm.submit,
+        "started_at": slurm.start if ran else None,
+        "ended_at": slurm.end if ended else None,
+    }

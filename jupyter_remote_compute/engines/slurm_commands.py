@@ -434,8 +434,8 @@ exit "$code"
 
 # -- squeue and sacct -----------------------------------------------------------------
 
-#: squeue fields, free text last: job id, state, start, submit, node list, name, reason.
-SQUEUE_FORMAT = "%i|%T|%S|%V|%N|%j|%r"
+#: squeue fields, free text last: job id, state, start, submit, end, memory asked, node list, name, reason.
+SQUEUE_FORMAT = "%i|%T|%S|%V|%e|%m|%N|%j|%r"
 #: sacct fields (parsable2: ``|``-separated, no trailing one), free text last.
 SACCT_FORMAT = "JobIDRaw,State,ExitCode,Submit,Start,End,NodeList,JobName,Reason"
 _EPOCH_TIME = "SLURM_TIME_FORMAT=%s"
@@ -454,7 +454,8 @@ class SlurmJob:
     name: str
     exit_code: int | None = None  # sacct only: the batch script's exit code
     signal: int | None = None  # sacct only: the signal that ended it
-    end: float | None = None  # sacct only
+    end: float | None = None  # for a running job, when its time limit will end it
+    memory: str = ""  # squeue only: the memory limit Slurm holds it to, as Slurm writes it (64M, 2G)
 
 
 def squeue_argv(job_ids: Sequence[str] = (), user: str | None = None) -> list[str]:
@@ -472,7 +473,8 @@ def squeue_argv(job_ids: Sequence[str] = (), user: str | None = None) -> list[st
 
 def _time(text: str) -> float | None:
     text = text.strip()
-    if not text or text in ("N/A", "Unknown", "None", "0"):
+    # squeue writes NONE for the end of a job without a time limit, N/A or Unknown for what it has not.
+    if not text or text.upper() in ("N/A", "UNKNOWN", "NONE", "(NULL)", "0"):
         return None
     try:
         return float(text)
@@ -517,16 +519,18 @@ def parse_squeue(stdout: str, stderr: str = "", returncode: int = 0) -> dict[str
             return {}
         raise ValueError(f"squeue failed ({returncode}): {(stderr or stdout).strip()[:500]}")
     jobs = {}
-    for parts in _rows(stdout, 7, "squeue", SQUEUE_FORMAT):
-        job_id, state, start, submit, nodes, name, reason = parts
+    for parts in _rows(stdout, 9, "squeue", SQUEUE_FORMAT):
+        job_id, state, start, submit, end, memory, nodes, name, reason = parts
         jobs[job_id] = SlurmJob(
             job_id=job_id,
             state=state.strip(),
             reason=_reason(reason),
             submit=_time(submit),
             start=_time(start),
+            end=_time(end),
             nodes=nodes.strip(),
             name=name,
+            memory=memory.strip(),
         )
     return jobs
 
@@ -670,7 +674,8 @@ def interpret(job: SlurmJob | None, exit_code: int | None = None, log_tail: str 
     if word in ("SUSPENDED", "STOPPED"):
         return Outcome("running", "suspended by Slurm; it resumes when Slurm lets it")
     if out_of_memory(log_tail) or word == "OUT_OF_MEMORY":
-        return Outcome("failed", "ran out of memory: Slurm stopped it at its memory limit; ask for more memory")
+        limit = f"its {job.memory} limit" if job.memory else "its memory limit"
+        return Outcome("failed", f"out of memory: the job exceeded {limit} and Slurm stopped it; ask for more memory")
     if word == "COMPLETED":
         return Outcome("exited", exit_code=0 if exit_code is None else exit_code)
     if word == "FAILED":

@@ -21,6 +21,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..engines.base import EngineError, InputFile, LaunchSpec, ProgressCallback, RemoteStatus
 from ..errors import InvalidSettings, RemoteComputeError
@@ -227,22 +228,28 @@ class Driver:
                 # A dropped connection is not a dead job: look again on the next poll.
                 log.warning("job %s: %s", job.id, e)
             return
+        times = scheduler_times(job, status)
         if status.state in ("pending", "running") and job.state != status.state:
-            self._move(job, status)
+            self._move(job, status, times)
             return
+        changes: dict[str, Any] = {"times": times} if times is not None else {}
         if status.state == "pending" and (status.detail or None) != job.reason:
-            self.leases.update(job.id, reason=status.detail or None)
+            changes["reason"] = status.detail or None
         if status.state == "exited":
             outcome = "succeeded" if status.exit_code == 0 else "failed"
-            self._to_collecting(job, outcome, None, exit_code=status.exit_code)
+            self._to_collecting(job, outcome, None, exit_code=status.exit_code, times=times)
         elif status.state in ("failed", "cancelled"):
-            self._to_collecting(job, status.state, status.detail or None, exit_code=status.exit_code)
+            self._to_collecting(job, status.state, status.detail or None, exit_code=status.exit_code, times=times)
         elif status.state == "gone":
-            self._to_collecting(job, "lost", f"lost: the process vanished on {job.machine} ({status.detail})")
-        elif status.log_size is not None and status.log_size != job.log_size:
-            self.leases.update(job.id, log_size=status.log_size)
+            reason = f"lost: the process vanished on {job.machine} ({status.detail})"
+            self._to_collecting(job, "lost", reason, times=times)
+        else:
+            if status.log_size is not None and status.log_size != job.log_size:
+                changes["log_size"] = status.log_size
+            if changes:
+                self.leases.update(job.id, **changes)
 
-    def _move(self, job: Job, status: RemoteStatus) -> None:
+    def _move(self, job: Job, status: RemoteStatus, times: dict[str, float] | None = None) -> None:
         """running ⇄ pending as the machine says (compare-and-set); a pending job carries the reason.
 
         The time limit counts from when it last started running: time spent waiting is not the job's.
@@ -258,9 +265,18 @@ class Driver:
                 current.reason, current.started = None, utcnow()
             if status.log_size is not None:
                 current.log_size = status.log_size
+            if times is not None:
+                current.times = times
         self.ctx.emit(current)
 
-    def _to_collecting(self, job: Job, state: str, reason: str | None, exit_code: int | None = None) -> None:
+    def _to_collecting(
+        self,
+        job: Job,
+        state: str,
+        reason: str | None,
+        exit_code: int | None = None,
+        times: dict[str, float] | None = None,
+    ) -> None:
         """running → collecting, once (compare-and-set); collection is the next step's work."""
         outcome = Outcome(state, reason)
         with self.ctx.store.transaction() as jobs:
@@ -268,5 +284,18 @@ class Driver:
             if current.state not in ON_MACHINE_STATES:
                 return
             current.state, current.outcome, current.exit_code = "collecting", outcome, exit_code
+            if times is not None:
+                current.times = times
             current.failing_since, current.updated = None, utcnow()
         self.ctx.emit(current)
+
+
+#: RemoteStatus fields a scheduler may fill, kept on the job under the same names.
+SCHEDULER_TIMES = ("queued_at", "started_at", "ended_at")
+
+
+def scheduler_times(job: Job, status: RemoteStatus) -> dict[str, float] | None:
+    """The job's scheduler times with what this poll reported; None when nothing changed (no write)."""
+    reported = {name: value for name in SCHEDULER_TIMES if (value := getattr(status, name)) is not None}
+    merged = {**job.times, **reported}
+    return merged if merged != job.times else None

@@ -20,12 +20,20 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..engines import engine_class
+from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
-from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError, SecretStoreUnavailable
+from ..errors import (
+    Conflict,
+    InvalidSettings,
+    NotFound,
+    NotTrained,
+    RemoteComputeError,
+    SecretInUse,
+    SecretStoreUnavailable,
+)
 from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, screen_settings
 from ..machines import Machine, MachineRegistry
@@ -245,6 +253,30 @@ class JobService:
             return self.secrets.values()
         except SecretStoreUnavailable:
             return []
+
+    # -- secrets the panel manages ------------------------------------------------
+    def secret_users(self, name: str, jobs: Mapping[str, Job] | None = None) -> list[str]:
+        """What needs secret ``name`` now: machines whose options name it, unfinished jobs referencing it."""
+        users = []
+        for machine in self.machines.list():
+            fields = engine_class(machine.kind).options if machine.kind in engine_kinds() else {}
+            if any(field.secret_name and machine.options.get(key) == name for key, field in fields.items()):
+                users.append(f"machine {machine.name}")
+        for job in (self.store.jobs() if jobs is None else jobs).values():
+            if job.active and name in job.spec.secret_refs().values():
+                users.append(f"job {job.name or job.id} ({job.id}, {job.state})")
+        return users
+
+    def delete_secret(self, name: str) -> None:
+        """Delete a secret of the user's store unless something still needs it (SecretInUse names what).
+
+        Checked under the state file's lock, so a job referencing it cannot be queued in between.
+        """
+        with self.store.transaction() as jobs:
+            users = self.secret_users(name, jobs)
+            if users:
+                raise SecretInUse(name, users)
+            self.secrets.delete(name)
 
     # -- driving: lifecycle.Driver ------------------------------------------------
     def advance(self, job_id: str, *, progress: ProgressCallback | None = None) -> Job:

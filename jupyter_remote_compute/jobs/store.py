@@ -157,6 +157,9 @@ class Job:
     lease: dict[str, Any] | None = None
     retries: int = 0
     failing_since: float | None = None  # when reaching the machine started failing (epoch seconds)
+    # What the machine's scheduler said (epoch seconds): queued_at, started_at, ended_at, only those it
+    # reported (RemoteStatus); usage prefers them to this side's own created/started/ended.
+    times: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -177,6 +180,8 @@ class Job:
         data = {name: getattr(self, name) for name in _JOB_FIELDS}
         data["spec"] = self.spec.to_json()
         data["outcome"] = None if self.outcome is None else self.outcome.to_json()
+        if not self.times:
+            del data["times"]  # a job no scheduler timed is stored as before the field existed
         return data
 
     def public_json(self) -> dict[str, Any]:

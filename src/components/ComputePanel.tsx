@@ -35,6 +35,7 @@ import { jobDuration, relativeTime } from '../format';
 import { computeIcon } from '../icons';
 import { ComputeModel } from '../model';
 import { KindIcon, StateBadge, stateLabel, useNow, useSignal } from './common';
+import { Secrets } from './Secrets';
 
 /**
  * The id of the panel in the shell (also used by the layout restorer and commands).
@@ -356,7 +357,8 @@ function JobRow(props: {
           ) : null}
           {job.started ? ` · ${jobDuration(job, now)}` : ''}
         </span>
-        {failed && job.reason && (
+        {/* Why it failed, or why the scheduler keeps it waiting (Slurm's reason in words). */}
+        {(failed || job.state === 'pending') && job.reason && (
           <span className="jp-RemoteCompute-jobReason">{job.reason}</span>
         )}
       </div>
@@ -571,6 +573,7 @@ function ComputePanelComponent(props: {
         {error && <RequestFailed error={error} trans={trans} />}
         <Machines model={model} commands={commands} trans={trans} />
         <Jobs model={model} commands={commands} trans={trans} />
+        <Secrets trans={trans} />
         {model.settings.mlflowUiUrl && (
           <p className="jp-RemoteCompute-footer">
             <a

@@ -1,14 +1,26 @@
 /**
  * The "New job" form, in the main area: machine, command, files to send (globs), files to
- * bring back, optional name and timeout. "Run again" and the file browser's
- * "Run on a machine…" open it filled in.
+ * bring back, optional name and timeout, resources (GPUs, CPUs, memory, nodes, partition) and
+ * environment rows whose value is typed or a stored secret (`secret:NAME`). "Run again" and the
+ * file browser's "Run on a machine…" open it filled in.
+ *
+ * Settings are checked by the server only, so the form shows the server's own message beside
+ * the field it names (`resources.cpus`, `env.TOKEN`): the same words as the CLI and the API, a
+ * typed value that looks like a secret included.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Button, ReactWidget, runIcon } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
-import { APIError, IJob, IJobSpec, submitJob } from '../api';
+import {
+  APIError,
+  getSecrets,
+  IJob,
+  IJobSpec,
+  IResources,
+  submitJob
+} from '../api';
 import { splitList } from '../format';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, useSignal } from './common';
@@ -20,7 +32,51 @@ type Values = {
   bringBack: string;
   name: string;
   timeout: string;
+  gpus: string;
+  cpus: string;
+  memory: string;
+  nodes: string;
+  partition: string;
 };
+
+const RESOURCE_FIELDS = [
+  'gpus',
+  'cpus',
+  'memory',
+  'nodes',
+  'partition'
+] as const;
+
+/**
+ * One environment row; `value` is typed, or `secret:NAME` picked from the stored names.
+ */
+type EnvRow = { key: number; name: string; value: string };
+
+const SECRET_PREFIX = 'secret:';
+
+function text(value: unknown): string {
+  return value === null || value === undefined ? '' : String(value);
+}
+
+/**
+ * The resources as the server reads them: numbers where it expects counts, text left as typed
+ * (the server names the field if it is wrong), empty fields left out.
+ */
+function resourcesOf(values: Values): IResources | undefined {
+  const out: Record<string, string | number> = {};
+  for (const field of RESOURCE_FIELDS) {
+    const typed = values[field].trim();
+    if (!typed) {
+      continue;
+    }
+    const n = Number(typed);
+    out[field] =
+      field !== 'memory' && field !== 'partition' && Number.isInteger(n)
+        ? n
+        : typed;
+  }
+  return Object.keys(out).length ? (out as IResources) : undefined;
+}
 
 function fromSpec(spec: IJobSpec | undefined): Values {
   const command = spec?.command;
@@ -33,7 +89,12 @@ function fromSpec(spec: IJobSpec | undefined): Values {
     timeout:
       spec?.timeout === null || spec?.timeout === undefined
         ? ''
-        : String(spec.timeout)
+        : String(spec.timeout),
+    gpus: text(spec?.resources?.gpus),
+    cpus: text(spec?.resources?.cpus),
+    memory: text(spec?.resources?.memory),
+    nodes: text(spec?.resources?.nodes),
+    partition: text(spec?.resources?.partition)
   };
 }
 
@@ -45,6 +106,12 @@ function fieldOf(field: string | null): keyof Values | 'env' | null {
     return null;
   }
   const head = field.split(/[.[]/)[0];
+  if (head === 'resources') {
+    const sub = field.slice('resources.'.length);
+    return (RESOURCE_FIELDS as readonly string[]).includes(sub)
+      ? (sub as keyof Values)
+      : null;
+  }
   switch (head) {
     case 'machine':
     case 'command':
@@ -83,6 +150,22 @@ function JobForm(props: {
 
   const env = props.spec?.env ?? {};
   const envNames = Object.keys(env);
+  const [envRows, setEnvRows] = React.useState<EnvRow[]>([]);
+  const [envErrors, setEnvErrors] = React.useState<Record<string, string>>({});
+  const [secretNames, setSecretNames] = React.useState<string[]>([]);
+  React.useEffect(() => {
+    // Names only: the listing never holds a value.
+    getSecrets().then(
+      data =>
+        setSecretNames(data.secrets.filter(s => !s.problem).map(s => s.name)),
+      () => setSecretNames([])
+    );
+  }, []);
+  const nextKey = React.useRef(0);
+  const setRow = (key: number, patch: Partial<EnvRow>): void => {
+    setEnvRows(rows => rows.map(r => (r.key === key ? { ...r, ...patch } : r)));
+    setEnvErrors({});
+  };
   const machines = model.machines.filter(
     m => m.enabled || m.name === values.machine
   );
@@ -114,9 +197,19 @@ function JobForm(props: {
       const n = Number(values.timeout.trim());
       spec.timeout = Number.isFinite(n) ? n : values.timeout.trim();
     }
-    if (envNames.length > 0) {
-      // Carried over from the job this one repeats; never shown.
-      spec.env = env;
+    const resources = resourcesOf(values);
+    if (resources) {
+      spec.resources = resources;
+    }
+    const typedEnv: Record<string, string> = {};
+    for (const row of envRows) {
+      if (row.name.trim()) {
+        typedEnv[row.name.trim()] = row.value;
+      }
+    }
+    if (envNames.length > 0 || Object.keys(typedEnv).length > 0) {
+      // Kept from the job this one repeats (never shown), then the rows typed here.
+      spec.env = { ...env, ...typedEnv };
     }
     setBusy(true);
     setFormError(null);
@@ -129,8 +222,13 @@ function JobForm(props: {
     } catch (error) {
       const apiError = asAPIError(error);
       const field = fieldOf(apiError.field);
+      const envName = apiError.field?.startsWith('env.')
+        ? apiError.field.slice('env.'.length).split(/[.[]/)[0]
+        : null;
       if (field && field !== 'env') {
         setErrors({ [field]: apiError.message });
+      } else if (envName && envRows.some(r => r.name.trim() === envName)) {
+        setEnvErrors({ [envName]: apiError.message });
       } else {
         setFormError(apiError);
       }
@@ -270,6 +368,136 @@ function JobForm(props: {
           />
         )}
       </Field>
+      <fieldset className="jp-RemoteCompute-fieldset">
+        <legend>{trans.__('Resources (optional)')}</legend>
+        <p className="jp-RemoteCompute-fieldHelp">
+          {trans.__(
+            'Per node. Leave a field empty to take the machine’s default. A machine that cannot give what is asked refuses the job.'
+          )}
+        </p>
+        {(
+          [
+            ['gpus', trans.__('GPUs'), trans.__('e.g. 2')],
+            ['cpus', trans.__('CPUs'), trans.__('e.g. 8')],
+            ['memory', trans.__('Memory'), trans.__('e.g. 32G or 512M')],
+            ['nodes', trans.__('Nodes'), trans.__('e.g. 1')],
+            [
+              'partition',
+              trans.__('Partition'),
+              trans.__('A scheduler’s partition, e.g. gpu')
+            ]
+          ] as const
+        ).map(([field, label, help]) => (
+          <Field
+            key={field}
+            id={`${prefix}-${field}`}
+            label={label}
+            help={help}
+            error={errors[field]}
+          >
+            {aria => (
+              <input
+                {...aria}
+                className="jp-mod-styled"
+                type="text"
+                value={values[field]}
+                autoComplete="off"
+                spellCheck={false}
+                onChange={e => set({ [field]: e.target.value })}
+              />
+            )}
+          </Field>
+        ))}
+      </fieldset>
+      <fieldset className="jp-RemoteCompute-fieldset">
+        <legend>{trans.__('Environment (optional)')}</legend>
+        <p className="jp-RemoteCompute-fieldHelp">
+          {trans.__(
+            'Type a value, or pick a stored secret: the job gets its value, and only its name is kept here. A typed value that looks like a secret is refused.'
+          )}
+        </p>
+        {envRows.map(row => {
+          const rowError = envErrors[row.name.trim()];
+          const picked = row.value.startsWith(SECRET_PREFIX)
+            ? row.value.slice(SECRET_PREFIX.length)
+            : '';
+          return (
+            <div
+              key={row.key}
+              className="jp-RemoteCompute-envRow"
+              data-invalid={rowError ? 'true' : 'false'}
+            >
+              <input
+                className="jp-mod-styled jp-RemoteCompute-code"
+                type="text"
+                aria-label={trans.__('Variable name')}
+                placeholder={trans.__('NAME')}
+                value={row.name}
+                autoComplete="off"
+                spellCheck={false}
+                onChange={e => setRow(row.key, { name: e.target.value })}
+              />
+              <input
+                className="jp-mod-styled jp-RemoteCompute-code"
+                type="text"
+                aria-label={trans.__('Value of %1', row.name || '…')}
+                aria-invalid={!!rowError}
+                placeholder={trans.__('value')}
+                value={row.value}
+                autoComplete="off"
+                spellCheck={false}
+                onChange={e => setRow(row.key, { value: e.target.value })}
+              />
+              <select
+                className="jp-mod-styled"
+                aria-label={trans.__('Stored secret for %1', row.name || '…')}
+                value={picked}
+                onChange={e =>
+                  setRow(row.key, {
+                    value: e.target.value
+                      ? `${SECRET_PREFIX}${e.target.value}`
+                      : ''
+                  })
+                }
+              >
+                <option value="">{trans.__('Typed value')}</option>
+                {secretNames.map(name => (
+                  <option key={name} value={name}>
+                    {trans.__('Secret: %1', name)}
+                  </option>
+                ))}
+              </select>
+              <Button
+                type="button"
+                minimal
+                aria-label={trans.__('Remove %1', row.name || '…')}
+                onClick={() =>
+                  setEnvRows(rows => rows.filter(r => r.key !== row.key))
+                }
+              >
+                ✕
+              </Button>
+              {rowError && (
+                <div className="jp-RemoteCompute-fieldError" role="alert">
+                  {rowError}
+                </div>
+              )}
+            </div>
+          );
+        })}
+        <Button
+          type="button"
+          minimal
+          onClick={() =>
+            setEnvRows(rows => [
+              ...rows,
+              { key: nextKey.current++, name: '', value: '' }
+            ])
+          }
+        >
+          {trans.__('Add a variable')}
+        </Button>
+      </fieldset>
       {envNames.length > 0 && (
         <p className="jp-RemoteCompute-fieldHelp">
           {trans.__(

@@ -1,0 +1,273 @@
+/**
+ * The Secrets section of the Compute panel: the names of stored secrets (never their values),
+ * add one, replace or delete one. Password inputs are uncontrolled and emptied after each save,
+ * so a value never stays in the page (not in React state, not in a `value` attribute).
+ */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { TranslationBundle } from '@jupyterlab/translation';
+import {
+  addIcon,
+  Button,
+  deleteIcon,
+  editIcon,
+  refreshIcon,
+  ToolbarButtonComponent
+} from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import { deleteSecret, ISecrets, setSecret, getSecrets } from '../api';
+import { asAPIError } from '../model';
+
+/**
+ * A name and a password field; `onSave` gets the value, the field is emptied whatever happens.
+ */
+function SecretEditor(props: {
+  trans: TranslationBundle;
+  name?: string;
+  onSave: (name: string, value: string) => Promise<void>;
+  onCancel: () => void;
+}): JSX.Element {
+  const { trans } = props;
+  const valueRef = React.useRef<HTMLInputElement>(null);
+  const [name, setName] = React.useState(props.name ?? '');
+  const [error, setError] = React.useState<string | null>(null);
+  const [busy, setBusy] = React.useState(false);
+  const replacing = props.name !== undefined;
+  const idBase = `jp-RemoteCompute-secret-${replacing ? 'replace' : 'add'}`;
+
+  const save = async (): Promise<void> => {
+    const input = valueRef.current;
+    const value = input?.value ?? '';
+    if (input) {
+      input.value = '';
+    }
+    if (!name.trim()) {
+      setError(trans.__('A name is required.'));
+      return;
+    }
+    if (!value) {
+      setError(trans.__('Type the secret’s value.'));
+      return;
+    }
+    setBusy(true);
+    setError(null);
+    try {
+      await props.onSave(name.trim(), value);
+    } catch (e) {
+      setError(asAPIError(e).message);
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  return (
+    <form
+      className="jp-RemoteCompute-secretEditor"
+      aria-label={
+        replacing
+          ? trans.__('Replace secret %1', props.name ?? '')
+          : trans.__('Add a secret')
+      }
+      onSubmit={e => {
+        e.preventDefault();
+        void save();
+      }}
+    >
+      {!replacing && (
+        <input
+          id={`${idBase}-name`}
+          className="jp-mod-styled"
+          type="text"
+          aria-label={trans.__('Secret name')}
+          placeholder={trans.__('Name, e.g. team/hf-token')}
+          autoComplete="off"
+          spellCheck={false}
+          value={name}
+          onChange={e => setName(e.target.value)}
+        />
+      )}
+      <input
+        id={`${idBase}-value`}
+        ref={valueRef}
+        className="jp-mod-styled"
+        type="password"
+        aria-label={trans.__('Secret value')}
+        placeholder={
+          replacing ? trans.__('New value') : trans.__('Value (hidden)')
+        }
+        autoComplete="new-password"
+      />
+      <div className="jp-RemoteCompute-formButtons">
+        <Button type="submit" className="jp-mod-accept" disabled={busy}>
+          {trans.__('Save')}
+        </Button>
+        <Button type="button" minimal onClick={props.onCancel}>
+          {trans.__('Cancel')}
+        </Button>
+      </div>
+      {error && (
+        <div className="jp-RemoteCompute-fieldError" role="alert">
+          {error}
+        </div>
+      )}
+    </form>
+  );
+}
+
+export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
+  const { trans } = props;
+  const [data, setData] = React.useState<ISecrets | null>(null);
+  const [error, setError] = React.useState<string | null>(null);
+  const [editing, setEditing] = React.useState<string | null>(null); // '' = adding
+  const [notice, setNotice] = React.useState<string | null>(null);
+
+  const load = React.useCallback(async (): Promise<void> => {
+    try {
+      setData(await getSecrets());
+      setError(null);
+    } catch (e) {
+      setError(asAPIError(e).message);
+    }
+  }, []);
+  React.useEffect(() => {
+    void load();
+  }, [load]);
+
+  const save = async (name: string, value: string): Promise<void> => {
+    const stored = await setSecret(name, value);
+    setEditing(null);
+    setNotice(trans.__('Saved %1 in %2.', stored.name, stored.where));
+    await load();
+  };
+
+  const remove = async (name: string): Promise<void> => {
+    setNotice(null);
+    const answer = await showDialog({
+      title: trans.__('Delete secret %1?', name),
+      body: trans.__(
+        'Jobs and machines that name it can no longer use it. A machine or an unfinished job that uses it now keeps it from being deleted.'
+      ),
+      buttons: [
+        Dialog.cancelButton({ label: trans.__('Cancel') }),
+        Dialog.warnButton({ label: trans.__('Delete') })
+      ]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+    try {
+      await deleteSecret(name);
+      setNotice(trans.__('Deleted %1.', name));
+      setError(null);
+    } catch (e) {
+      setError(asAPIError(e).message);
+    }
+    await load();
+  };
+
+  const store = data?.store;
+  return (
+    <section
+      className="jp-RemoteCompute-section jp-RemoteCompute-secrets"
+      aria-labelledby="jp-RemoteCompute-secrets-title"
+    >
+      <div className="jp-RemoteCompute-sectionHeader">
+        <h3
+          id="jp-RemoteCompute-secrets-title"
+          className="jp-RemoteCompute-sectionTitle"
+        >
+          {trans.__('Secrets')}
+        </h3>
+        <ToolbarButtonComponent
+          icon={addIcon}
+          tooltip={trans.__('Add a secret')}
+          enabled={store?.usable !== false}
+          onClick={() => {
+            setNotice(null);
+            setEditing('');
+          }}
+        />
+        <ToolbarButtonComponent
+          icon={refreshIcon}
+          tooltip={trans.__('Refresh secrets')}
+          onClick={() => void load()}
+        />
+      </div>
+      {store && (
+        <p className="jp-RemoteCompute-fieldHelp">
+          {trans.__('New secrets go to %1.', store.where)}
+          {store.note ? ` ${store.note}` : ''}
+        </p>
+      )}
+      {store && !store.usable && store.problem && (
+        <div className="jp-RemoteCompute-banner" role="alert">
+          {store.problem}
+        </div>
+      )}
+      {error && (
+        <div className="jp-RemoteCompute-banner" role="alert">
+          {error}
+        </div>
+      )}
+      {notice && (
+        <div className="jp-RemoteCompute-fieldHelp" role="status">
+          {notice}
+        </div>
+      )}
+      {editing === '' && (
+        <SecretEditor
+          trans={trans}
+          onSave={save}
+          onCancel={() => setEditing(null)}
+        />
+      )}
+      {data && data.secrets.length === 0 && (
+        <p className="jp-RemoteCompute-empty">{trans.__('No secrets yet.')}</p>
+      )}
+      <ul className="jp-RemoteCompute-secretList">
+        {data?.secrets.map(secret => (
+          <li
+            key={`${secret.source}:${secret.name}`}
+            className="jp-RemoteCompute-secret"
+            data-name={secret.name}
+          >
+            <span className="jp-RemoteCompute-itemName">{secret.name}</span>
+            <span className="jp-RemoteCompute-address" title={secret.where}>
+              {secret.read_only ? trans.__('deployment') : secret.where}
+            </span>
+            {secret.problem && (
+              <span className="jp-RemoteCompute-fieldError">
+                {secret.problem}
+              </span>
+            )}
+            {!secret.read_only && (
+              <>
+                <ToolbarButtonComponent
+                  icon={editIcon}
+                  tooltip={trans.__('Replace %1', secret.name)}
+                  onClick={() => {
+                    setNotice(null);
+                    setEditing(secret.name);
+                  }}
+                />
+                <ToolbarButtonComponent
+                  icon={deleteIcon}
+                  tooltip={trans.__('Delete %1', secret.name)}
+                  onClick={() => void remove(secret.name)}
+                />
+              </>
+            )}
+            {editing === secret.name && (
+              <SecretEditor
+                trans={trans}
+                name={secret.name}
+                onSave={save}
+                onCancel={() => setEditing(null)}
+              />
+            )}
+          </li>
+        ))}
+      </ul>
+    </section>
+  );
+}
