@@ -272,7 +272,8 @@ class JobsHandler(RemoteComputeHandler):
         if not isinstance(new, bool):
             raise InvalidSettings("new: expected true or false", field="new")
         spec = JobSpec.from_json(body)
-        result = await self.call(self.service.submit, spec, new=new)
+        user = getattr(self.current_user, "username", None)
+        result = await self.call(self.service.submit, spec, new=new, user=user)
         if not result.attached:
             # Start sending now; the poller would pick it up too, a little later.
             self.context.transfers.advance(result.job)
@@ -380,6 +381,30 @@ class SecretsHandler(RemoteComputeHandler):
         self.reply({"store": status, "secrets": [e.to_json() for e in entries]})
 
 
+# -- usage ---------------------------------------------------------------------
+class UsageHandler(RemoteComputeHandler):
+    @api
+    async def get(self) -> None:
+        """Usage summed per group, as JSON or (``format=csv``) CSV."""
+        form = self.get_argument("format", "json")
+        if form not in ("json", "csv"):
+            raise InvalidSettings("format: expected json or csv", field="format")
+        summary = await self.call(
+            self.service.usage,
+            self.get_argument("group_by", None),
+            self.get_argument("since", None),
+            self.get_argument("until", None),
+        )
+        if form == "json":
+            self.reply(summary)
+            return
+        from .jobs.usage import summary_csv
+
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", 'attachment; filename="usage.csv"')
+        self.finish(summary_csv(summary))
+
+
 class UnknownRouteHandler(RemoteComputeHandler):
     """Any other path under the prefix: a 404 ``Error`` (once authenticated), whatever the verb."""
 
@@ -401,6 +426,7 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
     (rf"{PREFIX}/steps", StepsHandler),
+    (rf"{PREFIX}/usage", UsageHandler),
     (rf"{PREFIX}/secrets", SecretsHandler),
 ]
 

@@ -106,6 +106,11 @@ class RemoteStatus:
     exit_code: int | None = None
     log_size: int | None = None
     detail: str = ""
+    # When the far side's scheduler says the job was queued, started and ended (epoch seconds);
+    # None where it does not say.
+    queued_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..engines.base import WORK_DIR, EngineError, FetchResult
@@ -26,6 +26,7 @@ from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
 from .store import Job, Outcome, parse_time, utcnow
+from .usage import meter
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,21 @@ class Collector:
             outcome = dataclasses.replace(outcome, reason=f"exit code {job.exit_code}: {_tail(log_path)}")
 
         ended = utcnow()
-        run_id, outcome = self._record(job, outcome, log_path, landed, incoming, ended, secrets or [])
+        fetched = _bytes_under(incoming) + (log_path.stat().st_size if log_path and log_path.exists() else 0)
+        attempt = meter(
+            job,
+            self.ctx.usage,
+            self.ctx.workspace.punica_dir,
+            state=outcome.state,
+            ended=outcome.at or parse_time(ended),
+            bytes_fetched=fetched,
+        )
+        run_id, outcome = self._record(
+            job, outcome, log_path, landed, incoming, ended, secrets or [], attempt.metrics(parse_time(ended))
+        )
         shutil.rmtree(incoming, ignore_errors=True)
+        # Before the end state: a crash in between writes the line again, and the record keeps the first.
+        self.ctx.usage.append(attempt)
         self.leases.update(
             job.id,
             state=outcome.state,
@@ -126,6 +140,7 @@ class Collector:
         incoming: Path,
         ended: str,
         secrets: Sequence[str],
+        metrics: Mapping[str, float],
     ) -> tuple[str | None, Outcome]:
         """The job's MLflow run id and its outcome (which says so if the run could not be recorded)."""
         record = JobRecord(
@@ -144,6 +159,8 @@ class Collector:
             inputs_manifest=self.ctx.workspace.job_dir(job.id) / "inputs.json",
             far_store=incoming / "mlruns",
             mask_values=tuple(secrets),
+            experiment=job.spec.plain_env().get("MLFLOW_EXPERIMENT_NAME"),
+            metrics=dict(metrics),
         )
         try:
             return record_job(self.ctx.workspace.root, self.ctx.settings.tracking, record), outcome
@@ -205,6 +222,16 @@ def _verify(incoming: Path, wanted: Sequence[str], result: FetchResult) -> tuple
     if mismatched:
         return {}, "outputs damaged in transit (sha256 differs): " + ", ".join(mismatched)
     return verified, None
+
+
+def _bytes_under(folder: Path) -> int:
+    """What a fetch brought into ``folder`` (outputs and the job's MLflow store), in bytes."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def _tail(log_path: Path | None) -> str:

@@ -31,6 +31,10 @@ from .leases import Leases
 from .logs import secret_env
 from .spec import format_duration
 from .store import ON_MACHINE_STATES, Job, Outcome, holder_alive, parse_time, utcnow
+from .usage import REQUEUED, meter
+
+#: The times a scheduler may report on a poll (``RemoteStatus``), kept as ``Job.times``.
+SCHEDULER_TIMES = ("queued_at", "started_at", "ended_at")
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +228,9 @@ class Driver:
                 # A dropped connection is not a dead job: look again on the next poll.
                 log.warning("job %s: %s", job.id, e)
             return
+        times = {k: v for k in SCHEDULER_TIMES if (v := getattr(status, k)) is not None}
+        if times and {**job.times, **times} != job.times:
+            job = self.leases.update(job.id, times={**job.times, **times})
         if status.state in ("pending", "running") and job.state != status.state:
             self._move(job, status)
             return
@@ -244,6 +251,8 @@ class Driver:
 
         The time limit counts from when it last started running: time spent waiting is not the job's.
         """
+        # Back in the queue after the scheduler said it started: that attempt ended, the next one waits.
+        requeued = status.state == "pending" and job.state == "running" and job.times.get("started_at") is not None
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state != job.state:
@@ -255,11 +264,17 @@ class Driver:
                 current.reason, current.started = None, utcnow()
             if status.log_size is not None:
                 current.log_size = status.log_size
+            if requeued:
+                current.times = {}
+        if requeued:
+            ended = job.times.get("ended_at") or time.time()
+            attempt = meter(job, self.ctx.usage, self.ctx.workspace.punica_dir, state=REQUEUED, ended=ended)
+            self.ctx.usage.append(attempt)
         self.ctx.emit(current)
 
     def _to_collecting(self, job: Job, state: str, reason: str | None, exit_code: int | None = None) -> None:
         """running → collecting, once (compare-and-set); collection is the next step's work."""
-        outcome = Outcome(state, reason)
+        outcome = Outcome(state, reason, at=time.time())  # when it stopped: the end of its metered time
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state not in ON_MACHINE_STATES:

@@ -105,13 +105,21 @@ class Outcome:
     state: str  # one of TERMINAL_STATES
     reason: str | None = None
     reach_machine: bool = True  # False: the machine could not be reached, collect without asking it
+    at: float | None = None  # when the job stopped on its machine, as this side saw it (epoch seconds)
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "reason": self.reason, "reach_machine": self.reach_machine}
+        return {"state": self.state, "reason": self.reason, "reach_machine": self.reach_machine, "at": self.at}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
-        return cls(data["state"], data.get("reason"), bool(data.get("reach_machine", True)))
+        at = data.get("at")
+        return cls(
+            data["state"], data.get("reason"), bool(data.get("reach_machine", True)), at if _is_number(at) else None
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass
@@ -140,6 +148,9 @@ class Job:
     lease: dict[str, Any] | None = None
     retries: int = 0
     failing_since: float | None = None  # when reaching the machine started failing (epoch seconds)
+    # queued_at/started_at/ended_at as the machine's scheduler reported them (epoch seconds), where it did.
+    times: dict[str, float] = dataclasses.field(default_factory=dict)
+    user: str | None = None  # who submitted it, for the usage record
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
