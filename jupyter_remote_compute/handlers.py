@@ -400,9 +400,8 @@ class UsageHandler(RemoteComputeHandler):
             return
         from .jobs.usage import summary_csv
 
-        self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", 'attachment; filename="usage.csv"')
-        self.finish(summary_csv(summary))
+        self.finish(summary_csv(summary), set_content_type="text/csv; charset=utf-8")
 
 
 class UnknownRouteHandler(RemoteComputeHandler):

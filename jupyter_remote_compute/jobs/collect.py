@@ -69,6 +69,8 @@ class Collector:
                 if outcome.state == "succeeded":
                     outcome = Outcome("failed", f"could not fetch outputs from {job.machine}: {e}")
 
+        # What came back (outputs, the job's MLflow store, the log), measured before anything moves on.
+        fetched = _bytes_under(incoming) + (log_path.stat().st_size if log_path and log_path.exists() else 0)
         landed: dict[str, Path] = {}
         verified: dict[str, str] = {}
         if outcome.state == "succeeded":
@@ -83,7 +85,6 @@ class Collector:
             outcome = dataclasses.replace(outcome, reason=f"exit code {job.exit_code}: {_tail(log_path)}")
 
         ended = utcnow()
-        fetched = _bytes_under(incoming) + (log_path.stat().st_size if log_path and log_path.exists() else 0)
         attempt = meter(
             job,
             self.ctx.usage,

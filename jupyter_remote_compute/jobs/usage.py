@@ -114,7 +114,7 @@ class UsageRecord:
         line = (json.dumps(attempt.to_json(), separators=(",", ":")) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 if os.fstat(fd).st_size and not _ends_with_newline(fd):
                     # A writer died mid-line: end its fragment so this line stays whole and readable.
