@@ -108,7 +108,10 @@ class Outcome:
     at: float | None = None  # when the job stopped on its machine, as this side saw it (epoch seconds)
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "reason": self.reason, "reach_machine": self.reach_machine, "at": self.at}
+        data = {"state": self.state, "reason": self.reason, "reach_machine": self.reach_machine}
+        if self.at is not None:  # absent when unknown, so a record an older version wrote reads back the same
+            data["at"] = self.at
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
@@ -171,6 +174,9 @@ class Job:
         data = {name: getattr(self, name) for name in _JOB_FIELDS}
         data["spec"] = self.spec.to_json()
         data["outcome"] = None if self.outcome is None else self.outcome.to_json()
+        for name, unset in _ADDED_FIELDS:
+            if data[name] == unset:  # left out when unset: a record an older version wrote reads back the same
+                del data[name]
         return data
 
     def public_json(self) -> dict[str, Any]:
@@ -186,6 +192,8 @@ class Job:
 
 
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
+#: Fields added after schema 1's first release, with the value that means "not set".
+_ADDED_FIELDS: tuple[tuple[str, Any], ...] = (("times", {}), ("user", None))
 
 
 @dataclasses.dataclass(frozen=True)
