@@ -20,7 +20,7 @@ from jupyter_remote_compute.cli import main as run_cli
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
 from jupyter_remote_compute.jobs.store import Job, parse_time
-from jupyter_remote_compute.jobs.usage import Attempt, UsageRecord, remember_facts, summarize
+from jupyter_remote_compute.jobs.usage import Attempt, UsageRecord, job_metrics, remember_facts, summarize
 
 GATE = "while [ ! -f go ]; do sleep 0.05; done"
 
@@ -95,6 +95,13 @@ def test_sums_per_machine_and_month_match_the_known_times() -> None:
     assert cpu["gpu_hours"] == 0
     assert cpu["queue_hours"] == pytest.approx(1 + 1 + 1 / 3, abs=1e-5)
     assert cpu["cost_estimate"] is None
+
+
+def test_a_requeued_jobs_run_carries_both_attempts() -> None:
+    metrics = job_metrics([a for a in KNOWN if a.job == "e"], now=0)
+    assert metrics["remote_compute.wall_s"] == 3 * 3600  # 2 h before the requeue, 1 h after
+    assert metrics["remote_compute.queue_s"] == 2 * 3600
+    assert metrics["remote_compute.gpu_s"] == 0
 
 
 def test_since_until_and_user_grouping() -> None:

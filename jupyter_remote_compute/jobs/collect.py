@@ -26,7 +26,7 @@ from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
 from .store import Job, Outcome, parse_time, utcnow
-from .usage import meter
+from .usage import job_metrics, meter
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,9 @@ class Collector:
             ended=outcome.at or parse_time(ended),
             bytes_fetched=fetched,
         )
+        attempts = [a for a in self.ctx.usage.attempts_of(job.id) if a.attempt < attempt.attempt] + [attempt]
         run_id, outcome = self._record(
-            job, outcome, log_path, landed, incoming, ended, secrets or [], attempt.metrics(parse_time(ended))
+            job, outcome, log_path, landed, incoming, ended, secrets or [], job_metrics(attempts, parse_time(ended))
         )
         shutil.rmtree(incoming, ignore_errors=True)
         # Before the end state: a crash in between writes the line again, and the record keeps the first.

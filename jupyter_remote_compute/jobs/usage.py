@@ -258,6 +258,15 @@ def live_attempts(jobs: Iterable[Job], record: UsageRecord, punica_dir: Path) ->
     ]
 
 
+def job_metrics(attempts: Iterable[Attempt], now: float) -> dict[str, float]:
+    """A job's figures over all its attempts (a requeued job ran more than once), for its MLflow run."""
+    total: dict[str, float] = {}
+    for attempt in attempts:
+        for key, value in attempt.metrics(now).items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
 # -- summing -----------------------------------------------------------------------------------------
 def parse_instant(value: str | None, field: str) -> float | None:
     """An ISO 8601 date or time (UTC unless it says otherwise) as epoch seconds; None stays None."""

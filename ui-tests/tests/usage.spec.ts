@@ -49,8 +49,10 @@ const LINES = [
 ];
 
 async function openUsage(page: IJupyterLabPageFixture) {
-  await page.sidebar.openTab('jp-remote-compute-panel');
+  // The sidebar tab by its name (the Compute panel), clicked like a person would.
+  await page.getByRole('tab', { name: 'Compute' }).click();
   const panel = page.locator('#jp-remote-compute-panel');
+  await expect(panel.getByRole('heading', { name: 'Machines' })).toBeVisible();
   await panel.getByRole('button', { name: 'Usage' }).click();
   const chart = page.getByRole('img', {
     name: 'Job-hours and GPU-hours per machine per month'
