@@ -133,6 +133,9 @@ def test_bad_grouping_and_times_name_the_field(workspace: Path, make_service) ->
         service.usage(since="last tuesday")
     assert e.value.field == "since"
     with pytest.raises(InvalidSettings) as e:
+        service.usage(until="")  # given but empty is not "no bound"
+    assert e.value.field == "until"
+    with pytest.raises(InvalidSettings) as e:
         service.usage(since="2026-02-01", until="2026-01-01")
     assert e.value.field == "until"
 

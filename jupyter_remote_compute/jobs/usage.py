@@ -270,7 +270,7 @@ def job_metrics(attempts: Iterable[Attempt], now: float) -> dict[str, float]:
 # -- summing -----------------------------------------------------------------------------------------
 def parse_instant(value: str | None, field: str) -> float | None:
     """An ISO 8601 date or time (UTC unless it says otherwise) as epoch seconds; None stays None."""
-    if value is None or value == "":
+    if value is None:
         return None
     try:
         when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
