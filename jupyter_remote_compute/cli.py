@@ -12,6 +12,7 @@ import argparse
 import getpass
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from .jobs.store import TERMINAL_STATES, Job
 from .run_options import add_run_options, command_of, spec_settings
 from .workspace import Workspace
 
+_DECIMAL = re.compile(r"\d+\.\d*|\.\d+")
 EXIT_FAILED = 1
 EXIT_DETACHED = 3
 
@@ -63,6 +65,8 @@ def _options(pairs: Sequence[str] | None) -> dict[str, Any]:
         if not sep:
             raise RemoteComputeError(f"--option {pair!r}: write KEY=VALUE")
         options[key] = int(value) if value.isdigit() else {"true": True, "false": False}.get(value.lower(), value)
+        if isinstance(options[key], str) and _DECIMAL.fullmatch(value):
+            options[key] = float(value)  # a price such as 2.5
     return options
 
 
@@ -300,6 +304,42 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     raise AssertionError(action)
 
 
+# -- usage ------------------------------------------------------------------
+def _hours(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    from .jobs.usage import summary_csv
+
+    summary = _service(args).usage(args.by, args.since, args.until)
+    if args.json:
+        _print_json(summary)
+        return 0
+    if args.csv:
+        sys.stdout.write(summary_csv(summary))
+        return 0
+    keys = summary["group_by"]
+    rows = [
+        [
+            *(row[k] or "-" for k in keys),
+            str(row["attempts"]) + (f" ({row['running']} running)" if row["running"] else ""),
+            _hours(row["job_hours"]),
+            _hours(row["gpu_hours"]),
+            _hours(row["queue_hours"]),
+            f"{row['bytes_sent'] / 1e6:.1f}",
+            f"{row['bytes_fetched'] / 1e6:.1f}",
+            "-" if row["cost_estimate"] is None else f"~{row['cost_estimate']:.2f}",
+        ]
+        for row in summary["rows"]
+    ]
+    header = [k.upper() for k in keys]
+    _table(rows, [*header, "ATTEMPTS", "JOB-H", "GPU-H", "QUEUE-H", "SENT MB", "FETCHED MB", "COST (EST.)"])
+    if not rows:
+        print("no usage recorded yet", file=sys.stderr)
+    return 0
+
+
 # -- secrets ----------------------------------------------------------------
 def cmd_secrets(args: argparse.Namespace) -> int:
     from .secrets import SecretStore
@@ -416,6 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     p.add_argument("-f", "--follow", action="store_true")
 
+    usage = sub.add_parser("usage", help="job-hours, GPU-hours, queue time, bytes moved and cost estimates")
+    usage.add_argument(
+        "--by", default="machine", help="group by these, comma-separated: machine, user, month, kind, state"
+    )
+    usage.add_argument("--since", help="only attempts that ended at or after this ISO 8601 time")
+    usage.add_argument("--until", help="only attempts that ended at or before this ISO 8601 time")
+    form = usage.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true")
+    form.add_argument("--csv", action="store_true")
+
     secrets = sub.add_parser("secrets", help="the Secret Manager: values from stdin or a prompt, never argv")
     ssub = secrets.add_subparsers(dest="action", required=True)
     p = ssub.add_parser("list", help="every secret's name and where it lives (never its value)")
@@ -431,7 +481,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return agent_main(args.rest)
 
 
-COMMANDS = {"machines": cmd_machines, "run": cmd_run, "jobs": cmd_jobs, "secrets": cmd_secrets, "agent": cmd_agent}
+COMMANDS = {
+    "machines": cmd_machines,
+    "run": cmd_run,
+    "jobs": cmd_jobs,
+    "usage": cmd_usage,
+    "secrets": cmd_secrets,
+    "agent": cmd_agent,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

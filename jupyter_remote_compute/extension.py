@@ -49,7 +49,8 @@ class RemoteComputeApp(ExtensionApp):
     mlflow_experiment = Unicode(
         "",
         config=True,
-        help="MLflow experiment that job runs go to. Default: MLFLOW_EXPERIMENT_NAME, else 'remote-compute' "
+        help="MLflow experiment for job runs whose script names none (passed to the far side as "
+        "MLFLOW_EXPERIMENT_NAME). Default: MLFLOW_EXPERIMENT_NAME, else MLflow's default experiment "
         "(set MLFLOW_EXPERIMENT_NAME rather than this to make the CLI, kernels and pipeline runs agree).",
     )
     artifact_size_cap = Int(

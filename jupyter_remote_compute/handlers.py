@@ -281,7 +281,8 @@ class JobsHandler(RemoteComputeHandler):
         if not isinstance(new, bool):
             raise InvalidSettings("new: expected true or false", field="new")
         spec = JobSpec.from_json(body)
-        result = await self.call(self.service.submit, spec, new=new)
+        user = getattr(self.current_user, "username", None)
+        result = await self.call(self.service.submit, spec, new=new, user=user)
         if not result.attached:
             # Start sending now; the poller would pick it up too, a little later.
             self.context.transfers.advance(result.job)
@@ -408,6 +409,29 @@ class SecretHandler(RemoteComputeHandler):
         self.finish()
 
 
+# -- usage ---------------------------------------------------------------------
+class UsageHandler(RemoteComputeHandler):
+    @api
+    async def get(self) -> None:
+        """Usage summed per group, as JSON or (``format=csv``) CSV."""
+        form = self.get_argument("format", "json")
+        if form not in ("json", "csv"):
+            raise InvalidSettings("format: expected json or csv", field="format")
+        summary = await self.call(
+            self.service.usage,
+            self.get_argument("group_by", None),
+            self.get_argument("since", None),
+            self.get_argument("until", None),
+        )
+        if form == "json":
+            self.reply(summary)
+            return
+        from .jobs.usage import summary_csv
+
+        self.set_header("Content-Disposition", 'attachment; filename="usage.csv"')
+        self.finish(summary_csv(summary), set_content_type="text/csv; charset=utf-8")
+
+
 class UnknownRouteHandler(RemoteComputeHandler):
     """Any other path under the prefix: a 404 ``Error`` (once authenticated), whatever the verb."""
 
@@ -429,6 +453,7 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
     (rf"{PREFIX}/steps", StepsHandler),
+    (rf"{PREFIX}/usage", UsageHandler),
     (rf"{PREFIX}/secrets", SecretsHandler),
     # Names may hold "/" (compute/lab): the rest of the path is the name, checked by the Secret Manager.
     (rf"{PREFIX}/secrets/(?P<secret_name>.+)", SecretHandler),

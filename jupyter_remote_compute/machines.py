@@ -53,6 +53,10 @@ ABSENT = "absent"
 
 #: Keys of an entry that are not kind-specific options.
 FIELDS = ("kind", "address", "enabled", "created")
+#: Options every kind takes, beside its own.
+COMMON_OPTIONS: Mapping[str, OptionField] = {
+    "price_per_hour": OptionField(float, "What an hour of this machine costs, for usage cost estimates"),
+}
 #: Option names that would put a secret in the file.
 _SECRET_KEYS = frozenset({"token", "password", "passwd", "passphrase", "secret", "api_key", "apikey"})
 _SECRET_SUFFIXES = ("_token", "_password", "_passphrase", "_api_key")
@@ -694,7 +698,7 @@ def _check_options(
     does not know are kept, only the changed keys are checked)."""
     if not isinstance(options, Mapping) or (changing is not None and not isinstance(changing, Mapping)):
         raise InvalidSettings("options must be a mapping of option names to values", field="options")
-    declared: Mapping[str, OptionField] = cls.options
+    declared: Mapping[str, OptionField] = {**COMMON_OPTIONS, **cls.options}
     incoming = options if changing is None else changing
     merged = {} if changing is None else dict(options)
     for key, value in incoming.items():
@@ -714,6 +718,8 @@ def _check_options(
             known = ", ".join(declared) or "none"
             raise InvalidSettings(f"unknown option {key!r} for {cls.kind} machines (options: {known})", field=where)
         merged[key] = _coerce(key, declared[key], value)
+        if key == "price_per_hour" and merged[key] < 0:
+            raise InvalidSettings(f"{where} must not be negative", field=where)
     for key, field in declared.items():
         if field.required and key not in merged:
             raise InvalidSettings(f"options.{key} is required for {cls.kind} machines", field=f"options.{key}")

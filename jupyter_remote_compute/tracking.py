@@ -5,9 +5,15 @@ into a file store inside its job directory; collection brought that store back
 and ``record_job`` replays it into the local run, so a run trained elsewhere
 reads like one trained here and the far side never reaches this store.
 
-Exactly once: the run is looked up by its job-id tag before one is created, so
-a crash between creating and recording never yields a second run. Collection is
-exclusive (the lifecycle's lease), so two processes never record concurrently.
+Exactly once: the run is looked up by its job-id tag (in every experiment) before
+one is created, so a crash between creating and recording never yields a second
+run. Collection is exclusive (the lifecycle's lease), so two processes never
+record concurrently.
+
+The run lands where a local run of the same script would: in the experiment the
+script set on the far side (by name), else ``MLFLOW_EXPERIMENT_NAME`` as it was set
+where the job was submitted (the far side got the same value), else MLflow's
+default experiment. It keeps the script's run name, else it takes the job's name.
 """
 
 from __future__ import annotations
@@ -36,17 +42,26 @@ TAG_REPLAYED = "remote_compute.replayed"
 BATCH = 1000
 STORE_LOCK_TIMEOUT = 300.0  # seconds to wait for another process recording into the same sqlite store
 
-DEFAULT_EXPERIMENT = "remote-compute"
+#: MLflow's own default experiment (every store has it): where a run goes when nobody named one.
+DEFAULT_EXPERIMENT_ID = "0"
+DEFAULT_EXPERIMENT_NAME = "Default"
+#: Usage figures every job's run carries as metrics (``jobs/usage.py`` computes them).
+USAGE_METRICS = (
+    "remote_compute.wall_s",
+    "remote_compute.gpu_s",
+    "remote_compute.queue_s",
+    "remote_compute.bytes_sent",
+    "remote_compute.bytes_fetched",
+)
 STATUS_BY_STATE = {"succeeded": "FINISHED", "failed": "FAILED", "lost": "FAILED", "cancelled": "KILLED"}
 
 
 @dataclasses.dataclass(frozen=True)
 class TrackingSettings:
     tracking_uri: str | None = None  # None: MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db
-    # MLflow's own variable, so the server, a kernel, the CLI and a pipeline runner agree when it is set.
-    experiment: str = dataclasses.field(
-        default_factory=lambda: os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-    )
+    # MLflow's own variable, so the server, a kernel, the CLI and a pipeline runner agree when it is set;
+    # None: MLflow's default experiment, as a local run would use. Submit passes it to the far side.
+    experiment: str | None = dataclasses.field(default_factory=lambda: os.environ.get("MLFLOW_EXPERIMENT_NAME") or None)
     artifact_size_cap: int = 100 * 1024 * 1024  # outputs larger than this in total are not copied
     # Record in a short-lived child process: MLflow and its SQLAlchemy store add ~200 MiB to whoever
     # imports them, which a long-running server should not keep for ever. Faces that exit anyway
@@ -73,6 +88,10 @@ class JobRecord:
     inputs_manifest: Path | None
     far_store: Path | None  # the job's brought-back mlruns/
     mask_values: tuple[str, ...] = ()  # secret values the job saw: hidden in replayed params and tags
+    #: MLFLOW_EXPERIMENT_NAME as the job's far side saw it (None: unset); the script's own choice wins.
+    experiment: str | None = None
+    #: Usage figures (``USAGE_METRICS``), logged once with the replay.
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self, *, with_secrets: bool = True) -> dict[str, Any]:
         """As JSON; ``with_secrets=False`` leaves out ``mask_values`` (for anything written to disk)."""
@@ -118,9 +137,11 @@ def _git_commit(workspace: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def _experiment_id(client: Any, workspace: Path, uri: str, name: str) -> str:
+def _experiment_id(client: Any, workspace: Path, uri: str, name: str | None) -> str:
     from mlflow.exceptions import MlflowException
 
+    if name is None or name == DEFAULT_EXPERIMENT_NAME:
+        return DEFAULT_EXPERIMENT_ID
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
@@ -133,13 +154,38 @@ def _experiment_id(client: Any, workspace: Path, uri: str, name: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def find_run(client: Any, experiment_id: str, tag: str, value: str) -> str | None:
+def find_job_run(client: Any, job_id: str) -> str | None:
+    """The run of a job in any experiment of the store (the rule may have put it anywhere)."""
+    from mlflow.entities import ViewType
+
+    ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    for start in range(0, len(ids), 100):  # search_runs takes a bounded list of experiments
+        found = find_tagged_run(client, ids[start : start + 100], TAG_JOB_ID, job_id)
+        if found:
+            return found
+    return None
+
+
+def find_tagged_run(client: Any, experiment_ids: list[str], tag: str, value: str) -> str | None:
     from mlflow.entities import ViewType
 
     runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{tag}` = '{value}'", run_view_type=ViewType.ALL, max_results=1
+        experiment_ids, filter_string=f"tags.`{tag}` = '{value}'", run_view_type=ViewType.ALL, max_results=1
     )
     return runs[0].info.run_id if runs else None
+
+
+def _prepare_local_store(workspace: Path, uri: str) -> None:
+    """A sqlite store made here gets its Default experiment's artifacts under the workspace.
+
+    MLflow puts them under the creating process's working directory otherwise (the server's,
+    wherever it was started); a store that exists already is left as it is.
+    """
+    if not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists():
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(uri, (workspace / "mlartifacts").as_uri()).engine.dispose()
 
 
 def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
@@ -164,17 +210,26 @@ def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> s
 def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobRecord) -> str:
     from mlflow.tracking import MlflowClient
 
+    _prepare_local_store(workspace, uri)
     client = MlflowClient(tracking_uri=uri)
-    experiment_id = _experiment_id(client, workspace, uri, settings.experiment)
+    far = _far_runs(job.far_store) if job.far_store is not None and job.far_store.is_dir() else []
+    main = _main_run(far)
 
-    run_id = find_run(client, experiment_id, TAG_JOB_ID, job.job_id)
+    run_id = find_job_run(client, job.job_id)
     if run_id is None:
+        if main is not None:
+            store, run = main
+            experiment_name = store.get_experiment(run.info.experiment_id).name
+            run_name = job.name if _generated_name(run.info.run_name) else run.info.run_name
+        else:
+            experiment_name, run_name = job.experiment, job.name
+        experiment_id = _experiment_id(client, workspace, uri, experiment_name)
         tags = {
             TAG_JOB_ID: job.job_id,
             TAG_KEY: job.key,
             TAG_MACHINE: job.machine,
             TAG_ENGINE: job.engine,
-            "mlflow.runName": job.name[:250],
+            "mlflow.runName": run_name[:250],
             "mlflow.source.name": job.command[:500],
             "mlflow.source.type": "JOB",
             "mlflow.user": getpass.getuser(),
@@ -187,14 +242,37 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
 
     run = client.get_run(run_id)
     if run.data.tags.get(TAG_REPLAYED) != "true":
-        if job.far_store is not None and job.far_store.is_dir():
-            _replay(client, experiment_id, run_id, job.far_store, job.mask_values)
+        if far:
+            _replay(client, run.info.experiment_id, run_id, far, job.far_store, job.mask_values)
         _attach_artifacts(client, run_id, job, settings.artifact_size_cap)
+        _log_usage(client, run_id, job)
         client.set_tag(run_id, TAG_REPLAYED, "true")
     if job.reason:
         client.set_tag(run_id, "remote_compute.reason", _hide(job.reason, job.mask_values)[:5000])
     client.set_terminated(run_id, status=STATUS_BY_STATE[job.state], end_time=int(job.ended * 1000))
     return run_id
+
+
+def _log_usage(client: Any, run_id: str, job: JobRecord) -> None:
+    """The job's usage figures as metrics at its end (once: with the replay)."""
+    from mlflow.entities import Metric
+
+    stamp = int(job.ended * 1000)
+    metrics = [Metric(key, float(value), stamp, 0) for key, value in job.metrics.items()]
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
+
+
+def _generated_name(name: str | None) -> bool:
+    """Whether a run name is one MLflow made up (``adjective-noun-123``), not one the script gave."""
+    if not name:
+        return True
+    try:
+        from mlflow.utils.name_utils import _GENERATOR_NOUNS, _GENERATOR_PREDICATES
+    except ImportError:  # a later MLflow moved them: take every name as the script's
+        return False
+    parts = name.split("-")
+    return len(parts) == 3 and parts[0] in _GENERATOR_PREDICATES and parts[1] in _GENERATOR_NOUNS and parts[2].isdigit()
 
 
 def _attach_artifacts(client: Any, run_id: str, job: JobRecord, cap: int) -> None:
@@ -240,18 +318,25 @@ def _hide(value: str, secrets: tuple[str, ...]) -> str:
     return mask(value.encode(), secrets).decode(errors="replace")
 
 
-def _replay(client: Any, experiment_id: str, job_run_id: str, far_store: Path, secrets: tuple[str, ...]) -> None:
-    """The first top-level run becomes the job's run; every other run becomes its child."""
-    far = _far_runs(far_store)
-    if not far:
+def _main_run(far: list[Any]) -> tuple[Any, Any] | None:
+    """The far side's run that becomes the job's run: the first top-level one (else the first)."""
+    roots = [(store, r) for store, r in far if "mlflow.parentRunId" not in r.data.tags]
+    return roots[0] if roots else (far[0] if far else None)
+
+
+def _replay(
+    client: Any, experiment_id: str, job_run_id: str, far: list[Any], far_store: Path, secrets: tuple[str, ...]
+) -> None:
+    """The main run becomes the job's run; every other run becomes its child, in the job run's experiment."""
+    main_pair = _main_run(far)
+    if main_pair is None:
         return
-    roots = [r for _, r in far if "mlflow.parentRunId" not in r.data.tags]
-    main = roots[0] if roots else far[0][1]
+    main = main_pair[1]
     mapping = {main.info.run_id: job_run_id}
     for store, run in far:
         source_id = run.info.run_id
         if source_id not in mapping:
-            existing = find_run(client, experiment_id, TAG_SOURCE_RUN, source_id)
+            existing = find_tagged_run(client, [experiment_id], TAG_SOURCE_RUN, source_id)
             if existing is None:
                 parent = mapping.get(run.data.tags.get("mlflow.parentRunId", ""), job_run_id)
                 existing = client.create_run(

@@ -48,6 +48,11 @@ class Workspace:
         return self.punica_dir / "jobs.json"
 
     @property
+    def usage_record(self) -> Path:
+        """One line per ended attempt of every job (``jobs/usage.py``); kept when jobs are pruned."""
+        return self.punica_dir / "usage.jsonl"
+
+    @property
     def digest_cache(self) -> Path:
         return self.punica_dir / "digests.json"
 

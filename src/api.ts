@@ -670,3 +670,95 @@ export async function deleteSecret(
     settings
   );
 }
+
+/**
+ * One group's sums (GET /usage `rows`): the grouping values, then the figures.
+ */
+export interface IUsageRow {
+  machine?: string;
+  user?: string;
+  month?: string;
+  kind?: string;
+  state?: string;
+  attempts: number;
+  jobs: number;
+  /**
+   * Attempts still under way, counted up to `generated`.
+   */
+  running: number;
+  /**
+   * Wall time.
+   */
+  job_hours: number;
+  /**
+   * Allocated: wall time × GPUs held.
+   */
+  gpu_hours: number;
+  queue_hours: number;
+  bytes_sent: number;
+  bytes_fetched: number;
+  /**
+   * An estimate from the machines' `price_per_hour`; null where none is set.
+   */
+  cost_estimate: number | null;
+  priced_hours: number;
+  estimated_attempts: number;
+}
+
+export interface IUsage {
+  group_by: string[];
+  since: number | null;
+  until: number | null;
+  generated: number;
+  rows: IUsageRow[];
+  note: string;
+}
+
+export interface IUsageQuery {
+  groupBy?: string[];
+  since?: string;
+  until?: string;
+}
+
+function usageSearch(query: IUsageQuery, format: 'json' | 'csv'): string {
+  const params = new URLSearchParams();
+  params.set('group_by', (query.groupBy ?? ['machine']).join(','));
+  if (query.since) {
+    params.set('since', query.since);
+  }
+  if (query.until) {
+    params.set('until', query.until);
+  }
+  if (format === 'csv') {
+    params.set('format', 'csv');
+  }
+  return params.toString();
+}
+
+/**
+ * What jobs used, summed per group (job-hours, GPU-hours, queue time, bytes, cost estimates).
+ */
+export function getUsage(
+  query: IUsageQuery = {},
+  settings?: ServerConnection.ISettings
+): Promise<IUsage> {
+  return requestAPI<IUsage>(
+    `usage?${usageSearch(query, 'json')}`,
+    { method: 'GET' },
+    settings
+  );
+}
+
+/**
+ * The address of the same sums as CSV (a plain GET the browser can download).
+ */
+export function usageCsvUrl(
+  query: IUsageQuery = {},
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): string {
+  return (
+    URLExt.join(settings.baseUrl, API_NAMESPACE, 'usage') +
+    '?' +
+    usageSearch(query, 'csv')
+  );
+}

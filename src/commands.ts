@@ -42,6 +42,7 @@ import { ComputePanel } from './components/ComputePanel';
 import { JobDetailWidget } from './components/JobDetail';
 import { JobFormWidget } from './components/JobForm';
 import { MachineFormWidget } from './components/MachineForm';
+import { UsageWidget } from './components/UsageView';
 import { formatSize } from './format';
 import { computeIcon } from './icons';
 import { asAPIError, ComputeModel } from './model';
@@ -64,6 +65,7 @@ export namespace CommandIDs {
   export const deleteJob = 'remote-compute:delete-job';
   export const openOutputs = 'remote-compute:open-outputs';
   export const pruneJobs = 'remote-compute:prune-jobs';
+  export const showUsage = 'remote-compute:show-usage';
 }
 
 /**
@@ -757,6 +759,16 @@ export function registerCommands(context: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.showUsage, {
+    label: trans.__('Show compute usage'),
+    caption: trans.__(
+      'Job-hours, GPU-hours, queue time, bytes moved and cost estimates per machine and month'
+    ),
+    execute: () => {
+      reuse(app, 'jp-remote-compute-usage', () => new UsageWidget({ trans }));
+    }
+  });
+
   if (palette) {
     for (const command of [
       CommandIDs.open,
@@ -765,6 +777,7 @@ export function registerCommands(context: ICommandContext): void {
       CommandIDs.showLog,
       CommandIDs.cancelJob,
       CommandIDs.pruneJobs,
+      CommandIDs.showUsage,
       CommandIDs.refresh
     ]) {
       palette.addItem({ command, category });

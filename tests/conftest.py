@@ -111,11 +111,12 @@ def jp_server_config(server_workspace: Path, scratch_dir: Path, tracking_uri: st
 
 
 def job_runs(tracking_uri: str, job_id: str) -> list:  # type: ignore[type-arg]
-    """The MLflow runs of the test experiment tagged with ``job_id`` (there should be exactly one)."""
+    """The MLflow runs tagged with ``job_id``, in any experiment (there should be exactly one)."""
+    from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    experiment = client.get_experiment_by_name("tests")
-    if experiment is None:
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    if not experiments:
         return []
-    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job_id}'")
+    return client.search_runs(experiments, filter_string=f"tags.`remote_compute.job_id` = '{job_id}'")

@@ -333,7 +333,7 @@ def test_the_experiment_follows_mlflows_own_variable(monkeypatch):
     from jupyter_remote_compute.tracking import TrackingSettings
 
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
-    assert TrackingSettings().experiment == "remote-compute"
+    assert TrackingSettings().experiment is None  # MLflow's default experiment, as a local run
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-runs")
     assert TrackingSettings().experiment == "team-runs"
 

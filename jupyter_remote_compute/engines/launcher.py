@@ -43,6 +43,8 @@ jobdir=$1
 # Starting twice (this side crashed between start and recording it) finds the first start.
 if [ -f "$jobdir/pid" ]; then cat "$jobdir/pid"; exit 0; fi
 cd "$jobdir/{WORK_DIR}" || exit 97
+# Ids of this side's store mean nothing in the job's own store (a local job inherits them).
+unset MLFLOW_EXPERIMENT_ID MLFLOW_RUN_ID
 {READ_ENV_SH}export PYTHONUNBUFFERED=1
 export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
 export MLFLOW_ALLOW_FILE_STORE=true

@@ -23,6 +23,7 @@ from ..errors import InvalidSettings, MachineError, RemoteComputeError
 from ..machines import Machine, MachineRegistry
 from ..secrets import SecretStore
 from ..workspace import default_scratch_dir
+from .usage import remember_facts
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +177,15 @@ class MachineAdmin:
     # -- reaching the machine -------------------------------------------------------
     def check(self, name: str) -> dict[str, Any]:
         try:
-            return self.engine(name).check()
+            facts = self.engine(name).check()
         except EngineError as e:
             raise MachineError(f"{name}: {e}", details=e.details) from e
+        # What the machine holds, for metering jobs that asked for no GPUs (they hold the machine).
+        try:
+            remember_facts(self.registry.path.parent, name, facts)
+        except OSError as e:  # a read-only workspace still gets its answer
+            log.warning("could not keep %s's facts for usage: %s", name, e)
+        return facts
 
     def presented_host_key(self, name: str) -> dict[str, str] | None:
         """The host key the machine presents while it is not yet known (type, fingerprint); None once known.

@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..engines.base import WORK_DIR, EngineError, FetchResult
@@ -27,6 +27,7 @@ from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
 from .store import Job, Outcome, parse_time, utcnow
+from .usage import job_metrics, meter
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class Collector:
                 if outcome.state == "succeeded":
                     outcome = Outcome("failed", f"could not fetch outputs from {job.machine}: {e}")
 
+        # What came back (outputs, the job's MLflow store, the log), measured before anything moves on.
+        fetched = _bytes_under(incoming) + (log_path.stat().st_size if log_path and log_path.exists() else 0)
         landed: dict[str, Path] = {}
         verified: dict[str, str] = {}
         if outcome.state == "succeeded":
@@ -83,7 +86,17 @@ class Collector:
             outcome = dataclasses.replace(outcome, reason=f"exit code {job.exit_code}: {_tail(log_path)}")
 
         ended = utcnow()
-        record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [])
+        attempt = meter(
+            job,
+            self.ctx.usage,
+            self.ctx.workspace.punica_dir,
+            state=outcome.state,
+            ended=outcome.at or parse_time(ended),
+            bytes_fetched=fetched,
+        )
+        attempts = [a for a in self.ctx.usage.attempts_of(job.id) if a.attempt < attempt.attempt] + [attempt]
+        metrics = job_metrics(attempts, parse_time(ended))
+        record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [], metrics)
         background = self.ctx.settings.record_in_background
         if background:
             # The to-do is written before the job ends, so a crash in between leaves it for resume().
@@ -92,6 +105,8 @@ class Collector:
         else:
             run_id, outcome = self._record(record, outcome, secrets or [])
             shutil.rmtree(incoming, ignore_errors=True)
+        # Before the end state: a crash in between writes the line again, and the record keeps the first.
+        self.ctx.usage.append(attempt)
         self.leases.update(
             job.id,
             state=outcome.state,
@@ -136,6 +151,7 @@ class Collector:
         incoming: Path,
         ended: str,
         secrets: Sequence[str],
+        metrics: Mapping[str, float],
     ) -> JobRecord:
         return JobRecord(
             job_id=job.id,
@@ -153,6 +169,8 @@ class Collector:
             inputs_manifest=self.ctx.workspace.job_dir(job.id) / "inputs.json",
             far_store=incoming / "mlruns",
             mask_values=tuple(secrets),
+            experiment=job.spec.plain_env().get("MLFLOW_EXPERIMENT_NAME"),
+            metrics=dict(metrics),
         )
 
     def _record(self, record: JobRecord, outcome: Outcome, secrets: Sequence[str]) -> tuple[str | None, Outcome]:
@@ -218,6 +236,16 @@ def _verify(incoming: Path, wanted: Sequence[str], result: FetchResult) -> tuple
     if mismatched:
         return {}, "outputs damaged in transit (sha256 differs): " + ", ".join(mismatched)
     return verified, None
+
+
+def _bytes_under(folder: Path) -> int:
+    """What a fetch brought into ``folder`` (outputs and the job's MLflow store), in bytes."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def _tail(log_path: Path | None) -> str:

@@ -14,6 +14,7 @@ from ..tracking import TrackingSettings
 from ..workspace import Workspace
 from .admin import MachineAdmin
 from .store import Job, JobStore
+from .usage import UsageRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class JobContext:
     secrets: SecretStore
     admin: MachineAdmin
     emit: Callable[[Job], None]
+    usage: UsageRecord  # every ended attempt of every job (usage.py)
 
     def engine_of(self, job: Job) -> Engine:
         """The engine a job started with (its machine as it was at submit)."""

@@ -101,4 +101,5 @@ class Leases:
 
         ``reach_machine=False``: collect without asking the machine for anything (it could not be reached).
         """
-        self.update(job_id, state="collecting", outcome=Outcome(state, reason, reach_machine), lease=None)
+        outcome = Outcome(state, reason, reach_machine, at=time.time())
+        self.update(job_id, state="collecting", outcome=outcome, lease=None)

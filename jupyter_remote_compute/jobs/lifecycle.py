@@ -33,6 +33,7 @@ from .leases import Leases
 from .logs import secret_env
 from .spec import format_duration
 from .store import ON_MACHINE_STATES, Job, Outcome, holder_alive, parse_time, utcnow
+from .usage import REQUEUED, meter
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,8 @@ class Driver:
 
         The time limit counts from when it last started running: time spent waiting is not the job's.
         """
+        # Back in the queue after the scheduler said it started: that attempt ended, the next one waits.
+        requeued = status.state == "pending" and job.state == "running" and job.times.get("started_at") is not None
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state != job.state:
@@ -265,8 +268,14 @@ class Driver:
                 current.reason, current.started = None, utcnow()
             if status.log_size is not None:
                 current.log_size = status.log_size
-            if times is not None:
+            if requeued:
+                current.times = {}  # the next attempt's times are its own
+            elif times is not None:
                 current.times = times
+        if requeued:
+            ended = job.times.get("ended_at") or time.time()
+            attempt = meter(job, self.ctx.usage, self.ctx.workspace.punica_dir, state=REQUEUED, ended=ended)
+            self.ctx.usage.append(attempt)
         self.ctx.emit(current)
 
     def _to_collecting(
@@ -278,7 +287,7 @@ class Driver:
         times: dict[str, float] | None = None,
     ) -> None:
         """running → collecting, once (compare-and-set); collection is the next step's work."""
-        outcome = Outcome(state, reason)
+        outcome = Outcome(state, reason, at=time.time())  # when it stopped: the end of its metered time
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state not in ON_MACHINE_STATES:

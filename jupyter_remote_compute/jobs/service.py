@@ -16,11 +16,12 @@ never from the event loop.
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..engines import engine_class, engine_kinds
@@ -53,6 +54,7 @@ from .logs import LOG_CHUNK, LogChunk
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
 from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, new_job_id, utcnow
+from .usage import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
 
 __all__ = ["JobService", "LogChunk", "ServiceSettings", "SubmitResult", "require_trained"]
 
@@ -92,7 +94,8 @@ class JobService:
         self.digests = DigestCache(workspace.digest_cache)
         self.admin = MachineAdmin(self.machines, self.secrets, settings.scratch_dir)
         self._listeners: list[Callable[[Job], None]] = []
-        self.ctx = JobContext(workspace, settings, self.store, self.secrets, self.admin, self._emit)
+        self.usage_record = UsageRecord(workspace.usage_record)
+        self.ctx = JobContext(workspace, settings, self.store, self.secrets, self.admin, self._emit, self.usage_record)
         self.leases = Leases(self.ctx)
         self.collector = Collector(self.ctx, self.leases)
         self.driver = Driver(self.ctx, self.leases, self.collector, self.digests)
@@ -161,12 +164,27 @@ class JobService:
         """One page of job summaries, newest first (``listing.py``)."""
         return list_page(self.store, query)
 
+    def usage(
+        self, group_by: str | Sequence[str] | None = None, since: str | None = None, until: str | None = None
+    ) -> dict[str, Any]:
+        """Job-hours, GPU-hours, queue time, bytes moved and cost estimates per group (``usage.py``).
+
+        Ended attempts come from the usage record; those under way from the state file, counted up to now.
+        """
+        keys = parse_group_by(group_by)
+        start, end = parse_instant(since, "since"), parse_instant(until, "until")
+        if start is not None and end is not None and end < start:
+            raise InvalidSettings("until: must not be before since", field="until")
+        attempts = self.usage_record.attempts()
+        attempts += live_attempts(self.store.jobs().values(), self.usage_record, self.workspace.punica_dir)
+        return summarize(attempts, keys, since=start, until=end)
+
     def prune(self, **options: Any) -> PruneResult:
         """Forget old finished jobs (``prune.py``; options as ``prune_jobs``)."""
         return prune_jobs(self, **options)
 
     # -- submit -------------------------------------------------------------
-    def submit(self, spec: JobSpec, *, new: bool = False) -> SubmitResult:
+    def submit(self, spec: JobSpec, *, new: bool = False, user: str | None = None) -> SubmitResult:
         """Validate, screen, check policy, hash inputs; then attach to the same work or queue a new job.
 
         Nothing is stored and nothing leaves this machine until every check passed.
@@ -186,6 +204,11 @@ class JobService:
                 )
 
         files, key = self._inputs_and_key(spec)
+        experiment = self.settings.tracking.experiment
+        if experiment and "MLFLOW_EXPERIMENT_NAME" not in spec.env:
+            # The far side's script sees the experiment a local run would use; after the key, so the
+            # same work submitted from a process without the variable still attaches.
+            spec = dataclasses.replace(spec, env={**spec.env, "MLFLOW_EXPERIMENT_NAME": experiment})
         check_egress(self.workspace.policy_yaml, machine.name, cls.remote, [f.relpath for f in files])
         if spec.resources.to_json():
             self._admit(machine, spec)
@@ -209,6 +232,7 @@ class JobService:
                 spec=spec,
                 machine_snapshot=snapshot_of(machine),
                 inputs={"files": len(files), "bytes": sum(f.size for f in files)},
+                user=user or getpass.getuser(),
             )
             jobs[job_id] = job
         self._emit(job)

@@ -122,13 +122,24 @@ class Outcome:
     state: str  # one of TERMINAL_STATES
     reason: str | None = None
     reach_machine: bool = True  # False: the machine could not be reached, collect without asking it
+    at: float | None = None  # when the job stopped on its machine, as this side saw it (epoch seconds)
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "reason": self.reason, "reach_machine": self.reach_machine}
+        data = {"state": self.state, "reason": self.reason, "reach_machine": self.reach_machine}
+        if self.at is not None:  # absent when unknown, so a record an older version wrote reads back the same
+            data["at"] = self.at
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
-        return cls(data["state"], data.get("reason"), bool(data.get("reach_machine", True)))
+        at = data.get("at")
+        return cls(
+            data["state"], data.get("reason"), bool(data.get("reach_machine", True)), at if _is_number(at) else None
+        )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass
@@ -160,6 +171,7 @@ class Job:
     # What the machine's scheduler said (epoch seconds): queued_at, started_at, ended_at, only those it
     # reported (RemoteStatus); usage prefers them to this side's own created/started/ended.
     times: dict[str, float] = dataclasses.field(default_factory=dict)
+    user: str | None = None  # who submitted it, for the usage record
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -180,8 +192,9 @@ class Job:
         data = {name: getattr(self, name) for name in _JOB_FIELDS}
         data["spec"] = self.spec.to_json()
         data["outcome"] = None if self.outcome is None else self.outcome.to_json()
-        if not self.times:
-            del data["times"]  # a job no scheduler timed is stored as before the field existed
+        for name, unset in _ADDED_FIELDS:
+            if data[name] == unset:  # left out when unset: a record an older version wrote reads back the same
+                del data[name]
         return data
 
     def public_json(self) -> dict[str, Any]:
@@ -197,6 +210,8 @@ class Job:
 
 
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
+#: Fields added after schema 1's first release, with the value that means "not set".
+_ADDED_FIELDS: tuple[tuple[str, Any], ...] = (("times", {}), ("user", None))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ import {
   ReactWidget,
   refreshIcon,
   runIcon,
+  tableRowsIcon,
   ToolbarButtonComponent
 } from '@jupyterlab/ui-components';
 import { CommandRegistry } from '@lumino/commands';
@@ -593,6 +594,12 @@ function ComputePanelComponent(props: {
     <div className="jp-RemoteCompute-panelContent">
       <div className="jp-RemoteCompute-header">
         <h2 className="jp-RemoteCompute-title">{trans.__('Compute')}</h2>
+        <ToolbarButtonComponent
+          icon={tableRowsIcon}
+          label={trans.__('Usage')}
+          tooltip={trans.__('Show job-hours and GPU-hours per machine')}
+          onClick={() => void commands.execute('remote-compute:show-usage')}
+        />
         <ToolbarButtonComponent
           icon={refreshIcon}
           onClick={() => void model.refresh().catch(() => undefined)}

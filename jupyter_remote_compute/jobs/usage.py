@@ -1,0 +1,406 @@
+"""What every job used: an append-only usage record, one line per ended attempt, apart from the state file.
+
+``.punica/usage.jsonl`` gets one complete JSON line when an attempt ends (the job reached its end
+state, or a scheduler put it back in its queue), appended under a file lock and fsynced. Pruning or
+deleting jobs never touches it. Reading is by offset, like a log: a process parses only what was
+appended since it last looked; a last line without its newline (a writer cut short) is left for the
+next read, and a line that does not parse is skipped with a warning. Collection may run twice for
+one job (a crash between recording and ending it): the first line of an attempt is the one kept.
+
+An attempt still under way is not in the file: ``live_attempts`` computes it from the state file,
+counting up to now, marked ``running``.
+
+Times come, in order of trust, from the machine's scheduler (``Job.times``: ``source: scheduler``),
+else from this side's lifecycle (``engine``); a lost attempt's end is when this side noticed
+(``estimated``). Queue time runs from submit (or the requeue) to the start, so for a push machine
+it includes sending the inputs.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from ..errors import InvalidSettings
+from ..fsutil import atomic_write
+from .store import ACTIVE_STATES, Job, parse_time
+
+log = logging.getLogger(__name__)
+
+USAGE_FILE = "usage.jsonl"
+FACTS_FILE = "machine-facts.json"
+LOCK_TIMEOUT = 30.0
+#: A scheduler put the job back in its queue: the attempt ended, the next starts queued.
+REQUEUED = "requeued"
+GROUP_KEYS = ("machine", "user", "month", "kind", "state")
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt of one job, as metered: one line of the usage record."""
+
+    job: str
+    attempt: int  # 1 for the first; a requeue starts the next
+    name: str
+    machine: str
+    kind: str
+    user: str | None
+    queued: float  # epoch seconds: submitted, or put back in the queue
+    started: float | None  # None: never ran
+    ended: float | None  # None: still under way (``running``)
+    state: str  # the job's end state, ``requeued``, or (running) its live state
+    gpus: int  # GPUs the attempt held (asked for, else all the machine has)
+    source: str  # engine | scheduler | estimated
+    bytes_sent: int = 0
+    bytes_fetched: int = 0
+    price_per_hour: float | None = None  # the machine's setting, if it has one
+    running: bool = False  # counted up to now, not final
+
+    def end(self, now: float) -> float:
+        return self.ended if self.ended is not None else now
+
+    def wall_s(self, now: float) -> float:
+        return max(0.0, self.end(now) - self.started) if self.started is not None else 0.0
+
+    def queue_s(self, now: float) -> float:
+        until = self.started if self.started is not None else self.end(now)
+        return max(0.0, until - self.queued)
+
+    def metrics(self, now: float) -> dict[str, float]:
+        """The figures a job's MLflow run carries (``tracking.USAGE_METRICS``)."""
+        wall = self.wall_s(now)
+        return {
+            "remote_compute.wall_s": round(wall, 3),
+            "remote_compute.gpu_s": round(wall * self.gpus, 3),
+            "remote_compute.queue_s": round(self.queue_s(now), 3),
+            "remote_compute.bytes_sent": float(self.bytes_sent),
+            "remote_compute.bytes_fetched": float(self.bytes_fetched),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class UsageRecord:
+    """``.punica/usage.jsonl``: appended under a lock, read incrementally by offset."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
+        self._read_lock = threading.Lock()
+        self._offset = 0
+        self._identity: tuple[int, int] | None = None
+        self._attempts: dict[tuple[str, int], Attempt] = {}
+
+    def append(self, attempt: Attempt) -> None:
+        """One whole line, flushed to disk before returning."""
+        line = (json.dumps(attempt.to_json(), separators=(",", ":")) + "\n").encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size and not _ends_with_newline(fd):
+                    # A writer died mid-line: end its fragment so this line stays whole and readable.
+                    os.write(fd, b"\n")
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def attempts(self) -> list[Attempt]:
+        """Every ended attempt in the record, the first line of each (job, attempt) kept."""
+        with self._read_lock:
+            self._catch_up()
+            return list(self._attempts.values())
+
+    def attempts_of(self, job_id: str) -> list[Attempt]:
+        return sorted((a for a in self.attempts() if a.job == job_id), key=lambda a: a.attempt)
+
+    def _catch_up(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                identity = (st.st_dev, st.st_ino)
+                if identity != self._identity or st.st_size < self._offset:
+                    # Replaced or cut (by hand): read it again from the start.
+                    self._identity, self._offset, self._attempts = identity, 0, {}
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            self._identity, self._offset, self._attempts = None, 0, {}
+            return
+        whole = data[: data.rfind(b"\n") + 1]  # a torn last line waits for the rest (or is ended by append)
+        for raw in whole.splitlines():
+            if not raw.strip():
+                continue
+            try:
+                attempt = Attempt.from_json(json.loads(raw))
+            except (ValueError, TypeError) as e:
+                log.warning("%s: skipped a line that does not read (%s) near byte %d", self.path, e, self._offset)
+                continue
+            self._attempts.setdefault((attempt.job, attempt.attempt), attempt)
+        self._offset += len(whole)
+
+
+def _ends_with_newline(fd: int) -> bool:
+    return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
+
+
+# -- what a machine holds ---------------------------------------------------------------------------
+def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> None:
+    """Keep the GPU count a check found, for metering jobs that did not ask for GPUs."""
+    path = punica_dir / FACTS_FILE
+    with FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT):
+        known = _read_facts(path)
+        known[machine] = {"gpus": len(facts.get("gpus") or []), "checked": time.time()}
+        atomic_write(path, json.dumps(known, indent=1).encode(), mode=0o600)
+
+
+def _read_facts(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def gpus_held(job: Job, punica_dir: Path) -> int:
+    """GPUs the job held: what it asked for (per node x nodes), else every GPU its machine's last check saw."""
+    resources = job.spec.resources
+    if resources.gpus:
+        return resources.gpus * (resources.nodes or 1)
+    facts = _read_facts(punica_dir / FACTS_FILE).get(job.machine) or {}
+    gpus = facts.get("gpus")
+    return gpus if isinstance(gpus, int) and gpus > 0 else 0
+
+
+def price_of(job: Job) -> float | None:
+    price = (job.machine_snapshot.get("options") or {}).get("price_per_hour")
+    return float(price) if isinstance(price, (int, float)) and not isinstance(price, bool) and price >= 0 else None
+
+
+# -- metering one attempt ------------------------------------------------------------------------------
+def current_attempt(job: Job, record: UsageRecord) -> tuple[int, float]:
+    """The number of the job's attempt under way, and when it was queued (submit, or the last requeue)."""
+    before = record.attempts_of(job.id)
+    if not before:
+        return 1, parse_time(job.created)
+    last = before[-1]
+    return last.attempt + 1, last.end(time.time())
+
+
+def meter(
+    job: Job,
+    record: UsageRecord,
+    punica_dir: Path,
+    *,
+    state: str,
+    ended: float | None,
+    bytes_fetched: int = 0,
+    running: bool = False,
+) -> Attempt:
+    """The attempt under way for ``job``, ending at ``ended`` in ``state`` (None: still running)."""
+    number, queued = current_attempt(job, record)
+    times = job.times or {}
+    started = job.started and parse_time(job.started)
+    source = "engine"
+    if times.get("started_at") is not None or times.get("ended_at") is not None:
+        source = "scheduler"
+        queued = times.get("queued_at", queued)
+        started = times.get("started_at", started)
+        if ended is not None:
+            ended = times.get("ended_at", ended)
+    if state == "lost":
+        source = "estimated"  # nobody saw it end: its end is when this side noticed
+    return Attempt(
+        job=job.id,
+        attempt=number,
+        name=job.name,
+        machine=job.machine,
+        kind=job.kind,
+        user=job.user,
+        queued=queued,
+        started=started or None,
+        ended=ended,
+        state=state,
+        gpus=gpus_held(job, punica_dir),
+        source=source,
+        bytes_sent=int(job.transfer.get("bytes_sent", 0) or 0),
+        bytes_fetched=bytes_fetched,
+        price_per_hour=price_of(job),
+        running=running,
+    )
+
+
+def live_attempts(jobs: Iterable[Job], record: UsageRecord, punica_dir: Path) -> list[Attempt]:
+    """Attempts under way now, from the unfinished jobs: counted up to now, marked ``running``."""
+    return [
+        meter(job, record, punica_dir, state=job.state, ended=None, running=True)
+        for job in jobs
+        if job.state in ACTIVE_STATES
+    ]
+
+
+def job_metrics(attempts: Iterable[Attempt], now: float) -> dict[str, float]:
+    """A job's figures over all its attempts (a requeued job ran more than once), for its MLflow run."""
+    total: dict[str, float] = {}
+    for attempt in attempts:
+        for key, value in attempt.metrics(now).items():
+            total[key] = total.get(key, 0.0) + value
+    return total
+
+
+# -- summing -----------------------------------------------------------------------------------------
+def parse_instant(value: str | None, field: str) -> float | None:
+    """An ISO 8601 date or time (UTC unless it says otherwise) as epoch seconds; None stays None."""
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidSettings(
+            f"{field}: {value!r} is not an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", field=field
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def parse_group_by(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ("machine",)
+    names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    unknown = [n for n in names if n not in GROUP_KEYS]
+    if unknown or not names:
+        raise InvalidSettings(
+            f"group_by: {unknown[0] if unknown else value!r} is not a grouping; use one or more of "
+            + ", ".join(GROUP_KEYS),
+            field="group_by",
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _month(when: float) -> str:
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m")
+
+
+def _key(attempt: Attempt, group_by: Sequence[str], now: float) -> tuple[str, ...]:
+    values = {
+        "machine": attempt.machine,
+        "user": attempt.user or "",
+        "month": _month(attempt.end(now)),
+        "kind": attempt.kind,
+        "state": attempt.state,
+    }
+    return tuple(values[name] for name in group_by)
+
+
+def summarize(
+    attempts: Iterable[Attempt],
+    group_by: Sequence[str],
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Sums per group of the attempts that ended (running ones: now) within ``[since, until]``.
+
+    An attempt belongs to the month it ended in. Cost is an estimate, summed only over attempts on
+    machines with a ``price_per_hour``; ``priced_hours`` says how many job-hours it covers.
+    """
+    now = time.time() if now is None else now
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
+    for attempt in attempts:
+        end = attempt.end(now)
+        if (since is not None and end < since) or (until is not None and end > until):
+            continue
+        key = _key(attempt, group_by, now)
+        row = groups.get(key)
+        if row is None:
+            row = groups[key] = {
+                **dict(zip(group_by, key, strict=True)),
+                "attempts": 0,
+                "jobs": set(),
+                "running": 0,
+                "job_hours": 0.0,
+                "gpu_hours": 0.0,
+                "queue_hours": 0.0,
+                "bytes_sent": 0,
+                "bytes_fetched": 0,
+                "cost_estimate": None,
+                "priced_hours": 0.0,
+                "estimated_attempts": 0,
+            }
+        wall_h = attempt.wall_s(now) / 3600
+        row["attempts"] += 1
+        row["jobs"].add(attempt.job)
+        row["running"] += attempt.running
+        row["job_hours"] += wall_h
+        row["gpu_hours"] += wall_h * attempt.gpus
+        row["queue_hours"] += attempt.queue_s(now) / 3600
+        row["bytes_sent"] += attempt.bytes_sent
+        row["bytes_fetched"] += attempt.bytes_fetched
+        row["estimated_attempts"] += attempt.source == "estimated"
+        if attempt.price_per_hour is not None:
+            row["cost_estimate"] = (row["cost_estimate"] or 0.0) + wall_h * attempt.price_per_hour
+            row["priced_hours"] += wall_h
+    rows = []
+    for key in sorted(groups):
+        row = groups[key]
+        row["jobs"] = len(row["jobs"])
+        for name in ("job_hours", "gpu_hours", "queue_hours", "priced_hours"):
+            row[name] = round(row[name], 6)
+        if row["cost_estimate"] is not None:
+            row["cost_estimate"] = round(row["cost_estimate"], 4)
+        rows.append(row)
+    return {
+        "group_by": list(group_by),
+        "since": since,
+        "until": until,
+        "generated": now,
+        "rows": rows,
+        "note": "job_hours is wall time; gpu_hours is allocated (wall time x GPUs held); "
+        "cost_estimate is an estimate from each machine's price_per_hour, where one is set",
+    }
+
+
+CSV_FIELDS = (
+    "attempts",
+    "jobs",
+    "running",
+    "job_hours",
+    "gpu_hours",
+    "queue_hours",
+    "bytes_sent",
+    "bytes_fetched",
+    "cost_estimate",
+    "priced_hours",
+    "estimated_attempts",
+)
+
+
+def summary_csv(summary: Mapping[str, Any]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    columns = [*summary["group_by"], *CSV_FIELDS]
+    writer.writerow(columns)
+    for row in summary["rows"]:
+        writer.writerow(["" if row[c] is None else row[c] for c in columns])
+    return out.getvalue()

@@ -1,0 +1,216 @@
+/**
+ * The Usage view (main area): job-hours and GPU-hours per machine per month as a bar chart,
+ * and every figure of each machine and month in a table, with the CSV the server makes.
+ */
+import { TranslationBundle } from '@jupyterlab/translation';
+import {
+  downloadIcon,
+  ReactWidget,
+  refreshIcon,
+  ToolbarButtonComponent
+} from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import { getUsage, IUsage, IUsageRow, usageCsvUrl } from '../api';
+import { formatSize } from '../format';
+import { computeIcon } from '../icons';
+import { asAPIError } from '../model';
+import { BarChart } from './charts/BarChart';
+
+const GROUP_BY = ['machine', 'month'];
+
+function hours(value: number): string {
+  if (value === 0) {
+    return '0 h';
+  }
+  return value < 10 ? `${value.toFixed(2)} h` : `${value.toFixed(1)} h`;
+}
+
+/**
+ * "gpu-box · 2026-11": one chart category per machine and month, ordered by month then machine.
+ */
+function categoryOf(row: IUsageRow): string {
+  return `${row.machine ?? ''} · ${row.month ?? ''}`;
+}
+
+function sortedRows(usage: IUsage): IUsageRow[] {
+  return [...usage.rows].sort(
+    (a, b) =>
+      (a.month ?? '').localeCompare(b.month ?? '') ||
+      (a.machine ?? '').localeCompare(b.machine ?? '')
+  );
+}
+
+function UsageTable(props: {
+  rows: IUsageRow[];
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { rows, trans } = props;
+  return (
+    <table
+      className="jp-RemoteCompute-usageTable"
+      aria-label={trans.__('Usage per machine and month')}
+    >
+      <thead>
+        <tr>
+          <th scope="col">{trans.__('Machine')}</th>
+          <th scope="col">{trans.__('Month')}</th>
+          <th scope="col">{trans.__('Attempts')}</th>
+          <th scope="col">{trans.__('Job-hours')}</th>
+          <th scope="col">{trans.__('GPU-hours')}</th>
+          <th scope="col">{trans.__('Queued')}</th>
+          <th scope="col">{trans.__('Sent')}</th>
+          <th scope="col">{trans.__('Fetched')}</th>
+          <th scope="col">{trans.__('Cost (estimate)')}</th>
+        </tr>
+      </thead>
+      <tbody>
+        {rows.map(row => (
+          <tr key={categoryOf(row)}>
+            <td>
+              {row.machine === 'local' ? trans.__('This machine') : row.machine}
+            </td>
+            <td>{row.month}</td>
+            <td>
+              {row.attempts}
+              {row.running > 0 && (
+                <span className="jp-RemoteCompute-usageNote">
+                  {' '}
+                  {trans.__('(%1 running, counted up to now)', row.running)}
+                </span>
+              )}
+              {row.estimated_attempts > 0 && (
+                <span
+                  className="jp-RemoteCompute-usageNote"
+                  title={trans.__(
+                    'Lost attempts: their end is when this side noticed'
+                  )}
+                >
+                  {' '}
+                  {trans.__('(%1 estimated)', row.estimated_attempts)}
+                </span>
+              )}
+            </td>
+            <td>{hours(row.job_hours)}</td>
+            <td>{hours(row.gpu_hours)}</td>
+            <td>{hours(row.queue_hours)}</td>
+            <td>{formatSize(row.bytes_sent)}</td>
+            <td>{formatSize(row.bytes_fetched)}</td>
+            <td>
+              {row.cost_estimate === null
+                ? '—'
+                : trans.__('~%1', row.cost_estimate.toFixed(2))}
+            </td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
+  const { trans } = props;
+  const [usage, setUsage] = React.useState<IUsage | null>(null);
+  const [error, setError] = React.useState<string | null>(null);
+  const [loading, setLoading] = React.useState(true);
+
+  const load = React.useCallback(async () => {
+    setLoading(true);
+    try {
+      setUsage(await getUsage({ groupBy: GROUP_BY }));
+      setError(null);
+    } catch (e) {
+      setError(asAPIError(e).message);
+    } finally {
+      setLoading(false);
+    }
+  }, []);
+  React.useEffect(() => {
+    void load();
+  }, [load]);
+
+  const rows = usage ? sortedRows(usage) : [];
+  return (
+    <div className="jp-RemoteCompute-usage">
+      <div className="jp-RemoteCompute-sectionHeader">
+        <h2 className="jp-RemoteCompute-title">{trans.__('Usage')}</h2>
+        <ToolbarButtonComponent
+          icon={refreshIcon}
+          tooltip={trans.__('Sum the usage again')}
+          onClick={() => void load()}
+        />
+        <a
+          className="jp-RemoteCompute-usageCsv"
+          href={usageCsvUrl({ groupBy: GROUP_BY })}
+          download="usage.csv"
+          title={trans.__('Download these sums as CSV')}
+        >
+          <downloadIcon.react tag="span" />
+          {trans.__('CSV')}
+        </a>
+      </div>
+      {error && (
+        <p className="jp-RemoteCompute-error" role="alert">
+          {trans.__('Could not load the usage: %1', error)}
+        </p>
+      )}
+      {!error && loading && !usage && (
+        <p className="jp-RemoteCompute-empty">{trans.__('Loading…')}</p>
+      )}
+      {usage && rows.length === 0 && (
+        <p className="jp-RemoteCompute-empty">
+          {trans.__('No job has used a machine yet.')}
+        </p>
+      )}
+      {usage && rows.length > 0 && (
+        <>
+          <div className="jp-RemoteCompute-chartScroller">
+            <BarChart
+              label={trans.__('Job-hours and GPU-hours per machine per month')}
+              categories={rows.map(categoryOf)}
+              series={[
+                {
+                  name: trans.__('Job-hours'),
+                  values: rows.map(r => r.job_hours),
+                  color: 'var(--jp-brand-color1)'
+                },
+                {
+                  name: trans.__('GPU-hours (allocated)'),
+                  values: rows.map(r => r.gpu_hours),
+                  color: 'var(--jp-warn-color1)'
+                }
+              ]}
+              format={hours}
+            />
+          </div>
+          <UsageTable rows={rows} trans={trans} />
+          <p className="jp-RemoteCompute-usageNote">
+            {trans.__(
+              'Job-hours are wall time; GPU-hours are allocated (wall time × GPUs held). Costs are estimates from each machine’s price_per_hour, where one is set. An attempt counts in the month it ended.'
+            )}
+          </p>
+        </>
+      )}
+    </div>
+  );
+}
+
+/**
+ * The Usage view as a main-area widget.
+ */
+export class UsageWidget extends ReactWidget {
+  constructor(options: { trans: TranslationBundle }) {
+    super();
+    this._trans = options.trans;
+    this.addClass('jp-RemoteCompute-usageWidget');
+    this.title.icon = computeIcon;
+    this.title.closable = true;
+    this.title.label = this._trans.__('Compute usage');
+  }
+
+  render(): JSX.Element {
+    return <UsageComponent trans={this._trans} />;
+  }
+
+  private _trans: TranslationBundle;
+}
