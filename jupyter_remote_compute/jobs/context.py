@@ -13,6 +13,7 @@ from ..secrets import SecretStore
 from ..tracking import TrackingSettings
 from ..workspace import Workspace
 from .admin import MachineAdmin
+from .metrics import MetricWatch
 from .store import Job, JobStore
 
 
@@ -35,6 +36,8 @@ class JobContext:
     secrets: SecretStore
     admin: MachineAdmin
     emit: Callable[[Job], None]
+    #: Whose live metrics someone watches, and what was read of them (metrics.py).
+    metrics: MetricWatch = dataclasses.field(default_factory=MetricWatch)
 
     def engine_of(self, job: Job) -> Engine:
         """The engine a job started with (its machine as it was at submit)."""

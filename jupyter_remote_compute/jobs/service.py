@@ -41,6 +41,7 @@ from .leases import Leases
 from .lifecycle import Driver
 from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
+from .metrics import MetricsPage
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
 from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, new_job_id, utcnow
@@ -286,6 +287,17 @@ class JobService:
     def read_log(self, job_id: str, offset: int = 0, limit: int = LOG_CHUNK) -> LogChunk:
         """Part of a job's log from a byte offset, whole lines where possible, secrets masked."""
         return logs.read_log(self.ctx, job_id, offset, limit)
+
+    def read_metrics(self, job_id: str, since: str | None = None) -> tuple[MetricsPage, bool]:
+        """A job's live metrics past cursor ``since``, and whether more may come (the job is unfinished).
+
+        Asking marks an unfinished job watched (``metrics.WATCH_FOR``): its next polls bring what it
+        logs to MLflow on its machine. Points are kept in this process only, while it reads them.
+        """
+        job = self.store.get(job_id)
+        if job.active:
+            self.ctx.metrics.watch(job_id)
+        return self.ctx.metrics.read(job_id, since), job.active
 
     # -- user actions ---------------------------------------------------------
     def cancel(self, job_id: str, by: str = "user") -> Job:
