@@ -7,6 +7,7 @@ JSON with their 4xx/5xx status in one place, ``RemoteComputeHandler.call``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -87,8 +88,10 @@ class Wakeups:
                 sleeper.set_result(None)
 
     def wake_threadsafe(self, job_id: str) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.wake, job_id)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the server is stopping
+                loop.call_soon_threadsafe(self.wake, job_id)
 
     async def sleep(self, job_id: str, seen: int, timeout: float) -> None:
         """Until the job's next news after generation ``seen``, or ``timeout`` seconds."""
