@@ -61,14 +61,14 @@ class MetricsPage:
     cursor: str
     reset: bool  # the cursor asked about another series (a restarted server): these are all points
 
-    def latest(self) -> dict[str, float | None]:
-        """The last value of each metric (``run/key`` when several runs log the same key)."""
+    def latest(self) -> dict[str, tuple[int, float | None]]:
+        """The last (step, value) of each metric on this page (``<run>/key`` when several runs log it)."""
         runs_of: dict[str, set[str]] = {}
         for p in self.points:
             runs_of.setdefault(p.key, set()).add(p.run)
-        out: dict[str, float | None] = {}
+        out: dict[str, tuple[int, float | None]] = {}
         for p in self.points:
-            out[p.key if len(runs_of[p.key]) == 1 else f"{p.run[:8]}/{p.key}"] = p.value
+            out[p.key if len(runs_of[p.key]) == 1 else f"{p.run[:8]}/{p.key}"] = (p.step, p.value)
         return out
 
     def to_json(self, watching: bool, complete: bool) -> dict[str, Any]:

@@ -264,10 +264,12 @@ class JobService:
         interval: float | None = None,
         stop: threading.Event | None = None,
         on_wait: Callable[[Job], None] | None = None,
+        on_metrics: Callable[[MetricsPage], None] | None = None,
     ) -> Job:
         """Drive the job until it ends, ``timeout`` passes or ``stop`` is set; stream its log to ``on_log``.
 
-        ``on_wait`` hears a job go pending (with the reason) and start running after it.
+        ``on_wait`` hears a job go pending (with the reason) and start running after it;
+        ``on_metrics`` the live metrics it logs to MLflow on its machine, as they arrive.
 
         Returns the job in whatever state it reached: a wait that ends early does not stop the job.
         The CLI (``run``, ``jobs log -f``), the magic and pipeline steps all follow a job through here.
@@ -282,6 +284,8 @@ class JobService:
             progress=progress,
             stop=stop,
             on_wait=on_wait,
+            read_metrics=self.read_metrics,
+            on_metrics=on_metrics,
         )
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = LOG_CHUNK) -> LogChunk:
