@@ -44,6 +44,16 @@ const isListOrMachines = (line: string) =>
   /^GET \/remote-compute\/(jobs|machines)(\?|$)/.test(line);
 
 test.describe('Live updates', () => {
+  // On a loaded test machine JupyterLab can take longer to start than Galata's default wait.
+  test.use({
+    waitForApplication: async ({ baseURL }, use) => {
+      await use(async (page, helpers) => {
+        await page.locator('#jupyterlab-splash').waitFor({ state: 'detached', timeout: 120000 });
+        await helpers.waitForCondition(() => helpers.activity.isTabActive('Launcher'), 120000);
+      });
+    }
+  });
+
   test('charts the metrics a job logs while it still runs', async ({ page, tmpPath }) => {
     const errors: string[] = [];
     page.on('console', message => {
