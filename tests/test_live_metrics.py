@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import jupyter_server_fixture
 import pytest
 import sshd_fixture
 from waiting import wait_for
@@ -22,6 +23,7 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
+remote_server = jupyter_server_fixture.remote_server
 
 # Logs three points, waits until the test says go, then logs a last one and ends.
 TRAIN = """\
@@ -159,3 +161,35 @@ def test_status_without_metrics_reads_no_stdin(tmp_path):
         assert proc.stdin is not None
         proc.stdin.close()
     assert out == b"0 exited 0\n"
+
+
+def test_a_jupyter_machines_poll_brings_watched_metrics(remote_server, tmp_path):
+    from jupyter_remote_compute.engines.base import EngineContext, LaunchSpec
+    from jupyter_remote_compute.engines.jupyter import JupyterEngine
+
+    context = EngineContext(get_secret=lambda name: remote_server.token, scratch_dir=tmp_path)
+    engine = JupyterEngine("far", remote_server.url, {"token_secret": "compute/remote"}, context)
+    # Written as MLflow's file store writes a point, then the job waits: it is still running when polled.
+    command = (
+        "mkdir -p ../mlruns/0/r1/metrics && printf '5 0.75 0\\n' > ../mlruns/0/r1/metrics/loss; "
+        "while [ ! -f go ]; do sleep 0.05; done"
+    )
+    try:
+        job = engine.prepare(RemoteJob("live-metrics", "k", {}))
+        job = engine.start(job, LaunchSpec(command, {}, {}))
+
+        def brought():  # type: ignore[no-untyped-def]
+            statuses, found = engine.poll_watched([job], {job.job_id: {}})
+            return (statuses, found) if found else None
+
+        statuses, found = wait_for(brought, 60, message="the metric through the kernel")
+        assert statuses[job.job_id].state == "running"
+        assert found == {job.job_id: {"0/r1/metrics/loss": (0, b"5 0.75 0\n")}}
+        # Past what was read nothing comes, and an unwatched poll brings no metrics at all.
+        assert engine.poll_watched([job], {job.job_id: {"0/r1/metrics/loss": 9}})[1] == {}
+        assert engine.poll_watched([job], {})[1] == {}
+        (Path(job.handle["abs_dir"]) / "work" / "go").write_text("")
+        wait_for(lambda: engine.poll([job])[job.job_id].state == "exited", 60, message="exit")
+        engine.cleanup(job)
+    finally:
+        engine.close()
