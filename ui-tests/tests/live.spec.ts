@@ -2,7 +2,12 @@
  * Live updates pushed by the server: a job's metrics charted in its detail while it runs, and
  * a job list that follows the event socket, with no timed requests while that socket is up.
  */
-import { expect, galata, test } from '@jupyterlab/galata';
+import {
+  expect,
+  galata,
+  IJupyterLabPageFixture,
+  test
+} from '@jupyterlab/galata';
 import { WebSocketRoute } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
@@ -40,19 +45,32 @@ function recordRequests(page: import('@playwright/test').Page): string[] {
   return asked;
 }
 
+/**
+ * Open JupyterLab and wait, up to three minutes, until it and Galata's helpers are ready.
+ */
+async function openLab(page: IJupyterLabPageFixture): Promise<void> {
+  const raw = page.context().pages()[0];
+  await raw.goto('/lab', { waitUntil: 'domcontentloaded' });
+  await raw.waitForFunction(
+    () => typeof (window as any).jupyterapp === 'object',
+    null,
+    { timeout: 180000 }
+  );
+  await raw.evaluate(() => (window as any).jupyterapp.started);
+  await raw.waitForFunction(
+    () => typeof (window as any).galata?.app === 'object',
+    null,
+    { timeout: 60000 }
+  );
+}
+
 const isListOrMachines = (line: string) =>
   /^GET \/remote-compute\/(jobs|machines)(\?|$)/.test(line);
 
 test.describe('Live updates', () => {
-  // On a loaded test machine JupyterLab can take longer to start than Galata's default wait.
-  test.use({
-    waitForApplication: async ({ baseURL }, use) => {
-      await use(async (page, helpers) => {
-        await page.locator('#jupyterlab-splash').waitFor({ state: 'detached', timeout: 120000 });
-        await helpers.waitForCondition(() => helpers.activity.isTabActive('Launcher'), 120000);
-      });
-    }
-  });
+  // Each test opens JupyterLab itself: on a loaded test machine it can take longer to start
+  // than the 15 s Galata's own navigation waits.
+  test.use({ autoGoto: false });
 
   test('charts the metrics a job logs while it still runs', async ({ page, tmpPath }) => {
     const errors: string[] = [];
@@ -64,6 +82,7 @@ test.describe('Live updates', () => {
     const name = unique('ui-metrics');
     const go = path.join(WORKSPACE, tmpPath, 'go');
     await page.contents.uploadContent(TRAIN, 'text', `${tmpPath}/train.py`);
+    await openLab(page);
     await page.sidebar.openTab('jp-remote-compute-panel');
     const panel = page.locator('#jp-remote-compute-panel');
     await panel.getByRole('button', { name: 'New job' }).click();
@@ -103,6 +122,7 @@ test.describe('Live updates', () => {
       const name = unique('ui-pushed');
       const go = path.join(WORKSPACE, tmpPath, 'go-pushed');
       fs.mkdirSync(path.dirname(go), { recursive: true });
+      await openLab(page);
       await page.sidebar.openTab('jp-remote-compute-panel');
       const panel = page.locator('#jp-remote-compute-panel');
       await expect(panel.getByRole('list', { name: 'Jobs' })).toBeVisible();
@@ -134,7 +154,7 @@ test.describe('Live updates', () => {
       socket.connectToServer();
       sockets.push(socket);
     });
-    await page.goto();
+    await openLab(page);
     await page.sidebar.openTab('jp-remote-compute-panel');
     const panel = page.locator('#jp-remote-compute-panel');
     await expect(panel.getByRole('list', { name: 'Jobs' })).toBeVisible();
