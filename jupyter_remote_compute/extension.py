@@ -150,6 +150,9 @@ class RemoteComputeApp(ExtensionApp):
         loop = asyncio.get_running_loop()
         # Changes made by this process's worker threads reach the event bus on the loop's thread.
         self.service.add_listener(lambda job: loop.call_soon_threadsafe(self._emit, job))
+        # Long-polled log and metrics reads wake on their job's news.
+        self.context.wakeups.bind(loop)
+        self.service.ctx.metrics.add_listener(self.context.wakeups.wake_threadsafe)
         self._poller = asyncio.create_task(self._poll_forever())
         self._watcher = asyncio.create_task(self._watch_forever())
 
@@ -158,6 +161,7 @@ class RemoteComputeApp(ExtensionApp):
         if self._emitted.get(job.id) == seen:
             return
         self._emitted[job.id] = seen
+        self.context.wakeups.wake(job.id)
         self.serverapp.event_logger.emit(
             schema_id=EVENT_SCHEMA_ID,
             data={

@@ -7,11 +7,13 @@ JSON with their 4xx/5xx status in one place, ``RemoteComputeHandler.call``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.client import responses
@@ -62,11 +64,60 @@ class TransferPool:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+class Wakeups:
+    """Long-polled reads (a log, live metrics) sleep here until news of their job, never blocking the IOLoop.
+
+    ``wake`` runs on the IOLoop's thread (``wake_threadsafe`` from any other); every wake counts, so a
+    reader that took ``generation`` before reading never sleeps through news that came meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._generation: dict[str, int] = {}
+        self._sleepers: dict[str, set[asyncio.Future[None]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def generation(self, job_id: str) -> int:
+        return self._generation.get(job_id, 0)
+
+    def wake(self, job_id: str) -> None:
+        self._generation[job_id] = self._generation.get(job_id, 0) + 1
+        for sleeper in self._sleepers.pop(job_id, ()):
+            if not sleeper.done():
+                sleeper.set_result(None)
+
+    def wake_threadsafe(self, job_id: str) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the server is stopping
+                loop.call_soon_threadsafe(self.wake, job_id)
+
+    async def sleep(self, job_id: str, seen: int, timeout: float) -> None:
+        """Until the job's next news after generation ``seen``, or ``timeout`` seconds."""
+        if self._generation.get(job_id, 0) != seen or timeout <= 0:
+            return
+        sleeper = asyncio.get_running_loop().create_future()
+        self._sleepers.setdefault(job_id, set()).add(sleeper)
+        try:
+            await asyncio.wait_for(sleeper, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            waiting = self._sleepers.get(job_id)
+            if waiting is not None:
+                waiting.discard(sleeper)
+                if not waiting:
+                    del self._sleepers[job_id]
+
+
 @dataclasses.dataclass(frozen=True)
 class RemoteComputeContext:
     service: JobService
     executor: ThreadPoolExecutor
     transfers: TransferPool
+    wakeups: Wakeups = dataclasses.field(default_factory=Wakeups)
 
 
 class RemoteComputeHandler(APIHandler):
@@ -338,6 +389,8 @@ class JobCancelHandler(RemoteComputeHandler):
 #: The largest log offset asked for: past any real log (1 TiB) and below what a file system can seek to.
 MAX_LOG_OFFSET = 1 << 40
 MAX_LOG_LIMIT = 4 << 20
+#: The longest a long-polled read (``wait``) is held, in seconds: below common proxies' idle timeouts.
+MAX_WAIT = 30
 
 
 class JobLogHandler(RemoteComputeHandler):
@@ -355,9 +408,20 @@ class JobLogHandler(RemoteComputeHandler):
 
     @api
     async def get(self, job_id: str) -> None:
+        """Log bytes from ``offset``; with ``wait``, held (off the IOLoop) until some exist or the job ends."""
         offset = self.whole_number("offset", 0, 0, MAX_LOG_OFFSET)
         limit = self.whole_number("limit", 1 << 20, 1, MAX_LOG_LIMIT)
-        chunk = await self.call(self.service.read_log, job_id, offset, limit)
+        wait = self.whole_number("wait", 0, 0, MAX_WAIT)
+        wakeups = self.context.wakeups
+        deadline = time.monotonic() + wait
+        while True:
+            seen = wakeups.generation(job_id)
+            chunk = await self.call(self.service.read_log, job_id, offset, limit)
+            left = deadline - time.monotonic()
+            if chunk.data or chunk.complete or left <= 0:
+                break
+            # The poller wakes us when the job's log grows or its state changes.
+            await wakeups.sleep(job_id, seen, left)
         self.reply(
             {
                 "data": chunk.data.decode("utf-8", errors="replace"),
@@ -366,6 +430,24 @@ class JobLogHandler(RemoteComputeHandler):
                 "complete": chunk.complete,
             }
         )
+
+
+class JobMetricsHandler(JobLogHandler):
+    @api
+    async def get(self, job_id: str) -> None:
+        """Live metrics past cursor ``since``; marks the job watched; ``wait`` holds the answer for new points."""
+        since = self.get_argument("since", None) or None
+        wait = self.whole_number("wait", 0, 0, MAX_WAIT)
+        wakeups = self.context.wakeups
+        deadline = time.monotonic() + wait
+        while True:
+            seen = wakeups.generation(job_id)
+            page, active = await self.call(self.service.read_metrics, job_id, since)
+            left = deadline - time.monotonic()
+            if page.points or page.reset or not active or left <= 0:
+                break
+            await wakeups.sleep(job_id, seen, left)
+        self.reply(page.to_json(watching=active, complete=not active))
 
 
 # -- pipeline steps ------------------------------------------------------------
@@ -452,6 +534,7 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/jobs/{JOB_ID}", JobHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/cancel", JobCancelHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
+    (rf"{PREFIX}/jobs/{JOB_ID}/metrics", JobMetricsHandler),
     (rf"{PREFIX}/steps", StepsHandler),
     (rf"{PREFIX}/usage", UsageHandler),
     (rf"{PREFIX}/secrets", SecretsHandler),

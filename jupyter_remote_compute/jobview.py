@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .jobs.logs import waiting_line
+from .jobs.metrics import MetricsPage
 from .jobs.service import JobService, require_trained
 from .jobs.spec import format_duration
 from .jobs.store import Job, parse_time
@@ -138,6 +139,7 @@ def follow(
                 progress=lambda done, total: events.put(("progress", done, total)),
                 stop=stop,
                 on_wait=lambda job: events.put(("wait", waiting_line(job))),
+                on_metrics=lambda page: events.put(("metrics", latest.update(page))),
             )
         except BaseException as e:  # handed to the main thread, which raises it
             outcome.error = e
@@ -147,6 +149,7 @@ def follow(
     worker = threading.Thread(target=work, name=f"remote-compute-follow-{job_id}", daemon=True)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     bar = _ProgressBar(progress_label)
+    latest = LatestMetrics()
     worker.start()
     try:
         while True:
@@ -163,6 +166,9 @@ def follow(
             elif event[0] == "log":
                 bar.close()  # sending is over once the command writes
                 write(decoder.decode(event[1]))
+            elif event[0] == "metrics" and event[1]:
+                # The latest values under the log so far: one line each time new points came.
+                write(event[1])
             else:
                 break
     except KeyboardInterrupt:
@@ -177,6 +183,29 @@ def follow(
         raise outcome.error
     assert outcome.job is not None
     return outcome.job
+
+
+class LatestMetrics:
+    """The last value of each live metric of a job, as one line to print under its log."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, tuple[int, float | None]] = {}
+
+    def update(self, page: MetricsPage) -> str:
+        """Take a page of new points; the line to print (empty when nothing changed)."""
+        changed = False
+        for name, (step, value) in page.latest().items():
+            if self.values.get(name) != (step, value):
+                self.values[name] = (step, value)
+                changed = True
+        if not changed:
+            return ""
+        shown = " · ".join(f"{name} {_number(value)} (step {step})" for name, (step, value) in self.values.items())
+        return f"[metrics] {shown}\n"
+
+
+def _number(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.6g}"
 
 
 def _stdout(text: str) -> None:

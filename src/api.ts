@@ -578,13 +578,21 @@ export async function deleteJob(
   await requestAPI<void>(`jobs/${enc(id)}`, { method: 'DELETE' }, settings);
 }
 
+/**
+ * Part of a job's log from a byte offset. With `wait` (seconds, at most 30) the server holds the
+ * answer until bytes past `offset` exist or the job ends: a follower needs no timer.
+ */
 export function readLog(
   id: string,
   offset: number,
   limit?: number,
-  settings?: ServerConnection.ISettings
+  settings?: ServerConnection.ISettings,
+  wait?: number
 ): Promise<ILogChunk> {
-  const query = `offset=${offset}` + (limit ? `&limit=${limit}` : '');
+  const query =
+    `offset=${offset}` +
+    (limit ? `&limit=${limit}` : '') +
+    (wait ? `&wait=${wait}` : '');
   return requestAPI<ILogChunk>(
     `jobs/${enc(id)}/log?${query}`,
     { method: 'GET' },
@@ -760,5 +768,75 @@ export function usageCsvUrl(
     URLExt.join(settings.baseUrl, API_NAMESPACE, 'usage') +
     '?' +
     usageSearch(query, 'csv')
+  );
+}
+
+/**
+ * One point of a live metric (`GET /jobs/<id>/metrics`).
+ */
+export interface IMetricPoint {
+  step: number;
+  /**
+   * null for NaN or an infinity.
+   */
+  value: number | null;
+  /**
+   * Milliseconds since the epoch.
+   */
+  timestamp: number;
+}
+
+export interface IMetricSeries {
+  /**
+   * The far-side MLflow run id.
+   */
+  run: string;
+  key: string;
+  points: IMetricPoint[];
+}
+
+/**
+ * Live metrics past a cursor: what a running job logs to MLflow on its machine.
+ */
+export interface IMetricsPage {
+  job_id: string;
+  /**
+   * Pass as `since` to get only later points.
+   */
+  cursor: string;
+  /**
+   * The `since` given belonged to another series (a restarted server): these are all points.
+   */
+  reset: boolean;
+  watching: boolean;
+  /**
+   * The job has ended: no more points will come.
+   */
+  complete: boolean;
+  metrics: IMetricSeries[];
+}
+
+/**
+ * A job's live metrics after `since`; asking marks the job watched. With `wait` (seconds, at
+ * most 30) the answer is held until new points arrive or the job ends.
+ */
+export function readMetrics(
+  id: string,
+  since: string,
+  wait?: number,
+  settings?: ServerConnection.ISettings
+): Promise<IMetricsPage> {
+  const query = new URLSearchParams();
+  if (since) {
+    query.set('since', since);
+  }
+  if (wait) {
+    query.set('wait', String(wait));
+  }
+  const suffix = query.toString() ? `?${query.toString()}` : '';
+  return requestAPI<IMetricsPage>(
+    `jobs/${enc(id)}/metrics${suffix}`,
+    { method: 'GET' },
+    settings
   );
 }

@@ -21,6 +21,7 @@ import * as React from 'react';
 import { APIError, IJob, SERVER_EXTENSION } from './api';
 import { CommandIDs, registerCommands } from './commands';
 import { ComputePanel } from './components/ComputePanel';
+import { EventSocket } from './eventsocket';
 import { ComputeModel, IComputeSettings } from './model';
 
 export { APIError, listJobs, listMachines, requestAPI } from './api';
@@ -160,7 +161,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ): void => {
     const trans = (translator ?? nullTranslator).load('jupyter_remote_compute');
 
-    const model = new ComputeModel({ events: app.serviceManager.events });
+    // A socket of our own: the panel polls only while it is down, which JupyterLab's shared
+    // event manager does not tell.
+    const events = new EventSocket({
+      serverSettings: app.serviceManager.serverSettings
+    });
+    const model = new ComputeModel({ events });
     const panel = new ComputePanel({ model, trans, commands: app.commands });
     app.shell.add(panel, 'left', { rank: 650 });
     if (restorer) {

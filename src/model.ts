@@ -1,7 +1,7 @@
 /**
  * The Compute panel's model: machines and jobs as the server reports them, kept current by
- * the server's job events (each event patches one job) and, as a fallback only, by a slow
- * backoff poll. Components subscribe to `changed` (or `jobChanged`) and render.
+ * the server's job events (each event patches one job) and, only while the event socket is
+ * down, by a slow backoff poll. Components subscribe to `changed` (or `jobChanged`) and render.
  */
 import { Event } from '@jupyterlab/services';
 import { IDisposable } from '@lumino/disposable';
@@ -25,6 +25,7 @@ import {
   listJobs,
   listMachines
 } from './api';
+import { IJobEvents } from './eventsocket';
 
 /**
  * Jobs per page of the list (the server allows up to 1000).
@@ -53,6 +54,9 @@ const NO_FILTER: IJobFilter = { machine: '', state: '', name: '' };
  */
 export interface IComputeSettings {
   logLinesKept: number;
+  /**
+   * Milliseconds between fallback polls while the event socket is down; 0: never poll.
+   */
   fallbackPollInterval: number;
   mlflowUiUrl: string;
 }
@@ -131,13 +135,26 @@ export class ComputeModel implements IDisposable {
         max: 5 * 60 * 1000
       },
       name: 'jupyter-remote-compute:model',
-      // The events keep the model current; the poll only runs while someone looks.
-      standby: () => !this._active || 'when-hidden'
+      // The events keep the model current: the poll runs only while someone looks and the
+      // event socket is down (or its state is unknown), and never when switched off.
+      standby: () =>
+        !this._active ||
+        this._settings.fallbackPollInterval === 0 ||
+        this._events?.connected === true ||
+        'when-hidden'
     });
     if (options.events) {
       this._events = options.events;
       this._events.stream.connect(this._onEvent, this);
+      this._events.connectionChanged?.connect(this._onConnection, this);
     }
+  }
+
+  /**
+   * Whether the server's events arrive now (false also when the source cannot tell).
+   */
+  get eventsConnected(): boolean {
+    return this._events?.connected === true;
   }
 
   /**
@@ -318,7 +335,8 @@ export class ComputeModel implements IDisposable {
     }
     if (
       typeof settings.fallbackPollInterval === 'number' &&
-      settings.fallbackPollInterval >= 1000
+      (settings.fallbackPollInterval >= 1000 ||
+        settings.fallbackPollInterval === 0)
     ) {
       next.fallbackPollInterval = settings.fallbackPollInterval;
     }
@@ -328,20 +346,22 @@ export class ComputeModel implements IDisposable {
     this._settings = next;
     this._poll.frequency = {
       ...this._poll.frequency,
-      interval: next.fallbackPollInterval
+      interval:
+        next.fallbackPollInterval || DEFAULT_SETTINGS.fallbackPollInterval
     };
     this._changed.emit();
   }
 
   /**
-   * Ask the server now, and start the fallback poll if it is not running yet.
+   * Ask the server now, and start the fallback poll if it is not running yet (it stands by
+   * while the event socket is up).
    */
   async refresh(): Promise<void> {
     if (this._isDisposed) {
       return;
     }
-    await this._poll.refresh();
-    await this._poll.tick;
+    void this._poll.start();
+    await this._fetch();
   }
 
   /**
@@ -416,6 +436,7 @@ export class ComputeModel implements IDisposable {
     }
     this._isDisposed = true;
     this._events?.stream.disconnect(this._onEvent, this);
+    this._events?.connectionChanged?.disconnect(this._onConnection, this);
     this._poll.dispose();
     for (const timer of this._pending.values()) {
       window.clearTimeout(timer);
@@ -566,7 +587,17 @@ export class ComputeModel implements IDisposable {
     }
   }
 
-  private _onEvent(_: Event.IManager, emission: Event.Emission): void {
+  /**
+   * The event socket came back: ask once for what changed while it was down.
+   */
+  private _onConnection(_: unknown, connected: boolean): void {
+    if (connected && this._active && !this._loading) {
+      void this._fetch().catch(() => undefined);
+    }
+    this._changed.emit();
+  }
+
+  private _onEvent(_: unknown, emission: Event.Emission): void {
     if (emission.schema_id !== JOB_EVENT_SCHEMA || this._isDisposed) {
       return;
     }
@@ -638,7 +669,7 @@ export class ComputeModel implements IDisposable {
   private _error: APIError | null = null;
   private _filter: IJobFilter = { ...NO_FILTER };
   private _generationFilter = '';
-  private _events: Event.IManager | null = null;
+  private _events: IJobEvents | null = null;
   private _isDisposed = false;
   private _jobChanged = new Signal<this, IJob>(this);
   private _jobEnded = new Signal<this, IJob>(this);
@@ -662,8 +693,9 @@ export class ComputeModel implements IDisposable {
 export namespace ComputeModel {
   export interface IOptions {
     /**
-     * The server's event bus; job events patch the model.
+     * The server's event bus; job events patch the model, and while its socket is up the
+     * fallback poll stands by.
      */
-    events?: Event.IManager;
+    events?: IJobEvents;
   }
 }

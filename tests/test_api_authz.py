@@ -32,6 +32,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("jobs/{job_id}", "DELETE"): "write",
     ("jobs/{job_id}/cancel", "POST"): "execute",
     ("jobs/{job_id}/log", "GET"): "read",
+    ("jobs/{job_id}/metrics", "GET"): "read",
     ("steps", "GET"): "read",
     ("secrets", "GET"): "read",
     ("secrets/{secret_name}", "PUT"): "write",

@@ -286,3 +286,23 @@ def test_remote_train_on_an_ssh_machine(
     run_id = kernel.run("print(job.mlflow_run_id)").stdout.strip()
     run = MlflowClient(tracking_uri).get_run(run_id)
     assert run.data.params["rows"] == "40" and run.data.tags["remote_compute.engine"] == "ssh"
+
+
+def test_remote_train_prints_the_latest_metrics_under_the_log_while_the_job_runs(
+    kernel, quickstart: Path, scratch_dir: Path
+) -> None:
+    from test_live_metrics import TRAIN
+
+    (quickstart / "live.py").write_text(TRAIN)
+    cell = kernel.submit("%remote_train --send live.py -- python live.py")
+    # Printed while the job still waits for its go file: live, not replayed at the end.
+    cell.until(lambda c: "loss 0.333333 (step 2)" in c.stdout, timeout=180, message="the live metrics line")
+    assert "acc/top 1 0.5 (step 0)" in cell.stdout and "[metrics]" in cell.stdout
+    assert "trained" not in cell.stdout
+    [jobdir] = [d for d in scratch_dir.iterdir() if (d / "work/live.py").exists()]
+    (jobdir / "work" / "go").write_text("")
+    cell.done(180)
+    assert cell.error is None, cell.error
+    lines = cell.stdout.splitlines()
+    # The last point comes after the log it followed, in the same stream.
+    assert any("loss 0.125 (step 3)" in line for line in lines[lines.index("trained") :])

@@ -113,6 +113,12 @@ class RemoteStatus:
     ended_at: float | None = None
 
 
+#: New bytes of one job's MLflow metric files: path under ``mlruns/`` -> (the offset they start at, the bytes).
+MetricBytes = dict[str, tuple[int, bytes]]
+#: What of a watched job's metric files was read already: path under ``mlruns/`` -> bytes read.
+MetricOffsets = Mapping[str, int]
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchSpec:
     """How to run the command. Secret values travel here and nowhere else."""
@@ -210,6 +216,7 @@ _GUARDED = (
     "send",
     "start",
     "poll",
+    "poll_watched",
     "read_log",
     "cancel",
     "fetch",
@@ -301,6 +308,16 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
         """The state of many jobs of this machine in one round trip, by job id."""
+
+    def poll_watched(
+        self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
+    ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
+        """``poll``, plus what the jobs in ``watched`` (by id) logged to MLflow since the offsets given.
+
+        Someone watches those jobs' live metrics: kinds with a far-side store read the new bytes of
+        each metric file in the same round trip as the poll. Kinds without one report no metrics.
+        """
+        return self.poll(jobs), {}
 
     @abc.abstractmethod
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:

@@ -45,6 +45,8 @@ from .base import (
     FetchResult,
     InputFile,
     LaunchSpec,
+    MetricBytes,
+    MetricOffsets,
     OptionField,
     ProgressCallback,
     RemoteJob,
@@ -496,12 +498,22 @@ class JupyterEngine(Engine):
         return RemoteJob(job.job_id, job.key, {**job.handle, "pid": result["pid"]})
 
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        return self.poll_watched(jobs, {})[0]
+
+    def poll_watched(
+        self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
+    ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
         known = [j for j in jobs if j.handle.get("abs_dir")]
         out = {j.job_id: RemoteStatus("gone", detail="the job was never prepared") for j in jobs if j not in known}
         if not known:
-            return out
-        out.update(farside.parse_status(self._sh("status", *(j.handle["abs_dir"] for j in known)), known, self.name))
-        return out
+            return out, {}
+        watching = any(j.job_id in watched for j in known)
+        words = farside.status_words([j.handle["abs_dir"] for j in known], watching)
+        answer = self._sh("status", *words, stdin=farside.watch_input(known, watched) if watching else b"")
+        # Metric files hold ASCII numbers only, so the text answer gives back the bytes the script sent.
+        text, blob = farside.split_metrics(answer.encode("utf-8", "surrogateescape"))
+        out.update(farside.parse_status(text, known, self.name))
+        return out, farside.parse_metrics(blob, known)
 
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
         if not job.handle.get("abs_dir") or limit <= 0:

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from .base import (
     FetchResult,
     InputFile,
     LaunchSpec,
+    MetricBytes,
+    MetricOffsets,
     ProgressCallback,
     RemoteJob,
     RemoteStatus,
@@ -56,12 +58,14 @@ class LocalEngine(Engine):
     def _dir(self, job: RemoteJob) -> Path:
         return Path(job.handle["dir"])
 
-    def _far(self, name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    def _far(
+        self, name: str, *args: str, timeout: float = 60, stdin: bytes | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
         """Run one far-side script here, as a remote engine runs it there."""
         return subprocess.run(
             farside.argv(name, *args),
             capture_output=True,
-            stdin=subprocess.DEVNULL,
+            **({"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}),
             timeout=timeout,
             env={**os.environ, "PATH": _path_with_python()},
         )
@@ -126,12 +130,20 @@ class LocalEngine(Engine):
         return RemoteJob(job.job_id, job.key, {**job.handle, "pid": pid})
 
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        return self.poll_watched(jobs, {})[0]
+
+    def poll_watched(
+        self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
+    ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
         if not jobs:
-            return {}
-        proc = self._far("status", *(str(self._dir(job)) for job in jobs))
+            return {}, {}
+        dirs = [str(self._dir(job)) for job in jobs]
+        stdin = farside.watch_input(jobs, watched) if watched else None
+        proc = self._far("status", *farside.status_words(dirs, bool(watched)), stdin=stdin)
         if proc.returncode != 0:
             raise EngineError(f"{self.name}: poll failed: {proc.stderr.decode(errors='replace')[-500:]}")
-        return farside.parse_status(proc.stdout.decode(errors="replace"), jobs, self.name)
+        text, blob = farside.split_metrics(proc.stdout)
+        return farside.parse_status(text, jobs, self.name), farside.parse_metrics(blob, jobs)
 
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
         try:

@@ -28,7 +28,16 @@ from typing import Any
 
 from ..errors import InvalidSettings
 from . import farside
-from .base import EngineContext, EngineError, LaunchSpec, OptionField, RemoteJob, RemoteStatus
+from .base import (
+    EngineContext,
+    EngineError,
+    LaunchSpec,
+    MetricBytes,
+    MetricOffsets,
+    OptionField,
+    RemoteJob,
+    RemoteStatus,
+)
 from .launcher import command_script, launch_input
 from .slurm_commands import (
     BATCH_SCRIPT,
@@ -157,8 +166,13 @@ printf '%s' "$plain" | sh submit.sh {quote(d)} {" ".join(quote(a) for a in argv)
         return dataclasses.replace(job, handle={**job.handle, "slurm_job_id": slurm_id})
 
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        return self.poll_watched(jobs, {})[0]
+
+    def poll_watched(
+        self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
+    ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
         if not jobs:
-            return {}
+            return {}, {}
         now = time.monotonic()
         if now < self._quiet_until:
             raise EngineError(
@@ -167,7 +181,9 @@ printf '%s' "$plain" | sh submit.sh {quote(d)} {" ".join(quote(a) for a in argv)
             )
         ids = [self._slurm_id(job) for job in jobs]
         squeue = " ".join(quote(a) for a in squeue_argv(sorted(set(ids))))
-        status = farside.command_line("status", *(quote(self._dir(job)) for job in jobs))
+        status = farside.command_line(
+            "status", *farside.status_words([quote(self._dir(job)) for job in jobs], bool(watched))
+        )
         body = f"""e=$(mktemp) || exit 3
 {squeue} >"$e.out" 2>"$e" </dev/null
 rc=$?
@@ -175,7 +191,8 @@ echo @@squeue; cat "$e.out"; echo "@@rc $rc"; echo @@stderr; cat "$e"; echo @@en
 rm -f "$e" "$e.out"
 {status}
 """
-        res = self._run(body, timeout=60)
+        # squeue reads /dev/null: the watched jobs on stdin are status.sh's (live metrics).
+        res = self._run(body, farside.watch_input(jobs, watched) if watched else b"", timeout=60)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: poll"))
         text = res.text()
@@ -190,6 +207,7 @@ rm -f "$e" "$e.out"
             raise EngineError(f"{self.name}: the Slurm controller did not answer: {err.strip()[:200]}", transient=True)
         queue = parse_squeue(out, err, rc)
         self._backoff = 0.0
+        rest, blob = farside.split_metrics(rest.encode())
         files = farside.parse_status(rest, jobs, self.name)
         statuses = {}
         for job, slurm_id in zip(jobs, ids, strict=True):
@@ -200,7 +218,7 @@ rm -f "$e" "$e.out"
                 # Only the log says a job was killed for its memory where Slurm samples it.
                 outcome = interpret(queue[slurm_id], code, self._log_tail(job))
             statuses[job.job_id] = _status(outcome, far.log_size, queue.get(slurm_id))
-        return statuses
+        return statuses, farside.parse_metrics(blob, jobs)
 
     def _log_tail(self, job: RemoteJob) -> str:
         try:

@@ -46,6 +46,8 @@ from .base import (
     FetchResult,
     InputFile,
     LaunchSpec,
+    MetricBytes,
+    MetricOffsets,
     OptionField,
     ProgressCallback,
     RemoteJob,
@@ -438,12 +440,20 @@ exec sh launch.sh {quote(d)}
         return dataclasses.replace(job, handle={**job.handle, "pid": int(words[-1])})
 
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        return self.poll_watched(jobs, {})[0]
+
+    def poll_watched(
+        self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
+    ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
         if not jobs:
-            return {}
-        res = self._run(farside.command_line("status", *(quote(self._dir(job)) for job in jobs)), timeout=60)
+            return {}, {}
+        words = farside.status_words([quote(self._dir(job)) for job in jobs], bool(watched))
+        stdin = farside.watch_input(jobs, watched) if watched else b""
+        res = self._run(farside.command_line("status", *words), stdin, timeout=60)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: poll"))
-        return farside.parse_status(res.text(), jobs, self.name)
+        text, blob = farside.split_metrics(res.out)
+        return farside.parse_status(text, jobs, self.name), farside.parse_metrics(blob, jobs)
 
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
         if offset < 0 or limit < 0:

@@ -13,6 +13,7 @@ from ..secrets import SecretStore
 from ..tracking import TrackingSettings
 from ..workspace import Workspace
 from .admin import MachineAdmin
+from .metrics import MetricWatch
 from .store import Job, JobStore
 from .usage import UsageRecord
 
@@ -40,6 +41,8 @@ class JobContext:
     admin: MachineAdmin
     emit: Callable[[Job], None]
     usage: UsageRecord  # every ended attempt of every job (usage.py)
+    #: Whose live metrics someone watches, and what was read of them (metrics.py).
+    metrics: MetricWatch = dataclasses.field(default_factory=MetricWatch)
 
     def engine_of(self, job: Job) -> Engine:
         """The engine a job started with (its machine as it was at submit)."""

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..engines.base import EngineError, InputFile, LaunchSpec, ProgressCallback, RemoteStatus
+from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, ProgressCallback, RemoteStatus
 from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
 from . import record as record_later
@@ -109,8 +109,7 @@ class Driver:
         statuses: dict[str, RemoteStatus] = {}
         for machine, group in running.items():
             try:
-                engine = self.ctx.engine_of(group[0])
-                statuses.update(engine.poll([remote_of(j) for j in group]))
+                statuses.update(self._poll(self.ctx.engine_of(group[0]), group))
             except EngineError as e:
                 log.warning("polling %s failed: %s", machine, e)
             except Exception:
@@ -118,6 +117,16 @@ class Driver:
         for job in jobs:
             if job.state not in ON_MACHINE_STATES or job.id in statuses:
                 self._drive(job, statuses.get(job.id), transfer=transfer)
+
+    def _poll(self, engine: Engine, jobs: list[Job]) -> dict[str, RemoteStatus]:
+        """One round trip for the jobs' states, bringing the new metrics of those someone watches."""
+        remotes = [remote_of(j) for j in jobs]
+        watched = self.ctx.metrics.watched(j.id for j in jobs)
+        if not watched:
+            return engine.poll(remotes)
+        statuses, found = engine.poll_watched(remotes, watched)
+        self.ctx.metrics.absorb(found)
+        return statuses
 
     # -- queued / sending → running -----------------------------------------
     def _launch(self, job: Job, progress: ProgressCallback | None) -> None:
@@ -220,7 +229,7 @@ class Driver:
                 self._to_collecting(job, *stop)
                 return
             if status is None:
-                status = engine.poll([remote])[job.id]
+                status = self._poll(engine, [job])[job.id]
         except EngineError as e:
             if stop is not None:
                 reason = f"{stop[1]}; the process could not be stopped on {job.machine} and may still run"

@@ -17,6 +17,7 @@ from ..engines.base import Engine, EngineError, ProgressCallback, RemoteJob
 from ..errors import InvalidSettings, RemoteComputeError, SecretStoreUnavailable
 from ..secrets import SecretStore, mask
 from .context import JobContext, remote_of
+from .metrics import MetricsPage
 from .store import TERMINAL_STATES, Job
 
 LOG_CHUNK = 1 << 20
@@ -144,17 +145,22 @@ def follow(
     progress: ProgressCallback | None = None,
     stop: threading.Event | None = None,
     on_wait: Callable[[Job], None] | None = None,
+    read_metrics: Callable[[str, str | None], tuple[MetricsPage, bool]] | None = None,
+    on_metrics: Callable[[MetricsPage], None] | None = None,
 ) -> Job:
     """Drive the job until it ends, ``timeout`` passes or ``stop`` is set; hand its new log to ``on_log``.
 
     ``on_wait`` hears when the job starts or stops waiting for someone else (``pending``, with its
     reason, and the ``running`` after it), so a person following it knows why nothing happens.
+    ``on_metrics`` hears the live metrics each round brought (reading them marks the job watched,
+    so the next poll brings what it logged to MLflow since).
 
     Returns the job in whatever state it reached: following that ends early does not stop the job.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     stop = stop or threading.Event()
     offset = 0
+    cursor: str | None = None
     waiting: tuple[str, str | None] | None = None
     # Look again soon, then less often: a short job ends within a poll or two, not a whole interval later.
     delay = min(FIRST_LOOK, interval)
@@ -173,6 +179,12 @@ def follow(
             # Caught up: nothing new, the end of a finished log, or less than a full read came back.
             if not chunk.data or chunk.complete or len(chunk.data) < LOG_CHUNK // 2:
                 break
+        # Under the log: the metrics this round's poll brought (asking marks the job watched).
+        if read_metrics is not None and on_metrics is not None:
+            page, _ = read_metrics(job_id, cursor)
+            cursor = page.cursor or cursor
+            if page.points:
+                on_metrics(page)
         if job.state in TERMINAL_STATES or stop.is_set():
             return job
         remaining = None if deadline is None else deadline - time.monotonic()

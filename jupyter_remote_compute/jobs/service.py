@@ -51,6 +51,7 @@ from .leases import Leases
 from .lifecycle import Driver
 from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
+from .metrics import MetricsPage
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
 from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, new_job_id, utcnow
@@ -321,10 +322,12 @@ class JobService:
         interval: float | None = None,
         stop: threading.Event | None = None,
         on_wait: Callable[[Job], None] | None = None,
+        on_metrics: Callable[[MetricsPage], None] | None = None,
     ) -> Job:
         """Drive the job until it ends, ``timeout`` passes or ``stop`` is set; stream its log to ``on_log``.
 
-        ``on_wait`` hears a job go pending (with the reason) and start running after it.
+        ``on_wait`` hears a job go pending (with the reason) and start running after it;
+        ``on_metrics`` the live metrics it logs to MLflow on its machine, as they arrive.
 
         Returns the job in whatever state it reached: a wait that ends early does not stop the job.
         The CLI (``run``, ``jobs log -f``), the magic and pipeline steps all follow a job through here.
@@ -339,11 +342,24 @@ class JobService:
             progress=progress,
             stop=stop,
             on_wait=on_wait,
+            read_metrics=self.read_metrics,
+            on_metrics=on_metrics,
         )
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = LOG_CHUNK) -> LogChunk:
         """Part of a job's log from a byte offset, whole lines where possible, secrets masked."""
         return logs.read_log(self.ctx, job_id, offset, limit)
+
+    def read_metrics(self, job_id: str, since: str | None = None) -> tuple[MetricsPage, bool]:
+        """A job's live metrics past cursor ``since``, and whether more may come (the job is unfinished).
+
+        Asking marks an unfinished job watched (``metrics.WATCH_FOR``): its next polls bring what it
+        logs to MLflow on its machine. Points are kept in this process only, while it reads them.
+        """
+        job = self.store.get(job_id)
+        if job.active:
+            self.ctx.metrics.watch(job_id)
+        return self.ctx.metrics.read(job_id, since), job.active
 
     # -- user actions ---------------------------------------------------------
     def cancel(self, job_id: str, by: str = "user") -> Job:

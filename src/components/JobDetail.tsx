@@ -16,8 +16,13 @@ import { computeIcon } from '../icons';
 import { LogView } from '../logview';
 import { asAPIError, ComputeModel } from '../model';
 import { StateBadge, useNow, useSignal } from './common';
+import { JobMetrics, MetricsFollower } from './JobMetrics';
 
 const LOG_CHUNK = 1 << 20;
+/**
+ * Seconds the server may hold a log read until new bytes exist (its long poll).
+ */
+const LOG_WAIT = 25;
 
 function Time(props: {
   iso: string | null | undefined;
@@ -70,6 +75,7 @@ function JobInfo(props: {
   commands: CommandRegistry;
   jobId: string;
   error: string | null;
+  metrics: MetricsFollower;
 }): JSX.Element {
   const { model, trans, commands, jobId } = props;
   useSignal(model.changed);
@@ -288,6 +294,7 @@ function JobInfo(props: {
           )}
         </dd>
       </dl>
+      <JobMetrics follower={props.metrics} trans={trans} />
       <h3 className="jp-RemoteCompute-sectionTitle">{trans.__('Log')}</h3>
     </section>
   );
@@ -305,6 +312,7 @@ export class JobDetailWidget extends Panel {
     this.title.icon = computeIcon;
     this.title.closable = true;
     this.title.label = trans.__('Job %1', jobId);
+    this._metrics = new MetricsFollower(jobId);
 
     this._info = ReactWidget.create(
       <JobInfo
@@ -313,6 +321,7 @@ export class JobDetailWidget extends Panel {
         commands={options.commands}
         jobId={jobId}
         error={null}
+        metrics={this._metrics}
       />
     );
     this._info.addClass('jp-RemoteCompute-jobInfoWidget');
@@ -345,6 +354,7 @@ export class JobDetailWidget extends Panel {
     }
     this._options.model.changed.disconnect(this._onModelChanged, this);
     this._options.model.jobChanged.disconnect(this._onJobChanged, this);
+    this._metrics.dispose();
     this._wake();
     super.dispose();
   }
@@ -364,6 +374,7 @@ export class JobDetailWidget extends Panel {
         commands={commands}
         jobId={jobId}
         error={message}
+        metrics={this._metrics}
       />
     );
     this._info.addClass('jp-RemoteCompute-jobInfoWidget');
@@ -411,20 +422,20 @@ export class JobDetailWidget extends Panel {
   }
 
   /**
-   * Read the log from byte offsets until the server says it is complete: right away while
-   * chunks come back full, else when an event says the job changed (or after a fallback
-   * delay that grows while nothing new arrives).
+   * Read the log from byte offsets until the server says it is complete. Each read is held by
+   * the server until new bytes exist (`wait`), so the next one goes out as soon as an answer
+   * comes and none on a timer; only a failed read is retried after a growing delay (which a job
+   * event cuts short).
    */
   private async _followLog(): Promise<void> {
     const { trans, jobId, model } = this._options;
     let offset = 0;
-    let idle = 0;
     let failures = 0;
     this._log.note = trans.__('Waiting for output…');
     while (!this.isDisposed) {
       let chunk;
       try {
-        chunk = await readLog(jobId, offset, LOG_CHUNK);
+        chunk = await readLog(jobId, offset, LOG_CHUNK, undefined, LOG_WAIT);
         failures = 0;
       } catch (error) {
         if (this.isDisposed) {
@@ -448,9 +459,6 @@ export class JobDetailWidget extends Panel {
       }
       if (chunk.next_offset > offset && chunk.data) {
         this._log.append(chunk.data);
-        idle = 0;
-      } else {
-        idle++;
       }
       offset = Math.max(offset, chunk.next_offset);
       if (chunk.complete) {
@@ -465,20 +473,12 @@ export class JobDetailWidget extends Panel {
         job && isActive(job.state)
           ? trans.__('Following the log…')
           : trans.__('Waiting for output…');
-      if (chunk.next_offset - chunk.offset >= LOG_CHUNK) {
-        continue; // more is waiting
-      }
-      const known = job?.log_size;
-      if (typeof known === 'number' && known > offset && idle === 0) {
-        continue; // an event already announced more
-      }
-      // Events wake this up; the delay is only a fallback.
-      await this._wait(Math.min(5000, 1000 + idle * 250));
     }
   }
 
   private _info: ReactWidget;
   private _log: LogView;
+  private _metrics: MetricsFollower;
   private _options: JobDetailWidget.IOptions;
   private _resolveWait: (() => void) | null = null;
 }

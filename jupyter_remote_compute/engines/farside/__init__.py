@@ -5,7 +5,8 @@ push engine its own way (the built-in machine through ``subprocess``, ssh over
 an exec channel, jupyter from its kernel), and its answer is read here, once:
 
 ==============  =====================================================================
-``status.sh``   state of many jobs at once: exit code, live process group, log size
+``status.sh``   state of many jobs at once: exit code, live process group, log size; with
+                ``--metrics``, the new bytes of watched jobs' MLflow metric files too
 ``cancel.sh``   TERM the group, KILL after the grace, verify none of it remains
 ``manifest.sh`` sha256 of every file of the declared outputs, then one tar of them
 ``cache.sh``    the content-addressed input cache: have, link, adopt, evict
@@ -34,6 +35,8 @@ from ..base import (
     Facts,
     FetchResult,
     InputFile,
+    MetricBytes,
+    MetricOffsets,
     OptionField,
     RemoteJob,
     RemoteStatus,
@@ -118,6 +121,55 @@ def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str,
     if missing:
         raise EngineError(f"{machine}: the status gave no answer for {', '.join(missing)}", transient=True)
     return result
+
+
+METRICS_MARK = b"\n@@metrics\n"
+#: The most a poll brings of one metric file (status.sh's cap); the rest comes with the next poll.
+METRIC_READ_CAP = 1 << 20
+
+
+def status_words(dirs: Sequence[str], watched: bool) -> list[str]:
+    """status.sh's arguments: ``--metrics`` first when some of the jobs are watched."""
+    return ["--metrics", *dirs] if watched else list(dirs)
+
+
+def watch_input(jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]) -> bytes:
+    """status.sh's standard input with ``--metrics``: the watched jobs by index, and what was read of each file."""
+    lines = []
+    for index, job in enumerate(jobs):
+        offsets = watched.get(job.job_id)
+        if offsets is None:
+            continue
+        lines.append(f"watch {index}")
+        for path, offset in sorted(offsets.items()):
+            if "\n" not in path and "\r" not in path:
+                lines.append(f"at {index} {int(offset)} {path}")
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def split_metrics(out: bytes) -> tuple[str, bytes]:
+    """status.sh's answer as (the status lines as text, the metric blocks after ``@@metrics``)."""
+    head, _, blob = out.partition(METRICS_MARK)
+    return head.decode("utf-8", "replace"), blob
+
+
+def parse_metrics(blob: bytes, jobs: Sequence[RemoteJob]) -> dict[str, MetricBytes]:
+    """status.sh's metric blocks (``metric <index> <offset> <count> <path>`` + bytes) by job id."""
+    found: dict[str, MetricBytes] = {}
+    at = 0
+    while at < len(blob):
+        end = blob.find(b"\n", at)
+        if end < 0:
+            break
+        words = blob[at:end].decode("utf-8", "surrogateescape").split(" ", 4)
+        if len(words) != 5 or words[0] != "metric" or not all(w.isdigit() for w in words[1:4]):
+            raise EngineError(f"unexpected metric header from the machine: {blob[at:end][:200]!r}", transient=True)
+        index, offset, count, path = int(words[1]), int(words[2]), int(words[3]), words[4]
+        data = blob[end + 1 : end + 1 + count]
+        at = end + 1 + count
+        if index < len(jobs):
+            found.setdefault(jobs[index].job_id, {})[path] = (offset, data)
+    return found
 
 
 def cancel_ticks(grace: float) -> str:

@@ -1,7 +1,16 @@
 #!/bin/sh
-# status.sh DIR...: the state of many jobs in one look, one line per DIR, in order:
+# status.sh [--metrics] DIR...: the state of many jobs in one look, one line per DIR, in order:
 #   <index> <running|exited|gone|cancelled|notstarted|missing> <exit code or ->
 # then "size <index> <bytes>" for every job that has a log.
+# With --metrics, standard input names the jobs someone watches ("watch <index>") and the bytes of
+# their MLflow metric files already read ("at <index> <offset> <path under mlruns/>"); after a line
+# "@@metrics" come the new bytes of each such file, at most 1 MiB a file:
+#   metric <index> <offset> <count> <path under mlruns/>   then exactly <count> bytes.
+metrics=
+if [ "${1:-}" = --metrics ]; then metrics=1; shift; fi
+dirs=
+for d in "$@"; do dirs="$dirs$d
+"; done
 # A job is running while its process group (the pid file) has a member that is not a zombie:
 # /proc where it exists, ps otherwise.
 alive_groups() {
@@ -47,5 +56,40 @@ if [ -n "$logs" ]; then
     size=${line#"${line%%[! ]*}"}
     echo "size $1 ${size%% *}"
     shift
+  done
+fi
+# The metric files of watched jobs: read after their state, so a job seen exited shows every point
+# it logged. Run metrics only (<experiment>/<run>/metrics/<key>, a key may hold "/"). One wc and one
+# awk per watched job find the files that grew; only those are read.
+if [ -n "$metrics" ]; then
+  watch=$(cat)
+  echo @@metrics
+  unset IFS
+  set +f
+  i=0
+  printf '%s' "$dirs" | while IFS= read -r d; do
+    case "
+$watch
+" in
+    *"
+watch $i
+"*)
+      {
+        printf '%s\n@@sizes\n' "$watch"
+        for m in "$d"/mlruns/*/*/metrics; do [ -d "$m" ] && find "$m" -type f -exec wc -c {} +; done
+      } | awk -v i="$i" -v root="$d/mlruns/" '
+        !sizes && $0 == "@@sizes" { sizes = 1; next }
+        !sizes { p = $0; if ($1 == "at" && $2 == i && sub(/^at [0-9]+ [0-9]+ /, "", p)) at[p] = $3; next }
+        { p = $0; sub(/^ *[0-9]+ /, "", p)
+          if (substr(p, 1, length(root)) != root) next
+          rel = substr(p, length(root) + 1); off = (rel in at) ? at[rel] : 0
+          if ($1 + 0 > off + 0) { n = $1 - off; if (n > 1048576) n = 1048576; print off, n, rel } }' |
+        while read -r off n rel; do
+          echo "metric $i $off $n $rel"
+          tail -c +$((off + 1)) -- "$d/mlruns/$rel" | head -c "$n"
+        done
+      ;;
+    esac
+    i=$((i+1))
   done
 fi
