@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -149,17 +150,19 @@ exec /usr/bin/curl "$@"
 
 @dataclass
 class SkyBed:
-    """SkyPilot's client home and the Slurm infra it can launch on."""
+    """SkyPilot's client home, the Slurm infra it can launch on, and the one cluster the session shares."""
 
     slurm: SlurmBed
     home: Path
     infra: str
     node_user: str
     node_home: Path
+    cluster: str
 
     def machine_options(self, **over: object) -> dict[str, object]:
-        """Options of a ``skypilot`` machine on this bed: the smallest cluster the node can hold twice."""
+        """Options of a ``skypilot`` machine on this bed: the session's cluster, one CPU and 1 GB of the node."""
         options: dict[str, object] = {
+            "cluster": self.cluster,
             "known_hosts": str(self.slurm.known_hosts),
             "autostop": 30,
             "resources": {"cpus": 1, "memory": "1G"},
@@ -169,47 +172,77 @@ class SkyBed:
 
 
 @contextlib.contextmanager
-def sky_bed(slurm: SlurmBed) -> Iterator[SkyBed]:
-    """A private SkyPilot client home pointed at ``slurm``; the API server is stopped afterwards."""
-    require(skypilot_installed(), "SkyPilot (pip install 'jupyter-remote-compute[skypilot]')")
-    require(shutil.which("bash") is not None and shutil.which("rsync") is not None, "bash and rsync")
-    user, node_home = _node_user(far_python_bin())
-    home = Path(tempfile.mkdtemp(prefix="jrc-sky-home-"))
-    (home / ".slurm").mkdir()
-    (home / ".slurm" / "config").write_text(
-        f"""Host {slurm.cluster}
-  HostName 127.0.0.1
-  Port {slurm.login.port}
-  User {user}
-  IdentityFile {slurm.user_key}
-  IdentitiesOnly yes
-"""
-    )
+def client_home(home: Path) -> Iterator[Path]:
+    """SkyPilot's client (and the API server it starts) see ``home`` as HOME while this lasts."""
     saved = {k: os.environ.get(k) for k in ("HOME", "SKYPILOT_DISABLE_USAGE_COLLECTION")}
     os.environ.update(HOME=str(home), SKYPILOT_DISABLE_USAGE_COLLECTION="1")
     try:
-        yield SkyBed(slurm, home, f"slurm/{slurm.cluster}", user, node_home)
+        yield home
     finally:
-        with contextlib.suppress(Exception):
-            import sky
-
-            sky.api_stop()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        # The node keeps SkyPilot's runtime between sessions (as a real cluster would); its job
-        # folders and this client's home go.
+
+
+@pytest.fixture(scope="session")
+def sky_home() -> Iterator[Path]:
+    """A private HOME for SkyPilot's client for the whole session; its API server is stopped at the end."""
+    require(skypilot_installed(), "SkyPilot (pip install 'jupyter-remote-compute[skypilot]')")
+    home = Path(tempfile.mkdtemp(prefix="jrc-sky-home-"))
+    try:
+        with client_home(home):
+            # SkyPilot reads paths under HOME when it is imported: import it under the private one.
+            import sky.server.common
+
+            # On a loaded 2-core machine the API server took 95 s to start; SkyPilot waits 60 s.
+            sky.server.common.WAIT_APISERVER_START_TIMEOUT_SEC = 600
+        yield home
+    finally:
+        with client_home(home), contextlib.suppress(Exception):
+            from sky.client import sdk
+
+            sdk.api_stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def sky_client(sky_home: Path) -> Iterator[Path]:
+    """HOME is SkyPilot's private one for this test."""
+    with client_home(sky_home):
+        yield sky_home
+
+
+@pytest.fixture(scope="session")
+def skypilot_bed(slurm_bed: SlurmBed, sky_home: Path) -> Iterator[SkyBed]:
+    """SkyPilot pointed at the Slurm bed; the session's cluster is torn down (``sky down``) at the end."""
+    require(shutil.which("bash") is not None and shutil.which("rsync") is not None, "bash and rsync")
+    user, node_home = _node_user(far_python_bin())
+    (sky_home / ".slurm").mkdir(exist_ok=True)
+    (sky_home / ".slurm" / "config").write_text(
+        f"""Host {slurm_bed.cluster}
+  HostName 127.0.0.1
+  Port {slurm_bed.login.port}
+  User {user}
+  IdentityFile {slurm_bed.user_key}
+  IdentitiesOnly yes
+"""
+    )
+    bed = SkyBed(slurm_bed, sky_home, f"slurm/{slurm_bed.cluster}", user, node_home, f"jrc-t{uuid.uuid4().hex[:6]}")
+    try:
+        yield bed
+    finally:
+        with client_home(sky_home), contextlib.suppress(Exception):
+            from sky.client import sdk
+
+            start = time.monotonic()
+            sdk.get(sdk.down(bed.cluster))
+            timed("sky down", start)
+        # The node keeps SkyPilot's runtime between sessions, as a real cluster's home would.
+        shutil.rmtree(node_home / ".jupyter-remote-compute", ignore_errors=True)
 
 
 def timed(what: str, start: float) -> None:
     """Print a measured duration (the test log keeps it for the README's numbers)."""
     print(f"[skypilot bed] {what}: {time.monotonic() - start:.1f} s")
-
-
-@pytest.fixture(scope="module")
-def skypilot_bed(slurm_bed: SlurmBed) -> Iterator[SkyBed]:
-    with sky_bed(slurm_bed) as bed:
-        yield bed

@@ -10,30 +10,43 @@ cluster, a cancel, autostop configured, a restart of this side while a job waits
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
+import slurm_fixture
+import sshd_fixture
+from conftest import job_runs
 from required import require
-from skypilot_fixture import skypilot_installed
+from skypilot_fixture import SkyBed, sky_client, sky_home, skypilot_bed, timed
+from waiting import wait_for
 
 from jupyter_remote_compute.engines import engine_class, engine_kinds
 from jupyter_remote_compute.engines.base import EngineContext, EngineError
 from jupyter_remote_compute.engines.slurm_commands import Resources
-from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.errors import InvalidSettings, RemoteComputeError
+from jupyter_remote_compute.jobs.service import JobService, require_trained
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+sshd_bed = sshd_fixture.sshd_bed
+slurm_bed = slurm_fixture.slurm_bed
+__all__ = ["sky_client", "sky_home", "skypilot_bed"]  # fixtures used by name
 
 
-@pytest.fixture(scope="module")
-def sky_sdk():
-    require(skypilot_installed(), "SkyPilot (pip install 'jupyter-remote-compute[skypilot]')")
+@pytest.fixture
+def sky_sdk(sky_client: Path):
     from jupyter_remote_compute.engines import skypilot
 
     return skypilot
 
 
 def _engine(name: str = "gpu box", address: str = "aws", **options: object):
-    context = EngineContext(get_secret=lambda _name: None, scratch_dir=__import__("pathlib").Path("/nonexistent"))
+    context = EngineContext(get_secret=lambda _name: None, scratch_dir=Path("/nonexistent"))
     return engine_class("skypilot")(name, address, options, context)
 
 
@@ -62,6 +75,18 @@ def test_machine_default_resources_apply_under_the_jobs(sky_sdk) -> None:
     assert str(res.cloud) == "Slurm" and res.region == "hpc"
     assert (res.cpus, res.memory) == ("2", "1")
     assert engine.settings.cluster == "team-a" and engine.settings.autostop == 30
+
+
+def test_autostop_and_down_go_to_the_launch_except_where_skypilot_refuses_them(sky_sdk) -> None:
+    assert _engine(autostop=45, down=True).launch_arguments() == {
+        "cluster_name": "jrc-gpu-box",
+        "idle_minutes_to_autostop": 45,
+        "down": True,
+    }
+    assert _engine(autostop=-1).launch_arguments()["idle_minutes_to_autostop"] is None
+    assert _engine().launch_arguments()["idle_minutes_to_autostop"] == 30  # the default: idle costs nothing
+    # "Autostop is supported only for container clusters on Slurm clusters with Pyxis installed."
+    assert _engine(address="slurm/hpc").launch_arguments()["idle_minutes_to_autostop"] is None
 
 
 @pytest.mark.parametrize(
@@ -129,3 +154,143 @@ def test_the_kind_loads_and_says_what_to_install_without_skypilot() -> None:
 
 def test_skypilot_is_a_registered_kind() -> None:
     assert "skypilot" in engine_kinds()
+
+
+# -- end to end on the Slurm test bed: one launch for the module -----------------------------
+
+E2E_TIMEOUT = 1800  # the first launch installs SkyPilot's runtime on the node (~90 MB from PyPI)
+
+
+def _service(make_service, workspace: Path, bed: SkyBed) -> JobService:
+    service = make_service(workspace)
+    service.machines.add("sky", "skypilot", bed.infra, bed.machine_options())
+    return service
+
+
+def _record(bed: SkyBed):
+    from jupyter_remote_compute.engines.skypilot import load_sdk
+
+    sdk = load_sdk()
+    records = sdk.get(sdk.status([bed.cluster]))
+    return records[0] if records else None
+
+
+# Started in a child process: submit the quickstart job and drive it until it waits for the
+# cluster, print its id and handle, then wait to be killed (the server dying mid-provisioning).
+_SUBMIT_AND_DIE = """
+import json, sys, time
+from pathlib import Path
+from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
+from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.tracking import TrackingSettings
+from jupyter_remote_compute.workspace import Workspace
+root, scratch, uri = sys.argv[1:4]
+service = JobService(Workspace(Path(root)), ServiceSettings(
+    poll_interval=0.2, scratch_dir=Path(scratch), tracking=TrackingSettings(tracking_uri=uri, experiment="tests")))
+spec = {"machine": "sky", "command": "python train.py", "send": ["train.py", "data/*.csv"],
+        "bring_back": ["model.pkl", "metrics.json"], "name": "first on the cluster"}
+job = service.submit(JobSpec.from_json(spec)).job
+deadline = time.monotonic() + 600
+while time.monotonic() < deadline:
+    job = service.advance(job.id)
+    if job.state == "pending" and job.handle.get("launch_request"):
+        break
+    time.sleep(0.5)
+print(json.dumps({"id": job.id, "state": job.state, "reason": job.reason, "handle": job.handle}), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_the_first_job_waits_for_the_launch_survives_a_restart_and_lands_here(
+    skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path, tracking_uri: str, scratch_dir: Path
+) -> None:
+    assert _record(skypilot_bed) is None, "the session's cluster must not exist before its first job"
+    _service(make_service, quickstart, skypilot_bed).close()  # writes the machine into compute.yaml
+    start = time.monotonic()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SUBMIT_AND_DIE, str(quickstart), str(scratch_dir), tracking_uri],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = child.stdout.readline()
+    finally:
+        child.kill()  # SIGKILL: nothing of that process's memory survives, only the state file
+        child.wait()
+    seen = json.loads(line)
+    assert seen["state"] == "pending", seen
+    assert "SkyPilot cluster" in seen["reason"] and skypilot_bed.cluster in seen["reason"]
+    assert seen["handle"]["launch_request"]  # what a restart needs to follow the launch
+
+    # "After the restart": a new service (new engines, no memory of the launch) picks the job up.
+    service = make_service(quickstart)
+    reasons: list[str] = []
+    job = service.wait(seen["id"], timeout=E2E_TIMEOUT, on_wait=lambda j: reasons.append(j.reason or ""))
+    timed("first job, launch included", start)
+    assert job.state == "succeeded", job.reason
+    require_trained(job)
+    for output in ("model.pkl", "metrics.json"):
+        assert job.outputs[output]["sha256"] == hashlib.sha256((quickstart / output).read_bytes()).hexdigest()
+    runs = job_runs(tracking_uri, job.id)
+    assert len(runs) == 1 and runs[0].data.params["rows"] == "40"
+    assert runs[0].data.tags["remote_compute.engine"] == "skypilot"
+    # The same launch request was followed after the restart: SkyPilot made one cluster.
+    record = _record(skypilot_bed)
+    assert record is not None and str(record["status"].value) == "UP"
+    # SkyPilot 0.14 refuses autostop on Slurm without Pyxis containers: the launch asks for none there.
+    assert record["autostop"] < 0
+
+
+def test_a_second_job_reuses_the_cluster(skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path):
+    before = _record(skypilot_bed)
+    require(before is not None, "the cluster launched by the first test of this module")
+    service = _service(make_service, quickstart, skypilot_bed)
+    (quickstart / "again.py").write_text("import os\nopen('out.txt', 'w').write(os.environ['GREETING'])\n")
+    spec = {"machine": "sky", "command": "python again.py", "send": ["again.py"], "bring_back": ["out.txt"]}
+    spec["env"] = {"GREETING": "hello from the head"}
+    start = time.monotonic()
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=600)
+    timed("second job on the running cluster", start)
+    assert job.state == "succeeded", job.reason
+    assert (quickstart / "out.txt").read_text() == "hello from the head"
+    assert "launch_request" not in job.handle and job.handle["exec_request"]
+    after = _record(skypilot_bed)
+    assert after["launched_at"] == before["launched_at"]
+
+
+def test_cancel_stops_the_command_on_the_cluster(
+    skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path
+) -> None:
+    service = _service(make_service, quickstart, skypilot_bed)
+    spec = {"machine": "sky", "command": "echo started; sleep 600", "name": "to cancel"}
+    job = service.submit(JobSpec.from_json(spec)).job
+
+    def running() -> bool:
+        return service.advance(job.id).state == "running"
+
+    wait_for(running, 600, "the job to run on the cluster", interval=0.5)
+    pid = service.get(job.id).handle["pid"]
+    service.cancel(job.id)
+    job = service.wait(job.id, timeout=300)
+    assert job.state == "cancelled", job.reason
+    # The node is this machine: no process of the job's group is left.
+    left = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+def test_check_shows_skypilots_view_and_a_missing_infra_names_sky_check(
+    skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path
+) -> None:
+    service = _service(make_service, quickstart, skypilot_bed)
+    facts = service.check_machine("sky")
+    assert "Slurm" in facts["sky_check"]
+    assert facts["cluster"] == skypilot_bed.cluster and facts["cluster_state"] == "UP"
+    assert facts["autostop_minutes"] is None and "sky down" in facts["autostop_note"]
+    assert facts["cpus"] >= 1 and facts["os"]  # the head node's own facts, as for ssh
+    usage = service.engine("sky").usage()
+    assert usage is not None and usage["cluster"] == skypilot_bed.cluster and usage["hours"] > 0
+
+    service.machines.add("cloud", "skypilot", "aws", {})
+    with pytest.raises(RemoteComputeError) as e:
+        service.check_machine("cloud")
+    assert "sky check" in str(e.value) and "Traceback" not in str(e.value)

@@ -98,7 +98,7 @@ exit 0
 
 
 def sky_installed() -> bool:
-    """Whether SkyPilot (the ``skypilot`` distribution, not the unrelated ``sky``) is importable, without importing it."""
+    """Whether SkyPilot (the ``skypilot`` distribution, not the unrelated ``sky``) can be imported."""
     try:
         importlib.metadata.distribution("skypilot")
         return importlib.util.find_spec("sky") is not None
@@ -139,6 +139,11 @@ class SkyPilotSettings:
     autostop: int
     down: bool
     defaults: Resources
+
+    @property
+    def cloud(self) -> str | None:
+        """The infra's cloud in SkyPilot's lower-case spelling (``k8s`` is ``kubernetes``)."""
+        return _cloud_key(self.infra.split("/")[0]) if self.infra else None
 
     @classmethod
     def from_options(cls, machine: str, address: str, options: Mapping[str, Any]) -> SkyPilotSettings:
@@ -298,18 +303,22 @@ class SkyPilotEngine(Engine):
                 return payload.request_id
         return None
 
+    def launch_arguments(self) -> dict[str, Any]:
+        """What ``sky.launch`` gets besides the task: the cluster and when it stops itself."""
+        autostop = self.settings.autostop if self.settings.autostop >= 0 else None
+        if self.settings.cloud == "slurm":
+            # SkyPilot 0.14 refuses autostop on Slurm unless the cluster runs in a Pyxis container
+            # ("Autostop is supported only for container clusters on Slurm clusters with Pyxis
+            # installed"); the allocation ends with `sky down` or its time limit instead.
+            autostop = None
+        return {"cluster_name": self.settings.cluster, "idle_minutes_to_autostop": autostop, "down": self.settings.down}
+
     def _launch(self, resources: Resources | None) -> str:
         sdk = load_sdk()
         in_flight = self._launch_in_flight()
         if in_flight:
             return in_flight
-        request_id = sdk.launch(
-            launch_task(self.settings, resources),
-            cluster_name=self.settings.cluster,
-            idle_minutes_to_autostop=None if self.settings.autostop < 0 else self.settings.autostop,
-            down=self.settings.down,
-        )
-        return str(request_id)
+        return str(sdk.launch(launch_task(self.settings, resources), **self.launch_arguments()))
 
     # -- the head node, reached like an ssh machine --------------------------------------
 
@@ -350,22 +359,25 @@ class SkyPilotEngine(Engine):
     def check(self) -> dict[str, Any]:
         sdk = load_sdk()
         infra = self.settings.infra
-        cloud = infra.split("/")[0] if infra else None
+        cloud = self.settings.cloud
         enabled = self._quick(sdk.check((cloud,) if cloud else None, verbose=False))
         clouds = sorted({c for per_workspace in (enabled or {}).values() for c in per_workspace})
-        if not clouds or (cloud and not any(c.lower() == _cloud_key(cloud) for c in clouds)):
+        if not clouds or (cloud and not any(_cloud_key(c) == cloud for c in clouds)):
             raise EngineError(
                 f"{self.name}: SkyPilot has no enabled infra{' for ' + infra if infra else ''}: "
                 "run `sky check` and set up credentials for your cloud, Kubernetes or Slurm"
             )
         record = self.cluster_record(fresh=True)
         extras: dict[str, Any] = {"sky_check": clouds, "cluster": self.settings.cluster, "cluster_state": "absent"}
+        if self.settings.cloud == "slurm":
+            extras["autostop_note"] = "SkyPilot cannot autostop a Slurm cluster (without Pyxis containers): sky down it"
         facts: dict[str, Any] | None = None
         if record is not None:
             status = record["status"]
             extras["cluster_state"] = getattr(status, "value", str(status))
             extras["cluster_resources"] = record.get("resources_str_full") or record.get("resources_str")
-            extras["autostop_minutes"] = record.get("autostop")
+            autostop = record.get("autostop")
+            extras["autostop_minutes"] = autostop if isinstance(autostop, int) and autostop >= 0 else None
             extras["autostop_down"] = record.get("to_down")
             price = hourly_price(record)
             if price is not None:
@@ -388,7 +400,8 @@ class SkyPilotEngine(Engine):
 
     def admit(self, resources: Resources) -> None:
         # What the cloud can give is SkyPilot's to find out; here only what no SkyPilot machine takes.
-        sky_resources(self.settings, resources)
+        if resources != Resources():
+            sky_resources(self.settings, resources)
 
     def prepare(self, job: RemoteJob) -> RemoteJob:
         handle = dict(job.handle or {})
@@ -480,9 +493,17 @@ echo written
         return status
 
     def _progress(self, payload: Any, default: str | None = None) -> str:
+        """SkyPilot's own words on a request: its status message, else the cluster's latest launch progress."""
         msg = (payload.status_msg or "").strip()
+        if not msg and default is None:
+            try:
+                record = self.cluster_record()
+            except EngineError:
+                record = None
+            if record is not None:
+                msg = str(record.get("init_status_reason") or record.get("last_event") or "").strip()
         what = default or f"SkyPilot cluster {self.settings.cluster}: {payload.name} {payload.status.lower()}"
-        return f"{what}: {msg}" if msg else what
+        return f"{what}: {' '.join(msg.split())[:300]}" if msg else what
 
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
         if not job.handle.get("dir"):
