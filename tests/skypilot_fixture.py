@@ -38,6 +38,7 @@ import pytest
 from far_python import far_python_bin
 from required import require
 from slurm_fixture import SlurmBed
+from waiting import wait_for
 
 #: The node user SkyPilot signs in as on the login node (bash login shell).
 NODE_USER = "jrc-sky-test"
@@ -241,6 +242,23 @@ def skypilot_bed(slurm_bed: SlurmBed, sky_home: Path) -> Iterator[SkyBed]:
             timed("sky down", start)
         # The node keeps SkyPilot's runtime between sessions, as a real cluster's home would.
         shutil.rmtree(node_home / ".jupyter-remote-compute", ignore_errors=True)
+
+
+def ensure_up(engine: object, timeout: float = 1800) -> None:
+    """The machine's cluster is UP (launched now if needed, through the engine, as a first job would)."""
+    request_id = engine.launch_cluster()  # type: ignore[attr-defined]
+    if request_id is None:
+        return
+    start = time.monotonic()
+
+    def done() -> bool:
+        return engine.request_state(request_id)[0] in ("SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")  # type: ignore[attr-defined]
+
+    wait_for(done, timeout, "SkyPilot to launch the test cluster", interval=1.0)
+    state, words = engine.request_state(request_id)  # type: ignore[attr-defined]
+    timed("launch", start)
+    if state != "SUCCEEDED":
+        raise RuntimeError(f"SkyPilot could not launch the test cluster: {words}")
 
 
 def timed(what: str, start: float) -> None:

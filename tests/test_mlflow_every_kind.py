@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jupyter_server_fixture
 import pytest
+import skypilot_fixture
 import slurm_fixture
 import sshd_fixture
 from conftest import job_runs
@@ -30,6 +31,9 @@ sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 remote_server = jupyter_server_fixture.remote_server
 slurm_bed = slurm_fixture.slurm_bed
+sky_home = skypilot_fixture.sky_home
+sky_client = skypilot_fixture.sky_client
+skypilot_bed = skypilot_fixture.skypilot_bed
 
 # A script that names its own experiment and run, and logs every kind of record MLflow has.
 NAMED_EXPERIMENT = textwrap.dedent(
@@ -79,6 +83,20 @@ def slurm_machine(
     service = make_service(quickstart)
     service.machines.add("hpc", "slurm", "127.0.0.1", slurm_bed.machine_options())
     return service, "hpc"
+
+
+@pytest.fixture
+def skypilot_machine(
+    make_service: Callable[..., JobService],
+    quickstart: Path,
+    skypilot_bed: skypilot_fixture.SkyBed,
+    sky_client: Path,
+) -> tuple[JobService, str]:
+    """The session's SkyPilot cluster on the Slurm test bed (launched here if no earlier test did)."""
+    service = make_service(quickstart)
+    service.machines.add("cloud", "skypilot", skypilot_bed.infra, skypilot_bed.machine_options())
+    skypilot_fixture.ensure_up(service.engine("cloud"))
+    return service, "cloud"
 
 
 @pytest.fixture(params=engine_kinds())

@@ -246,7 +246,9 @@ class SkyPilotEngine(Engine):
         "down": OptionField(bool, "Tear the cluster down when idle instead of stopping it"),
         "resources": OptionField(dict, "Default resources of the cluster: {gpus, cpus, memory}"),
         "base_dir": OptionField(str, "Directory for jobs and the input cache on the head node"),
-        "known_hosts": OptionField(str, "known_hosts file for the head node (default: one kept for SkyPilot clusters)"),
+        "known_hosts": OptionField(
+            str, "known_hosts file for the head node (default: one per cluster, written at launch)"
+        ),
     }
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
@@ -320,6 +322,20 @@ class SkyPilotEngine(Engine):
             return in_flight
         return str(sdk.launch(launch_task(self.settings, resources), **self.launch_arguments()))
 
+    def launch_cluster(self) -> str | None:
+        """Launch (or restart) the cluster now, without a job: the request id, or None when it is up."""
+        if _state(self.cluster_record(fresh=True)) == "UP":
+            return None
+        return self._launch(None)
+
+    def request_state(self, request_id: str) -> tuple[str, str]:
+        """(SkyPilot's status of a request, its progress or error in words)."""
+        payload = self._request(request_id)
+        if payload is None:
+            return ("UNKNOWN", f"SkyPilot no longer knows request {request_id}")
+        words = _error(payload) if payload.status in ("FAILED", "CANCELLED") else self._progress(payload)
+        return (payload.status, words)
+
     # -- the head node, reached like an ssh machine --------------------------------------
 
     def head(self) -> SSHEngine:
@@ -339,7 +355,7 @@ class SkyPilotEngine(Engine):
             "user": user,
             "port": port,
             "ssh_config": "/dev/null",
-            "known_hosts": self.machine_options.get("known_hosts") or str(default_known_hosts()),
+            "known_hosts": self._known_hosts(),
             "base_dir": self.machine_options.get("base_dir") or "~/.jupyter-remote-compute",
         }
         if key:
@@ -353,6 +369,24 @@ class SkyPilotEngine(Engine):
         if old is not None:
             old[1].close()
         return engine
+
+    def _known_hosts(self) -> str:
+        return self.machine_options.get("known_hosts") or str(default_known_hosts(self.settings.cluster))
+
+    def _trust_new_head(self) -> None:
+        """Record the head's host key right after the launch we asked for made (or restarted) it.
+
+        SkyPilot itself signs in to its clusters without checking host keys; this side trusts the key
+        the head presents just after the launch, and checks it on every connection from then on.
+        A machine naming its own ``known_hosts`` is left alone: its keys are the user's to trust.
+        """
+        if self.machine_options.get("known_hosts"):
+            return
+        path = Path(self._known_hosts())
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.unlink(missing_ok=True)  # a new cluster (or a new address) has new keys
+        self.close()
+        self.head().trust_host()
 
     # -- the job's life -----------------------------------------------------------------
 
@@ -414,6 +448,7 @@ class SkyPilotEngine(Engine):
                 raise EngineError(f"{self.name}: launching cluster {self.settings.cluster} failed: {_error(payload)}")
             handle["cluster_ready"] = True
             self._record = None
+            self._trust_new_head()
         record = self.cluster_record(fresh=not handle.get("cluster_ready"))
         state = _state(record)
         if state != "UP":
@@ -616,9 +651,9 @@ def hourly_price(record: Any) -> float | None:
     return round(float(price), 4) if price else None
 
 
-def default_known_hosts() -> Path:
-    """Where head node keys of SkyPilot clusters are kept unless a machine names a file."""
-    return Path.home() / ".config" / "jupyter-remote-compute" / "skypilot_known_hosts"
+def default_known_hosts(cluster: str) -> Path:
+    """Where a cluster's head node key is kept unless the machine names a known_hosts file."""
+    return Path.home() / ".config" / "jupyter-remote-compute" / "skypilot" / f"{cluster}.known_hosts"
 
 
 __all__ = ["INSTALL_HINT", "SkyPilotEngine", "SkyPilotSettings", "launch_task", "load_sdk", "sky_resources"]
