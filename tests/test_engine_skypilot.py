@@ -201,11 +201,16 @@ time.sleep(3600)
 """
 
 
+@pytest.mark.timeout(E2E_TIMEOUT + 600)
 def test_the_first_job_waits_for_the_launch_survives_a_restart_and_lands_here(
     skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path, tracking_uri: str, scratch_dir: Path
 ) -> None:
-    assert _record(skypilot_bed) is None, "the session's cluster must not exist before its first job"
-    _service(make_service, quickstart, skypilot_bed).close()  # writes the machine into compute.yaml
+    require(_record(skypilot_bed) is None, "a fresh cluster (this test runs before any other job on it)")
+    # Adding and checking the machine first, as a user would: SkyPilot's view, no cluster yet.
+    service = _service(make_service, quickstart, skypilot_bed)
+    facts = service.check_machine("sky")
+    assert "Slurm" in facts["sky_check"] and facts["cluster_state"] == "absent"
+    service.close()
     start = time.monotonic()
     child = subprocess.Popen(
         [sys.executable, "-c", _SUBMIT_AND_DIE, str(quickstart), str(scratch_dir), tracking_uri],
@@ -241,6 +246,7 @@ def test_the_first_job_waits_for_the_launch_survives_a_restart_and_lands_here(
     assert record["autostop"] < 0
 
 
+@pytest.mark.timeout(900)
 def test_a_second_job_reuses_the_cluster(skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path):
     before = _record(skypilot_bed)
     require(before is not None, "the cluster launched by the first test of this module")
@@ -258,6 +264,7 @@ def test_a_second_job_reuses_the_cluster(skypilot_bed: SkyBed, sky_client: Path,
     assert after["launched_at"] == before["launched_at"]
 
 
+@pytest.mark.timeout(900)
 def test_cancel_stops_the_command_on_the_cluster(
     skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path
 ) -> None:
@@ -278,6 +285,7 @@ def test_cancel_stops_the_command_on_the_cluster(
     assert left.stdout.strip() == ""
 
 
+@pytest.mark.timeout(900)
 def test_check_shows_skypilots_view_and_a_missing_infra_names_sky_check(
     skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path
 ) -> None:
