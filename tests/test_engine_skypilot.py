@@ -218,7 +218,8 @@ def test_the_first_job_waits_for_the_launch_survives_a_restart_and_lands_here(
         text=True,
     )
     try:
-        line = child.stdout.readline()
+        # SkyPilot prints lines of its own ("Running on cluster: ..."); the child's report is JSON.
+        line = next((text for text in iter(child.stdout.readline, "") if text.startswith("{")), "")
     finally:
         child.kill()  # SIGKILL: nothing of that process's memory survives, only the state file
         child.wait()

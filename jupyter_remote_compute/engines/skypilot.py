@@ -69,7 +69,7 @@ DEFAULT_AUTOSTOP = 30
 #: How long SkyPilot's cluster record (and the head's route) is trusted before asking again.
 RECORD_TTL = 10.0
 #: How long one quick SDK request (status, api_status, check) may take before we give up on it.
-QUICK_TIMEOUT = 60.0
+QUICK_TIMEOUT = 120.0
 #: The file start writes the job's environment to, read and removed by the SkyPilot job.
 ENV_FILE = "skypilot.env"
 START_SCRIPT = "skypilot-start.sh"
