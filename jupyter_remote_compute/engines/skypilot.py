@@ -525,7 +525,21 @@ echo written
             return RemoteStatus("pending", detail=self._progress(payload, "SkyPilot is starting the job"))
         if payload is not None and payload.status != "SUCCEEDED":
             return RemoteStatus("failed", detail=f"SkyPilot could not start the job: {_error(payload)}")
-        return status
+        if payload is None:
+            return status
+        # The exec request only queued a SkyPilot job: ask that job how it is doing.
+        sdk = load_sdk()
+        sky_job_id = sdk.get(request_id)[0]
+        states = self._quick(sdk.job_status(self.settings.cluster, [sky_job_id])) or {}
+        sky_state = states.get(sky_job_id) or states.get(str(sky_job_id))
+        words = str(getattr(sky_state, "value", sky_state) or "unknown")
+        if words in ("INIT", "PENDING", "SETTING_UP", "RUNNING"):
+            return RemoteStatus("pending", detail=f"SkyPilot job {sky_job_id} is {words.lower().replace('_', ' ')}")
+        return RemoteStatus(
+            "failed",
+            detail=f"SkyPilot job {sky_job_id} ended ({words}) before the command started: see `sky logs "
+            f"{self.settings.cluster} {sky_job_id}`",
+        )
 
     def _progress(self, payload: Any, default: str | None = None) -> str:
         """SkyPilot's own words on a request: its status message, else the cluster's latest launch progress."""
