@@ -203,11 +203,13 @@ def kinds_json() -> list[dict[str, Any]]:
     out = []
     for kind in engine_kinds():
         cls = engine_class(kind)
+        unavailable = getattr(cls, "unavailable", None)  # what to install before the kind can be used
         out.append(
             {
                 "kind": kind,
                 "label": cls.label,
                 "remote": cls.remote,
+                **({"unavailable": unavailable} if unavailable else {}),
                 "options": {
                     name: {
                         "type": field.type.__name__,

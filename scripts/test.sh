@@ -13,6 +13,12 @@ if [ "${#test_requirements[@]}" = 0 ]; then
   exit 1
 fi
 python -m pip install -q "${test_requirements[@]}"
+# The skypilot kind's extra (SkyPilot and its Slurm support, heavy) in a step of its own: the rest of
+# the suite never needs it, and its tests fail in CI (tests/required.py) if this step did not run.
+mapfile -t skypilot_requirements < <(python scripts/test_requirements.py skypilot)
+if [ "${#skypilot_requirements[@]}" != 0 ]; then
+  python -m pip install -q "${skypilot_requirements[@]}"
+fi
 ruff check jupyter_remote_compute tests benchmarks examples
 ruff format --check jupyter_remote_compute tests benchmarks examples
 jlpm lint:check

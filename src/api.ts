@@ -220,6 +220,10 @@ export interface IKind {
   label: string;
   remote: boolean;
   options: Record<string, IKindOption>;
+  /**
+   * Present when the kind cannot be used here yet: what to install (e.g. the `skypilot` extra).
+   */
+  unavailable?: string;
 }
 
 export interface IMachineList {

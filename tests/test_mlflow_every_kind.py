@@ -18,6 +18,7 @@ from pathlib import Path
 import agent_fixture
 import jupyter_server_fixture
 import pytest
+import skypilot_fixture
 import slurm_fixture
 import sshd_fixture
 from conftest import job_runs
@@ -32,6 +33,9 @@ ssh_agent_env = sshd_fixture.ssh_agent_env
 remote_server = jupyter_server_fixture.remote_server
 slurm_bed = slurm_fixture.slurm_bed
 agent_bed = agent_fixture.agent_bed
+sky_home = skypilot_fixture.sky_home
+sky_client = skypilot_fixture.sky_client
+skypilot_bed = skypilot_fixture.skypilot_bed
 
 # A script that names its own experiment and run, and logs every kind of record MLflow has.
 NAMED_EXPERIMENT = textwrap.dedent(
@@ -91,6 +95,19 @@ def agent_machine(
     agent_bed.add_machine("lab")
     agent_bed.start_agent("lab")
     return make_service(quickstart), "lab"
+def skypilot_machine(
+    make_service: Callable[..., JobService],
+    quickstart: Path,
+    skypilot_bed: skypilot_fixture.SkyBed,
+    sky_client: Path,
+) -> tuple[JobService, str]:
+    """The session's SkyPilot cluster on the Slurm test bed (launched here if no earlier test did)."""
+    # Kept out until a job runs there end to end (see test_engine_skypilot.OPEN_ISSUE): no launch in CI.
+    pytest.xfail("skypilot: on the Slurm bed SkyPilot's exec of the start script ends FAILED_SETUP")
+    service = make_service(quickstart)
+    service.machines.add("cloud", "skypilot", skypilot_bed.infra, skypilot_bed.machine_options())
+    skypilot_fixture.ensure_up(service.engine("cloud"))
+    return service, "cloud"
 
 
 @pytest.fixture(params=engine_kinds())

@@ -69,6 +69,22 @@ class EngineError(Exception):
         self.details = dict(details or {})
 
 
+class NotReady(EngineError):
+    """The machine accepted the job but cannot take its files yet (a cluster being provisioned).
+
+    Raised by ``prepare``: the lifecycle keeps ``handle`` (what the engine needs to follow the
+    provisioning, e.g. a request id, so a restart of this side resumes it) and holds the job
+    ``pending`` with ``reason``. While it waits, ``poll`` says ``pending`` with the progress, and
+    ``queued`` once the machine is ready: the lifecycle then sends and starts the job as usual.
+    Transient, so a lifecycle that does not know it simply tries again.
+    """
+
+    def __init__(self, reason: str, handle: Mapping[str, Any]) -> None:
+        super().__init__(reason, transient=True)
+        self.reason = reason
+        self.handle = dict(handle)
+
+
 @dataclasses.dataclass(frozen=True)
 class InputFile:
     """One file to send: where it sits here, where it goes, and its digest."""

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, ProgressCallback, RemoteStatus
+from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, NotReady, ProgressCallback, RemoteStatus
 from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
 from . import record as record_later
@@ -180,6 +180,12 @@ class Driver:
                 retries=0,
                 failing_since=None,
             )
+        except NotReady as e:
+            # The machine is still being made (a cloud cluster provisioning): wait for it as pending,
+            # keeping what the engine needs to follow it; poll says when it is ready to send.
+            self.leases.update(
+                job.id, state="pending", reason=e.reason, handle=e.handle, lease=None, retries=0, failing_since=None
+            )
         except EngineError as e:
             if e.transient:
                 self.leases.retry_later(job, e, "failed", f"could not start on {job.machine}")
@@ -238,6 +244,9 @@ class Driver:
                 # A dropped connection is not a dead job: look again on the next poll.
                 log.warning("job %s: %s", job.id, e)
             return
+        if status.state == "queued" and job.state == "pending":
+            self._requeue(job)
+            return
         times = scheduler_times(job, status)
         if status.state in ("pending", "running") and job.state != status.state:
             self._move(job, status, times)
@@ -285,6 +294,15 @@ class Driver:
             ended = job.times.get("ended_at") or time.time()
             attempt = meter(job, self.ctx.usage, self.ctx.workspace.punica_dir, state=REQUEUED, ended=ended)
             self.ctx.usage.append(attempt)
+        self.ctx.emit(current)
+
+    def _requeue(self, job: Job) -> None:
+        """pending → queued (compare-and-set): the machine the job waited for is ready for its files."""
+        with self.ctx.store.transaction() as jobs:
+            current = jobs[job.id]
+            if current.state != "pending":
+                return
+            current.state, current.reason, current.updated = "queued", None, utcnow()
         self.ctx.emit(current)
 
     def _to_collecting(

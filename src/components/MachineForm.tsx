@@ -42,7 +42,7 @@ type Values = {
 /**
  * Options shown without opening "More settings".
  */
-const PRIMARY_OPTIONS = ['user', 'port'];
+const PRIMARY_OPTIONS = ['user', 'port', 'accelerator', 'use_spot', 'autostop'];
 
 function humanize(name: string): string {
   const text = name.replace(/_/g, ' ');
@@ -429,7 +429,9 @@ function MachineForm(props: {
             )}
             {kinds.map(k => (
               <option key={k.kind} value={k.kind}>
-                {k.label || k.kind}
+                {k.unavailable
+                  ? `${k.label || k.kind} (${k.unavailable})`
+                  : k.label || k.kind}
               </option>
             ))}
           </select>
@@ -447,7 +449,11 @@ function MachineForm(props: {
               ? trans.__(
                   'A host name, user@host, or an alias from ~/.ssh/config.'
                 )
-              : undefined
+              : values.kind === 'skypilot'
+                ? trans.__(
+                    "SkyPilot's infra: aws, gcp/us-central1, k8s or slurm/<cluster> (see `sky check`)."
+                  )
+                : undefined
         }
         error={errors.address}
       >
@@ -463,8 +469,13 @@ function MachineForm(props: {
           />
         )}
       </Field>
-      {primaryOptions.map(renderOption)}
-      {extraOptions.length > 0 && (
+      {kind?.unavailable && (
+        <p className="jp-RemoteCompute-kindUnavailable" role="note">
+          {trans.__('This kind needs more software: %1', kind.unavailable)}
+        </p>
+      )}
+      {!kind?.unavailable && primaryOptions.map(renderOption)}
+      {!kind?.unavailable && extraOptions.length > 0 && (
         <details
           className="jp-RemoteCompute-more"
           open={moreOpen}
@@ -550,10 +561,18 @@ function MachineForm(props: {
         <label htmlFor={`${prefix}-enabled`}>{trans.__('Enabled')}</label>
       </div>
       <div className="jp-RemoteCompute-formButtons">
-        <Button type="submit" disabled={busy} className="jp-mod-accept">
+        <Button
+          type="submit"
+          disabled={busy || !!kind?.unavailable}
+          className="jp-mod-accept"
+        >
           {trans.__('Save and check')}
         </Button>
-        <Button type="button" disabled={busy} onClick={() => void save(false)}>
+        <Button
+          type="button"
+          disabled={busy || !!kind?.unavailable}
+          onClick={() => void save(false)}
+        >
           {trans.__('Save')}
         </Button>
         <Button type="button" minimal onClick={props.onCancel}>

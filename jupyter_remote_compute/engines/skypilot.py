@@ -1,0 +1,673 @@
+"""Your own cloud (or Slurm, or Kubernetes) through SkyPilot: a cluster appears for the first job
+and stops itself when idle.
+
+SkyPilot (``pip install "jupyter-remote-compute[skypilot]"``, the ``skypilot`` package, not the
+unrelated ``sky``) provisions; this engine never does. Every SDK call returns a request id that
+its API server (a local one starts by itself) works on; the engine only submits requests and
+asks how they are doing (``api_status``), so no server thread waits on a launch.
+
+- ``prepare``: the cluster (``cluster``, default ``jrc-<machine name>``) is looked up. If it is
+  UP, the job's folder is made on its head node. Otherwise a ``launch`` (which also restarts a
+  STOPPED cluster) is submitted, or one already under way for this cluster is adopted, and the
+  job waits ``pending`` (``NotReady``) with the request id in its handle: a restart of this side
+  follows the same request. ``poll`` reports SkyPilot's own progress as the job's reason, and
+  ``queued`` once the cluster is UP; the job is then sent and started.
+- Files, poll, log, cancel and fetch are the ssh engine's, against the head node SkyPilot
+  reports (its address, port, user and key; for Slurm the login node, whose home the allocation
+  shares): the content-addressed cache, verified outputs and the MLflow replay work as for ssh.
+- ``start`` writes the command and environment over ssh (secrets in a 0600 file that is read and
+  removed as the job starts, as for Slurm), then submits a SkyPilot job (``exec``) that starts the
+  far-side launcher and lasts as long as the command. So the job runs where SkyPilot places work
+  (inside a Slurm allocation, on the head VM), and autostop sees a busy cluster until it ends.
+- ``check``: ``sky check`` for the infra, the cluster's state (UP, STOPPED, INIT, absent), its
+  resources, autostop and hourly price when SkyPilot knows it; with nothing enabled, an error
+  that names ``sky check``.
+- ``usage()``: the cluster's hours and SkyPilot's cost estimate (``cost_report``), for the usage
+  report.
+
+The SDK is imported only when a machine of this kind is used, so the kind is listed (and says
+what to install) where SkyPilot is not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import math
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..errors import InvalidSettings
+from . import farside
+from .base import (
+    Engine,
+    EngineContext,
+    EngineError,
+    FetchResult,
+    InputFile,
+    LaunchSpec,
+    NotReady,
+    OptionField,
+    ProgressCallback,
+    RemoteJob,
+    RemoteStatus,
+    SendStats,
+)
+from .launcher import command_script, launch_input
+from .slurm_commands import Resources
+from .ssh import SSHEngine
+from .ssh_connection import quote
+
+INSTALL_HINT = 'install jupyter-remote-compute[skypilot] (pip install "jupyter-remote-compute[skypilot]")'
+DEFAULT_AUTOSTOP = 30
+#: How long SkyPilot's cluster record (and the head's route) is trusted before asking again.
+RECORD_TTL = 10.0
+#: How long one quick SDK request (status, api_status, check) may take before we give up on it.
+QUICK_TIMEOUT = 120.0
+#: The file start writes the job's environment to, read and removed by the SkyPilot job.
+ENV_FILE = "skypilot.env"
+START_SCRIPT = "skypilot-start.sh"
+#: SkyPilot cluster names: a letter, then letters, digits, '-', '_' or '.', ending in a letter or digit.
+_CLUSTER_NAME = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
+_FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+# Started by the SkyPilot job in the job folder: the launcher with the environment start left
+# (removed before the command runs), then wait while the command runs, so SkyPilot (and its
+# autostop) sees the cluster busy exactly as long as the job.
+_START_SH = f"""\
+#!/bin/sh
+d=$1
+cd -- "$d" || exit 97
+if [ -f {ENV_FILE} ]; then
+  exec 3< {ENV_FILE}
+  rm -f {ENV_FILE}
+  sh launch.sh "$d" <&3 >/dev/null || exit $?
+  exec 3<&-
+fi
+[ -f pid ] || {{ echo "the job was not started" >&2; exit 97; }}
+read -r pg < pid
+while [ ! -f exit_code ] && kill -0 -"$pg" 2>/dev/null; do sleep 2; done
+exit 0
+"""
+
+
+def sky_installed() -> bool:
+    """Whether SkyPilot (the ``skypilot`` distribution, not the unrelated ``sky``) can be imported."""
+    try:
+        importlib.metadata.distribution("skypilot")
+        return importlib.util.find_spec("sky") is not None
+    except (ImportError, ValueError):  # PackageNotFoundError is an ImportError
+        return False
+
+
+def load_sdk() -> ModuleType:
+    """SkyPilot's client SDK, imported on first use; a clear error naming the extra when it is missing."""
+    try:
+        from sky.client import sdk
+    except ImportError:
+        raise EngineError(f"SkyPilot is not installed: {INSTALL_HINT}") from None
+    return sdk
+
+
+def _sky() -> ModuleType:
+    load_sdk()
+    import sky
+
+    return sky
+
+
+def default_cluster(machine: str) -> str:
+    """The SkyPilot cluster a machine uses unless it names one: ``jrc-<machine name>``, made valid."""
+    slug = re.sub(r"[^a-z0-9]+", "-", machine.lower()).strip("-")[:40] or "machine"
+    return f"jrc-{slug}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SkyPilotSettings:
+    """A machine's SkyPilot settings, checked when the machine is saved."""
+
+    infra: str | None
+    accelerator: str | None
+    use_spot: bool
+    cluster: str
+    autostop: int
+    down: bool
+    defaults: Resources
+
+    @property
+    def cloud(self) -> str | None:
+        """The infra's cloud in SkyPilot's lower-case spelling (``k8s`` is ``kubernetes``)."""
+        return _cloud_key(self.infra.split("/")[0]) if self.infra else None
+
+    @classmethod
+    def from_options(cls, machine: str, address: str, options: Mapping[str, Any]) -> SkyPilotSettings:
+        infra = options.get("infra") or (address if address not in ("", "-", "skypilot") else None)
+        if infra is not None and (not isinstance(infra, str) or not re.match(r"^[a-zA-Z0-9][-_./a-zA-Z0-9*]*$", infra)):
+            raise InvalidSettings(
+                "infra: use SkyPilot's infra string, such as aws, gcp/us-central1, k8s or slurm/mycluster",
+                field="infra",
+            )
+        accelerator = options.get("accelerator") or None
+        if accelerator is not None and (
+            not isinstance(accelerator, str) or not re.match(r"^[A-Za-z0-9][-_.A-Za-z0-9]*(:\d+)?$", accelerator)
+        ):
+            raise InvalidSettings(
+                "accelerator: a SkyPilot accelerator name such as A100, H100 or L4", field="accelerator"
+            )
+        cluster = options.get("cluster") or default_cluster(machine)
+        if not isinstance(cluster, str) or not _CLUSTER_NAME.match(cluster) or len(cluster) > 63:
+            raise InvalidSettings(
+                "cluster: a SkyPilot cluster name: a letter, then letters, digits, '-', '_' or '.'", field="cluster"
+            )
+        autostop = options.get("autostop", DEFAULT_AUTOSTOP)
+        if isinstance(autostop, str) and autostop.strip().lstrip("-").isdigit():
+            autostop = int(autostop)
+        if isinstance(autostop, bool) or not isinstance(autostop, int) or autostop < -1:
+            raise InvalidSettings(
+                "autostop: idle minutes before the cluster stops itself (0 or more; -1 never)", field="autostop"
+            )
+        flags = {}
+        for name in ("use_spot", "down"):
+            value = options.get(name, False)
+            if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+                value = value.lower() in ("true", "yes", "1")
+            if not isinstance(value, bool):
+                raise InvalidSettings(f"{name}: true or false", field=name)
+            flags[name] = value
+        defaults = Resources.from_json(options.get("resources"), "resources.")
+        return cls(infra, accelerator, flags["use_spot"], cluster, autostop, flags["down"], defaults)
+
+
+def sky_resources(settings: SkyPilotSettings, asked: Resources | None) -> Any:
+    """The ``sky.Resources`` a job's resources ask for on this machine (the machine's defaults under them)."""
+    sky = _sky()
+    res = (asked or Resources()).over(settings.defaults)
+    if res.nodes is not None and res.nodes > 1:
+        raise InvalidSettings(
+            "resources.nodes: a SkyPilot machine runs each job on its head node", field="resources.nodes"
+        )
+    if res.partition:
+        raise InvalidSettings(
+            "resources.partition: choose the Slurm partition in the machine's infra (slurm/<cluster>/<partition>)",
+            field="resources.partition",
+        )
+    kwargs: dict[str, Any] = {"use_spot": settings.use_spot}
+    if settings.infra:
+        kwargs["infra"] = settings.infra
+    if res.gpus:
+        if not settings.accelerator:
+            raise InvalidSettings(
+                f"resources.gpus: {res.gpus} GPUs asked, but the machine names no accelerator (e.g. A100)",
+                field="resources.gpus",
+            )
+        kwargs["accelerators"] = f"{settings.accelerator.split(':')[0]}:{res.gpus}"
+    elif settings.accelerator:
+        kwargs["accelerators"] = settings.accelerator
+    if res.cpus is not None:
+        kwargs["cpus"] = str(res.cpus)
+    if res.memory_mb is not None:
+        kwargs["memory"] = f"{max(1, math.ceil(res.memory_mb / 1024))}"
+    try:
+        return sky.Resources(**kwargs)
+    except (ValueError, TypeError) as e:
+        # SkyPilot's own words (an unknown infra, a bad accelerator) name what is wrong.
+        raise InvalidSettings(f"SkyPilot refused the resources: {e}", field="resources") from None
+
+
+def launch_task(settings: SkyPilotSettings, asked: Resources | None) -> Any:
+    """The task a launch provisions with: resources only, no command (jobs come later, one ``exec`` each)."""
+    sky = _sky()
+    task = sky.Task(name=settings.cluster)
+    task.set_resources(sky_resources(settings, asked))
+    return task
+
+
+class SkyPilotEngine(Engine):
+    """A SkyPilot cluster, launched for the first job and stopped by itself when idle."""
+
+    kind = "skypilot"
+    label = "SkyPilot (your cloud, Kubernetes or Slurm)"
+    remote = True
+    #: Set where the SDK cannot be imported: the panel lists the kind with this instead of its form.
+    unavailable = None if sky_installed() else INSTALL_HINT
+    options = {
+        **farside.CACHE_OPTIONS,
+        "infra": OptionField(str, "SkyPilot infra: aws, gcp/us-central1, k8s, slurm/<cluster> (default: the address)"),
+        "accelerator": OptionField(str, "GPU type, e.g. A100, H100, L4 (a job's resources.gpus says how many)"),
+        "use_spot": OptionField(bool, "Use spot/preemptible instances"),
+        "cluster": OptionField(str, "SkyPilot cluster to create or reuse (default: jrc-<machine name>)"),
+        "autostop": OptionField(int, f"Idle minutes before the cluster stops itself (default {DEFAULT_AUTOSTOP})"),
+        "down": OptionField(bool, "Tear the cluster down when idle instead of stopping it"),
+        "resources": OptionField(dict, "Default resources of the cluster: {gpus, cpus, memory}"),
+        "base_dir": OptionField(str, "Directory for jobs and the input cache on the head node"),
+        "known_hosts": OptionField(
+            str, "known_hosts file for the head node (default: one per cluster, written at launch)"
+        ),
+    }
+
+    def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
+        super().__init__(name, address or "-", options, context)
+        self.settings = SkyPilotSettings.from_options(name, address, self.machine_options)
+        self._lock = threading.Lock()
+        self._record: tuple[float, Any] | None = None
+        self._head: tuple[tuple[Any, ...], SSHEngine] | None = None
+
+    @classmethod
+    def validate_address(cls, address: str) -> str:
+        # The address is the infra (or anything, when the infra option says it).
+        return address.strip() or "-"
+
+    # -- SkyPilot's view ----------------------------------------------------------------
+
+    def _quick(self, request_id: Any) -> Any:
+        """The result of a short request (status, check); a slow API server is a transient fault."""
+        sdk = load_sdk()
+        deadline = time.monotonic() + QUICK_TIMEOUT
+        while True:
+            [payload] = sdk.api_status([request_id]) or [None]
+            if payload is None or payload.status in _FINISHED:
+                return sdk.get(request_id)
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"{self.name}: SkyPilot's API server did not answer in time; try again", transient=True
+                )
+            time.sleep(0.2)
+
+    def cluster_record(self, fresh: bool = False) -> Any | None:
+        """SkyPilot's record of the cluster (status, handle, credentials), or None when it does not exist."""
+        with self._lock:
+            cached = self._record
+        if cached is not None and not fresh and time.monotonic() - cached[0] < RECORD_TTL:
+            return cached[1]
+        sdk = load_sdk()
+        records = self._quick(sdk.status([self.settings.cluster], _include_credentials=True))
+        record = next((r for r in records if r["name"] == self.settings.cluster), None)
+        with self._lock:
+            self._record = (time.monotonic(), record)
+        return record
+
+    def _request(self, request_id: str) -> Any | None:
+        sdk = load_sdk()
+        found = sdk.api_status([request_id])
+        return found[0] if found else None
+
+    def _launch_in_flight(self) -> str | None:
+        """The id of a launch or start of this cluster SkyPilot is still working on (another job's)."""
+        sdk = load_sdk()
+        for payload in sdk.api_status(cluster_name=self.settings.cluster) or []:
+            if payload.name in ("launch", "start") and payload.status not in _FINISHED:
+                return payload.request_id
+        return None
+
+    def launch_arguments(self) -> dict[str, Any]:
+        """What ``sky.launch`` gets besides the task: the cluster and when it stops itself."""
+        autostop = self.settings.autostop if self.settings.autostop >= 0 else None
+        if self.settings.cloud == "slurm":
+            # SkyPilot 0.14 refuses autostop on Slurm unless the cluster runs in a Pyxis container
+            # ("Autostop is supported only for container clusters on Slurm clusters with Pyxis
+            # installed"); the allocation ends with `sky down` or its time limit instead.
+            autostop = None
+        return {"cluster_name": self.settings.cluster, "idle_minutes_to_autostop": autostop, "down": self.settings.down}
+
+    def _launch(self, resources: Resources | None) -> str:
+        sdk = load_sdk()
+        in_flight = self._launch_in_flight()
+        if in_flight:
+            return in_flight
+        return str(sdk.launch(launch_task(self.settings, resources), **self.launch_arguments()))
+
+    def launch_cluster(self) -> str | None:
+        """Launch (or restart) the cluster now, without a job: the request id, or None when it is up."""
+        if _state(self.cluster_record(fresh=True)) == "UP":
+            return None
+        return self._launch(None)
+
+    def request_state(self, request_id: str) -> tuple[str, str]:
+        """(SkyPilot's status of a request, its progress or error in words)."""
+        payload = self._request(request_id)
+        if payload is None:
+            return ("UNKNOWN", f"SkyPilot no longer knows request {request_id}")
+        words = _error(payload) if payload.status in ("FAILED", "CANCELLED") else self._progress(payload)
+        return (payload.status, words)
+
+    # -- the head node, reached like an ssh machine --------------------------------------
+
+    def head(self) -> SSHEngine:
+        """The ssh engine for the cluster's head node (for Slurm, the login node SkyPilot signs in to)."""
+        record = self.cluster_record()
+        if (
+            record is None
+            or str(record["status"].value if hasattr(record["status"], "value") else record["status"]) != "UP"
+        ):
+            raise EngineError(f"{self.name}: cluster {self.settings.cluster} is not up; submit a job to launch it")
+        route = head_route(record)
+        with self._lock:
+            if self._head is not None and self._head[0] == route:
+                return self._head[1]
+        host, port, user, key = route
+        options: dict[str, Any] = {
+            "user": user,
+            "port": port,
+            "ssh_config": "/dev/null",
+            "known_hosts": self._known_hosts(),
+            "base_dir": self.machine_options.get("base_dir") or "~/.jupyter-remote-compute",
+        }
+        if key:
+            options["identity_file"] = key
+        for name in farside.CACHE_OPTIONS:
+            if name in self.machine_options:
+                options[name] = self.machine_options[name]
+        engine = SSHEngine(self.name, host, options, self.context)
+        with self._lock:
+            old, self._head = self._head, (route, engine)
+        if old is not None:
+            old[1].close()
+        return engine
+
+    def _known_hosts(self) -> str:
+        return self.machine_options.get("known_hosts") or str(default_known_hosts(self.settings.cluster))
+
+    def _trust_new_head(self) -> None:
+        """Record the head's host key right after the launch we asked for made (or restarted) it.
+
+        SkyPilot itself signs in to its clusters without checking host keys; this side trusts the key
+        the head presents just after the launch, and checks it on every connection from then on.
+        A machine naming its own ``known_hosts`` is left alone: its keys are the user's to trust.
+        """
+        if self.machine_options.get("known_hosts"):
+            return
+        path = Path(self._known_hosts())
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.unlink(missing_ok=True)  # a new cluster (or a new address) has new keys
+        self.close()
+        self.head().trust_host()
+
+    # -- the job's life -----------------------------------------------------------------
+
+    def check(self) -> dict[str, Any]:
+        sdk = load_sdk()
+        infra = self.settings.infra
+        cloud = self.settings.cloud
+        enabled = self._quick(sdk.check((cloud,) if cloud else None, verbose=False))
+        clouds = sorted({c for per_workspace in (enabled or {}).values() for c in per_workspace})
+        if not clouds or (cloud and not any(_cloud_key(c) == cloud for c in clouds)):
+            raise EngineError(
+                f"{self.name}: SkyPilot has no enabled infra{' for ' + infra if infra else ''}: "
+                "run `sky check` and set up credentials for your cloud, Kubernetes or Slurm"
+            )
+        record = self.cluster_record(fresh=True)
+        extras: dict[str, Any] = {"sky_check": clouds, "cluster": self.settings.cluster, "cluster_state": "absent"}
+        if self.settings.cloud == "slurm":
+            extras["autostop_note"] = "SkyPilot cannot autostop a Slurm cluster (without Pyxis containers): sky down it"
+        facts: dict[str, Any] | None = None
+        if record is not None:
+            status = record["status"]
+            extras["cluster_state"] = getattr(status, "value", str(status))
+            extras["cluster_resources"] = record.get("resources_str_full") or record.get("resources_str")
+            autostop = record.get("autostop")
+            extras["autostop_minutes"] = autostop if isinstance(autostop, int) and autostop >= 0 else None
+            extras["autostop_down"] = record.get("to_down")
+            price = hourly_price(record)
+            if price is not None:
+                extras["hourly_price_usd"] = price
+            if extras["cluster_state"] == "UP":
+                facts = self.head().check()
+        if facts is None:
+            # Nothing to reach yet: the common facts are what the cluster will be, as far as known.
+            facts = {
+                "os": "",
+                "kernel": "",
+                "python": None,
+                "cpus": self.settings.defaults.cpus or 0,
+                "memory_bytes": None,
+                "gpus": [],
+                "disk_free_bytes": None,
+                "rtt_ms": 0.0,
+            }
+        return {**{k: v for k, v in extras.items() if k not in facts}, **facts}
+
+    def admit(self, resources: Resources) -> None:
+        # What the cloud can give is SkyPilot's to find out; here only what no SkyPilot machine takes.
+        if resources != Resources():
+            sky_resources(self.settings, resources)
+
+    def prepare(self, job: RemoteJob) -> RemoteJob:
+        handle = dict(job.handle or {})
+        request_id = handle.get("launch_request")
+        if request_id and not handle.get("cluster_ready"):
+            payload = self._request(request_id)
+            if payload is not None and payload.status not in _FINISHED:
+                raise NotReady(self._progress(payload), handle)
+            if payload is not None and payload.status != "SUCCEEDED":
+                raise EngineError(f"{self.name}: launching cluster {self.settings.cluster} failed: {_error(payload)}")
+            handle["cluster_ready"] = True
+            self._record = None
+            self._trust_new_head()
+        record = self.cluster_record(fresh=not handle.get("cluster_ready"))
+        state = _state(record)
+        if state != "UP":
+            resources = Resources.from_json(handle.get("resources")) if handle.get("resources") else None
+            request_id = self._launch(resources)
+            handle.update(launch_request=request_id, cluster=self.settings.cluster, launch_submitted=time.time())
+            handle.pop("cluster_ready", None)
+            what = "restarting" if state == "STOPPED" else "launching"
+            raise NotReady(f"{what} SkyPilot cluster {self.settings.cluster}", handle)
+        prepared = self.head().prepare(job)
+        return dataclasses.replace(prepared, handle={**handle, **prepared.handle, "cluster": self.settings.cluster})
+
+    def is_prepared(self, job: RemoteJob) -> bool:
+        return bool(job.handle.get("dir"))
+
+    def send(self, job: RemoteJob, files: Sequence[InputFile], progress: ProgressCallback | None = None) -> SendStats:
+        return self.head().send(job, files, progress)
+
+    def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
+        head = self.head()
+        d = head._dir(job)
+        if job.handle.get("exec_request"):
+            return job  # started already; the SkyPilot job finds the launcher's pid
+        # The job runs with the head's login environment, like an ssh job (not SkyPilot's runtime env).
+        payload = launch_input(launch.env, launch.secret_env)
+        body = f"""cd -- {quote(d)} || exit 97
+umask 077
+if [ -f pid ]; then echo started; exit 0; fi
+printf '%s' {quote(command_script(launch.command))} > command.sh
+printf '%s' {quote(_START_SH)} > {START_SCRIPT}
+{{ printf 'PATH=%s\\n' "$(printf '%s' "$PATH" | base64 | tr -d '\\n')"; cat; }} > {ENV_FILE}.tmp
+mv -f {ENV_FILE}.tmp {ENV_FILE}
+echo written
+"""
+        res = head._run(body, payload, timeout=60, retry=False)
+        if res.code != 0:
+            raise EngineError(res.error(f"{self.name}: writing job {job.job_id} on the head node"))
+        sky = _sky()
+        task = sky.Task(name=f"jrc-{job.job_id}", run=f"sh {quote(d + '/' + START_SCRIPT)} {quote(d)}")
+        request_id = load_sdk().exec(task, cluster_name=self.settings.cluster)
+        return dataclasses.replace(job, handle={**job.handle, "exec_request": str(request_id)})
+
+    def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        statuses: dict[str, RemoteStatus] = {}
+        on_head = []
+        for job in jobs:
+            if job.handle.get("dir"):
+                on_head.append(job)
+                continue
+            request_id = job.handle.get("launch_request")
+            payload = self._request(request_id) if request_id else None
+            if payload is not None and payload.status not in _FINISHED:
+                statuses[job.job_id] = RemoteStatus("pending", detail=self._progress(payload))
+            elif payload is not None and payload.status != "SUCCEEDED":
+                statuses[job.job_id] = RemoteStatus(
+                    "failed", detail=f"launching SkyPilot cluster {self.settings.cluster} failed: {_error(payload)}"
+                )
+            else:
+                statuses[job.job_id] = RemoteStatus("queued", detail=f"cluster {self.settings.cluster} is up")
+        if on_head:
+            far = self.head().poll(on_head)
+            for job in on_head:
+                status = far[job.job_id]
+                if status.state == "gone" and status.detail == "never started":
+                    status = self._starting(job, status)
+                statuses[job.job_id] = status
+        return statuses
+
+    def _starting(self, job: RemoteJob, status: RemoteStatus) -> RemoteStatus:
+        """A job whose SkyPilot job has not run the launcher yet: pending while SkyPilot works on it."""
+        request_id = job.handle.get("exec_request")
+        payload = self._request(request_id) if request_id else None
+        if payload is not None and payload.status not in _FINISHED:
+            return RemoteStatus("pending", detail=self._progress(payload, "SkyPilot is starting the job"))
+        if payload is not None and payload.status != "SUCCEEDED":
+            return RemoteStatus("failed", detail=f"SkyPilot could not start the job: {_error(payload)}")
+        if payload is None:
+            return status
+        # The exec request only queued a SkyPilot job: ask that job how it is doing.
+        sdk = load_sdk()
+        sky_job_id = sdk.get(request_id)[0]
+        states = self._quick(sdk.job_status(self.settings.cluster, [sky_job_id])) or {}
+        sky_state = states.get(sky_job_id) or states.get(str(sky_job_id))
+        words = str(getattr(sky_state, "value", sky_state) or "unknown")
+        if words in ("INIT", "PENDING", "SETTING_UP", "RUNNING"):
+            return RemoteStatus("pending", detail=f"SkyPilot job {sky_job_id} is {words.lower().replace('_', ' ')}")
+        return RemoteStatus(
+            "failed",
+            detail=f"SkyPilot job {sky_job_id} ended ({words}) before the command started: see `sky logs "
+            f"{self.settings.cluster} {sky_job_id}`",
+        )
+
+    def _progress(self, payload: Any, default: str | None = None) -> str:
+        """SkyPilot's own words on a request: its status message, else the cluster's latest launch progress."""
+        msg = (payload.status_msg or "").strip()
+        if not msg and default is None:
+            try:
+                record = self.cluster_record()
+            except EngineError:
+                record = None
+            if record is not None:
+                msg = str(record.get("init_status_reason") or record.get("last_event") or "").strip()
+        what = default or f"SkyPilot cluster {self.settings.cluster}: {payload.name} {payload.status.lower()}"
+        return f"{what}: {' '.join(msg.split())[:300]}" if msg else what
+
+    def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
+        if not job.handle.get("dir"):
+            return b""
+        return self.head().read_log(job, offset, limit)
+
+    def cancel(self, job: RemoteJob, grace: float) -> None:
+        if not job.handle.get("dir"):
+            return  # still waiting for the cluster: nothing of the job is there (the launch serves the machine)
+        self.head().cancel(job, grace)
+
+    def fetch(
+        self, job: RemoteJob, outputs: Sequence[str], dest: Path, progress: ProgressCallback | None = None
+    ) -> FetchResult:
+        return self.head().fetch(job, outputs, dest, progress)
+
+    def cleanup(self, job: RemoteJob) -> None:
+        if not job.handle.get("dir") or _state(self.cluster_record()) != "UP":
+            return  # a stopped or removed cluster: its folders went (or wait) with it
+        self.head().cleanup(job)
+
+    def trust_host(self, expected_fingerprint: str | None = None) -> str:
+        return self.head().trust_host(expected_fingerprint)
+
+    def close(self) -> None:
+        with self._lock:
+            head, self._head = self._head, None
+        if head is not None:
+            head[1].close()
+
+    # -- usage ----------------------------------------------------------------------------
+
+    def usage(self) -> dict[str, Any] | None:
+        """The cluster's hours and SkyPilot's cost estimate so far (``cost_report``), or None when unknown.
+
+        ``{"cluster", "hours", "cost_usd", "status"}``: what the usage report (issue 15) reads per
+        machine of this kind.
+        """
+        sdk = load_sdk()
+        for entry in self._quick(sdk.cost_report()) or []:
+            if entry.get("name") == self.settings.cluster:
+                duration = entry.get("duration")
+                return {
+                    "cluster": self.settings.cluster,
+                    "hours": None if duration is None else duration / 3600,
+                    "cost_usd": entry.get("total_cost"),
+                    "status": getattr(entry.get("status"), "value", entry.get("status")),
+                }
+        return None
+
+
+def _cloud_key(cloud: str) -> str:
+    return {"k8s": "kubernetes"}.get(cloud.lower(), cloud.lower())
+
+
+def _state(record: Any | None) -> str:
+    if record is None:
+        return "absent"
+    status = record["status"]
+    return str(getattr(status, "value", status))
+
+
+def _error(payload: Any) -> str:
+    """A failed request's error in one line, without SkyPilot's traceback."""
+    text = str(payload.error or payload.status_msg or "no reason given")
+    try:
+        import json
+
+        data = json.loads(text)
+        text = data.get("message") or data.get("object", text) if isinstance(data, dict) else text
+    except (ValueError, TypeError):
+        pass
+    return " ".join(str(text).split())[:500]
+
+
+def head_route(record: Any) -> tuple[str, int, str, str | None]:
+    """(host, port, user, key file) of a cluster's head node, as SkyPilot's record says.
+
+    A Slurm cluster is reached through its login node (the one ``~/.slurm/config`` names), whose
+    home the allocation shares; a cloud VM at its head address with the key SkyPilot made.
+    """
+    handle = record["handle"]
+    info = getattr(handle, "cached_cluster_info", None)
+    provider = getattr(info, "provider_config", None) or {}
+    login = provider.get("ssh") if isinstance(provider, Mapping) else None
+    if isinstance(login, Mapping) and login.get("hostname"):
+        return (str(login["hostname"]), int(login.get("port") or 22), str(login["user"]), login.get("private_key"))
+    credentials = record.get("credentials") or {}
+    host = getattr(handle, "head_ip", None)
+    if not host:
+        raise EngineError(
+            f"SkyPilot reports no address for the head of cluster {record['name']}; try again", transient=True
+        )
+    port = getattr(handle, "head_ssh_port", None) or 22
+    user = credentials.get("ssh_user") or getattr(handle, "ssh_user", None)
+    if not user:
+        raise EngineError(f"SkyPilot reports no ssh user for cluster {record['name']}")
+    return (str(host), int(port), str(user), credentials.get("ssh_private_key"))
+
+
+def hourly_price(record: Any) -> float | None:
+    """The cluster's price per hour in US dollars when SkyPilot knows it (clouds; not Slurm or Kubernetes)."""
+    handle = record.get("handle")
+    launched = getattr(handle, "launched_resources", None)
+    nodes = getattr(handle, "launched_nodes", 1) or 1
+    try:
+        price = launched.get_cost(3600) * nodes if launched is not None else None
+    except Exception:
+        return None
+    return round(float(price), 4) if price else None
+
+
+def default_known_hosts(cluster: str) -> Path:
+    """Where a cluster's head node key is kept unless the machine names a known_hosts file."""
+    return Path.home() / ".config" / "jupyter-remote-compute" / "skypilot" / f"{cluster}.known_hosts"
+
+
+__all__ = ["INSTALL_HINT", "SkyPilotEngine", "SkyPilotSettings", "launch_task", "load_sdk", "sky_resources"]
