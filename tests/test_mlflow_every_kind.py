@@ -95,6 +95,8 @@ def agent_machine(
     agent_bed.add_machine("lab")
     agent_bed.start_agent("lab")
     return make_service(quickstart), "lab"
+
+
 def skypilot_machine(
     make_service: Callable[..., JobService],
     quickstart: Path,
