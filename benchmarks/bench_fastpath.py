@@ -21,7 +21,6 @@ load average is printed beside the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -34,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from jupyter_remote_compute.jobs.store import JobStore  # noqa: E402 - after the path is set
 
 MiB = 1 << 20
 
@@ -52,7 +53,8 @@ def timed_process(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[floa
 
 
 def _jobs(workspace: Path) -> dict[str, dict]:
-    return json.loads((workspace / ".punica/jobs.json").read_bytes())["jobs"]
+    # Through the store: the latest changes may still be in the journal beside jobs.json.
+    return {job_id: job.to_json() for job_id, job in JobStore(workspace / ".punica/jobs.json").jobs().items()}
 
 
 def bench_noop(runs: int, tmp: Path) -> None:

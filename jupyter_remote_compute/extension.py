@@ -236,6 +236,12 @@ class RemoteComputeApp(ExtensionApp):
             try:
                 # Only the server talks to agents, so only it decides that a silent agent's lease ran out.
                 await loop.run_in_executor(self.executor, self._expire_agent_leases)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A damaged agent file must not stop every other machine's jobs from being driven.
+                self.log.exception("remote-compute: checking agent leases failed")
+            try:
                 await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
                 snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)
                 if self.keep_finished_jobs > 0 and loop.time() >= next_retention:

@@ -233,7 +233,8 @@ class MachinesHandler(RemoteComputeHandler):
         version = await self.call(admin.version)
         machines = await self.call(admin.list)
         punica = self.service.workspace.punica_dir
-        shown = [with_presence(punica, m.to_json()) for m in machines]
+        # Presence reads each agent machine's files: off the IOLoop.
+        shown = await self.call(lambda: [with_presence(punica, m.to_json()) for m in machines])
         self.reply({"machines": shown, "version": version, "kinds": kinds_json()})
 
     @api

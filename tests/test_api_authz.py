@@ -34,6 +34,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("jobs/{job_id}/log", "GET"): "read",
     ("jobs/{job_id}/metrics", "GET"): "read",
     ("steps", "GET"): "read",
+    ("usage", "GET"): "read",
     ("secrets", "GET"): "read",
     ("secrets/{secret_name}", "PUT"): "write",
     ("secrets/{secret_name}", "DELETE"): "write",

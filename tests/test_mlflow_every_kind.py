@@ -97,6 +97,7 @@ def agent_machine(
     return make_service(quickstart), "lab"
 
 
+@pytest.fixture
 def skypilot_machine(
     make_service: Callable[..., JobService],
     quickstart: Path,

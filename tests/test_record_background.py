@@ -8,7 +8,6 @@ just before it creates the run, so the test can kill things at that point withou
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ from conftest import job_runs
 from waiting import wait_for
 
 from jupyter_remote_compute.jobs import record
+from jupyter_remote_compute.jobs.store import JobStore
 from jupyter_remote_compute.tracking import TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 
@@ -68,7 +68,8 @@ def _cli(bed: dict[str, Any], *args: str, **popen: Any) -> subprocess.Popen[str]
 
 
 def _jobs(bed: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return json.loads((bed["root"] / ".punica/jobs.json").read_bytes())["jobs"]
+    # Through the store: the latest changes may still be in the journal beside jobs.json.
+    return {job_id: job.to_json() for job_id, job in JobStore(bed["root"] / ".punica/jobs.json").jobs().items()}
 
 
 def _recorded(bed: dict[str, Any], job_id: str) -> str | None:

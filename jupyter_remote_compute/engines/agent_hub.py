@@ -81,7 +81,10 @@ class MachineHub:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        # Private to this user: the raw log an agent sends is kept here until collection masks it.
+        self.dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.dir.parent.stat().st_mode & 0o077:
+            os.chmod(self.dir.parent, 0o700)
         with self._lock:
             yield
 
@@ -238,7 +241,8 @@ class MachineHub:
             log_path = self.job_dir(job_id) / "log"
             size = log_path.stat().st_size if log_path.exists() else 0
             if log and log_offset <= size < log_offset + len(log):
-                with open(log_path, "ab") as f:
+                fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                with open(fd, "ab") as f:
                     f.write(log[size - log_offset :])
                 size = log_path.stat().st_size
             now = time.time()

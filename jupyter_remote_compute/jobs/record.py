@@ -114,9 +114,15 @@ def resume(ctx: JobContext) -> None:
     """Start a recorder for every to-do nobody records (its recorder died, or never started)."""
     for job_id in unclaimed(ctx.workspace):
         try:
-            secrets = mask_values(ctx.secrets, ctx.store.get(job_id)) or []
+            job = ctx.store.get(job_id)
         except NotFound:
             secrets = []  # the recorder only tidies up after a deleted job
+        else:
+            if job.active:
+                # Still being collected: its collector starts the recorder once the job has ended (and a
+                # collection that is retried writes a fresh to-do over this one).
+                continue
+            secrets = mask_values(ctx.secrets, job) or []
         start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
 
 

@@ -203,6 +203,10 @@ def current_attempt(job: Job, record: UsageRecord) -> tuple[int, float]:
     if not before:
         return 1, parse_time(job.created)
     last = before[-1]
+    if last.state != REQUEUED:
+        # That attempt already ended: this is it collected again after a crash, not a new one (the
+        # record keeps the first line of each attempt, so it is counted once).
+        return last.attempt, last.queued
     return last.attempt + 1, last.end(time.time())
 
 
