@@ -119,6 +119,16 @@ class JobRecord:
         )
 
 
+WITHHELD_FAR_RECORDS = "far-side MLflow records withheld: a secret this job used could not be read to mask them"
+
+
+def without_far_records(record: JobRecord) -> JobRecord:
+    """The record minus the far side's MLflow store, for when a secret the job saw cannot be read to mask
+    it: nothing the script logged there may carry the value into this store (fail closed, like the log)."""
+    reason = f"{record.reason} ({WITHHELD_FAR_RECORDS})" if record.reason else WITHHELD_FAR_RECORDS
+    return dataclasses.replace(record, far_store=None, reason=reason)
+
+
 def tracking_uri(workspace: Path, settings: TrackingSettings) -> str:
     return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace / 'mlflow.db'}"
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import job_runs
 from mlflow.tracking import MlflowClient
 from waiting import wait_for
 
@@ -120,7 +121,7 @@ def test_a_live_log_read_in_small_pieces_never_shows_a_secret(workspace, make_se
 
 
 def test_when_a_secret_cannot_be_read_to_mask_the_log_the_log_is_withheld(
-    workspace, make_service, secret_value, tracking_uri
+    workspace, make_service, secret_value, tracking_uri, scratch_dir
 ):
     service = make_service(workspace)
     (workspace / "job.sh").write_text('echo "key=$TOKEN"; while [ ! -f go ]; do sleep 0.05; done\n')
@@ -140,7 +141,7 @@ def test_when_a_secret_cannot_be_read_to_mask_the_log_the_log_is_withheld(
 
 
 def test_a_secret_the_job_logs_to_mlflow_is_hidden_in_the_local_run(
-    workspace, make_service, secret_value, tracking_uri
+    workspace, make_service, secret_value, tracking_uri, scratch_dir
 ):
     (workspace / "log_it.py").write_text(
         "import os, mlflow\nwith mlflow.start_run():\n    mlflow.log_param('api', os.environ['TOKEN'])\n"
@@ -202,3 +203,36 @@ def test_a_long_send_keeps_renewing_its_lease(workspace, make_service, monkeypat
     monkeypatch.setattr(service.leases, "renewer", spying_renewer)
     assert service.wait(job.id, timeout=60).state == "succeeded"
     assert len(renewals) >= 8 and renewals == sorted(renewals) and renewals[-1] > renewals[0]
+
+
+def test_far_side_records_are_withheld_when_a_secret_cannot_be_read_to_mask_them(
+    workspace, make_service, secret_value, tracking_uri, scratch_dir
+):
+    """A job logged its secret as an MLflow param; the secret is gone before collection: nothing the
+    far side logged is replayed, so the value reaches neither the run nor the store (fail closed)."""
+    service = make_service(workspace)
+    script = (
+        "import os, pathlib, time, mlflow\n"
+        "mlflow.log_param('token', os.environ['TOKEN'])\n"
+        "mlflow.log_metric('loss', 0.5)\n"
+        "while not pathlib.Path('go').exists():\n"
+        "    time.sleep(0.05)\n"
+    )
+    (workspace / "leak.py").write_text(script)
+    spec = JobSpec.from_json(
+        {"command": "python leak.py", "send": ["leak.py"], "env": {"TOKEN": "secret:failures/token"}}
+    )
+    job = service.submit(spec).job
+    service.advance(job.id)  # sent and started
+    far = Path(scratch_dir)  # the local machine's job folders
+    wait_for(lambda: list(far.rglob("params/token")), 120, "the job to log its param on the far side")
+    service.secrets.delete("failures/token")  # gone behind the service's back: it cannot be read to mask
+    for go in far.rglob("leak.py"):
+        (go.parent / "go").touch()
+    job = service.wait(job.id, timeout=120)
+    (run,) = job_runs(tracking_uri, job.id)
+    assert "token" not in run.data.params and "loss" not in run.data.metrics
+    assert "withheld" in run.data.tags["remote_compute.reason"]
+    assert secret_value not in repr(run.data)
+    store = Path(tracking_uri.removeprefix("sqlite:///"))
+    assert secret_value.encode() not in store.read_bytes()

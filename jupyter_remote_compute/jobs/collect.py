@@ -20,7 +20,7 @@ from ..engines.base import WORK_DIR, EngineError, FetchResult
 from ..errors import InvalidSettings
 from ..fsutil import sha256_file
 from ..secrets import mask
-from ..tracking import JobRecord, record_job
+from ..tracking import JobRecord, record_job, without_far_records
 from . import record as record_later
 from .context import JobContext, engine_faults, remote_of
 from .leases import Leases
@@ -97,6 +97,8 @@ class Collector:
         attempts = [a for a in self.ctx.usage.attempts_of(job.id) if a.attempt < attempt.attempt] + [attempt]
         metrics = job_metrics(attempts, parse_time(ended))
         record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [], metrics)
+        if secrets is None:
+            record = without_far_records(record)
         background = self.ctx.settings.record_in_background
         if background:
             # The to-do is written before the job ends, so a crash in between leaves it for resume().
@@ -118,7 +120,7 @@ class Collector:
             failing_since=None,
         )
         if background:
-            record_later.start(self.ctx.workspace, self.ctx.settings.tracking, job.id, secrets or [])
+            record_later.start(self.ctx.workspace, self.ctx.settings.tracking, job.id, secrets)
 
     def _check_landing(self, verified: dict[str, str]) -> str | None:
         """Before anything moves: every destination is inside the workspace and can take a file."""

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..errors import NotFound
 from ..fsutil import atomic_write
 from ..secrets import mask
-from ..tracking import JobRecord, TrackingSettings, record_job
+from ..tracking import JobRecord, TrackingSettings, record_job, without_far_records
 from ..workspace import Workspace
 from .context import JobContext
 from .logs import mask_values
@@ -61,13 +61,14 @@ def queue(workspace: Workspace, record: JobRecord, cleanup: Path | None) -> None
     atomic_write(pending_file(workspace, record.job_id), json.dumps(data).encode())
 
 
-def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str]) -> None:
+def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None) -> None:
     """Start a detached recorder for the job's to-do; the request (secret values to hide included)
-    travels on its standard input, never in argv or a file."""
+    travels on its standard input, never in argv or a file. ``secrets`` None: one could not be read,
+    so the far side's records are withheld."""
     request = {
         "workspace": str(workspace.root),
         "settings": {**dataclasses.asdict(settings), "isolated": False},
-        "mask_values": list(secrets),
+        "mask_values": None if secrets is None else list(secrets),
     }
     log_file = pending_dir(workspace) / f"{job_id}.log"
     with open(log_file, "ab") as errors:
@@ -122,7 +123,7 @@ def resume(ctx: JobContext) -> None:
                 # Still being collected: its collector starts the recorder once the job has ended (and a
                 # collection that is retried writes a fresh to-do over this one).
                 continue
-            secrets = mask_values(ctx.secrets, job) or []
+            secrets = mask_values(ctx.secrets, job)
         start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
 
 
@@ -165,15 +166,20 @@ def _finish(workspace: Workspace, job_id: str, run_id: str | None, problem: str 
         job.updated = utcnow()
 
 
-def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str]) -> int:
-    """Record one to-do, if no other recorder holds it; 0 when done or not this process's to do."""
+def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None) -> int:
+    """Record one to-do, if no other recorder holds it; 0 when done or not this process's to do.
+
+    ``secrets`` None: a secret the job used could not be read, so the far side's records are withheld.
+    """
     path = pending_file(workspace, job_id)
     fd = _claim(path)
     if fd is None:
         return 0
     try:
         todo = json.loads(os.read(fd, 1 << 24))
-        record = dataclasses.replace(JobRecord.from_json(todo["record"]), mask_values=tuple(secrets))
+        record = dataclasses.replace(JobRecord.from_json(todo["record"]), mask_values=tuple(secrets or ()))
+        if secrets is None:
+            record = without_far_records(record)
         try:
             JobStore(workspace.state_file).get(job_id)
         except NotFound:
@@ -185,7 +191,7 @@ def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str
                 try:
                     run_id, problem = record_job(workspace.root, settings, record), None
                 except Exception as e:  # MLflow down must not lose the job: say so on it, as collection did
-                    run_id, problem = None, mask(str(e).encode(), secrets).decode(errors="replace")[:500]
+                    run_id, problem = None, mask(str(e).encode(), secrets or ()).decode(errors="replace")[:500]
             _finish(workspace, job_id, run_id, problem)
         if todo.get("cleanup"):
             shutil.rmtree(todo["cleanup"], ignore_errors=True)
