@@ -157,11 +157,13 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
     }
     try {
       await deleteSecret(name);
-      setNotice(trans.__('Deleted %1.', name));
-      setError(null);
     } catch (e) {
+      // Refused (in use) or failed: nothing changed, so no reload, which would clear this message.
       setError(asAPIError(e).message);
+      return;
     }
+    setNotice(trans.__('Deleted %1.', name));
+    setError(null);
     await load();
   };
 
