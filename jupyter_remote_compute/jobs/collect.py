@@ -63,6 +63,7 @@ class Collector:
                     log_path = fetch_masked_log(engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:
+                    shutil.rmtree(incoming, ignore_errors=True)  # the next attempt starts afresh: keep no part
                     state = "lost" if outcome.state == "succeeded" else outcome.state
                     why = outcome.reason or f"exit code {job.exit_code}"
                     self.leases.retry_later(job, e, state, f"{why}; could not collect from {job.machine}")
