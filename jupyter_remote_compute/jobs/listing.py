@@ -17,11 +17,11 @@ import threading
 import weakref
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import timezone
 from typing import Any
 
 from ..errors import InvalidSettings
-from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, Snapshot
+from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, Snapshot, parse_given_time
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -70,14 +70,7 @@ def decode_cursor(cursor: str) -> Key:
 
 def _iso_time(value: str, field: str) -> str:
     """An ISO 8601 time in the state file's own form (UTC, milliseconds, Z), so strings compare as times."""
-    try:
-        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidSettings(
-            f"{field}: {value!r} is not an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", field=field
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)  # the state file's times are UTC; so is a bare time
+    when = parse_given_time(value, field)  # the state file's times are UTC; so is a bare time
     return when.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

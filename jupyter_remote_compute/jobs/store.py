@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
-from ..errors import NotFound, RemoteComputeError
+from ..errors import InvalidSettings, NotFound, RemoteComputeError
 from ..fsutil import atomic_write
 from .spec import JobSpec
 
@@ -68,6 +68,17 @@ def utcnow() -> str:
 
 def parse_time(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def parse_given_time(value: str, field: str) -> datetime:
+    """A time a user gave (a filter's ``since``/``until``): ISO 8601, UTC unless it says otherwise."""
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidSettings(
+            f"{field}: {value!r} is not an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", field=field
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
 
 
 def new_job_id() -> str:

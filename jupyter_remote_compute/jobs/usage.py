@@ -35,7 +35,7 @@ from filelock import FileLock
 
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write
-from .store import ACTIVE_STATES, Job, parse_time
+from .store import ACTIVE_STATES, Job, parse_given_time, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -276,15 +276,7 @@ def parse_instant(value: str | None, field: str) -> float | None:
     """An ISO 8601 date or time (UTC unless it says otherwise) as epoch seconds; None stays None."""
     if value is None:
         return None
-    try:
-        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidSettings(
-            f"{field}: {value!r} is not an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", field=field
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.timestamp()
+    return parse_given_time(value, field).timestamp()
 
 
 def parse_group_by(value: str | Sequence[str] | None) -> tuple[str, ...]:
