@@ -108,6 +108,17 @@ class SSHServer:
             frontier.extend(children)
         return found
 
+    def cut_sessions(self) -> list[int]:
+        """Kill every sshd process serving a connection: the network drops under the client.
+
+        A session process may end between the listing and the kill (its parent went first): fine.
+        """
+        pids = self.session_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
     def stop(self) -> None:
         terminate(self.proc)
         # Session processes are our own children's children: end them too, by pid.

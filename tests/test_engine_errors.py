@@ -6,10 +6,7 @@ reason naming it; only what can pass (a dropped connection) is retried.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import uuid
 from pathlib import Path
 
@@ -82,10 +79,7 @@ def test_ssh_session_killed_during_a_fetch_is_transient(ssh_agent_env: TestBed, 
         def kill_session(done: int, total: int) -> None:
             # The first chunk has arrived: cut the connection under the stream.
             if not killed:
-                killed.extend(ssh_agent_env.sshd.session_pids())
-                for pid in killed:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                killed.extend(ssh_agent_env.sshd.cut_sessions())
 
         with pytest.raises(EngineError) as err:
             engine.fetch(job, ["big.bin"], tmp_path / "dest", kill_session)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +27,7 @@ BIG = 128 << 20  # long enough on loopback to be cut in the middle
 
 def _cut(bed: TestBed) -> int:
     """Kill every sshd process serving a connection: the network drops under the client."""
-    pids = bed.sshd.session_pids()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return len(pids)
+    return len(bed.sshd.cut_sessions())
 
 
 @contextlib.contextmanager

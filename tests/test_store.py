@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,41 @@ def test_an_unreadable_state_file_is_moved_aside_and_reported(workspace: Path) -
     with store.transaction() as jobs:
         jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"})
     assert set(JobStore(path).jobs()) == {"a"}
+
+
+def _waiting_for_the_file_lock(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if "filelock" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_reader_finding_the_file_broken_does_not_deadlock_a_writer_of_the_same_store(workspace: Path) -> None:
+    """The reader waits for the file lock to move the file aside; a transaction holding it must still commit."""
+    path = workspace / ".punica/jobs.json"
+    store = JobStore(path)
+    inside, go = threading.Event(), threading.Event()
+
+    def write() -> None:
+        with store.transaction() as jobs:
+            inside.set()
+            go.wait(30)
+            jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"})
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    assert inside.wait(10)
+    path.write_text('{"schema": 1, "jobs": {"x": ')  # broken (by hand, say) while the writer holds the lock
+    reader = threading.Thread(target=store.jobs, daemon=True)
+    reader.start()
+    wait_for(lambda: _waiting_for_the_file_lock(reader), 10, "the reader to wait for the file lock")
+    go.set()
+    writer.join(15)
+    reader.join(15)
+    assert not writer.is_alive() and not reader.is_alive(), "deadlocked"
+    assert set(JobStore(path).jobs()) == {"a"}  # the writer's commit stands
 
 
 def test_a_file_from_a_newer_version_is_left_alone_and_reported(workspace: Path) -> None:

@@ -316,6 +316,10 @@ class JobMap(dict):  # type: ignore[type-arg]
         return super().pop(job_id, *default)
 
 
+class _WriterNeeded(Exception):
+    """A reader found the state file broken: it is moved aside only under the file lock."""
+
+
 class StoreUnreadable(RemoteComputeError):
     code = "state_file_unreadable"
     status = 500
@@ -429,14 +433,20 @@ class JobStore:
 
     def _refresh(self, *, locked: bool) -> Snapshot:
         """The file and its journal as on disk now, read again only as far as they changed."""
-        with self._refreshing:
-            for _ in range(5):
-                replayed = self._replay(self._refresh_base(locked=locked))
-                if replayed is not None:
-                    self._snapshot = replayed
-                    return replayed
-            # Compactions overtook every attempt (other processes writing fast): what was read is whole.
-            return self._snapshot
+        try:
+            with self._refreshing:
+                for _ in range(5):
+                    replayed = self._replay(self._refresh_base(locked=locked))
+                    if replayed is not None:
+                        self._snapshot = replayed
+                        return replayed
+                # Compactions overtook every attempt (other processes writing fast): what was read is whole.
+                return self._snapshot
+        except _WriterNeeded:
+            # The file lock is always taken before ``_refreshing`` (transactions, compaction): taking it
+            # while holding ``_refreshing`` would deadlock against them, so it is taken after letting go.
+            with self._locked():
+                return self._refresh(locked=True)
 
     def _refresh_base(self, *, locked: bool) -> Snapshot:
         """The snapshot as of the state file itself, read again only if it changed since last seen.
@@ -482,9 +492,7 @@ class JobStore:
             jobs, base_id = self._parse(raw)
         except (ValueError, TypeError, KeyError) as e:
             if not locked:
-                # Only a writer holding the lock may move the file; readers take it to do so.
-                with self._lock:
-                    return self._refresh_base(locked=True)
+                raise _WriterNeeded from e  # only a writer holding the lock may move the file aside
             self._snapshot = self._new_snapshot(None, None, self._move_aside(e), {})
             return self._snapshot
         self._snapshot = self._new_snapshot(token, base_id, jobs, {}, None, None, len(raw))
