@@ -20,7 +20,10 @@ import {
   runIcon,
   stopIcon
 } from '@jupyterlab/ui-components';
-import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
+import {
+  ReadonlyJSONValue,
+  ReadonlyPartialJSONObject
+} from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import {
@@ -436,25 +439,27 @@ export function registerCommands(context: ICommandContext): void {
         'in-progress',
         { autoClose: false }
       );
-      const shown = Date.now();
-      // The toast of a new notification appears asynchronously; an update that comes
-      // before it is lost. Checks that answer at once still show "Checking…" briefly.
-      const settle = (): Promise<void> =>
-        new Promise(resolve =>
-          window.setTimeout(resolve, Math.max(0, 600 - (Date.now() - shown)))
-        );
+      // The answer replaces the "Checking…" notification rather than updating it: an update
+      // that arrives before the first toast is on screen is dropped by the toast layer (under
+      // load that can take over a second), a dismissal is not.
+      const answer = (
+        message: string,
+        type: Notification.TypeOptions,
+        options: Notification.IOptions<ReadonlyJSONValue>
+      ): void => {
+        Notification.dismiss(id);
+        Notification.emit(message, type, options);
+      };
       try {
         const result = await model.check(name);
-        await settle();
         const facts = formatFacts(result.facts ?? {});
-        Notification.update({
-          id,
-          type: 'success',
-          message: facts
+        answer(
+          facts
             ? trans.__('%1 answered: %2', name, facts)
             : trans.__('%1 answered.', name),
-          autoClose: 8000
-        });
+          'success',
+          { autoClose: 8000 }
+        );
         return true;
       } catch (error) {
         const apiError = asAPIError(error);
@@ -495,43 +500,39 @@ export function registerCommands(context: ICommandContext): void {
               }
             ]
           : [];
-        await settle();
-        Notification.update({
-          id,
-          type: 'error',
-          message: trans.__(
-            '%1 could not be reached: %2',
-            name,
-            apiError.message
-          ),
-          autoClose: false,
-          actions: [
-            ...trustAction,
-            {
-              label: trans.__('Details'),
-              caption: trans.__('Show the whole answer and edit the machine'),
-              callback: () => {
-                void showDialog({
-                  title: trans.__('Check of %1 failed', name),
-                  body: `${apiError.message}\n\n(${apiError.code}${
-                    apiError.field ? `, ${apiError.field}` : ''
-                  })`,
-                  buttons: [
-                    Dialog.cancelButton({ label: trans.__('Close') }),
-                    Dialog.okButton({ label: trans.__('Edit machine') })
-                  ]
-                }).then(r => {
-                  if (
-                    r.button.accept &&
-                    model.machine(name)?.builtin === false
-                  ) {
-                    openMachineForm('edit', name);
-                  }
-                });
+        answer(
+          trans.__('%1 could not be reached: %2', name, apiError.message),
+          'error',
+          {
+            autoClose: false,
+            actions: [
+              ...trustAction,
+              {
+                label: trans.__('Details'),
+                caption: trans.__('Show the whole answer and edit the machine'),
+                callback: () => {
+                  void showDialog({
+                    title: trans.__('Check of %1 failed', name),
+                    body: `${apiError.message}\n\n(${apiError.code}${
+                      apiError.field ? `, ${apiError.field}` : ''
+                    })`,
+                    buttons: [
+                      Dialog.cancelButton({ label: trans.__('Close') }),
+                      Dialog.okButton({ label: trans.__('Edit machine') })
+                    ]
+                  }).then(r => {
+                    if (
+                      r.button.accept &&
+                      model.machine(name)?.builtin === false
+                    ) {
+                      openMachineForm('edit', name);
+                    }
+                  });
+                }
               }
-            }
-          ]
-        });
+            ]
+          }
+        );
         return false;
       }
     }
