@@ -16,11 +16,18 @@ Test-bed adaptations, none of them in the product:
   with a script placing a ``uv`` taken from PyPI's ``uv`` wheel, wrapped so ``--python 3.10``
   means the system's 3.11 and uv never downloads a Python; every other URL goes to the real curl.
   SkyPilot itself is unmodified; its runtime (~90 MB) is installed from PyPI as usual.
+- SkyPilot's job runner on the node (``sky.skylet.executor.slurm``) resolves each name in
+  ``SLURM_JOB_NODELIST`` with ``gethostbyname`` (for ``SKYPILOT_NODE_IPS``) and ends the job
+  ``FAILED_SETUP`` when one does not resolve ("RuntimeError: Failed to get IP for hostname:
+  jrcnode…"). On a real cluster node names are host names; the Slurm bed's node has a name of its
+  own per session (``NodeAddr=127.0.0.1``, which SkyPilot does not read), so for the session
+  ``/etc/hosts`` maps that name to 127.0.0.1, one line added and removed under a lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import shutil
@@ -33,6 +40,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from far_python import far_python_bin
@@ -46,6 +54,9 @@ NODE_USER = "jrc-sky-test"
 UV_ROOT = Path("/var/tmp/jrc-sky-uv")
 UV_VERSION = "0.13.9"
 INSTALLER_URL = "https://astral.sh/uv/install.sh"
+HOSTS = Path("/etc/hosts")
+#: Held while /etc/hosts is rewritten, so two sessions' beds never lose each other's line.
+HOSTS_LOCK = Path("/tmp/jrc-sky-etc-hosts.lock")
 
 
 def skypilot_installed() -> bool:
@@ -149,6 +160,31 @@ exec /usr/bin/curl "$@"
     return NODE_USER, home
 
 
+@contextlib.contextmanager
+def _hosts_file_lock() -> Iterator[None]:
+    with open(HOSTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def node_name_resolves(node: str) -> Iterator[None]:
+    """``node`` resolves to 127.0.0.1 (an /etc/hosts line) while this lasts: SkyPilot looks node names up."""
+    line = f"127.0.0.1 {node}  # jupyter-remote-compute SkyPilot test bed\n"
+    with _hosts_file_lock():
+        text = HOSTS.read_text()
+        # Written in place: /etc/hosts may be a bind mount that a rename would not replace.
+        HOSTS.write_text(text + ("" if text.endswith("\n") or not text else "\n") + line)
+    try:
+        yield
+    finally:
+        with _hosts_file_lock():
+            HOSTS.write_text("".join(kept for kept in HOSTS.read_text().splitlines(True) if kept != line))
+
+
 @dataclass
 class SkyBed:
     """SkyPilot's client home, the Slurm infra it can launch on, and the one cluster the session shares."""
@@ -187,11 +223,21 @@ def client_home(home: Path) -> Iterator[Path]:
                 os.environ[k] = v
 
 
+#: The one SkyPilot home and bed of this test process. pytest gives every module that names these
+#: fixtures a session fixture of its own; a second home would talk to the API server the first one
+#: started (one port), which knows only the first Slurm bed. Shared here: one server, one launch.
+_SHARED: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="session")
 def sky_home() -> Iterator[Path]:
     """A private HOME for SkyPilot's client for the whole session; its API server is stopped at the end."""
     require(skypilot_installed(), "SkyPilot (pip install 'jupyter-remote-compute[skypilot]')")
+    if "home" in _SHARED:
+        yield _SHARED["home"]  # another module's: its owner stops the server
+        return
     home = Path(tempfile.mkdtemp(prefix="jrc-sky-home-"))
+    _SHARED["home"] = home
     try:
         with client_home(home):
             # SkyPilot reads paths under HOME when it is imported: import it under the private one.
@@ -201,6 +247,7 @@ def sky_home() -> Iterator[Path]:
             sky.server.common.WAIT_APISERVER_START_TIMEOUT_SEC = 600
         yield home
     finally:
+        _SHARED.pop("home", None)
         with client_home(home), contextlib.suppress(Exception):
             from sky.client import sdk
 
@@ -219,6 +266,9 @@ def sky_client(sky_home: Path) -> Iterator[Path]:
 def skypilot_bed(slurm_bed: SlurmBed, sky_home: Path) -> Iterator[SkyBed]:
     """SkyPilot pointed at the Slurm bed; the session's cluster is torn down (``sky down``) at the end."""
     require(shutil.which("bash") is not None and shutil.which("rsync") is not None, "bash and rsync")
+    if "bed" in _SHARED:
+        yield _SHARED["bed"]  # another module's, on its Slurm bed: its owner tears the cluster down
+        return
     user, node_home = _node_user(far_python_bin())
     (sky_home / ".slurm").mkdir(exist_ok=True)
     (sky_home / ".slurm" / "config").write_text(
@@ -231,17 +281,20 @@ def skypilot_bed(slurm_bed: SlurmBed, sky_home: Path) -> Iterator[SkyBed]:
 """
     )
     bed = SkyBed(slurm_bed, sky_home, f"slurm/{slurm_bed.cluster}", user, node_home, f"jrc-t{uuid.uuid4().hex[:6]}")
-    try:
-        yield bed
-    finally:
-        with client_home(sky_home), contextlib.suppress(Exception):
-            from sky.client import sdk
+    with node_name_resolves(slurm_bed.node):  # until after `sky down`, which also runs on the node
+        _SHARED["bed"] = bed
+        try:
+            yield bed
+        finally:
+            _SHARED.pop("bed", None)
+            with client_home(sky_home), contextlib.suppress(Exception):
+                from sky.client import sdk
 
-            start = time.monotonic()
-            sdk.get(sdk.down(bed.cluster))
-            timed("sky down", start)
-        # The node keeps SkyPilot's runtime between sessions, as a real cluster's home would.
-        shutil.rmtree(node_home / ".jupyter-remote-compute", ignore_errors=True)
+                start = time.monotonic()
+                sdk.get(sdk.down(bed.cluster))
+                timed("sky down", start)
+            # The node keeps SkyPilot's runtime between sessions, as a real cluster's home would.
+            shutil.rmtree(node_home / ".jupyter-remote-compute", ignore_errors=True)
 
 
 def ensure_up(engine: object, timeout: float = 1800) -> None:

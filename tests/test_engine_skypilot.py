@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import slurm_fixture
 import sshd_fixture
+import test_live_metrics
 from conftest import job_runs
 from required import require
-from skypilot_fixture import SkyBed, sky_client, sky_home, skypilot_bed, timed
+from skypilot_fixture import SkyBed, ensure_up, sky_client, sky_home, skypilot_bed, timed
 from waiting import wait_for
 
 from jupyter_remote_compute.engines import engine_class, engine_kinds
@@ -85,8 +86,14 @@ def test_autostop_and_down_go_to_the_launch_except_where_skypilot_refuses_them(s
     }
     assert _engine(autostop=-1).launch_arguments()["idle_minutes_to_autostop"] is None
     assert _engine().launch_arguments()["idle_minutes_to_autostop"] == 30  # the default: idle costs nothing
-    # "Autostop is supported only for container clusters on Slurm clusters with Pyxis installed."
-    assert _engine(address="slurm/hpc").launch_arguments()["idle_minutes_to_autostop"] is None
+    # "Autostop is supported only for container clusters on Slurm clusters with Pyxis installed":
+    # SkyPilot tears a Slurm cluster down when idle instead (what stopping would do to the allocation).
+    assert _engine(address="slurm/hpc").launch_arguments() == {
+        "cluster_name": "jrc-gpu-box",
+        "idle_minutes_to_autostop": 30,
+        "down": True,
+    }
+    assert _engine(address="slurm/hpc", autostop=-1).launch_arguments()["idle_minutes_to_autostop"] is None
 
 
 @pytest.mark.parametrize(
@@ -159,9 +166,6 @@ def test_skypilot_is_a_registered_kind() -> None:
 # -- end to end on the Slurm test bed: one launch for the module -----------------------------
 
 E2E_TIMEOUT = 1800  # the first launch installs SkyPilot's runtime on the node (~90 MB from PyPI)
-#: Seen on 2026-11-30: launch, restart-while-pending, prepare, send and exec all work on the bed,
-#: but the SkyPilot job that starts the launcher ends FAILED_SETUP (its log went with `sky down`).
-OPEN_ISSUE = "on the Slurm bed SkyPilot's exec of the start script ends FAILED_SETUP; not yet understood"
 
 
 def _service(make_service, workspace: Path, bed: SkyBed) -> JobService:
@@ -204,7 +208,6 @@ time.sleep(3600)
 """
 
 
-@pytest.mark.xfail(reason=OPEN_ISSUE, strict=False)
 @pytest.mark.timeout(E2E_TIMEOUT + 600)
 def test_the_first_job_waits_for_the_launch_survives_a_restart_and_lands_here(
     skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path, tracking_uri: str, scratch_dir: Path
@@ -247,16 +250,15 @@ def test_the_first_job_waits_for_the_launch_survives_a_restart_and_lands_here(
     # The same launch request was followed after the restart: SkyPilot made one cluster.
     record = _record(skypilot_bed)
     assert record is not None and str(record["status"].value) == "UP"
-    # SkyPilot 0.14 refuses autostop on Slurm without Pyxis containers: the launch asks for none there.
-    assert record["autostop"] < 0
+    # Autostop configured by the launch; on Slurm (no Pyxis containers) SkyPilot can only tear down.
+    assert (record["autostop"], record["to_down"]) == (30, True)
 
 
-@pytest.mark.skip(reason=OPEN_ISSUE)
 @pytest.mark.timeout(900)
 def test_a_second_job_reuses_the_cluster(skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path):
-    before = _record(skypilot_bed)
-    require(before is not None, "the cluster launched by the first test of this module")
     service = _service(make_service, quickstart, skypilot_bed)
+    ensure_up(service.engine("sky"))  # launched by the first test, unless this one runs alone
+    before = _record(skypilot_bed)
     (quickstart / "again.py").write_text("import os\nopen('out.txt', 'w').write(os.environ['GREETING'])\n")
     spec = {"machine": "sky", "command": "python again.py", "send": ["again.py"], "bring_back": ["out.txt"]}
     spec["env"] = {"GREETING": "hello from the head"}
@@ -270,7 +272,32 @@ def test_a_second_job_reuses_the_cluster(skypilot_bed: SkyBed, sky_client: Path,
     assert after["launched_at"] == before["launched_at"]
 
 
-@pytest.mark.skip(reason=OPEN_ISSUE)
+@pytest.mark.timeout(900)
+def test_live_metrics_come_with_the_poll(skypilot_bed: SkyBed, sky_client: Path, make_service, workspace: Path) -> None:
+    """A watched job's MLflow points reach this side while it runs, as for an ssh machine."""
+    (workspace / "train.py").write_text(test_live_metrics.TRAIN)
+    service = _service(make_service, workspace, skypilot_bed)
+    ensure_up(service.engine("sky"))
+    spec = JobSpec.from_json({"machine": "sky", "command": "python train.py", "send": ["train.py"]})
+    job = service.submit(spec).job
+    try:
+        # Starting a SkyPilot job took up to ~2 min on the loaded test machine: wait for it to run first.
+        wait_for(lambda: service.advance(job.id).state == "running", 600, "the job to run", interval=0.5)
+        page = test_live_metrics._watch_until(service, job.id, 3)
+        assert service.get(job.id).state == "running"  # seen while the job still waits for the go file
+        assert test_live_metrics._points(page) == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+        # The Slurm bed's node is this machine: the job's folder on the head is reachable from here.
+        (Path(service.get(job.id).handle["dir"]) / "work" / "go").write_text("")
+        done = service.wait(job.id, timeout=300)
+        assert done.state == "succeeded", done.reason
+        last, active = service.read_metrics(job.id, page.cursor)
+        assert not active and test_live_metrics._points(last) == [(3, 0.125)]
+    finally:
+        # A job left waiting for its go file would hold the bed's one CPU from every later test.
+        if service.get(job.id).active:
+            service.cancel(job.id)
+
+
 @pytest.mark.timeout(900)
 def test_cancel_stops_the_command_on_the_cluster(
     skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path
@@ -283,25 +310,41 @@ def test_cancel_stops_the_command_on_the_cluster(
         return service.advance(job.id).state == "running"
 
     wait_for(running, 600, "the job to run on the cluster", interval=0.5)
-    pid = service.get(job.id).handle["pid"]
+    handle = service.get(job.id).handle
+    # The launcher, started by the SkyPilot job, wrote its process group where ssh's does.
+    pid = int((Path(handle["dir"]) / "pid").read_text().split()[0])
+    assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True).returncode == 0
     service.cancel(job.id)
     job = service.wait(job.id, timeout=300)
     assert job.state == "cancelled", job.reason
     # The node is this machine: no process of the job's group is left.
     left = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+    # And SkyPilot's job, which held the cluster busy for the command, ended with it (idle again).
+    from jupyter_remote_compute.engines.skypilot import load_sdk
+
+    sdk = load_sdk()
+    sky_job_id = sdk.get(handle["exec_request"])[0]
+
+    def sky_job_ended() -> str | None:
+        states = sdk.get(sdk.job_status(skypilot_bed.cluster, [sky_job_id]))
+        state = states.get(sky_job_id) or states.get(str(sky_job_id))
+        return state.value if state is not None and state.is_terminal() else None
+
+    assert wait_for(sky_job_ended, 120, "SkyPilot's job to end", interval=1.0) == "SUCCEEDED"
 
 
-@pytest.mark.skip(reason=OPEN_ISSUE + " (never reached here)")
 @pytest.mark.timeout(900)
 def test_check_shows_skypilots_view_and_a_missing_infra_names_sky_check(
     skypilot_bed: SkyBed, sky_client: Path, make_service, quickstart: Path
 ) -> None:
     service = _service(make_service, quickstart, skypilot_bed)
+    ensure_up(service.engine("sky"))
     facts = service.check_machine("sky")
     assert "Slurm" in facts["sky_check"]
     assert facts["cluster"] == skypilot_bed.cluster and facts["cluster_state"] == "UP"
-    assert facts["autostop_minutes"] is None and "sky down" in facts["autostop_note"]
+    assert (facts["autostop_minutes"], facts["autostop_down"]) == (30, True)
+    assert "torn down" in facts["autostop_note"]
     assert facts["cpus"] >= 1 and facts["os"]  # the head node's own facts, as for ssh
     usage = service.engine("sky").usage()
     assert usage is not None and usage["cluster"] == skypilot_bed.cluster and usage["hours"] > 0

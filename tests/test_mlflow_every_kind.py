@@ -105,8 +105,6 @@ def skypilot_machine(
     sky_client: Path,
 ) -> tuple[JobService, str]:
     """The session's SkyPilot cluster on the Slurm test bed (launched here if no earlier test did)."""
-    # Kept out until a job runs there end to end (see test_engine_skypilot.OPEN_ISSUE): no launch in CI.
-    pytest.xfail("skypilot: on the Slurm bed SkyPilot's exec of the start script ends FAILED_SETUP")
     service = make_service(quickstart)
     service.machines.add("cloud", "skypilot", skypilot_bed.infra, skypilot_bed.machine_options())
     skypilot_fixture.ensure_up(service.engine("cloud"))

@@ -19,6 +19,8 @@ asks how they are doing (``api_status``), so no server thread waits on a launch.
   removed as the job starts, as for Slurm), then submits a SkyPilot job (``exec``) that starts the
   far-side launcher and lasts as long as the command. So the job runs where SkyPilot places work
   (inside a Slurm allocation, on the head VM), and autostop sees a busy cluster until it ends.
+- ``autostop`` and ``down`` go with the launch. On Slurm, where SkyPilot stops only Pyxis
+  container clusters, an idle cluster is torn down instead (its allocation released).
 - ``check``: ``sky check`` for the infra, the cluster's state (UP, STOPPED, INIT, absent), its
   resources, autostop and hourly price when SkyPilot knows it; with nothing enabled, an error
   that names ``sky check``.
@@ -52,6 +54,8 @@ from .base import (
     FetchResult,
     InputFile,
     LaunchSpec,
+    MetricBytes,
+    MetricOffsets,
     NotReady,
     OptionField,
     ProgressCallback,
@@ -308,12 +312,13 @@ class SkyPilotEngine(Engine):
     def launch_arguments(self) -> dict[str, Any]:
         """What ``sky.launch`` gets besides the task: the cluster and when it stops itself."""
         autostop = self.settings.autostop if self.settings.autostop >= 0 else None
-        if self.settings.cloud == "slurm":
-            # SkyPilot 0.14 refuses autostop on Slurm unless the cluster runs in a Pyxis container
-            # ("Autostop is supported only for container clusters on Slurm clusters with Pyxis
-            # installed"); the allocation ends with `sky down` or its time limit instead.
-            autostop = None
-        return {"cluster_name": self.settings.cluster, "idle_minutes_to_autostop": autostop, "down": self.settings.down}
+        down = self.settings.down
+        if self.settings.cloud == "slurm" and autostop is not None:
+            # SkyPilot 0.14 stops a Slurm cluster only in a Pyxis container ("Autostop is supported
+            # only for container clusters on Slurm clusters with Pyxis installed") but can tear one
+            # down when idle. Stopping there would only end the allocation too, so idle means down.
+            down = True
+        return {"cluster_name": self.settings.cluster, "idle_minutes_to_autostop": autostop, "down": down}
 
     def _launch(self, resources: Resources | None) -> str:
         sdk = load_sdk()
@@ -404,7 +409,9 @@ class SkyPilotEngine(Engine):
         record = self.cluster_record(fresh=True)
         extras: dict[str, Any] = {"sky_check": clouds, "cluster": self.settings.cluster, "cluster_state": "absent"}
         if self.settings.cloud == "slurm":
-            extras["autostop_note"] = "SkyPilot cannot autostop a Slurm cluster (without Pyxis containers): sky down it"
+            extras["autostop_note"] = (
+                "SkyPilot cannot stop a Slurm cluster (without Pyxis containers): when idle it is torn down"
+            )
         facts: dict[str, Any] | None = None
         if record is not None:
             status = record["status"]
@@ -492,7 +499,14 @@ echo written
         return dataclasses.replace(job, handle={**job.handle, "exec_request": str(request_id)})
 
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        return self.poll_watched(jobs, {})[0]
+
+    def poll_watched(
+        self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
+    ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
+        # Jobs on the head are polled as ssh polls them, live metrics in the same round trip.
         statuses: dict[str, RemoteStatus] = {}
+        metrics: dict[str, MetricBytes] = {}
         on_head = []
         for job in jobs:
             if job.handle.get("dir"):
@@ -509,13 +523,14 @@ echo written
             else:
                 statuses[job.job_id] = RemoteStatus("queued", detail=f"cluster {self.settings.cluster} is up")
         if on_head:
-            far = self.head().poll(on_head)
+            head_ids = {job.job_id for job in on_head}
+            far, metrics = self.head().poll_watched(on_head, {k: v for k, v in watched.items() if k in head_ids})
             for job in on_head:
                 status = far[job.job_id]
                 if status.state == "gone" and status.detail == "never started":
                     status = self._starting(job, status)
                 statuses[job.job_id] = status
-        return statuses
+        return statuses, metrics
 
     def _starting(self, job: RemoteJob, status: RemoteStatus) -> RemoteStatus:
         """A job whose SkyPilot job has not run the launcher yet: pending while SkyPilot works on it."""
@@ -535,6 +550,10 @@ echo written
         words = str(getattr(sky_state, "value", sky_state) or "unknown")
         if words in ("INIT", "PENDING", "SETTING_UP", "RUNNING"):
             return RemoteStatus("pending", detail=f"SkyPilot job {sky_job_id} is {words.lower().replace('_', ' ')}")
+        # A short command may have started and ended between the look at the folder and this one.
+        again = self.head().poll([job])[job.job_id]
+        if not (again.state == "gone" and again.detail == "never started"):
+            return again
         return RemoteStatus(
             "failed",
             detail=f"SkyPilot job {sky_job_id} ended ({words}) before the command started: see `sky logs "
