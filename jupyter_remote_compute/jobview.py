@@ -26,7 +26,7 @@ from .jobs.logs import waiting_line
 from .jobs.metrics import MetricsPage
 from .jobs.service import JobService, require_trained
 from .jobs.spec import format_duration
-from .jobs.store import Job, parse_time
+from .jobs.store import TERMINAL_STATES, Job, parse_time
 
 # How long the main thread blocks between checks: short, so an interrupt is answered at once.
 _TICK = 0.2
@@ -64,6 +64,8 @@ def summary_line(job: Job) -> str:
         parts.append("outputs: " + ", ".join(sorted(job.outputs)))
     if job.mlflow_run_id:
         parts.append(f"MLflow run {job.mlflow_run_id}")
+    elif job.state in TERMINAL_STATES and "not recorded in MLflow" not in (job.reason or ""):
+        parts.append("MLflow run being recorded (.mlflow_run_id gives it once it is)")
     return "; ".join(parts)
 
 

@@ -25,7 +25,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from .errors import NotTrained
 from .fsutil import atomic_write
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments
-from .jobs.service import JobService, require_trained
+from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration, parse_duration
 from .jobview import JobTable, RemoteTrainJob, detach_hint, follow, summary_line
 from .run_options import add_run_options, command_of, spec_settings
@@ -144,7 +144,10 @@ class RemoteComputeMagics(Magics):
         with self._lock:
             service = self._services.get(workspace.root)
             if service is None:
-                service = self._services[workspace.root] = JobService(workspace)
+                # MLflow is not imported into the kernel: a detached recorder records the run once the
+                # job has ended (jobs/record.py), so a short job returns as soon as its outputs landed.
+                settings = ServiceSettings(record_in_background=True)
+                service = self._services[workspace.root] = JobService(workspace, settings)
             return service
 
     def close(self) -> None:

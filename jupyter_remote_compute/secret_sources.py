@@ -25,15 +25,16 @@ import re
 import stat
 import sys
 from pathlib import Path
-
-import keyring
-import keyring.backend
-import keyring.core
-import keyring.util.platform_
-from keyring.backends import chainer, fail, null
+from typing import TYPE_CHECKING
 
 from .errors import InvalidSettings, SecretStoreUnavailable
 from .fsutil import atomic_write
+
+if TYPE_CHECKING:
+    import keyring.backend
+
+# keyring is imported where it is used, not here: importing it costs more than a whole job that
+# needs no secret (every command line imports this module).
 
 if sys.platform != "darwin":
     # keyring imports every backend when it first chooses one; its macOS backend's module asks ctypes for three
@@ -80,11 +81,15 @@ def is_safe(backend: keyring.backend.KeyringBackend) -> bool:
 
 def _stand_in(backend: keyring.backend.KeyringBackend) -> bool:
     """keyring's stand-ins that cannot keep a secret at all."""
+    from keyring.backends import chainer, fail, null
+
     return isinstance(backend, (fail.Keyring, null.Keyring, chainer.ChainerBackend))
 
 
 def keyring_config_path() -> Path:
     """keyring's own config file, where a user may name a backend (as keyring itself finds it)."""
+    import keyring.util.platform_
+
     return Path(keyring.util.platform_.config_root()) / "keyringrc.cfg"
 
 
@@ -122,6 +127,8 @@ class KeyringChoice:
 
 def unavailable_message(backend: keyring.backend.KeyringBackend) -> str:
     """The one actionable message for "no keyring we may use": none at all, or only an unsafe one."""
+    from keyring.backends import chainer
+
     kind = class_path(backend)
     members = backend.backends if isinstance(backend, chainer.ChainerBackend) else []
     if members:
@@ -153,6 +160,8 @@ def choose_keyring(named: str | None = None) -> KeyringChoice:
     ``named`` is this product's own setting (``JUPYTER_REMOTE_COMPUTE_KEYRING_BACKEND``). Naming
     fail or null does not make them usable.
     """
+    import keyring.core
+
     if named:
         backend = _loaded.get(named)
         if backend is None:
@@ -192,6 +201,8 @@ def _first_safe(active: keyring.backend.KeyringBackend) -> keyring.backend.Keyri
 
     Alone, not the chain: a chain would also read from (and could write to) the unsafe backends behind it.
     """
+    from keyring.backends import chainer
+
     global _first_safe_of
     if _first_safe_of is not None and _first_safe_of[0] is active:
         return _first_safe_of[1]

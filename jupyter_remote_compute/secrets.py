@@ -24,14 +24,15 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
-import keyring.backend
-import keyring.errors
 
 from . import secret_sources as sources
 from .errors import InvalidSettings, NotFound, SecretStoreUnavailable
+
+if TYPE_CHECKING:
+    import keyring.backend
 
 SERVICE = "jupyter-remote-compute"
 #: The keyring username holding the JSON list of names; the name pattern cannot produce it.
@@ -300,7 +301,7 @@ class SecretStore:
                 with self._guard(f"delete secret {name!r}"):
                     try:
                         backend.delete_password(self.service, name)
-                    except keyring.errors.PasswordDeleteError:
+                    except _keyring_errors().PasswordDeleteError:
                         present = False  # vanished between the two calls
             if name in names:
                 self._write_names(backend, [n for n in names if n != name])
@@ -312,6 +313,8 @@ class SecretStore:
     @contextmanager
     def _guard(self, action: str, value: str | None = None) -> Iterator[None]:
         """Turn any backend failure into SecretStoreUnavailable whose text cannot hold ``value``."""
+        import keyring.errors  # loaded on first use (see secret_sources), always before a backend call
+
         try:
             yield
         except keyring.errors.NoKeyringError:
@@ -365,6 +368,12 @@ class SecretStore:
     def _try_write_names(self, backend: keyring.backend.KeyringBackend, names: list[str]) -> None:
         with suppress(SecretStoreUnavailable):  # best effort: the original failure is the one to report
             self._write_names(backend, names)
+
+
+def _keyring_errors() -> Any:
+    import keyring.errors
+
+    return keyring.errors
 
 
 def mask(data: bytes, secrets: Iterable[str]) -> bytes:

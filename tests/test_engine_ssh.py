@@ -23,7 +23,13 @@ from sshd_fixture import TestBed, keygen, wait_for
 
 from jupyter_remote_compute.engines import ssh_config
 from jupyter_remote_compute.engines.base import EngineContext, EngineError, InputFile, LaunchSpec, RemoteJob
-from jupyter_remote_compute.engines.ssh import AuthenticationFailed, HostKeyChanged, HostKeyUnknown, SSHEngine
+from jupyter_remote_compute.engines.ssh import (
+    AuthenticationFailed,
+    HostKeyChanged,
+    HostKeyUnknown,
+    SSHEngine,
+    input_set_digest,
+)
 from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive, parse_sha256sum, tar_header
 
 # the shared fixtures, by name
@@ -218,6 +224,54 @@ def test_resend_reuses_cache(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path
     os.utime(changed.source, (files[0].source.stat().st_mtime,) * 2)
     s3 = engine.send(engine.prepare(new_job()), [changed, *files[1:]])
     assert s3.files_sent == 1 and s3.bytes_sent == len(b"new content")
+
+
+def test_unchanged_resend_takes_the_kept_tree_and_distrusts_an_altered_or_vanished_entry(
+    engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path
+):
+    src = tmp_path / "src"
+    files = [input_file(src, f"d/f{i}.bin", os.urandom(3000 + i)) for i in range(30)]
+    files.append(input_file(src, "bin/run me", b"#!/bin/sh\necho hi\n", mode=0o755))
+
+    def send_and_check(expect_sent: int) -> RemoteJob:
+        job = engine.prepare(new_job())
+        stats = engine.send(job, files)
+        assert (stats.files_sent, stats.files_reused) == (expect_sent, len(files) - expect_sent)
+        for f in files:
+            landed = far(ssh_agent_env, job) / "work" / f.relpath
+            # an executable is its own copy with its own mode; the rest are the read-only cache objects
+            mode = f.mode & 0o777 if f.mode & 0o111 else 0o444
+            assert sha(landed) == f.sha256 and landed.stat().st_mode & 0o777 == mode
+        return job
+
+    first = send_and_check(len(files))
+    base = far(ssh_agent_env, first).parent.parent
+    kept = base / "sets" / input_set_digest(files)
+    spare = kept / "tree"
+    assert spare.is_dir()  # kept for the next send of the same set
+    spare_inode = spare.stat().st_ino
+    second = send_and_check(0)
+    # the kept tree itself became the job's work tree: one rename, no link per file
+    assert (far(ssh_agent_env, second) / "work").stat().st_ino == spare_inode
+
+    def spare_ready() -> bool:
+        return spare.is_dir() and not (kept / "lock").exists()
+
+    wait_for(spare_ready, message="a new spare tree built in the background")
+    # An altered cache entry (the spare shares its inode) is not trusted: that file is sent again.
+    victim = base / "cache" / files[3].sha256
+    victim.chmod(0o644)
+    victim.write_bytes(b"altered")
+    send_and_check(1)
+    assert spare_ready() and sha(spare / files[3].relpath) == files[3].sha256
+    # A vanished cache entry: the spare still holds its (unaltered) content, but no new spare can be
+    # built without the entry, so the next send asks again and sends it.
+    (base / "cache" / files[5].sha256).unlink()
+    send_and_check(0)
+    wait_for(lambda: not (kept / "lock").exists(), message="the background rebuild to finish")
+    assert not spare.exists()
+    send_and_check(1)
+    assert sha(base / "cache" / files[5].sha256) == files[5].sha256
 
 
 @pytest.mark.parametrize("size", [1000, 1024, 600_000], ids=["small", "block-aligned", "large"])

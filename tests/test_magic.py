@@ -127,13 +127,34 @@ def _running(service: Any) -> list:
     return [j for j in service.list_jobs() if j.state == "running"]
 
 
-def test_quickstart_streams_the_log_lands_the_model_and_returns_a_rich_job(kernel, quickstart: Path) -> None:
+def recorded_run(kernel: Kernel) -> str:
+    """The job's MLflow run id once the detached recorder has written it onto the job."""
+
+    def run_id() -> str | None:
+        out = kernel.run("print(job.mlflow_run_id)").stdout.strip()
+        return None if out == "None" else out
+
+    return wait_for(run_id, timeout=120, message="the job's MLflow run to be recorded")
+
+
+def test_quickstart_streams_the_log_lands_the_model_and_returns_a_rich_job(
+    kernel, quickstart: Path, tracking_uri: str
+) -> None:
     cell = kernel.run(f"job = {QUICKSTART_LINE}\njob")
     assert cell.error is None, cell.error
     assert "submitted job" in cell.stdout
     assert "trained on 40 rows" in cell.stdout  # the live log
     final = cell.stdout.strip().splitlines()[-1]
     assert "succeeded after" in final and "outputs: model.pkl" in final and "MLflow run" in final
+    # MLflow stayed out of the kernel: a detached recorder records the run after the job ended.
+    assert kernel.run("import sys; print('mlflow' in sys.modules)").stdout.strip() == "False"
+    run_id = recorded_run(kernel)
+    job_id = kernel.run("print(job.id)").stdout.strip()
+    client = MlflowClient(tracking_uri)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], f"tags.`remote_compute.job_id` = '{job_id}'"
+    )
+    assert [r.info.run_id for r in runs] == [run_id]  # exactly one run for the job
     assert "sending to local" in cell.stderr  # the transfer bar
     assert (quickstart / "model.pkl").is_file()
     html = cell.result["text/html"]
@@ -283,8 +304,7 @@ def test_remote_train_on_an_ssh_machine(
     assert f"as {ssh_agent_env.user}" in cell.stdout
     assert "trained on 40 rows" in cell.stdout
     assert (quickstart / "model.pkl").is_file()
-    run_id = kernel.run("print(job.mlflow_run_id)").stdout.strip()
-    run = MlflowClient(tracking_uri).get_run(run_id)
+    run = MlflowClient(tracking_uri).get_run(recorded_run(kernel))
     assert run.data.params["rows"] == "40" and run.data.tags["remote_compute.engine"] == "ssh"
 
 

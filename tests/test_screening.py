@@ -139,6 +139,37 @@ def test_stored_secret_is_refused_on_exact_match_and_inside_a_longer_value() -> 
         _assert_not_leaked(exc, "correct-horse-battery", "correct-horse-battery")
 
 
+def test_stored_secrets_are_read_only_when_a_setting_could_hold_one() -> None:
+    reads = []
+
+    def stored() -> list[str]:
+        reads.append(1)
+        return ["hunter22"]
+
+    # Nothing the user wrote is 6 characters long (the shortest stored value that counts): no read.
+    screen_settings({"name": "", "command[0]": "true", "env.A": "1"}, stored)
+    assert reads == []
+    # A long enough value or nested key is read against them, and a stored value in it is refused.
+    with pytest.raises(SecretInSettings) as in_value:
+        screen_settings({"command[0]": "x-hunter22"}, stored)
+    assert in_value.value.field == "command[0]" and reads == [1]
+    with pytest.raises(SecretInSettings) as in_name:
+        screen_settings({"env.hunter22": "1"}, stored)
+    assert in_name.value.field == "env" and reads == [1, 1]
+
+
+def test_no_detect_secrets_pattern_is_shorter_than_the_screening_assumes() -> None:
+    # Below this length screening does not load detect-secrets at all; a library update must not break that.
+    import re._parser as sre_parse  # the parser CPython's re compiles with
+
+    from jupyter_remote_compute.guards import screening
+
+    detectors = screening._detectors()
+    plugins = [p for p, _ in detectors.plugins] + [detectors.basic_auth]
+    shortest = min(sre_parse.parse(r.pattern).getwidth()[0] for p in plugins for r in p.denylist)
+    assert shortest >= screening.SHORTEST_PLUGIN_MATCH
+
+
 def test_short_stored_values_are_ignored() -> None:
     # "short" and "abc12" would match ordinary text; a 6-character value already counts.
     screen_settings({"command": "python short.py --id abc123"}, ("short", "abc12"))
@@ -195,6 +226,7 @@ def test_values_that_are_not_text_are_skipped() -> None:
 def test_screening_is_fast_and_linear() -> None:
     settings = {f"send[{i}]": f"data/shards/train-{i:05d}-of-01024.parquet" for i in range(500)}
     settings["command"] = "torchrun --nproc_per_node=8 train.py " + " ".join(f"--opt{i} {i}e-4" for i in range(200))
+    screen_settings({"command": "python train.py"})  # the detectors load on first use: not what is timed here
     start = time.perf_counter()
     screen_settings(settings, [f"stored-secret-{i:04d}" for i in range(50)])
     # Pathological long values must not blow up regex matching.

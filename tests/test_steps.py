@@ -45,6 +45,7 @@ except NotTrained as e:
     print("not-trained:", json.dumps({"job_id": e.job_id, "state": e.state, "reason": e.reason}), flush=True)
 else:
     print("result:", json.dumps(result.to_json()), flush=True)
+print("mlflow imported:", "mlflow" in sys.modules, flush=True)
 """
 
 
@@ -205,20 +206,39 @@ def test_a_run_whose_wait_ends_is_not_trained_and_the_next_run_picks_the_job_up(
 
 
 # -- outcomes -------------------------------------------------------------------------
-def test_outputs_come_back_verified_with_their_mlflow_run(quickstart: Path, pipeline_env, make_service) -> None:
+def test_outputs_come_back_verified_with_their_mlflow_run(
+    quickstart: Path, pipeline_env, make_service, tracking_uri: str
+) -> None:
     settings = {
         "command": "python train.py",
         "send": ["train.py", "data/*.csv"],
         "bring_back": ["model.pkl", "metrics.json"],
     }
-    result = run_step(settings, {"workspace": str(quickstart)})
-    assert result.state == "succeeded" and not result.attached
+    run = PipelineRun(settings, quickstart, pipeline_env)
+    try:
+        kind, result = run.outcome()
+    finally:
+        run.kill()
+    assert kind == "result" and result["state"] == "succeeded" and not result["attached"]
     for name in ("model.pkl", "metrics.json"):
-        assert result.outputs[name]["sha256"] == _sha256(quickstart / name)
-        assert result.outputs[name]["path"] == str(quickstart / name)
-    job = make_service(quickstart).get(result.job_id)
-    assert result.mlflow_run_id and result.mlflow_run_id == job.mlflow_run_id
-    assert result.to_json()["outputs"]["model.pkl"]["size"] == (quickstart / "model.pkl").stat().st_size
+        assert result["outputs"][name]["sha256"] == _sha256(quickstart / name)
+        assert result["outputs"][name]["path"] == str(quickstart / name)
+        assert result["outputs"][name]["size"] == (quickstart / name).stat().st_size
+    # MLflow stayed out of the step's process; the detached recorder makes exactly one run for the job.
+    assert run.saw("mlflow imported: False")
+    run_id = recorded_run(make_service(quickstart), result["job_id"])
+    assert result["mlflow_run_id"] in (None, run_id)
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, f"tags.`remote_compute.job_id` = '{result['job_id']}'")
+    assert [r.info.run_id for r in runs] == [run_id]
+    # Taken as it was by the next run: the result now carries the run id.
+    assert run_step(settings, {"workspace": str(quickstart)}).mlflow_run_id == run_id
+
+
+def recorded_run(service: Any, job_id: str) -> str:
+    """The job's MLflow run id once the detached recorder has written it."""
+    return wait_for(lambda: service.get(job_id).mlflow_run_id, timeout=120, message="the MLflow run to be recorded")
 
 
 def test_a_trained_job_is_reused_until_its_outputs_change(quickstart: Path, pipeline_env, make_service) -> None:
@@ -305,6 +325,7 @@ def test_the_step_trains_on_an_ssh_machine_and_records_what_the_script_logged(
     result = run_step(settings, {"workspace": str(quickstart)})
     assert result.state == "succeeded"
     assert result.outputs["model.pkl"]["sha256"] == _sha256(quickstart / "model.pkl")
-    run = MlflowClient(tracking_uri).get_run(result.mlflow_run_id)
+    run_id = recorded_run(make_service(quickstart), result.job_id)
+    run = MlflowClient(tracking_uri).get_run(run_id)
     assert run.data.params["rows"] == "40" and run.data.tags["remote_compute.engine"] == "ssh"
-    assert len(MlflowClient(tracking_uri).get_metric_history(result.mlflow_run_id, "residual")) == 40
+    assert len(MlflowClient(tracking_uri).get_metric_history(run_id, "residual")) == 40

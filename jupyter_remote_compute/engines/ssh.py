@@ -269,21 +269,49 @@ pwd -P
         digests = sorted({f.sha256 for f in files})
         days, max_bytes = farside.cache_limits(self.machine_options)
         incoming = f"cache/.incoming-{uuid.uuid4().hex}"
-        # One channel does both steps. The far side first answers which digests its cache holds
+        kept = f"sets/{input_set_digest(files)}"
+        # One channel does it all. First the fast path of an unchanged re-send: the far side keeps, per
+        # input set, a spare work tree of hard links to the cache, checked unaltered since it was made
+        # (no file in it newer than its stamp; find's own errors count as a difference). Taking it is
+        # one rename, and a fresh spare is built in the background for the next time (one at a time).
+        # Otherwise the far side asks for the digest list, answers which digests its cache holds
         # (farside/cache.sh have: the list on stdin ends with an empty line, and sh's read takes it a
         # byte at a time, so nothing after it is consumed), then unpacks the tar stream sent after that
         # answer: objects into a private incoming dir, work-tree names as hard links to them, then
-        # renames each object into the cache, and evicts what the cache may no longer keep.
+        # renames each object into the cache, keeps the set's spare, and evicts what the cache may no longer keep.
         body = f"""set -e
 command -v tar >/dev/null 2>&1 || {{ echo "tar is not installed on this machine: install it" >&2; exit 3; }}
 cd -- {quote(base)}
 in={quote(incoming)}
+kept={quote(kept)}
+work={quote(job_rel + "/" + WORK_DIR)}
+mkdir -p -- cache sets "$work"
+# builds the spare from the set's stored link list while holding its lock (the lock dir)
+respare() {{
+  rm -rf -- "$kept/new" && mkdir -p -- "$kept/new" &&
+    tar -xmf "$kept/links.tar" &&
+    {{ [ ! -f "$kept/post.sh" ] || sh "$kept/post.sh" "$kept/new"; }} &&
+    touch -- "$kept/stamp" && [ ! -e "$kept/tree" ] && mv -- "$kept/new" "$kept/tree" || rm -rf -- "$kept/new"
+  rmdir -- "$kept/lock"
+}}
+unaltered() {{ [ -z "$(find "$kept/tree" -newer "$kept/stamp" -print 2>&1 | head -n 1)" ]; }}
+if [ -d "$kept/tree" ] && [ -f "$kept/stamp" ] && unaltered && rmdir -- "$work" 2>/dev/null; then
+  if mv -- "$kept/tree" "$work" 2>/dev/null; then
+    touch -c -- "$kept"
+    echo JRC-HAVE-ALL
+    if mkdir -- "$kept/lock" 2>/dev/null; then (respare) </dev/null >/dev/null 2>&1 & fi
+    exit 0
+  fi
+  mkdir -p -- "$work"
+fi
+echo JRC-LIST
 trap 'rm -rf -- "$in"' EXIT
-mkdir -p -- "$in" cache {quote(job_rel + "/" + WORK_DIR)}
+mkdir -p -- "$in"
 # GNU tar reads a pipe in 10 KiB records by default, which made it the slowest part of a big upload;
 # 128 KiB records read whole (-B) cost far fewer system calls. Other tars keep their defaults.
-untar() {{ tar -xof -; }}
-case $(tar --version 2>/dev/null) in *"GNU tar"*) untar() {{ tar -B -b 256 -xof -; }} ;; esac
+# -m: an object's mtime is the far side's own clock (its last use, and what a spare's stamp is checked against).
+untar() {{ tar -xmof -; }}
+case $(tar --version 2>/dev/null) in *"GNU tar"*) untar() {{ tar -B -b 256 -xmof -; }} ;; esac
 {farside.command_line("cache", "have", '"$PWD"')}
 echo JRC-READY
 untar
@@ -292,24 +320,48 @@ untar
 if [ -d "$in/objects" ]; then
   (cd -- "$in/objects" && ls | xargs sh -c 'mv -f -- "$@" ../..' sh)
 fi
-if [ -f "$in/post.sh" ]; then sh "$in/post.sh"; fi
+if [ -f "$in/post.sh" ]; then sh "$in/post.sh" "$work"; fi
+# Keep this set's spare for its next send (a stale or altered one is replaced); a set another send
+# is building is left to it.
+mkdir -p -- "$kept"
+if mkdir -- "$kept/lock" 2>/dev/null; then
+  rm -rf -- "$kept/tree" "$kept/post.sh"
+  mv -f -- "$in/links.tar" "$kept/links.tar"
+  if [ -f "$in/post.sh" ]; then mv -f -- "$in/post.sh" "$kept/post.sh"; fi
+  respare
+fi
 {farside.command_line("cache", "evict", '"$PWD"', str(days), str(max_bytes))}
 """
         try:
             with self._channel(sh_script(body), CALL_TIMEOUT) as ch:
                 err = bytearray()
+
+                def answer_until(marks: tuple[bytes, ...], answer: bytearray) -> bytearray:
+                    # a mark counts as a whole line of its own
+                    while not any(answer.startswith(m) or b"\n" + m in answer for m in marks):
+                        data = ch.recv(CHUNK)
+                        if not data:
+                            code = self._finish(ch, err, CALL_TIMEOUT)
+                            raise EngineError(Result(code, b"", bytes(err)).error(f"{self.name}: sending inputs"))
+                        answer += data
+                        self._drain_stderr(ch, err)
+                    return answer
+
+                first = answer_until((b"JRC-HAVE-ALL\n", b"JRC-LIST\n"), bytearray())
+                if first.startswith(b"JRC-HAVE-ALL\n") or b"\nJRC-HAVE-ALL\n" in first:
+                    ch.shutdown_write()
+                    while ch.recv(CHUNK):
+                        self._drain_stderr(ch, err)
+                    code = self._finish(ch, err, CALL_TIMEOUT)
+                    if code != 0:
+                        raise EngineError(Result(code, b"", bytes(err)).error(f"{self.name}: sending inputs"))
+                    stats.files_reused = len(files)
+                    return stats
                 query = farside.have_input(digests)
                 # A long list goes from a thread: the answer may fill our window before the list is sent.
                 writer = threading.Thread(target=feed, args=(ch, query, False), daemon=True)
                 writer.start()
-                answer = bytearray()
-                while not (answer.startswith(b"JRC-READY\n") or b"\nJRC-READY\n" in answer):
-                    data = ch.recv(CHUNK)
-                    if not data:
-                        code = self._finish(ch, err, CALL_TIMEOUT)
-                        raise EngineError(Result(code, b"", bytes(err)).error(f"{self.name}: sending inputs"))
-                    answer += data
-                    self._drain_stderr(ch, err)
+                answer = answer_until((b"JRC-READY\n",), first)
                 writer.join(CALL_TIMEOUT)
                 have = farside.parse_have(answer.decode("utf-8", "replace"))
                 by_digest: dict[str, InputFile] = {}
@@ -320,7 +372,7 @@ if [ -f "$in/post.sh" ]; then sh "$in/post.sh"; fi
                 stats.bytes_sent = sum(f.size for f in by_digest.values())
                 stats.files_reused = len(files) - stats.files_sent
                 try:
-                    self._stream_inputs(ch, err, files, by_digest, incoming, job_rel, progress, stats.bytes_sent)
+                    self._stream_inputs(ch, err, files, by_digest, incoming, job_rel, kept, progress, stats.bytes_sent)
                     ch.shutdown_write()
                 except _Changed as e:
                     # End the stream short and wait: the far side discards everything before we report.
@@ -353,10 +405,11 @@ if [ -f "$in/post.sh" ]; then sh "$in/post.sh"; fi
         by_digest: Mapping[str, InputFile],
         incoming: str,
         job_rel: str,
+        kept: str,
         progress: ProgressCallback | None,
         total: int,
     ) -> None:
-        """The tar stream of ``send``: missing objects, then a hard link per work-tree name."""
+        """The tar stream of ``send``: missing objects, a hard link per work-tree name, the set's link list."""
         sink = _Sink(ch)
         done = 0
         now = time.time()  # an object's mtime is when the cache last used it (see farside/cache.sh)
@@ -395,17 +448,27 @@ if [ -f "$in/post.sh" ]; then sh "$in/post.sh"; fi
             if progress and f.size <= SMALL_FILE:
                 progress(done, total)
         post = []
+        # The set's own link list (its names under the spare being built), kept far side to rebuild the spare.
+        links = bytearray()
         for f in files:
-            dst = f"{job_rel}/{WORK_DIR}/{f.relpath}"
             if f.mode & 0o111:
                 # Executable inputs get their own copy: the cache object is shared and read-only.
+                # post.sh makes them under the tree it is given ($1: the job's work tree, or a spare).
+                root = '"$1"'
+                parent = posixpath.dirname(f.relpath)
+                folder = f"{root}/{quote(parent)}" if parent else root
+                dst = f"{root}/{quote(f.relpath)}"
                 post.append(
-                    f"mkdir -p -- {quote(posixpath.dirname(dst))} && rm -f -- {quote(dst)} && "
-                    f"cp -- cache/{f.sha256} {quote(dst)} && chmod {f.mode & 0o7777:o} -- {quote(dst)}"
+                    f"mkdir -p -- {folder} && rm -f -- {dst} && "
+                    f"cp -- cache/{f.sha256} {dst} && chmod {f.mode & 0o7777:o} -- {dst}"
                 )
                 continue
             target = f"{incoming}/objects/{f.sha256}" if f.sha256 in by_digest else f"cache/{f.sha256}"
-            sink.write(tar_header(dst, linkname=target))
+            sink.write(tar_header(f"{job_rel}/{WORK_DIR}/{f.relpath}", linkname=target))
+            links += tar_header(f"{kept}/new/{f.relpath}", linkname=f"cache/{f.sha256}")
+        links += END_OF_ARCHIVE
+        sink.write(tar_header(f"{incoming}/links.tar", size=len(links), mode=0o600))
+        sink.write(bytes(links) + padding(len(links)))
         if post:
             script = ("set -e\n" + "\n".join(post) + "\n").encode()
             sink.write(tar_header(f"{incoming}/post.sh", size=len(script), mode=0o600))
@@ -542,6 +605,12 @@ rm -rf -- "$d"
         res = self._run(body, timeout=300)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: removing job {job.job_id}"))
+
+
+def input_set_digest(files: Sequence[InputFile]) -> str:
+    """One digest of a whole input set (every name, content and mode): the far side's key for its spare tree."""
+    entries = sorted((f.relpath, f.sha256, f.size, f.mode & 0o7777) for f in files)
+    return hashlib.sha256(json.dumps(entries, separators=(",", ":")).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class _Changed(Exception):

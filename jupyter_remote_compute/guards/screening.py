@@ -14,31 +14,13 @@ to secret-named options or variables, and finally random-looking strings.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import re
 import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-
-from detect_secrets.plugins.aws import AWSKeyDetector
-from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
-from detect_secrets.plugins.base import RegexBasedDetector
-from detect_secrets.plugins.basic_auth import BasicAuthDetector
-from detect_secrets.plugins.discord import DiscordBotTokenDetector
-from detect_secrets.plugins.github_token import GitHubTokenDetector
-from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
-from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString, HexHighEntropyString
-from detect_secrets.plugins.jwt import JwtTokenDetector
-from detect_secrets.plugins.mailchimp import MailchimpDetector
-from detect_secrets.plugins.npm import NpmDetector
-from detect_secrets.plugins.openai import OpenAIDetector
-from detect_secrets.plugins.private_key import PrivateKeyDetector
-from detect_secrets.plugins.pypi_token import PypiTokenDetector
-from detect_secrets.plugins.sendgrid import SendGridDetector
-from detect_secrets.plugins.slack import SlackDetector
-from detect_secrets.plugins.square_oauth import SquareOAuthDetector
-from detect_secrets.plugins.stripe import StripeDetector
-from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
-from detect_secrets.plugins.twilio import TwilioKeyDetector
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from ..errors import SecretInSettings
 
@@ -54,33 +36,71 @@ _STORED_ADVICE = "Reference it as secret:NAME instead of writing it out."
 # A reference to the Secret Manager; it is resolved at start and is not a secret itself.
 _REFERENCE = re.compile(r"(?<![\w:/.-])secret:[A-Za-z0-9][A-Za-z0-9_./-]*")
 _REFERENCE_STAND_IN = "$SECRET_REF"
+# A list element's flattened name, ``command[0]``.
+_ELEMENT_NAME = re.compile(r"[A-Za-z_][\w.]*\[\d+\]")
 
-# --- detect-secrets plugins: one instance each, built once --------------------------------------
-# Each with the kind of secret named to the user.
-_PLUGINS: tuple[tuple[RegexBasedDetector, str], ...] = (
-    (AWSKeyDetector(), "an AWS access key ID"),
-    (AzureStorageKeyDetector(), "an Azure storage account key"),
-    (GitHubTokenDetector(), "a GitHub token"),
-    (GitLabTokenDetector(), "a GitLab token"),
-    (SlackDetector(), "a Slack token or webhook URL"),
-    (OpenAIDetector(), "an OpenAI API key"),
-    (StripeDetector(), "a Stripe secret key"),
-    (PrivateKeyDetector(), "a private key"),
-    (JwtTokenDetector(), "a JSON Web Token"),
-    (DiscordBotTokenDetector(), "a Discord bot token"),
-    (NpmDetector(), "an npm token"),
-    (PypiTokenDetector(), "a PyPI token"),
-    (SendGridDetector(), "a SendGrid API key"),
-    (SquareOAuthDetector(), "a Square OAuth secret"),
-    (TelegramBotTokenDetector(), "a Telegram bot token"),
-    (TwilioKeyDetector(), "a Twilio API key"),
-    (MailchimpDetector(), "a Mailchimp API key"),
-)
-# Only their entropy measures are used: their own matching wants quoted strings, as in source code.
-_BASE64_ENTROPY = Base64HighEntropyString()
-_HEX_ENTROPY = HexHighEntropyString()
-# Checked separately: a placeholder password in a URL (``user:$PASS@``) is not a secret.
-_BASIC_AUTH = BasicAuthDetector()
+# --- detect-secrets plugins: one instance each, built on first use ------------------------------
+# Importing detect-secrets costs more than the rest of a no-op job (it imports requests for its
+# network checks, which are never called here), so it is loaded only for a text long enough to match.
+#: No pattern of the plugins below matches fewer characters (JWT's ``eyJ<x>.<y>``; test_screening checks).
+SHORTEST_PLUGIN_MATCH = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class _Detectors:
+    plugins: tuple[tuple[Any, str], ...]  # each with the kind of secret named to the user
+    base64_entropy: Any  # only their entropy measures are used: their matching wants quoted strings
+    hex_entropy: Any
+    basic_auth: Any  # checked separately: a placeholder password in a URL (``user:$PASS@``) is not a secret
+
+
+@functools.cache
+def _detectors() -> _Detectors:
+    from detect_secrets.plugins.aws import AWSKeyDetector
+    from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+    from detect_secrets.plugins.basic_auth import BasicAuthDetector
+    from detect_secrets.plugins.discord import DiscordBotTokenDetector
+    from detect_secrets.plugins.github_token import GitHubTokenDetector
+    from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+    from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString, HexHighEntropyString
+    from detect_secrets.plugins.jwt import JwtTokenDetector
+    from detect_secrets.plugins.mailchimp import MailchimpDetector
+    from detect_secrets.plugins.npm import NpmDetector
+    from detect_secrets.plugins.openai import OpenAIDetector
+    from detect_secrets.plugins.private_key import PrivateKeyDetector
+    from detect_secrets.plugins.pypi_token import PypiTokenDetector
+    from detect_secrets.plugins.sendgrid import SendGridDetector
+    from detect_secrets.plugins.slack import SlackDetector
+    from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+    from detect_secrets.plugins.stripe import StripeDetector
+    from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
+    from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+    return _Detectors(
+        plugins=(
+            (AWSKeyDetector(), "an AWS access key ID"),
+            (AzureStorageKeyDetector(), "an Azure storage account key"),
+            (GitHubTokenDetector(), "a GitHub token"),
+            (GitLabTokenDetector(), "a GitLab token"),
+            (SlackDetector(), "a Slack token or webhook URL"),
+            (OpenAIDetector(), "an OpenAI API key"),
+            (StripeDetector(), "a Stripe secret key"),
+            (PrivateKeyDetector(), "a private key"),
+            (JwtTokenDetector(), "a JSON Web Token"),
+            (DiscordBotTokenDetector(), "a Discord bot token"),
+            (NpmDetector(), "an npm token"),
+            (PypiTokenDetector(), "a PyPI token"),
+            (SendGridDetector(), "a SendGrid API key"),
+            (SquareOAuthDetector(), "a Square OAuth secret"),
+            (TelegramBotTokenDetector(), "a Telegram bot token"),
+            (TwilioKeyDetector(), "a Twilio API key"),
+            (MailchimpDetector(), "a Mailchimp API key"),
+        ),
+        base64_entropy=Base64HighEntropyString(),
+        hex_entropy=HexHighEntropyString(),
+        basic_auth=BasicAuthDetector(),
+    )
+
 
 # --- our own formats ------------------------------------------------------------------------------
 # Lookbehinds keep a prefix from matching inside a longer word (``task-...``, ``mask_...``).
@@ -165,17 +185,25 @@ _VOWELS = frozenset("aeiouyAEIOUY")
 _HEX_RUN = re.compile(r"(?<![A-Za-z0-9])[0-9a-fA-F]{32,128}(?![A-Za-z0-9])")
 
 
-def screen_settings(settings: Mapping[str, object], stored_secrets: Iterable[str] = ()) -> None:
+def screen_settings(
+    settings: Mapping[str, object], stored_secrets: Iterable[str] | Callable[[], Iterable[str]] = ()
+) -> None:
     """Raise :class:`SecretInSettings` for the first setting that holds what looks like a secret.
 
     ``settings`` maps the name a user knows a setting by to its value: a string, a list of
     strings (screened as one argument vector, each element named ``field[i]``), or ``None``.
     Keys already flattened as ``command[0]``, ``command[1]`` … are regrouped so that an option
     and its value in neighbouring elements are read together. ``secret:NAME`` references pass.
+    ``stored_secrets`` may be a function giving them: it is called only when some text the user
+    wrote is long enough to hold one (reading a keyring costs more than a short job's whole submit).
     """
-    stored = tuple({s for s in stored_secrets if isinstance(s, str) and len(s) >= MIN_STORED_SECRET_LENGTH})
     flat = dict(_flatten(settings))
+    if callable(stored_secrets):
+        stored_secrets = stored_secrets() if _longest_user_text(flat) >= MIN_STORED_SECRET_LENGTH else ()
+    stored = tuple({s for s in stored_secrets if isinstance(s, str) and len(s) >= MIN_STORED_SECRET_LENGTH})
     for name in flat:
+        if not _is_users_name(name):
+            continue
         kind = _known_format(name, stored) or ("a random key or token" if _has_random_string(name) else None)
         if kind:
             # The message names fields, so a name that is itself a secret is reported by its group only.
@@ -185,6 +213,23 @@ def screen_settings(settings: Mapping[str, object], stored_secrets: Iterable[str
         for field, kind in _scan_setting(base, elements, stored):
             advice = _STORED_ADVICE if kind == _STORED else _ADVICE
             raise SecretInSettings(f"{field}: looks like {kind}. {advice}", field=field)
+
+
+def _is_users_name(name: str) -> bool:
+    """A nested key (``env.HF_TOKEN``) is the user's; a top-level field (``command``) and a list
+    element's name (``command[0]``) are the caller's."""
+    return "." in name and not _ELEMENT_NAME.fullmatch(name)
+
+
+def _longest_user_text(flat: Mapping[str, object]) -> int:
+    """The longest text the user wrote in the settings: values, and nested keys after their group."""
+    lengths = [0]
+    for name, value in flat.items():
+        if _is_users_name(name):
+            lengths.append(len(name.split(".", 1)[1]))
+        values = value if isinstance(value, (list, tuple)) else [value]
+        lengths.extend(len(v) for v in values if isinstance(v, str))
+    return max(lengths)
 
 
 def _flatten(settings: Mapping[str, object], prefix: str = "") -> Iterator[tuple[str, object]]:
@@ -250,13 +295,15 @@ def _known_format(text: str, stored: Sequence[str]) -> str | None:
     for pattern, kind in _OWN_RULES[:2]:  # service-account JSON also holds a private key: name the whole
         if pattern.search(text):
             return kind
-    for plugin, kind in _PLUGINS:
+    detectors = _detectors() if len(text) >= SHORTEST_PLUGIN_MATCH else None
+    for plugin, kind in detectors.plugins if detectors else ():
         if any(True for _ in plugin.analyze_string(text)):
             return kind
     for pattern, kind in _OWN_RULES[2:]:
         if pattern.search(text):
             return kind
-    if any(_is_real_password(pw) for pw in _BASIC_AUTH.analyze_string(text)) or any(
+    basic_auth = detectors.basic_auth.analyze_string(text) if detectors else ()
+    if any(_is_real_password(pw) for pw in basic_auth) or any(
         _is_real_password(m.group(2)) for m in _URL_PASSWORD.finditer(text)
     ):
         return "a password inside a URL"
@@ -365,7 +412,7 @@ def _random_hex(candidate: str) -> bool:
         return False
     if candidate.isdigit() or candidate.isalpha():
         return False
-    return _HEX_ENTROPY.calculate_shannon_entropy(candidate.lower()) >= 3.0
+    return _detectors().hex_entropy.calculate_shannon_entropy(candidate.lower()) >= 3.0
 
 
 def _random_piece(piece: str) -> bool:
@@ -387,7 +434,7 @@ def _random_piece(piece: str) -> bool:
         threshold = 4.0
     else:
         return False
-    return _BASE64_ENTROPY.calculate_shannon_entropy(piece) >= threshold and _wordlike_share(piece) < 0.6
+    return _detectors().base64_entropy.calculate_shannon_entropy(piece) >= threshold and _wordlike_share(piece) < 0.6
 
 
 def _wordlike_share(piece: str) -> float:

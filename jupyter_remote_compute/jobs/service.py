@@ -195,7 +195,8 @@ class JobService:
             raise InvalidSettings(f"machine: {machine.name!r} is disabled; enable it first", field="machine")
         cls = engine_class(machine.kind)
 
-        screen_settings(spec.screened_settings(), self._stored_secret_values())
+        # Stored values are read only if some setting is long enough to hold one (see screen_settings).
+        screen_settings(spec.screened_settings(), self._stored_secret_values)
         for env_name, secret_name in spec.secret_refs().items():
             if self.secrets.get(secret_name) is None:
                 raise InvalidSettings(

@@ -8,8 +8,12 @@ are still in the workspace as it brought them back — takes its result without
 training again. Only otherwise does it start a job.
 
 It returns only a trained job (``require_trained``): outputs back and
-verified, an MLflow run recorded. Anything else is ``NotTrained`` with the
-job's state and reason; a job still running when the wait ends keeps running.
+verified. Anything else is ``NotTrained`` with the job's state and reason; a
+job still running when the wait ends keeps running. The MLflow run is recorded
+by a detached recorder once the job has ended (``jobs/record.py``, exactly one
+run per job), so the step neither imports MLflow nor waits for its store: the
+result carries the run id when it is already known (a job taken as it was),
+else None, and the job shows it once recorded (``jobs show``).
 """
 
 from __future__ import annotations
@@ -48,13 +52,13 @@ class StepContext:
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """A trained job: its outputs in the workspace, verified, and its MLflow run."""
+    """A trained job: its outputs in the workspace, verified, and its MLflow run once recorded (else None)."""
 
     job_id: str
     state: str
     machine: str
     outputs: dict[str, dict[str, Any]]  # workspace-relative path -> {sha256, size, path}
-    mlflow_run_id: str | None
+    mlflow_run_id: str | None  # None while the detached recorder is at work: the job gets it
     attached: bool  # the work was already under way (or done) when this run asked
 
     def to_json(self) -> dict[str, Any]:
@@ -81,12 +85,12 @@ def run_step(settings: Mapping[str, Any], context: StepContext | Mapping[str, An
     ended, failed with exit code and log tail, cancelled, lost, missing outputs).
     """
     # The lifecycle (engines, MLflow) is imported here so discovering the step stays cheap.
-    from ..jobs.service import JobService, require_trained
+    from ..jobs.service import JobService, ServiceSettings, require_trained
 
     ctx = StepContext.coerce(context)
     spec, wait = parse_settings(settings)
     root = Path(os.fspath(ctx.workspace))
-    service = JobService(Workspace.find(root, fallback=root))
+    service = JobService(Workspace.find(root, fallback=root), ServiceSettings(record_in_background=True))
     try:
         previous = service.latest_same_work(spec)
         if previous is not None and previous.state == "succeeded" and not service.changed_outputs(previous):

@@ -10,22 +10,29 @@
 #   adopt BASE JOBDIR    "<sha256> <size> <octal mode> <base64 path>" lines: files that arrived in the work tree
 #                        become cache entries (linked back); prints "bad <base64 path>" for a file
 #                        of the wrong size
-#   evict BASE DAYS MAX  drop entries unused for more than DAYS days, then the least recently used
-#                        until the rest (entries no job links to) holds at most MAX bytes
+#   evict BASE DAYS MAX  drop entries no one links to unused for more than DAYS days, then the least
+#                        recently used until the rest (entries no job links to) holds at most MAX bytes;
+#                        and kept input sets (BASE/sets/<digest>) unused for DAYS days, all but the newest 8
 op=$1
 base=$2
+KEEP_SETS=8
 cache=$base/cache
 case $op in
 have)
   mkdir -p -- "$cache" || exit 3
   cd -- "$cache" || exit 3
+  # Builtins only while reading (read takes stdin a byte at a time, so nothing after the empty
+  # line is consumed); then one touch and one ls for the lot, not two processes per entry, which
+  # made the check of a 10,000-file tree take longer than sending it.
+  list=.have-$$
+  trap 'rm -f -- "$list"' EXIT
   while IFS= read -r sha && [ -n "$sha" ]; do
     case $sha in *[!0-9a-f]*|'') continue ;; esac
-    [ -f "$sha" ] || continue
-    touch -c -- "$sha" 2>/dev/null
-    set -- $(ls -lnd -- "$sha")
-    echo "$sha $5"
-  done
+    [ -f "$sha" ] && printf '%s\n' "$sha"
+  done > "$list"
+  [ -s "$list" ] || exit 0
+  xargs touch -c -- < "$list" 2>/dev/null
+  xargs ls -lnd -- < "$list" | awk '$1 ~ /^-/ { print $NF, $5 }'
   ;;
 link)
   work=$3/work
@@ -68,15 +75,45 @@ adopt)
 evict)
   days=$3
   max=$4
+  # Kept input sets (see ssh.py send): those unused for the age go, and all but the newest few.
+  if cd -- "$base/sets" 2>/dev/null; then
+    find . ! -name . -prune -type d -mtime +"$days" -exec rm -rf -- {} + 2>/dev/null
+    ls -t | awk -v keep="$KEEP_SETS" 'NR > keep && length($0) == 64 && $0 !~ /[^0-9a-f]/' |
+      while read -r set; do rm -rf -- "$set"; done
+  fi
   cd -- "$cache" 2>/dev/null || exit 0
   # stale leftovers of a send that was cut short
   find . ! -name . -prune -name '.incoming-*' -mtime +0 -exec rm -rf -- {} + 2>/dev/null
-  find . ! -name . -prune -type f -mtime +"$days" -exec rm -f -- {} +
-  # oldest first; an entry still linked from a job (link count above 1) frees nothing and stays
-  ls -lnrt | awk -v max="$max" '
-    $1 ~ /^-/ && length($NF) == 64 && $NF !~ /[^0-9a-f]/ && $2 == 1 { n++; name[n] = $NF; size[n] = $5; total += $5 }
-    END { for (i = 1; i <= n && total > max; i++) { print name[i]; total -= size[i] } }' |
-    while read -r sha; do rm -f -- "$sha"; done
+  # an entry a job or a kept input set still links to frees nothing by losing its name: it stays
+  find . ! -name . -prune -type f -links 1 -mtime +"$days" -exec rm -f -- {} +
+  # Nothing to do while every entry together fits (one listing, the common case).
+  all=$(ls -ln | awk '$1 ~ /^-/ && length($NF) == 64 && $NF !~ /[^0-9a-f]/ { t += $5 } END { printf "%.0f", t }')
+  [ "$all" -gt "$max" ] || exit 0
+  # Oldest first; an entry still linked from a job (a link count above 1 that no kept set's spare
+  # accounts for) frees nothing and stays. An entry held only by spares goes, and so do those spares.
+  {
+    (cd -- "$base" && ls -Rlni sets 2>/dev/null) | awk '
+      /:$/ { n = split(substr($0, 1, length($0) - 1), p, "/"); set = n >= 2 ? p[2] : ""; next }
+      NF >= 10 && $2 ~ /^-/ && set != "" { print "S", $1, set }'
+    ls -lnrti | awk '$2 ~ /^-/ && length($NF) == 64 && $NF !~ /[^0-9a-f]/ { print "C", $1, $3, $6, $NF }'
+  } | awk -v max="$max" '
+    $1 == "S" { held[$2]++; sets[$2] = sets[$2] " " $3; next }
+    $1 == "C" && $3 - held[$2] == 1 { n++; ino[n] = $2; size[n] = $4; name[n] = $5; total += $4 }
+    END {
+      for (i = 1; i <= n && total > max; i++) {
+        print "entry", name[i]
+        k = split(sets[ino[i]], s, " ")
+        for (j = 1; j <= k; j++) print "set", s[j]
+        total -= size[i]
+      }
+    }' |
+    while read -r what name; do
+      case $name in *[!0-9a-f]*|'') continue ;; esac
+      case $what in
+        entry) rm -f -- "$name" ;;
+        set) rm -rf -- "$base/sets/$name" ;;
+      esac
+    done
   ;;
 *)
   echo "cache.sh: unknown operation $op" >&2
