@@ -232,6 +232,8 @@ def test_outputs_come_back_verified_with_their_mlflow_run(
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, f"tags.`remote_compute.job_id` = '{result['job_id']}'")
     assert [r.info.run_id for r in runs] == [run_id]
+    # Its artifacts are in the workspace, not wherever the step's process happened to be started.
+    assert runs[0].info.artifact_uri.startswith(quickstart.as_uri()), runs[0].info.artifact_uri
     # Taken as it was by the next run: the result now carries the run id.
     assert run_step(settings, {"workspace": str(quickstart)}).mlflow_run_id == run_id
 
@@ -328,4 +330,6 @@ def test_the_step_trains_on_an_ssh_machine_and_records_what_the_script_logged(
     run_id = recorded_run(make_service(quickstart), result.job_id)
     run = MlflowClient(tracking_uri).get_run(run_id)
     assert run.data.params["rows"] == "40" and run.data.tags["remote_compute.engine"] == "ssh"
+    # Recorded by a detached process: its artifacts are in the workspace, not in this process's directory.
+    assert run.info.artifact_uri.startswith(quickstart.as_uri()), run.info.artifact_uri
     assert len(MlflowClient(tracking_uri).get_metric_history(run_id, "residual")) == 40

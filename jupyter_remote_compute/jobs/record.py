@@ -79,6 +79,9 @@ def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets
             stderr=errors,
             start_new_session=True,  # outlives the face: a Ctrl-C or a kill of its group does not reach it
             close_fds=True,
+            # A local MLflow store that this recorder creates puts the default experiment's artifacts
+            # under the working directory: the workspace, as the user's own `mlflow` run there would.
+            cwd=workspace.root,
         )
     assert child.stdin is not None
     with contextlib.suppress(BrokenPipeError):
