@@ -87,6 +87,8 @@ class EventListener:
         self.ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=120)
         self.delays: list[float] = []
         self.seen: list[dict] = []
+        #: Why the socket stopped being read (None while it is): a wait for an event checks it.
+        self.ended: str | None = None
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
@@ -94,7 +96,10 @@ class EventListener:
         while True:
             try:
                 message = json.loads(self.ws.recv())
-            except Exception:
+            except websocket.WebSocketTimeoutException:
+                continue  # a quiet spell (a long transfer) is not the end of the socket
+            except Exception as e:
+                self.ended = repr(e)
                 return
             data = message.get("data") or message
             if "updated" in data and "state" in data:

@@ -18,6 +18,7 @@ from . import secret_sources
 from .agent_handlers import AGENT_HANDLERS
 from .engines.agent_hub import DEFAULT_LEASE, AgentHub
 from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
+from .jobs.listing import index_of
 from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job, Snapshot
 from .tracking import TrackingSettings
@@ -199,6 +200,19 @@ class RemoteComputeApp(ExtensionApp):
             candidates = snapshot.jobs.values()
         return [j for j in candidates if emitted.get(j.id) != (j.state, j.updated, j.log_size)]
 
+    def _look(self, seen_generation: int) -> tuple[int, list[Job]]:
+        """One look at the state file, in a worker thread: its generation now and the jobs to announce.
+
+        The job list's index follows each new snapshot here, so a request finds it patched (at start:
+        built) rather than doing it itself; the first look is the server's read of the file at start.
+        """
+        store = self.service.store
+        snapshot = store.snapshot()
+        if snapshot.generation == seen_generation:
+            return seen_generation, []
+        index_of(store).follow(snapshot)
+        return snapshot.generation, self._unannounced(snapshot, seen_generation)
+
     async def _watch_forever(self) -> None:
         """Announce changes other processes (CLI, kernels) make, within a fraction of a second.
 
@@ -207,20 +221,22 @@ class RemoteComputeApp(ExtensionApp):
         """
         loop = asyncio.get_running_loop()
         seen_generation = -1
-        # Compacted at start, once: other processes' journal lines are folded in while few are reading.
-        await loop.run_in_executor(self.executor, self.service.store.compact)
+        try:
+            # Compacted at start, once: other processes' journal lines are folded in while few are reading.
+            await loop.run_in_executor(self.executor, self.service.store.compact)
+        except Exception:
+            # Only an optimisation: a lock held too long or a file of a newer version must not end the watch.
+            self.log.exception("remote-compute: compacting the job state file at start failed")
         while True:
             try:
-                snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)
-                if snapshot.generation != seen_generation:
-                    changed = await loop.run_in_executor(self.executor, self._unannounced, snapshot, seen_generation)
-                    if seen_generation == -1:
-                        # At start every job is news: remember them rather than flood the event bus.
-                        self._emitted.update({j.id: (j.state, j.updated, j.log_size) for j in changed})
-                    else:
-                        for job in changed:
-                            self._emit(job)
-                    seen_generation = snapshot.generation
+                generation, changed = await loop.run_in_executor(self.executor, self._look, seen_generation)
+                if seen_generation == -1:
+                    # At start every job is news: remember them rather than flood the event bus.
+                    self._emitted.update({j.id: (j.state, j.updated, j.log_size) for j in changed})
+                else:
+                    for job in changed:
+                        self._emit(job)
+                seen_generation = generation
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -307,18 +307,25 @@ class MachineTrustHandler(RemoteComputeHandler):
 JOB_QUERY_ARGUMENTS = ("limit", "cursor", "machine", "state", "name", "since", "until")
 
 
+def _jobs_page(service: JobService, query: JobQuery) -> tuple[bytes, str]:
+    """A page of the job list as the answer's bytes, and its ETag (blocking: the worker pool's)."""
+    page = service.list_page(query).to_json()
+    set_aside = service.store.set_aside()
+    if set_aside:  # a damaged state file was moved aside: every list says so until it is dealt with
+        page["set_aside"] = set_aside
+    body = json.dumps(page, default=str).encode()
+    # A strong validator of the answer itself: any change to a listed job changes the page's bytes.
+    return body, '"' + hashlib.sha1(body, usedforsecurity=False).hexdigest() + '"'
+
+
 class JobsHandler(RemoteComputeHandler):
     @api
     async def get(self) -> None:
         """A page of job summaries, newest first; an unchanged page is a 304 to a matching If-None-Match."""
         query = JobQuery.parse(**{name: self.get_argument(name, None) for name in JOB_QUERY_ARGUMENTS})
-        page = (await self.call(self.service.list_page, query)).to_json()
-        set_aside = await self.call(self.service.store.set_aside)
-        if set_aside:  # a damaged state file was moved aside: every list says so until it is dealt with
-            page["set_aside"] = set_aside
-        body = json.dumps(page, default=str).encode()
-        # A strong validator of the answer itself: any change to a listed job changes the page's bytes.
-        self.set_header("ETag", '"' + hashlib.sha1(body, usedforsecurity=False).hexdigest() + '"')
+        # One trip to the worker pool for the whole answer: during a transfer each trip waits its turn.
+        body, etag = await self.call(_jobs_page, self.service, query)
+        self.set_header("ETag", etag)
         self.set_header("Cache-Control", "no-cache")
         if self.check_etag_header():
             self.set_status(304)

@@ -217,3 +217,28 @@ def test_changes_since_an_older_snapshot_span_commits_and_replays(path: Path) ->
     assert delta is not None and delta.touched == {"b", "c", "d"} and delta.removed == {"a"}
     assert now.changes_since(now.generation) == store_module.Delta(now.generation, frozenset(), frozenset())
     assert now.changes_since(-1) is None  # from before any snapshot it knows: rebuild
+
+
+def test_the_unfinished_jobs_follow_commits_replays_and_compactions(path: Path, monkeypatch) -> None:
+    """The poller and submit's same-work check read ``active`` instead of every job: it must never drift."""
+    monkeypatch.setattr(store_module, "COMPACT_MIN_BYTES", 1 << 30)  # compactions only when asked
+    store, other = JobStore(path), JobStore(path)
+
+    def unfinished_by_looking(s: JobStore) -> set[str]:
+        return {job_id for job_id, job in s.jobs().items() if job.active}
+
+    _put(store, _job("a"), _job("b", "succeeded"), _job("c", "running"))
+    assert store.snapshot().active == {"a", "c"} == unfinished_by_looking(JobStore(path))
+    with other.transaction() as jobs:  # another process: a job ends, one is removed, one starts
+        jobs["a"].state = "failed"
+        jobs.pop("c")
+        jobs["d"] = _job("d", "sending")
+    assert store.snapshot().active == {"d"}  # replayed
+    with store.transaction() as jobs:
+        jobs["b"].state = "queued"  # finished, then queued again (a retried collection, say)
+        assert [j.id for j in jobs.unfinished()] == ["d"]  # as the transaction began
+    assert store.snapshot().active == {"b", "d"}
+    assert other.compact()
+    _put(other, _job("e", "pending"))
+    assert store.snapshot().active == {"b", "d", "e"} == unfinished_by_looking(JobStore(path))
+    assert [j.id for j in store.active_jobs()] == sorted(["b", "d", "e"], key=lambda i: (store.get(i).created, i))

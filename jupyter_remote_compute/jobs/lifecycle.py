@@ -101,7 +101,7 @@ class Driver:
         Runs whose recorder died are handed to a new one (record.py).
         """
         record_later.resume(self.ctx)
-        jobs = [j for j in self.ctx.store.jobs().values() if j.active]
+        jobs = self.ctx.store.active_jobs()
         running: dict[str, list[Job]] = {}
         for job in jobs:
             if job.state in ON_MACHINE_STATES:

@@ -205,7 +205,9 @@ class JobIndex:
         self._by_id = snapshot.jobs
 
     def _sync(self, snapshot: Snapshot) -> None:
-        if snapshot.generation == self._generation:
+        if snapshot.generation <= self._generation:
+            # Already there, or past it: the server's watch may have brought the index to a newer
+            # snapshot than the one a request read a moment before (generations only grow).
             return
         # Patched even when several snapshots were made since the last page (a replay, commits).
         delta = snapshot.changes_since(self._generation) if self._generation >= 0 else None
@@ -247,6 +249,16 @@ class JobIndex:
                 if len(found) > query.limit:
                     break
         return found
+
+    @property
+    def generation(self) -> int:
+        """The store snapshot the index was last brought to (-1: never)."""
+        return self._generation
+
+    def follow(self, snapshot: Snapshot) -> None:
+        """Bring the index up to ``snapshot`` now (the server does as it reads), so a page need not."""
+        with self._lock:
+            self._sync(snapshot)
 
     def page(self, snapshot: Snapshot, query: JobQuery) -> JobPage:
         with self._lock:

@@ -222,7 +222,7 @@ class JobService:
 
         with self.store.transaction() as jobs:
             if not new:
-                for existing in jobs.values():
+                for existing in jobs.unfinished():
                     if existing.key == key and existing.active and not existing.cancel_requested:
                         shutil.rmtree(jobdir, ignore_errors=True)
                         return SubmitResult(existing, attached=True)

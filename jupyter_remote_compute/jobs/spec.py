@@ -96,6 +96,9 @@ def _given_or(value: Any, default: Any) -> Any:
     return default if value is None or value == "" else value
 
 
+NO_RESOURCES = Resources()
+
+
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
     machine: str
@@ -190,7 +193,8 @@ class JobSpec:
             timeout=data.get("timeout"),
             name=data.get("name") or "",
             key=data.get("key"),
-            resources=Resources.from_json(data.get("resources")),
+            # Most jobs ask for nothing: one shared (frozen) value, not a validation per job read.
+            resources=Resources.from_json(resources) if (resources := data.get("resources")) else NO_RESOURCES,
         )
 
     def to_json(self) -> dict[str, Any]:
