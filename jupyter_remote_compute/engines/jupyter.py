@@ -259,6 +259,11 @@ class JupyterEngine(Engine):
         "base_dir": OptionField(
             str, f"Folder for jobs, relative to the server's root directory (default {DEFAULT_BASE_DIR})"
         ),
+        "fetch_streams": OptionField(
+            int,
+            "Concurrent ranged GETs per big output (default 1, one streamed GET: fastest near the server; "
+            "more can help over a long link)",
+        ),
         **farside.CACHE_OPTIONS,
     }
 
@@ -267,6 +272,10 @@ class JupyterEngine(Engine):
         self.url = self.validate_address(address)
         self.secret_name = str(self.machine_options.get("token_secret") or "")
         self.base_dir = _check_base_dir(str(self.machine_options.get("base_dir") or DEFAULT_BASE_DIR))
+        streams = self.machine_options.get("fetch_streams") or 1
+        if not (isinstance(streams, int) or str(streams).isdigit()) or not 1 <= int(streams) <= 16:
+            raise EngineError("fetch_streams: must be a whole number from 1 to 16")
+        self.fetch_streams = int(streams)
         self.client = ServerClient(
             self.url,
             self._token,
@@ -572,8 +581,8 @@ class JupyterEngine(Engine):
         if job.handle.get("transport") != "contents":
             return self._fetch_through_kernel(job, outputs, dest, manifest, progress)
         # manifest.sh's stream, kept as one file there, without the big files: those come down by
-        # themselves as parallel ranged GETs while the kernel hashes them, and land under the same
-        # policy. The stream itself is read here as it downloads.
+        # themselves (one streamed GET each, or fetch_streams concurrent ranges) while the kernel
+        # hashes them, and land under the same policy. The stream itself is read as it downloads.
         argv = farside.argv("manifest", "--direct", str(DIRECT_FROM), jobdir, manifest, *outputs)
         packed = self._far("pack", argv, posixpath.join(jobdir, FETCH_TAR), timeout=LONG_OP)
         if packed["code"] != 0:
@@ -605,7 +614,7 @@ class JupyterEngine(Engine):
     def _big_file(self, job: RemoteJob, rel: str, size: int) -> Iterator[bytes | bytearray]:
         """One file of the job directory, ``size`` bytes: ranged ``/files/`` GETs, or the kernel if it is hidden."""
         try:
-            yield from self.client.ranges(f"{job.handle['dir']}/{rel}", size)
+            yield from self.client.ranges(f"{job.handle['dir']}/{rel}", size, streams=self.fetch_streams)
             return
         except NotFoundOnServer:
             pass  # a hidden part in its path (allow_hidden is off): the kernel reads it

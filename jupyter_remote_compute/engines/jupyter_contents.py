@@ -38,8 +38,7 @@ from .base import EngineError, ProgressCallback
 UPLOAD_CHUNK = 4 << 20
 #: Bytes read per socket read while streaming a download to disk.
 DOWNLOAD_BLOCK = 1 << 20
-#: A big file comes down as this many concurrent ranged GETs of RANGE_PIECE bytes each.
-RANGE_STREAMS = 3
+#: Bytes per ranged GET when a big file comes down as concurrent ranges.
 RANGE_PIECE = 8 << 20
 #: Statuses after which the same request may well succeed later (a proxy or hub with the server down).
 _TRANSIENT_STATUS = frozenset({408, 424, 429, 502, 503, 504})
@@ -331,15 +330,13 @@ class ServerClient:
             self._drop_connection()
             raise EngineError(f"the download of {path} from {self.base_url} ended early", transient=True)
 
-    def ranges(
-        self, path: str, size: int, *, streams: int = RANGE_STREAMS, piece: int = RANGE_PIECE
-    ) -> Iterator[bytes | bytearray]:
+    def ranges(self, path: str, size: int, *, streams: int, piece: int = RANGE_PIECE) -> Iterator[bytes | bytearray]:
         """``/files/<path>`` (``size`` bytes), in order, from ``streams`` concurrent ranged GETs.
 
         Each worker thread has its own connection; at most ``streams`` pieces wait ahead of the
         reader, so memory stays at a few pieces. A server that ignores ``Range`` (200) is read whole.
         """
-        first = self._piece(path, 0, piece) if size > piece else None
+        first = self._piece(path, 0, piece) if size > piece and streams > 1 else None
         if first is None:
             yield from self.stream(path)
             return
