@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from test_engine_ssh import input_file, make_engine, new_job
 from jupyter_remote_compute.engines import farside
 from jupyter_remote_compute.engines.base import EngineContext, Facts, InputFile, RemoteJob
 from jupyter_remote_compute.engines.local import LocalEngine
+from jupyter_remote_compute.engines.ssh_transfer import ArchiveCut, UnsafeArchive
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -237,3 +240,111 @@ def test_outputs_are_hashed_as_they_land_hard_links_included(tmp_path: Path):
     }
     assert set(landed) == {"out/a.bin", "out/same.bin", "model.pkl"}
     assert result.received == landed == result.digests
+
+
+# -- manifest.sh: the outputs' stream, hashed in the pass that sends it -----------------------------
+
+# The tools manifest.sh's fallback needs, and no python3: a machine without Python.
+_SH_TOOLS = ("sh", "tar", "find", "du", "rm", "sha256sum")
+
+
+def _without_python(tmp_path: Path) -> str:
+    bindir = tmp_path / "bin-no-python"
+    bindir.mkdir()
+    for tool in _SH_TOOLS:
+        os.symlink(shutil.which(tool), bindir / tool)
+    return str(bindir)
+
+
+def _output_tree(work: Path) -> dict[str, bytes]:
+    """Outputs with awkward names, a hard link and an empty file; what each file holds, by path."""
+    names = {
+        "out/big.bin": os.urandom(3 * (1 << 20) + 7),  # more than one chunk of the far-side reader
+        "out/new\nline.txt": b"n",
+        "out/back\\slash.txt": b"b",
+        "out/ünï ✓ $(id).txt": b"u",
+        "out/" + "d" * 120 + "/" + "f" * 120: b"long name",  # needs pax records
+        "out/empty": b"",
+        "model.pkl": b"model",
+    }
+    for rel, data in names.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    raw = os.fsencode(work / "out") + b"/latin1-\xe9.txt"  # not UTF-8: travels as its bytes
+    with open(raw, "wb") as f:
+        f.write(b"l")
+    names["out/" + os.fsdecode(b"latin1-\xe9.txt")] = b"l"
+    os.link(work / "out" / "big.bin", work / "out" / "same.bin")
+    names["out/same.bin"] = names["out/big.bin"]
+    return names
+
+
+@pytest.mark.parametrize("far_python", [True, False], ids=["python3", "sh-only"])
+def test_outputs_stream_with_their_digests_last(tmp_path: Path, monkeypatch, far_python: bool):
+    """Both writers (python3's one pass, tar beside sha256sum) give the same verified result."""
+    if not far_python:
+        monkeypatch.setenv("PATH", _without_python(tmp_path))
+    engine = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s"))
+    job = engine.prepare(RemoteJob("streamed", "k", {}))
+    jobdir = Path(job.handle["dir"])
+    files = _output_tree(jobdir / "work")
+    (jobdir / "mlruns" / "0").mkdir(parents=True)
+    (jobdir / "mlruns" / "0" / "meta.yaml").write_text("name: Default\n")
+    seen: list[tuple[int, int]] = []
+    result = engine.fetch(job, ["out", "model.pkl", "absent"], tmp_path / "in", lambda d, t: seen.append((d, t)))
+    expected = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    assert result.digests == expected  # computed on the far side
+    assert result.received == expected  # hashed here as the files landed
+    assert result.missing == ["absent"]
+    for rel, data in files.items():
+        assert (tmp_path / "in" / "work" / rel).read_bytes() == data
+    assert (tmp_path / "in" / "mlruns" / "0" / "meta.yaml").read_text() == "name: Default\n"
+    streamed = sum(len(d) for rel, d in files.items() if rel != "out/same.bin")  # a hard link carries no bytes
+    assert seen and seen[-1][0] == streamed + len("name: Default\n")
+    assert not list(jobdir.glob(".fetch-*"))  # the far side's own files are gone
+
+
+def _stream(tmp_path: Path, outputs: list[str]) -> tuple[bytes, str, Path]:
+    """manifest.sh's whole stream for a job dir with ``out/a.bin`` and ``out/b.bin``; (stream, its name, job dir)."""
+    jobdir = tmp_path / "job"
+    (jobdir / "work" / "out").mkdir(parents=True, exist_ok=True)
+    (jobdir / "work" / "out" / "a.bin").write_bytes(os.urandom(100_000))
+    (jobdir / "work" / "out" / "b.bin").write_bytes(os.urandom(5_000))
+    name = ".fetch-test"
+    out = subprocess.run(farside.argv("manifest", str(jobdir), name, *outputs), capture_output=True, check=True)
+    return out.stdout, name, jobdir
+
+
+def _receive(data: bytes, name: str, dest: Path) -> farside.FetchResult:
+    view = memoryview(data)
+    at = 0
+
+    def read(n: int) -> bytes:
+        nonlocal at
+        chunk = bytes(view[at : at + min(n, 7000)])  # short reads, as a pipe gives them
+        at += len(chunk)
+        return chunk
+
+    return farside.receive_outputs(read, ["out"], dest, name, "test")
+
+
+def test_a_stream_cut_anywhere_before_its_digests_is_never_taken_as_whole(tmp_path: Path):
+    data, name, _ = _stream(tmp_path, ["out"])
+    whole = _receive(data, name, tmp_path / "whole")
+    assert set(whole.digests) == {"out/a.bin", "out/b.bin"} and whole.digests == whole.received
+    sums_at = data.index((name + farside.SUMS_SUFFIX).encode())
+    # Cut inside the first file, on a block boundary between the files, and just before the digests.
+    for cut in (600, 50_000, 101_376, 512 * (sums_at // 512)):
+        with pytest.raises(ArchiveCut) as caught:
+            _receive(data[:cut], name, tmp_path / f"cut-{cut}")
+        assert caught.value.transient  # fetched again, not failed
+
+
+def test_an_entry_after_the_digests_refuses_the_archive(tmp_path: Path):
+    data, name, _ = _stream(tmp_path, ["out"])
+    extra = tarfile.TarInfo("work/out/late.bin")
+    extra.size = 4
+    appended = data + extra.tobuf(tarfile.PAX_FORMAT) + b"late" + b"\0" * 508 + b"\0" * 1024
+    with pytest.raises(UnsafeArchive, match="after its list of digests"):
+        _receive(appended, name, tmp_path / "dest")
+    assert not list((tmp_path / "dest").rglob("*.bin"))  # nothing of it was kept

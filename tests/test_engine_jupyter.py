@@ -275,18 +275,13 @@ def test_a_directory_output_arrives_and_damage_in_transit_is_caught(
     assert (workspace / "out" / "a").read_text() == "one\n" and (workspace / "out" / "sub" / "b").read_text() == "two\n"
     assert set(job.outputs) == {"out/a", "out/sub/b"}
 
-    original = ServerClient.download
+    original = ServerClient.stream
 
-    def tampering(self, path, sink, progress=None):  # one flipped byte on the way
-        got = io.BytesIO()
-        done = original(self, path, got, progress)
-        data = got.getvalue()
-        if path.endswith("fetch.tar"):
-            data = data.replace(b"two\n", b"tw0\n")
-        sink.write(data)
-        return done
+    def tampering(self, path):  # one flipped byte on the way
+        for block in original(self, path):
+            yield block.replace(b"two\n", b"tw0\n") if path.endswith("fetch.tar") else block
 
-    monkeypatch.setattr(ServerClient, "download", tampering)
+    monkeypatch.setattr(ServerClient, "stream", tampering)
     spec = {"machine": "far", "command": "echo two > b2", "bring_back": ["b2"]}
     job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=120)
     assert job.state == "failed"
@@ -473,5 +468,87 @@ def test_the_input_cache_links_reuses_and_evicts_beyond_its_cap(base_dir, remote
         assert sum(p.stat().st_size for p in unlinked) <= 150_000
         assert len(kept & {f.sha256 for f in first}) <= 1  # the cap pushed out the least recently used
         engine.cleanup(job_c)
+    finally:
+        engine.close()
+
+
+# -- fetching big outputs: parallel ranged GETs while the kernel hashes them --------------------------
+def _far_outputs(job: RemoteJob) -> dict[str, bytes]:
+    """Outputs written straight into the far job directory: two big files (one in a hidden folder), a small one."""
+    work = Path(job.handle["abs_dir"]) / "work"
+    files = {
+        "out/big.bin": os.urandom(40 * MiB + 123),  # five ranged pieces and a bit
+        "out/.hidden/run.bin": os.urandom(20 * MiB),  # /files/ will not serve it: the kernel reads it
+        "out/small.txt": b"small",
+    }
+    for rel, data in files.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    (work / "out" / ".hidden" / "run.bin").chmod(0o755)
+    return files
+
+
+@pytest.mark.parametrize("streams", ["1", "3"])
+def test_big_outputs_come_down_by_themselves_verified_against_the_far_side(remote_server, tmp_path, streams):
+    engine = _engine(remote_server, tmp_path, base_dir="jrc-big", fetch_streams=streams)
+    requests: list[str] = []
+    original = ServerClient._piece
+
+    def counting(self, path, start, end):  # type: ignore[no-untyped-def]
+        requests.append(path)
+        return original(self, path, start, end)
+
+    try:
+        job = engine.prepare(RemoteJob(f"big-out-{streams}", "k", {}))
+        assert job.handle["transport"] == "contents"
+        files = _far_outputs(job)
+        progress: list[tuple[int, int]] = []
+        ServerClient._piece = counting  # type: ignore[method-assign]
+        tracemalloc.start()
+        try:
+            result = engine.fetch(job, ["out"], tmp_path / "in", lambda d, t: progress.append((d, t)))
+            _, traced_peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            ServerClient._piece = original  # type: ignore[method-assign]
+        expected = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+        assert result.digests == expected  # the far side's, the big ones hashed by the kernel
+        assert result.received == expected  # this side's, hashed as they landed
+        for rel, data in files.items():
+            assert (tmp_path / "in" / "work" / rel).read_bytes() == data
+        assert os.access(tmp_path / "in" / "work" / "out" / ".hidden" / "run.bin", os.X_OK)
+        # big.bin came as ranged pieces; the hidden file was refused by /files/ (one try) and read otherwise
+        where = f"{job.handle['dir']}/work/out"
+        # With ranges, big.bin came as six pieces, and the hidden file was refused by /files/ once and read otherwise.
+        if streams == "3":
+            assert requests.count(f"{where}/big.bin") == 6 and requests.count(f"{where}/.hidden/run.bin") == 1
+        else:
+            assert requests == []  # one plain GET each
+        assert progress[-1][0] == progress[-1][1] >= sum(len(d) for d in files.values())
+        assert traced_peak < 64 * MiB, f"tracemalloc peak {traced_peak / MiB:.0f} MiB"
+    finally:
+        engine.close()
+
+
+def test_a_big_output_damaged_on_the_way_does_not_match_the_far_digest(remote_server, tmp_path, monkeypatch):
+    with pytest.raises(EngineError, match="fetch_streams"):
+        _engine(remote_server, tmp_path, fetch_streams="0")
+    engine = _engine(remote_server, tmp_path, base_dir="jrc-big", fetch_streams="3")
+    original = ServerClient._piece
+
+    def flipping(self, path, start, end):  # type: ignore[no-untyped-def]
+        data = original(self, path, start, end)
+        if data is not None and start == 16 * MiB:
+            data[5] ^= 1
+        return data
+
+    try:
+        job = engine.prepare(RemoteJob("big-damaged", "k", {}))
+        files = _far_outputs(job)
+        monkeypatch.setattr(ServerClient, "_piece", flipping)
+        result = engine.fetch(job, ["out"], tmp_path / "in")
+        rel = "out/big.bin"
+        assert result.digests[rel] == hashlib.sha256(files[rel]).hexdigest()
+        assert result.received[rel] != result.digests[rel]  # collection refuses it: damaged in transit
     finally:
         engine.close()

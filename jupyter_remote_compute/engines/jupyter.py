@@ -31,7 +31,7 @@ import posixpath
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -77,13 +77,15 @@ KERNEL_CHUNK = 2 << 20
 QUICK_OP = 60.0
 LONG_OP = 1800.0
 FETCH_TAR = "fetch.tar"  # manifest.sh's stream, kept in the job directory until downloaded
+#: Output files of at least this many bytes come down by themselves (parallel ranged GETs), not in the tar.
+DIRECT_FROM = 16 << 20
 
 # The far side: stdlib-only Python the kernel runs. Every call execs this source in a fresh
 # namespace and calls one function with JSON arguments; the answer is JSON (or bytes), base64'd
 # so IPython's pretty printer cannot reshape it. Paths are absolute (learned in ``prepare``)
 # except ``prepare``'s base, which is relative to the kernel's cwd, the server's root_dir.
 FAR_SIDE = r"""
-import base64, json, os, shutil, subprocess, sys
+import base64, hashlib, json, os, shutil, subprocess, sys
 
 def _write(path, text, mode=0o644):
     tmp = path + ".tmp"
@@ -186,6 +188,33 @@ def sh(argv, stdin, out_path=None):
     return {"code": proc.returncode, "out": out, "err": proc.stderr.decode(errors="replace")[-2000:], "size": size}
 
 
+def pack(argv, out_path):
+    # manifest.sh into out_path; its first entry (the output list) comes back with the answer
+    answer = sh(argv, "", out_path)
+    if answer["code"] == 0:
+        with open(out_path, "rb") as f:
+            head = f.read(512)
+            size = int(head[124:136].strip(b"\0 ") or b"0", 8)
+            answer["head"] = base64.b64encode(f.read(size)).decode()
+    return answer
+
+
+def hash_files(jobdir, paths):
+    # sha256 of files the engine downloads by themselves, computed while they travel
+    _jobdir(jobdir)
+    found = {}
+    for rel in paths:
+        digest = hashlib.sha256()
+        with open(os.path.join(jobdir, rel), "rb", buffering=0) as f:
+            while True:
+                data = f.read(1 << 20)
+                if not data:
+                    break
+                digest.update(data)
+        found[rel] = digest.hexdigest()
+    return found
+
+
 def call(op, args, blob=None):
     value = globals()[op](*args) if blob is None else globals()[op](*args, base64.b64decode(blob))
     if isinstance(value, bytes):
@@ -230,6 +259,11 @@ class JupyterEngine(Engine):
         "base_dir": OptionField(
             str, f"Folder for jobs, relative to the server's root directory (default {DEFAULT_BASE_DIR})"
         ),
+        "fetch_streams": OptionField(
+            int,
+            "Concurrent ranged GETs per big output (default 1, one streamed GET: fastest near the server; "
+            "more can help over a long link)",
+        ),
         **farside.CACHE_OPTIONS,
     }
 
@@ -238,6 +272,10 @@ class JupyterEngine(Engine):
         self.url = self.validate_address(address)
         self.secret_name = str(self.machine_options.get("token_secret") or "")
         self.base_dir = _check_base_dir(str(self.machine_options.get("base_dir") or DEFAULT_BASE_DIR))
+        streams = self.machine_options.get("fetch_streams") or 1
+        if not (isinstance(streams, int) or str(streams).isdigit()) or not 1 <= int(streams) <= 16:
+            raise EngineError("fetch_streams: must be a whole number from 1 to 16")
+        self.fetch_streams = int(streams)
         self.client = ServerClient(
             self.url,
             self._token,
@@ -540,6 +578,59 @@ class JupyterEngine(Engine):
             _check_relpath(output)
         jobdir = job.handle["abs_dir"]
         manifest = f".fetch-{uuid.uuid4().hex}"
+        if job.handle.get("transport") != "contents":
+            return self._fetch_through_kernel(job, outputs, dest, manifest, progress)
+        # manifest.sh's stream, kept as one file there, without the big files: those come down by
+        # themselves (one streamed GET each, or fetch_streams concurrent ranges) while the kernel
+        # hashes them, and land under the same policy. The stream itself is read as it downloads.
+        argv = farside.argv("manifest", "--direct", str(DIRECT_FROM), jobdir, manifest, *outputs)
+        packed = self._far("pack", argv, posixpath.join(jobdir, FETCH_TAR), timeout=LONG_OP)
+        if packed["code"] != 0:
+            raise EngineError(
+                f"{self.name}: manifest.sh failed (exit code {packed['code']}): {packed['err'].strip()[-1500:]}"
+            )
+        big = farside.direct_files(base64.b64decode(packed["head"]))
+        add = progress_adder(progress, packed["size"] + sum(size for _, size, _ in big))
+        outputs_big = [rel for rel, _, _ in big if rel.startswith(WORK_DIR + "/")]  # mlruns/ is not verified
+        hashing = _Background(self._far, "hash_files", jobdir, outputs_big, timeout=LONG_OP) if outputs_big else None
+        extractor = farside.output_extractor(outputs, dest, self.name)
+        try:
+            chunks = _Counted(self.client.stream(f"{job.handle['dir']}/{FETCH_TAR}"), add)
+            result = farside.receive_outputs(chunks.read, outputs, dest, manifest, self.name, extractor=extractor)
+            for rel, size, mode in big:
+                extractor.extract_file(rel, mode, self._big_file(job, rel, size), add)
+        except BaseException as e:
+            if hashing is not None:
+                hashing.wait()  # it holds the kernel; its own outcome no longer matters
+            if isinstance(e, farside.UnsafeArchive):
+                extractor.discard()
+            raise
+        far = hashing.result() if hashing is not None else {}
+        for rel, digest in far.items():
+            result.digests[rel.removeprefix(WORK_DIR + "/")] = digest
+            result.received[rel.removeprefix(WORK_DIR + "/")] = extractor.digests[rel]
+        return result
+
+    def _big_file(self, job: RemoteJob, rel: str, size: int) -> Iterator[bytes | bytearray]:
+        """One file of the job directory, ``size`` bytes: ranged ``/files/`` GETs, or the kernel if it is hidden."""
+        try:
+            yield from self.client.ranges(f"{job.handle['dir']}/{rel}", size, streams=self.fetch_streams)
+            return
+        except NotFoundOnServer:
+            pass  # a hidden part in its path (allow_hidden is off): the kernel reads it
+        source = posixpath.join(job.handle["abs_dir"], rel)
+        offset = 0
+        while offset < size:
+            data = self._far("read", source, offset, min(KERNEL_CHUNK, size - offset), timeout=LONG_OP)
+            if not data:
+                raise EngineError(f"{rel} shrank on {self.url} while it was being fetched", transient=True)
+            offset += len(data)
+            yield data
+
+    def _fetch_through_kernel(
+        self, job: RemoteJob, outputs: Sequence[str], dest: Path, manifest: str, progress: ProgressCallback | None
+    ) -> FetchResult:
+        jobdir = job.handle["abs_dir"]
         # manifest.sh's tar stream, kept as one file there and downloaded whole, then read here under
         # the same policy as every other engine's.
         size = self._sh(
@@ -583,6 +674,48 @@ class JupyterEngine(Engine):
                     self.client.delete_kernel(kernel_id)
                 except EngineError as e:
                     log.info("%s: could not shut down kernel %s: %s", self.name, kernel_id, e)
+
+
+class _Background:
+    """One call run in a thread; ``result()`` waits for it and returns its value or raises its error."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn(*args, **kwargs)
+            except BaseException as e:  # handed to the caller of result()
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="jrc-far-hash", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _Counted:
+    """``read(n)`` over an iterator of byte blocks, counting what passes (the tar reader's input)."""
+
+    def __init__(self, blocks: Iterator[bytes], add: Callable[[int], None]) -> None:
+        self._blocks = blocks
+        self._add = add
+        self._rest = b""
+
+    def read(self, n: int) -> bytes:
+        if not self._rest:
+            self._rest = next(self._blocks, b"")
+            self._add(len(self._rest))
+        data, self._rest = self._rest[:n], self._rest[n:]
+        return data
 
 
 def _check_base_dir(base: str) -> str:

@@ -24,7 +24,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
@@ -38,6 +38,8 @@ from .base import EngineError, ProgressCallback
 UPLOAD_CHUNK = 4 << 20
 #: Bytes read per socket read while streaming a download to disk.
 DOWNLOAD_BLOCK = 1 << 20
+#: Bytes per ranged GET when a big file comes down as concurrent ranges.
+RANGE_PIECE = 8 << 20
 #: Statuses after which the same request may well succeed later (a proxy or hub with the server down).
 _TRANSIENT_STATUS = frozenset({408, 424, 429, 502, 503, 504})
 _CONNECT_ERRORS = (ConnectionError, socket.timeout, TimeoutError, socket.gaierror, http.client.HTTPException)
@@ -302,23 +304,122 @@ class ServerClient:
 
     def download(self, path: str, sink: BinaryIO, progress: Callable[[int], None] | None = None) -> int:
         """Stream ``/files/<path>`` into ``sink``; return the byte count."""
-        response = self.open("GET", "files/" + path, timeout=max(self.timeout, 120.0))
         done = 0
+        for block in self.stream(path):
+            sink.write(block)
+            done += len(block)
+            if progress:
+                progress(len(block))
+        return done
+
+    def stream(self, path: str) -> Iterator[bytes]:
+        """``/files/<path>`` as it arrives, one plain GET: for a reader that parses as it goes."""
+        response = self.open("GET", "files/" + path, timeout=max(self.timeout, 120.0))
+        whole = False
         try:
             while block := response.read(DOWNLOAD_BLOCK):
-                sink.write(block)
-                done += len(block)
-                if progress:
-                    progress(len(block))
+                yield block
+            whole = True
+        except (OSError, http.client.HTTPException) as e:
+            raise self._unreachable(e) from None
+        finally:
+            response.close()
+            if not whole:  # left with body unread (an error, or the reader stopped): not reusable
+                self._drop_connection()
+        if response.length not in (None, 0):
+            self._drop_connection()
+            raise EngineError(f"the download of {path} from {self.base_url} ended early", transient=True)
+
+    def ranges(self, path: str, size: int, *, streams: int, piece: int = RANGE_PIECE) -> Iterator[bytes | bytearray]:
+        """``/files/<path>`` (``size`` bytes), in order, from ``streams`` concurrent ranged GETs.
+
+        Each worker thread has its own connection; at most ``streams`` pieces wait ahead of the
+        reader, so memory stays at a few pieces. A server that ignores ``Range`` (200) is read whole.
+        """
+        first = self._piece(path, 0, piece) if size > piece and streams > 1 else None
+        if first is None:
+            yield from self.stream(path)
+            return
+        yield first
+        pieces = [(start, min(start + piece, size)) for start in range(len(first), size, piece)]
+        ready: dict[int, bytearray | BaseException] = {}
+        cond = threading.Condition()
+        handed = taken = 0
+        stop = False
+
+        def work() -> None:
+            nonlocal handed
+            try:
+                while True:
+                    with cond:
+                        while not stop and handed < len(pieces) and handed >= taken + streams:
+                            cond.wait()
+                        if stop or handed >= len(pieces):
+                            return
+                        index = handed
+                        handed += 1
+                    data: bytearray | BaseException | None
+                    try:
+                        data = self._piece(path, *pieces[index])
+                        if data is None:
+                            data = EngineError(f"{self.base_url} stopped honouring Range for {path}", transient=True)
+                    except BaseException as e:  # handed to the reading thread
+                        data = e
+                    with cond:
+                        ready[index] = data
+                        cond.notify_all()
+            finally:
+                self._drop_connection()  # this thread's own connection ends with it
+
+        workers = [threading.Thread(target=work, name="jrc-range", daemon=True) for _ in range(streams)]
+        for worker in workers:
+            worker.start()
+        try:
+            for index in range(len(pieces)):
+                with cond:
+                    while index not in ready:
+                        cond.wait()
+                    data = ready.pop(index)
+                    taken = index + 1
+                    cond.notify_all()
+                if isinstance(data, BaseException):
+                    raise data
+                yield data
+        finally:
+            with cond:
+                stop = True
+                cond.notify_all()
+            for worker in workers:
+                worker.join()
+
+    def _piece(self, path: str, start: int, end: int) -> bytearray | None:
+        """Bytes ``start .. end`` of ``/files/<path>``, exactly; None if the server sent the whole file (200)."""
+        response = self.open(
+            "GET", "files/" + path, headers={"Range": f"bytes={start}-{end - 1}"}, ok=(206, 200),
+            timeout=max(self.timeout, 120.0),
+        )  # fmt: skip
+        if response.status == 200:
+            response.close()
+            self._drop_connection()
+            return None
+        buf = bytearray(end - start)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < len(buf):
+                n = response.readinto(view[got:])
+                if not n:
+                    break
+                got += n
         except (OSError, http.client.HTTPException) as e:
             self._drop_connection()
             raise self._unreachable(e) from None
         finally:
             response.close()
-        if response.length not in (None, 0):
+        if got != len(buf):
             self._drop_connection()
             raise EngineError(f"the download of {path} from {self.base_url} ended early", transient=True)
-        return done
+        return buf
 
     def read_range(self, path: str, offset: int, limit: int) -> bytes | None:
         """Bytes ``offset .. offset+limit`` of ``/files/<path>``; None if the server ignores ``Range``."""

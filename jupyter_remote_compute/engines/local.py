@@ -180,7 +180,7 @@ class LocalEngine(Engine):
             assert proc.stdout is not None and proc.stderr is not None
             try:
                 result = farside.receive_outputs(proc.stdout.read1, outputs, dest, manifest, self.name, progress)
-            except farside.NoManifest:
+            except (farside.NoManifest, farside.ArchiveCut):
                 proc.wait(60)
                 raise EngineError(
                     f"{self.name}: fetching outputs failed: {proc.stderr.read().decode(errors='replace')[-500:]}"

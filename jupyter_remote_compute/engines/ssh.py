@@ -568,8 +568,14 @@ tail -c +{offset + 1} -- {quote(d + "/log")} | head -c {limit}
                         # Cut short by a dropped connection, not a bad archive: fetch again.
                         raise Dropped("the connection closed while fetching outputs") from None
                     raise
-                except farside.NoManifest:
+                except (farside.NoManifest, farside.ArchiveCut) as e:
+                    # Nothing came, or the stream stopped before its digests: the far side's words say why,
+                    # unless it was the connection that went away.
                     code = self._finish(ch, err, CALL_TIMEOUT)
+                    if code == -1 and not ch.get_transport().is_active():
+                        raise Dropped("the connection closed while fetching outputs") from None
+                    if code in (0, -1) and isinstance(e, farside.ArchiveCut):
+                        raise
                     raise EngineError(Result(code, b"", bytes(err)).error(f"{self.name}: fetching outputs")) from None
                 code = self._finish(ch, err, CALL_TIMEOUT)
         except Dropped as e:

@@ -154,8 +154,12 @@ class TarReader:
         for _ in self.stream(n):
             pass
 
-    def members(self) -> Iterable[tarfile.TarInfo]:
-        """Each real member with long names and pax records applied; data is read by the caller."""
+    def members(self, across_archives: bool = False) -> Iterable[tarfile.TarInfo]:
+        """Each real member with long names and pax records applied; data is read by the caller.
+
+        ``across_archives``: zero blocks are skipped rather than ending the stream (``tar -i``), so
+        archives written one after another read as one; the members end where the bytes end.
+        """
         long_name: str | None = None
         long_link: str | None = None
         pax: dict[str, str] = {}
@@ -167,6 +171,8 @@ class TarReader:
                     raise
                 return  # a stream may end without the two zero blocks
             if header == b"\0" * BLOCK:
+                if across_archives and not (long_name or long_link or pax):
+                    continue
                 return
             try:
                 info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
@@ -314,6 +320,18 @@ class SafeExtractor:
         mode = 0o755 if info.mode & 0o111 else 0o644
         self._write(name, mode, reader.stream(info.size), progress)
         reader.skip(len(padding(info.size)))
+
+    def extract_file(
+        self,
+        name: str,
+        mode: int,
+        chunks: Iterable[bytes | memoryview],
+        progress: Callable[[int], None] | None = None,
+    ) -> str:
+        """One regular file that came by itself (not in the stream), under the same checks; its sha256."""
+        name = self.check_name(name)
+        self._write(name, 0o755 if mode & 0o111 else 0o644, chunks, progress)
+        return self.digests[name]
 
     def _copy_source(self, target: str) -> Iterable[bytes]:
         with open(self.dest / target, "rb") as f:

@@ -8,7 +8,7 @@ an exec channel, jupyter from its kernel), and its answer is read here, once:
 ``status.sh``   state of many jobs at once: exit code, live process group, log size; with
                 ``--metrics``, the new bytes of watched jobs' MLflow metric files too
 ``cancel.sh``   TERM the group, KILL after the grace, verify none of it remains
-``manifest.sh`` sha256 of every file of the declared outputs, then one tar of them
+``manifest.sh`` one tar of the declared outputs, their sha256 (hashed as they stream) at its end
 ``cache.sh``    the content-addressed input cache: have, link, adopt, evict
 ``facts.sh``    OS, kernel, Python, CPUs, memory, GPUs (nvidia-smi), free disk
 ==============  =====================================================================
@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import functools
 import shlex
+import tarfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -41,7 +42,7 @@ from ..base import (
     RemoteJob,
     RemoteStatus,
 )
-from ..ssh_transfer import SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
+from ..ssh_transfer import ArchiveCut, SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
 
 SCRIPTS = ("status", "cancel", "manifest", "cache", "facts")
 
@@ -256,6 +257,14 @@ class NoManifest(EngineError):
     """The stream did not start with the manifest: the far side failed before it sent anything."""
 
 
+class NoDigests(ArchiveCut):
+    """The stream ended before the digests that close it: cut short, or the far side failed midway."""
+
+
+#: The far side's list of digests, the stream's last entry, is named after its first one.
+SUMS_SUFFIX = ".sums"
+
+
 def receive_outputs(
     read: Callable[[int], bytes],
     outputs: Sequence[str],
@@ -263,11 +272,71 @@ def receive_outputs(
     manifest: str,
     source: str,
     progress: Callable[[int, int], None] | None = None,
+    extractor: SafeExtractor | None = None,
 ) -> FetchResult:
     """Read manifest.sh's tar stream into ``dest`` (``work/<output>``, ``mlruns/``) under the one policy.
 
-    Any refused entry refuses the whole archive: what was written of it is removed again.
+    The far side's sha256 of every file arrive last (the entry ``<manifest>.sums``): they are
+    computed while the files stream. A stream that ends without them raises ``NoDigests``; any
+    refused entry refuses the whole archive, and what was written of it is removed again.
+    Files the far side left out (``--direct``) are the caller's to fetch, through ``extractor``
+    (``output_extractor``'s) so they land under the same policy.
     """
+    if extractor is None:
+        extractor = output_extractor(outputs, dest, source)
+    reader = TarReader(read)
+    members = iter(reader.members(across_archives=True))
+    first = next(members, None)
+    if first is None or first.name.removeprefix("./") != manifest:
+        raise NoManifest(f"{source}: no output list came back")
+    result = FetchResult()
+    total = 0
+    sums = bytearray()
+    for line in _small_entry(reader, first, source).split(b"\n"):
+        if line.startswith(b"M "):
+            result.missing.append(outputs[int(line[2:])])
+        elif line.startswith(b"T "):
+            total = int(line[2:]) * 1024
+        elif line.startswith(b"D "):
+            continue  # left out for the caller (``direct_files``)
+        elif line:
+            sums += line + b"\n"  # an older far side listed the digests here, before the files
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress:
+            progress(done, max(total, done))
+
+    closed = False
+    try:
+        for info in members:
+            if closed:
+                raise UnsafeArchive(f"{source}: the archive goes on after its list of digests; nothing was kept")
+            if info.name.removeprefix("./") == manifest + SUMS_SUFFIX:
+                sums += _small_entry(reader, info, source)
+                closed = True
+                continue
+            extractor.extract(reader, info, tick)
+    except UnsafeArchive:
+        extractor.discard()
+        raise
+    if not closed and not sums:
+        raise NoDigests(f"{source}: the outputs' stream ended before their digests: it was cut short")
+    for name, digest in parse_sha256sum(bytes(sums)).items():
+        if name.startswith(WORK_DIR + "/"):
+            result.digests[name.removeprefix(WORK_DIR + "/")] = digest
+    result.received = {
+        name.removeprefix(WORK_DIR + "/"): digest
+        for name, digest in extractor.digests.items()
+        if name.startswith(WORK_DIR + "/")
+    }
+    return result
+
+
+def output_extractor(outputs: Sequence[str], dest: Path, source: str) -> SafeExtractor:
+    """The one policy for what comes back: files under ``work/<output>`` and ``mlruns/`` only."""
     wanted = [f"{WORK_DIR}/{o}" for o in outputs]
 
     def allowed(name: str) -> bool:
@@ -277,48 +346,24 @@ def receive_outputs(
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    extractor = SafeExtractor(dest, allowed, source)
-    reader = TarReader(read)
-    members = iter(reader.members())
-    first = next(members, None)
-    if first is None or first.name.removeprefix("./") != manifest:
-        raise NoManifest(f"{source}: no output list came back")
-    if first.size > 256 << 20:
+    return SafeExtractor(dest, allowed, source)
+
+
+def direct_files(first_entry: bytes) -> list[tuple[str, int, int]]:
+    """The files ``manifest.sh --direct`` left out of its stream, from its first entry: (path, size, mode)."""
+    found = []
+    for line in first_entry.split(b"\n"):
+        if line.startswith(b"D "):
+            _, size, mode, name = line.split(b" ", 3)
+            found.append((base64.b64decode(name).decode("utf-8", "surrogateescape"), int(size), int(mode, 8)))
+    return found
+
+
+def _small_entry(reader: TarReader, info: tarfile.TarInfo, source: str) -> bytes:
+    """The whole data of one of the stream's own entries (the list first, the digests last)."""
+    if info.size > 256 << 20:
         raise UnsafeArchive(f"{source}: the output list is implausibly large")
-    text = reader.read_exact(first.size + len(padding(first.size)))[: first.size]
-    result = FetchResult()
-    total = 0
-    sums = bytearray()
-    for line in text.split(b"\n"):
-        if line.startswith(b"M "):
-            result.missing.append(outputs[int(line[2:])])
-        elif line.startswith(b"T "):
-            total = int(line[2:]) * 1024
-        elif line:
-            sums += line + b"\n"
-    for name, digest in parse_sha256sum(bytes(sums)).items():
-        if name.startswith(WORK_DIR + "/"):
-            result.digests[name.removeprefix(WORK_DIR + "/")] = digest
-    done = 0
-
-    def tick(n: int) -> None:
-        nonlocal done
-        done += n
-        if progress:
-            progress(done, max(total, done))
-
-    try:
-        for info in members:
-            extractor.extract(reader, info, tick)
-    except UnsafeArchive:
-        extractor.discard()
-        raise
-    result.received = {
-        name.removeprefix(WORK_DIR + "/"): digest
-        for name, digest in extractor.digests.items()
-        if name.startswith(WORK_DIR + "/")
-    }
-    return result
+    return reader.read_exact(info.size + len(padding(info.size)))[: info.size]
 
 
 def extract_archive(path: Path, outputs: Sequence[str], dest: Path, manifest: str, source: str) -> FetchResult:
