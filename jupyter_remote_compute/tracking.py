@@ -415,6 +415,7 @@ def _record_in_child(workspace: Path, settings: TrackingSettings, job: JobRecord
         capture_output=True,
         timeout=RECORD_TIMEOUT,
         check=False,
+        cwd=workspace,  # as the detached recorder: a local store it creates keeps artifacts in the workspace
     )
     if child.returncode != 0:
         lines = child.stderr.decode(errors="replace").strip().splitlines() or ["no message"]

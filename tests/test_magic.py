@@ -155,6 +155,8 @@ def test_quickstart_streams_the_log_lands_the_model_and_returns_a_rich_job(
         [e.experiment_id for e in client.search_experiments()], f"tags.`remote_compute.job_id` = '{job_id}'"
     )
     assert [r.info.run_id for r in runs] == [run_id]  # exactly one run for the job
+    # Its artifacts are in the workspace, not in the kernel's working directory.
+    assert runs[0].info.artifact_uri.startswith(quickstart.as_uri()), runs[0].info.artifact_uri
     assert "sending to local" in cell.stderr  # the transfer bar
     assert (quickstart / "model.pkl").is_file()
     html = cell.result["text/html"]
@@ -304,8 +306,12 @@ def test_remote_train_on_an_ssh_machine(
     assert f"as {ssh_agent_env.user}" in cell.stdout
     assert "trained on 40 rows" in cell.stdout
     assert (quickstart / "model.pkl").is_file()
-    run = MlflowClient(tracking_uri).get_run(recorded_run(kernel))
+    # The run id first: a client opened on the fresh store while the recorder creates it would race
+    # MLflow's own table creation (outside the recorder's store lock).
+    run_id = recorded_run(kernel)
+    run = MlflowClient(tracking_uri).get_run(run_id)
     assert run.data.params["rows"] == "40" and run.data.tags["remote_compute.engine"] == "ssh"
+    assert run.info.artifact_uri.startswith(quickstart.as_uri()), run.info.artifact_uri
 
 
 def test_remote_train_prints_the_latest_metrics_under_the_log_while_the_job_runs(
