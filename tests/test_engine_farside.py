@@ -62,6 +62,21 @@ def test_eviction_drops_entries_unused_for_the_age(tmp_path: Path):
     assert old != fresh
 
 
+def test_kept_input_sets_go_by_age_and_beyond_the_newest_eight_renamed_away_first(tmp_path: Path):
+    sets = tmp_path / "sets"
+    names = [f"{i:064x}" for i in range(11)]
+    for age, name in enumerate(names):  # names[0] is the newest
+        tree = sets / name / "tree"
+        tree.mkdir(parents=True)
+        (tree / "train.py").write_text("print(1)\n")
+        then = time.time() - (age * 60 if age < 10 else 20 * DAY)
+        os.utime(sets / name, (then, then))
+    cache_sh("evict", str(tmp_path), "14", str(1 << 30))
+    # The one unused for the age and all but the newest eight are gone, and nothing half-deleted stays
+    # under another name (each is renamed away before it is deleted).
+    assert sorted(p.name for p in sets.iterdir()) == sorted(names[:8])
+
+
 def test_eviction_keeps_the_cache_under_its_cap_dropping_the_least_recently_used(tmp_path: Path):
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -325,7 +325,9 @@ if [ -f "$in/post.sh" ]; then sh "$in/post.sh" "$work"; fi
 # is building is left to it.
 mkdir -p -- "$kept"
 if mkdir -- "$kept/lock" 2>/dev/null; then
-  rm -rf -- "$kept/tree" "$kept/post.sh"
+  # renamed away first, never deleted in place: a send taking the tree at this moment gets it whole or not at all
+  if mv -- "$kept/tree" "$kept/gone.$$" 2>/dev/null; then rm -rf -- "$kept/gone.$$"; fi
+  rm -f -- "$kept/post.sh"
   mv -f -- "$in/links.tar" "$kept/links.tar"
   if [ -f "$in/post.sh" ]; then mv -f -- "$in/post.sh" "$kept/post.sh"; fi
   respare

@@ -17,6 +17,10 @@ op=$1
 base=$2
 KEEP_SETS=8
 cache=$base/cache
+# A kept set is renamed away before it is deleted, never deleted in place: a send taking its spare
+# tree renames it at the same moment, and exactly one of the two renames wins (an rm -rf under way
+# would go on deleting inside the job's work tree).
+drop_set() { mv -- "$1" "$1.gone.$$" 2>/dev/null && rm -rf -- "$1.gone.$$"; }
 case $op in
 have)
   mkdir -p -- "$cache" || exit 3
@@ -77,9 +81,9 @@ evict)
   max=$4
   # Kept input sets (see ssh.py send): those unused for the age go, and all but the newest few.
   if cd -- "$base/sets" 2>/dev/null; then
-    find . ! -name . -prune -type d -mtime +"$days" -exec rm -rf -- {} + 2>/dev/null
+    find . ! -name . -prune -type d -mtime +"$days" 2>/dev/null | while read -r set; do drop_set "$set"; done
     ls -t | awk -v keep="$KEEP_SETS" 'NR > keep && length($0) == 64 && $0 !~ /[^0-9a-f]/' |
-      while read -r set; do rm -rf -- "$set"; done
+      while read -r set; do drop_set "$set"; done
   fi
   cd -- "$cache" 2>/dev/null || exit 0
   # stale leftovers of a send that was cut short
@@ -111,7 +115,7 @@ evict)
       case $name in *[!0-9a-f]*|'') continue ;; esac
       case $what in
         entry) rm -f -- "$name" ;;
-        set) rm -rf -- "$base/sets/$name" ;;
+        set) drop_set "$base/sets/$name" ;;
       esac
     done
   ;;
