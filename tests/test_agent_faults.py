@@ -7,6 +7,7 @@ import signal
 import tarfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import agent_fixture
 from procs import group_members
@@ -25,6 +26,39 @@ def running_job(bed: agent_fixture.AgentBed, agent: agent_fixture.AgentProcess, 
     wait_for(lambda: (jobdir / "pid").exists(), timeout=30, message="the agent to start the job")
     wait_for(lambda: state_of(bed.server, job["id"])["state"] == "running", timeout=30, message="the job to run")
     return job["id"], jobdir
+
+
+def hand_made_agent(bed: agent_fixture.AgentBed, machine: str) -> tuple[Server, dict[str, Any], int]:
+    """The agent's own HTTP client, driven by hand: it claims a quickstart job and says it runs."""
+    token = bed.add_machine(machine)
+    client = Server(bed.url, machine, token)
+    client.request("POST", "hello", {"version": "test"})
+    job = submit(bed.server, machine, command="python train.py", send=["train.py", "data/points.csv"])
+    status, answer = client.request("POST", "claim", {"agent": "test", "hold": 20}, timeout=40)
+    assert status == 200 and answer["job"]["job_id"] == job["id"]
+    attempt = answer["job"]["attempt"]
+    client.request(
+        "POST", f"jobs/{job['id']}/heartbeat", {"attempt": attempt, "state": "running", "log_offset": 0, "log": ""}
+    )
+    return client, job, attempt
+
+
+def upload_and_end(client: Server, job_id: str, attempt: int, entries: list[tuple[str, bytes]], manifest: str) -> None:
+    """Upload ``entries`` as the outputs' tar stream, then say the command exited 0."""
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    body = stream.getvalue()
+    query = {"attempt": attempt, "manifest": manifest, "output": ["model.pkl", "metrics.json"]}
+    client.request("PUT", f"jobs/{job_id}/outputs", query=query, raw=body, length=len(body))
+    client.request(
+        "POST",
+        f"jobs/{job_id}/heartbeat",
+        {"attempt": attempt, "state": "ended", "how": "exited", "exit_code": 0, "log_offset": 0},
+    )
 
 
 def test_cancel_stops_the_process_group_on_the_agent(module_bed: agent_fixture.AgentBed) -> None:
@@ -77,30 +111,11 @@ def test_an_agent_stopped_and_started_within_its_lease_adopts_the_job_again(modu
 def test_an_output_that_does_not_match_its_sha256_is_refused(module_bed: agent_fixture.AgentBed) -> None:
     """A hand-made agent (the agent's own HTTP client) uploads a model whose bytes differ from its digest."""
     server = module_bed.server
-    token = module_bed.add_machine("tamper")
-    client = Server(module_bed.url, "tamper", token)
-    client.request("POST", "hello", {"version": "test"})
-    job = submit(server, "tamper", command="python train.py", send=["train.py", "data/points.csv"])
-    status, answer = client.request("POST", "claim", {"agent": "test", "hold": 20}, timeout=40)
-    assert status == 200 and answer["job"]["job_id"] == job["id"]
-    attempt = answer["job"]["attempt"]
-    beat = f"jobs/{job['id']}/heartbeat"
-    client.request("POST", beat, {"attempt": attempt, "state": "running", "log_offset": 0, "log": ""})
-
+    client, job, attempt = hand_made_agent(module_bed, "tamper")
     manifest = f".fetch-{uuid.uuid4().hex}"
     listed = b"0" * 64 + b"  work/model.pkl\n" + b"0" * 64 + b"  work/metrics.json\nT 1\n"
-    stream = io.BytesIO()
-    with tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in ((manifest, listed), ("work/model.pkl", b"not the model"), ("work/metrics.json", b"{}")):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    body = stream.getvalue()
-    query = {"attempt": attempt, "manifest": manifest, "output": ["model.pkl", "metrics.json"]}
-    client.request("PUT", f"jobs/{job['id']}/outputs", query=query, raw=body, length=len(body))
-    client.request(
-        "POST", beat, {"attempt": attempt, "state": "ended", "how": "exited", "exit_code": 0, "log_offset": 0}
-    )
+    entries = [(manifest, listed), ("work/model.pkl", b"not the model"), ("work/metrics.json", b"{}")]
+    upload_and_end(client, job["id"], attempt, entries, manifest)
 
     done = ended(server, job["id"])
     assert done["state"] == "failed"
@@ -112,6 +127,23 @@ def test_an_output_that_does_not_match_its_sha256_is_refused(module_bed: agent_f
         raise AssertionError("a heartbeat on an attempt that never was was accepted")
     except Refused as e:
         assert e.status == 409
+
+
+def test_an_upload_that_stops_before_its_digests_fails_the_job_at_once(module_bed: agent_fixture.AgentBed) -> None:
+    """The agent's packing died midway (an output it could not read): the stored upload has no digests.
+
+    Reading the same stored file again can never help, so the job fails with that reason instead of
+    being retried as if a connection had dropped until it ends lost."""
+    server = module_bed.server
+    client, job, attempt = hand_made_agent(module_bed, "cut-upload")
+    manifest = f".fetch-{uuid.uuid4().hex}"
+    entries = [(manifest, b"T 1\n"), ("work/model.pkl", b"the model")]  # no <manifest>.sums
+    upload_and_end(client, job["id"], attempt, entries, manifest)
+
+    done = ended(server, job["id"], timeout=120)
+    assert done["state"] == "failed", (done["state"], done["reason"])
+    assert "upload of the outputs is incomplete" in done["reason"], done["reason"]
+    assert not (server.root / "model.pkl").exists()
 
 
 def test_a_job_cancelled_before_any_agent_took_it(module_bed: agent_fixture.AgentBed) -> None:

@@ -33,6 +33,7 @@ from .base import (
     SendStats,
 )
 from .launcher import command_script
+from .ssh_transfer import ArchiveCut
 
 #: How long ``cancel`` and ``fetch`` wait for the agent's confirmation before trying again later.
 CONFIRM_WAIT = 30.0
@@ -170,9 +171,14 @@ class AgentEngine(Engine):
         state = self._wait(job.job_id, lambda s: bool(s.get("outputs")), "uploaded the outputs")
         uploaded = state["outputs"]
         declared = list(uploaded["declared"])
-        result = farside.extract_archive(
-            self.hub.job_dir(job.job_id) / "outputs.tar", declared, dest, uploaded["manifest"], self.name
-        )
+        try:
+            result = farside.extract_archive(
+                self.hub.job_dir(job.job_id) / "outputs.tar", declared, dest, uploaded["manifest"], self.name
+            )
+        except ArchiveCut as e:
+            # The upload is stored here whole: a stream that stops short inside it is the agent's packing
+            # failing midway (an unreadable output, say), which reading it again would never change.
+            raise EngineError(f"{self.name}: the agent's upload of the outputs is incomplete: {e}") from None
         # The agent sends every declared output whatever the outcome; keep only what was asked for now.
         wanted = set(outputs)
         for name in declared:
