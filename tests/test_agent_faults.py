@@ -129,23 +129,6 @@ def test_an_output_that_does_not_match_its_sha256_is_refused(module_bed: agent_f
         assert e.status == 409
 
 
-def test_an_upload_that_stops_before_its_digests_fails_the_job_at_once(module_bed: agent_fixture.AgentBed) -> None:
-    """The agent's packing died midway (an output it could not read): the stored upload has no digests.
-
-    Reading the same stored file again can never help, so the job fails with that reason instead of
-    being retried as if a connection had dropped until it ends lost."""
-    server = module_bed.server
-    client, job, attempt = hand_made_agent(module_bed, "cut-upload")
-    manifest = f".fetch-{uuid.uuid4().hex}"
-    entries = [(manifest, b"T 1\n"), ("work/model.pkl", b"the model")]  # no <manifest>.sums
-    upload_and_end(client, job["id"], attempt, entries, manifest)
-
-    done = ended(server, job["id"], timeout=120)
-    assert done["state"] == "failed", (done["state"], done["reason"])
-    assert "upload of the outputs is incomplete" in done["reason"], done["reason"]
-    assert not (server.root / "model.pkl").exists()
-
-
 def test_a_job_cancelled_before_any_agent_took_it(module_bed: agent_fixture.AgentBed) -> None:
     server = module_bed.server
     module_bed.add_machine("nobody")
@@ -186,3 +169,20 @@ def test_agents_waiting_through_a_server_restart_take_the_next_job(module_bed: a
     done = ended(server, job["id"])
     assert done["state"] == "succeeded", done["reason"]
     assert agent.proc is not None and agent.proc.poll() is None
+
+
+def test_an_upload_that_stops_before_its_digests_fails_the_job_at_once(module_bed: agent_fixture.AgentBed) -> None:
+    """The agent's packing died midway (an output it could not read): the stored upload has no digests.
+
+    Reading the same stored file again can never help, so the job fails with that reason instead of
+    being retried as if a connection had dropped until it ends lost."""
+    server = module_bed.server
+    client, job, attempt = hand_made_agent(module_bed, "cut-upload")
+    manifest = f".fetch-{uuid.uuid4().hex}"
+    entries = [(manifest, b"T 1\n"), ("work/model.pkl", b"the model")]  # no <manifest>.sums
+    upload_and_end(client, job["id"], attempt, entries, manifest)
+
+    done = ended(server, job["id"], timeout=120)
+    assert done["state"] == "failed", (done["state"], done["reason"])
+    assert "upload of the outputs is incomplete" in done["reason"], done["reason"]
+    assert done["outputs"] == {}  # nothing of it was kept
