@@ -143,10 +143,11 @@ def test_each_job_gets_its_own_gpus(module_bed: agent_fixture.AgentBed) -> None:
     server = module_bed.server
     module_bed.add_machine("gpus")
     module_bed.start_agent("gpus", "--max-jobs", "2", "--gpus-per-job", "1", "--gpu-ids", "0,1")
-    # Each waits until both GPUs are held, so the two jobs run at the same time.
+    # Each waits until both GPUs are held, so the two jobs run at the same time (markers fresh per run).
+    marks = f"$HOME/gpus-{uuid.uuid4().hex}"
     (server.root / "both.sh").write_text(
-        'echo "gpu=$CUDA_VISIBLE_DEVICES"; touch "$HOME/gpu-$CUDA_VISIBLE_DEVICES"\n'
-        'while [ ! -f "$HOME/gpu-0" ] || [ ! -f "$HOME/gpu-1" ]; do sleep 0.05; done\n'
+        f'echo "gpu=$CUDA_VISIBLE_DEVICES"; mkdir -p "{marks}"; touch "{marks}/$CUDA_VISIBLE_DEVICES"\n'
+        f'while [ ! -f "{marks}/0" ] || [ ! -f "{marks}/1" ]; do sleep 0.05; done\n'
     )
     ids = [submit(server, "gpus", command="sh both.sh", send=["both.sh"], bring_back=[], new=True)["id"] for _ in "ab"]
     logs = []

@@ -294,7 +294,7 @@ class Agent:
             if job["job_id"] in self.cancelling:
                 meta.update(phase="failed", how="cancelled", detail="cancelled before it started")
                 return
-            meta["gpus"] = self._gpus(job)
+            self._reserve_gpus(job, jobdir, meta)
             self._launch(job, jobdir, meta["gpus"])
             meta.update(phase="running", started_at=time.time())
         except Exception as e:  # anything that stops the job from starting ends it, with why
@@ -351,21 +351,27 @@ class Agent:
             if tmp.exists():
                 tmp.unlink()
 
-    def _gpus(self, job: dict[str, Any]) -> list[str]:
+    def _reserve_gpus(self, job: dict[str, Any], jobdir: Path, meta: dict[str, Any]) -> None:
+        """Pick free GPUs and write them into the job's agent.json before letting go of the lock.
+
+        Jobs start in their own threads; the choice is only seen by the next job once it is on disk."""
         wanted = job.get("gpus") or self.gpus_per_job
         if not wanted:
-            return []
+            return
         with self.lock:
             used = set()
-            for jobdir in self._job_dirs():
+            for other in self._job_dirs():
+                if other == jobdir:
+                    continue
                 try:
-                    used.update(self._meta(jobdir).get("gpus") or [])
+                    used.update(self._meta(other).get("gpus") or [])
                 except (OSError, ValueError):
                     continue
             free = [g for g in self.gpu_ids if g not in used]
-        if len(free) < wanted:
-            raise RuntimeError(f"{wanted} GPUs asked, {len(free)} free on this machine")
-        return free[:wanted]
+            if len(free) < wanted:
+                raise RuntimeError(f"{wanted} GPUs asked, {len(free)} free on this machine")
+            meta["gpus"] = free[:wanted]
+            self._save(jobdir, meta)
 
     def _launch(self, job: dict[str, Any], jobdir: Path, gpus: list[str]) -> None:
         (jobdir / "launch.sh").write_text(self.scripts["launch"])
