@@ -14,7 +14,7 @@ from procs import group_members
 from test_agent import GATED, ended, state_of, submit
 from waiting import wait_for
 
-from jupyter_remote_compute.agent.client import Refused, Server
+from jupyter_remote_compute.agent.client import STARTING_FIELDS, Agent, Refused, Server
 
 module_bed = agent_fixture.module_bed
 
@@ -187,3 +187,20 @@ def test_an_upload_that_stops_before_its_digests_fails_the_job_at_once(module_be
     assert done["state"] == "failed", (done["state"], done["reason"])
     assert "upload of the outputs is incomplete" in done["reason"], done["reason"]
     assert done["outputs"] == {}  # nothing of it was kept
+
+
+def test_a_heartbeat_saving_its_log_offset_keeps_what_the_job_thread_saved(tmp_path: Path) -> None:
+    """The heartbeats read a job's agent.json, post, then save the new log offset; meanwhile the job's
+    own thread saved it as running. Writing back the whole stale copy made it "preparing" again, and the
+    next beat threw the running job away (its lease then ran out)."""
+    agent = Agent(Server("http://127.0.0.1:9", "m", "t"), tmp_path, max_jobs=1, gpu_ids=[], gpus_per_job=0)
+    jobdir = tmp_path / "jobs" / "j1"
+    jobdir.mkdir(parents=True)
+    agent._save(jobdir, {"job_id": "j1", "attempt": 1, "phase": "preparing", "log_sent": 0, "gpus": []})
+    read_by_heartbeat = agent._meta(jobdir)
+
+    started = {**agent._meta(jobdir), "phase": "running", "started_at": 1.0, "gpus": ["1"]}
+    agent._save(jobdir, started, *STARTING_FIELDS)
+    agent._save(jobdir, {**read_by_heartbeat, "log_sent": 42}, "log_sent")
+
+    assert agent._meta(jobdir) == {**started, "log_sent": 42}

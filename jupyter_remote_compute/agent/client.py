@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import errno
 import hashlib
 import http.client
@@ -160,6 +161,10 @@ def _script(scripts: dict[str, str], name: str, *args: str) -> list[str]:
     return ["sh", "-c", scripts[name], "sh", *args]
 
 
+#: What a job's own thread decides while starting it; everything else in agent.json is the heartbeats'.
+STARTING_FIELDS = ("phase", "how", "detail", "started_at", "gpus")
+
+
 class Agent:
     def __init__(self, server: Server, state: Path, max_jobs: int, gpu_ids: list[str], gpus_per_job: int) -> None:
         self.server = server
@@ -173,6 +178,9 @@ class Agent:
         self.preparing: set = set()
         self.cancelling: set = set()
         self.lock = threading.Lock()
+        # A job's agent.json is written by its own thread and by the heartbeats: each writes only the
+        # fields it owns, onto what is on disk, so neither puts back what the other replaced.
+        self.meta_lock = threading.Lock()
         self.kick = threading.Event()
         self.ident = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -262,11 +270,17 @@ class Agent:
     def _meta(jobdir: Path) -> dict[str, Any]:
         return json.loads((jobdir / "agent.json").read_text())
 
-    @staticmethod
-    def _save(jobdir: Path, meta: dict[str, Any]) -> None:
-        tmp = jobdir / "agent.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, jobdir / "agent.json")
+    def _save(self, jobdir: Path, meta: dict[str, Any], *fields: str) -> None:
+        """Write ``fields`` of ``meta`` into the job's agent.json (all of it when none are named)."""
+        with self.meta_lock:
+            saved = dict(meta)
+            if fields:
+                with contextlib.suppress(OSError, ValueError):  # else not written yet: all of ``meta`` goes
+                    saved = self._meta(jobdir)
+                saved.update({f: meta[f] for f in fields if f in meta})
+            tmp = jobdir / "agent.json.tmp"
+            tmp.write_text(json.dumps(saved))
+            os.replace(tmp, jobdir / "agent.json")
 
     def _prepare_dir(self, job: dict[str, Any]) -> None:
         jobdir = self.jobs / job["job_id"]
@@ -301,7 +315,7 @@ class Agent:
             log(f"job {job['job_id']} could not start: {e}")
             meta.update(phase="failed", how="failed", detail=f"could not start on the agent: {e}")
         finally:
-            self._save(jobdir, meta)
+            self._save(jobdir, meta, *STARTING_FIELDS)
             with self.lock:
                 self.preparing.discard(job["job_id"])
             self.kick.set()  # tell the server at once: pickup is measured to this report
@@ -371,7 +385,7 @@ class Agent:
             if len(free) < wanted:
                 raise RuntimeError(f"{wanted} GPUs asked, {len(free)} free on this machine")
             meta["gpus"] = free[:wanted]
-            self._save(jobdir, meta)
+            self._save(jobdir, meta, "gpus")
 
     def _launch(self, job: dict[str, Any], jobdir: Path, gpus: list[str]) -> None:
         (jobdir / "launch.sh").write_text(self.scripts["launch"])
@@ -443,7 +457,7 @@ class Agent:
                 return None
             raise
         meta["log_sent"] = int(answer.get("log_size", meta["log_sent"]))
-        self._save(jobdir, meta)
+        self._save(jobdir, meta, "log_sent")
         return answer
 
     def beat(self, jobdir: Path, meta: dict[str, Any], status: tuple[str, str] | None) -> None:
@@ -453,6 +467,13 @@ class Agent:
             with self.lock:
                 mine = job_id in self.preparing
             if not mine:
+                try:
+                    # Its thread may have finished starting it since this beat read agent.json; that thread
+                    # saves before it lets go of the job, so a fresh read tells.
+                    if self._meta(jobdir).get("phase") != "preparing":
+                        return
+                except (OSError, ValueError):
+                    pass
                 # This agent restarted while preparing it: the server queues it again once the lease ends.
                 shutil.rmtree(jobdir, ignore_errors=True)
                 return
@@ -489,7 +510,7 @@ class Agent:
             if not self._upload(jobdir, meta):
                 return
             meta["uploaded"] = True
-            self._save(jobdir, meta)
+            self._save(jobdir, meta, "uploaded")
         how = {"exited": "exited", "cancelled": "cancelled"}.get(state, "gone")
         end = {"state": "ended", "how": how, "started_at": meta.get("started_at")}
         if how == "exited":
