@@ -11,7 +11,6 @@ import io
 import os
 import subprocess
 import tarfile
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -311,15 +310,14 @@ def test_poll_many_jobs_is_one_round_trip(engine: SSHEngine, tmp_path: Path):
     assert after.state == "gone" and after.detail == "cancelled"
 
 
+@pytest.mark.timeout(60)
 def test_cancel_kills_background_children(engine: SSHEngine):
     # children in the background, one of which ignores TERM: KILL after the grace period gets it
     command = "sleep 300 & (sleep 301; echo) & sh -c 'trap \"\" TERM; sleep 302' & echo started; wait"
     job = run_job(engine, [], command)
     pgid = job.handle["pid"]
     wait_for(lambda: len(group_members(pgid)) >= 5, 10, "the children to start")
-    t0 = time.monotonic()
-    engine.cancel(job, grace=1.0)
-    assert time.monotonic() - t0 < 15
+    engine.cancel(job, grace=1.0)  # a cancel that waited on the TERM-proof child would hit the test's timeout
     assert group_members(pgid) == []
     assert engine.poll([job])[job.job_id].state == "gone"
 
@@ -768,14 +766,12 @@ def test_transfer_over_512_mib_both_ways(engine: SSHEngine, ssh_agent_env: TestB
             h.update(chunk)
     big = InputFile("big.bin", path, size, h.hexdigest())
     job = engine.prepare(new_job())
-    t0 = time.monotonic()
     stats = engine.send(job, [big])
     assert stats.bytes_sent == size
     job = engine.start(job, LaunchSpec(command="cp big.bin copy.bin", env={}, secret_env={}))
     assert wait_exited(engine, job, 60).exit_code == 0
     result = engine.fetch(job, ["copy.bin"], tmp_path / "back")
     assert result.digests["copy.bin"] == big.sha256 == sha(tmp_path / "back/work/copy.bin")
-    assert time.monotonic() - t0 < 120
     assert engine.connections_made == 1  # no re-key deadlock, no reconnect
     engine.cleanup(job)
 
@@ -804,10 +800,8 @@ def test_rekey_point_at_the_end_of_a_channel(ssh_agent_env: TestBed, tmp_path: P
         else:
             ratio = counter / first  # wire bytes per log byte (packet framing, MAC)
             want = int(((1 << 29) - counter) / ratio) + tail_kib * 1024
-        t0 = time.monotonic()
         assert eng.read_log(job, first, want) == b"\0" * want
-        assert time.monotonic() - t0 < 25, "stalled at the re-key point"
-        assert eng.connections_made == 1
+        assert eng.connections_made == 1  # a stalled re-key times out after 30 s and reconnects
         eng.close()
     setup.cleanup(job)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -223,13 +222,12 @@ def test_values_that_are_not_text_are_skipped() -> None:
     screen_settings({"name": None, "timeout": 3600, "send": [], "command": ""})
 
 
-def test_screening_is_fast_and_linear() -> None:
+@pytest.mark.timeout(60)  # a regex that backtracks catastrophically on these takes hours, not seconds
+def test_screening_stays_linear_on_long_values() -> None:
     settings = {f"send[{i}]": f"data/shards/train-{i:05d}-of-01024.parquet" for i in range(500)}
     settings["command"] = "torchrun --nproc_per_node=8 train.py " + " ".join(f"--opt{i} {i}e-4" for i in range(200))
     screen_settings({"command": "python train.py"})  # the detectors load on first use: not what is timed here
-    start = time.perf_counter()
     screen_settings(settings, [f"stored-secret-{i:04d}" for i in range(50)])
     # Pathological long values must not blow up regex matching.
     for long_value in ("a" * 100_000, "eyJ" + "a" * 100_000, "https://" + "a:" * 40_000):
         screen_settings({"command": long_value})
-    assert time.perf_counter() - start < 5.0
