@@ -62,6 +62,18 @@ def test_eviction_drops_entries_unused_for_the_age(tmp_path: Path):
     assert old != fresh
 
 
+def test_an_entry_asked_for_counts_as_used_without_looking_edited(tmp_path: Path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    asked = put_entry(cache, b"asked" * 100, age_days=20)
+    idle = put_entry(cache, b"idle" * 100, age_days=20)
+    made = (cache / asked).stat().st_mtime
+    assert farside.parse_have(cache_sh("have", str(tmp_path), stdin=farside.have_input([asked]))) == {asked: 500}
+    cache_sh("evict", str(tmp_path), "14", str(1 << 30))
+    assert sorted(p.name for p in cache.iterdir()) == [asked] and idle != asked
+    assert (cache / asked).stat().st_mtime == made  # a kept tree holding this inode still trusts it
+
+
 def test_kept_input_sets_go_by_age_and_beyond_the_newest_eight_renamed_away_first(tmp_path: Path):
     sets = tmp_path / "sets"
     names = [f"{i:064x}" for i in range(11)]

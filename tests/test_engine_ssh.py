@@ -273,6 +273,30 @@ def test_unchanged_resend_takes_the_kept_tree_and_distrusts_an_altered_or_vanish
     assert sha(base / "cache" / files[5].sha256) == files[5].sha256
 
 
+def test_another_set_using_the_same_files_leaves_a_kept_tree_trusted(
+    engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path
+):
+    """Sending set B marks the cache entries it shares with set A as used; A's kept tree holds those
+    very inodes, so the mark must not look like an edit to A's check (it did: every re-send of A after
+    B went the slow way)."""
+    src = tmp_path / "src"
+    shared = [input_file(src, f"data/f{i}.bin", os.urandom(2000 + i)) for i in range(5)]
+    set_a = [*shared, input_file(src, "train_a.py", b"print('a')\n")]
+    set_b = [*shared, input_file(src, "train_b.py", b"print('b')\n")]
+
+    def send(files: list[InputFile]) -> RemoteJob:
+        job = engine.prepare(new_job())
+        engine.send(job, files)
+        return job
+
+    first = send(set_a)
+    kept_a = far(ssh_agent_env, first).parent.parent / "sets" / input_set_digest(set_a)
+    spare_inode = (kept_a / "tree").stat().st_ino
+    send(set_b)
+    again = send(set_a)
+    assert (far(ssh_agent_env, again) / "work").stat().st_ino == spare_inode  # A's kept tree, taken whole
+
+
 @pytest.mark.parametrize("size", [1000, 1024, 600_000], ids=["small", "block-aligned", "large"])
 def test_file_changed_while_sending_is_not_cached(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path, size):
     ok = input_file(tmp_path, "ok.bin", os.urandom(2048))

@@ -1,7 +1,9 @@
 #!/bin/sh
 # cache.sh OP BASE ...: the input cache of one machine, <BASE>/cache/<sha256>, one read-only file
 # per content. A job's inputs are hard links to it (an executable input gets its own copy), so a
-# file sent once costs a name, not its bytes, the next time. An entry's mtime is its last use.
+# file sent once costs a name, not its bytes, the next time. An entry's atime is its last use: its
+# mtime stays when it was made, because a kept set's spare tree (ssh.py send) holds the same inodes
+# and is trusted only while none of them is newer than the tree.
 #
 #   have BASE            digests on stdin up to an empty line -> "<sha256> <size>" for each present
 #                        (and marked used)
@@ -35,7 +37,7 @@ have)
     [ -f "$sha" ] && printf '%s\n' "$sha"
   done > "$list"
   [ -s "$list" ] || exit 0
-  xargs touch -c -- < "$list" 2>/dev/null
+  xargs touch -a -c -- < "$list" 2>/dev/null
   xargs ls -lnd -- < "$list" | awk '$1 ~ /^-/ { print $NF, $5 }'
   ;;
 link)
@@ -51,7 +53,7 @@ link)
       *[1357]*) cp -- "$cache/$sha" "$dst" && chmod "$mode" -- "$dst" || exit 3 ;;
       *) ln -- "$cache/$sha" "$dst" 2>/dev/null || cp -- "$cache/$sha" "$dst" || exit 3 ;;
     esac
-    touch -c -- "$cache/$sha" 2>/dev/null
+    touch -a -c -- "$cache/$sha" 2>/dev/null
   done
   ;;
 adopt)
@@ -73,7 +75,7 @@ adopt)
         ln -f -- "$f" "$cache/$sha" 2>/dev/null ||
           { cp -- "$f" "$cache/.$sha.$$" && mv -f -- "$cache/.$sha.$$" "$cache/$sha"; } ;;
     esac
-    touch -c -- "$cache/$sha" 2>/dev/null
+    touch -a -c -- "$cache/$sha" 2>/dev/null
   done
   ;;
 evict)
@@ -89,7 +91,7 @@ evict)
   # stale leftovers of a send that was cut short
   find . ! -name . -prune -name '.incoming-*' -mtime +0 -exec rm -rf -- {} + 2>/dev/null
   # an entry a job or a kept input set still links to frees nothing by losing its name: it stays
-  find . ! -name . -prune -type f -links 1 -mtime +"$days" -exec rm -f -- {} +
+  find . ! -name . -prune -type f -links 1 -atime +"$days" -exec rm -f -- {} +
   # Nothing to do while every entry together fits (one listing, the common case).
   all=$(ls -ln | awk '$1 ~ /^-/ && length($NF) == 64 && $NF !~ /[^0-9a-f]/ { t += $5 } END { printf "%.0f", t }')
   [ "$all" -gt "$max" ] || exit 0
@@ -99,7 +101,7 @@ evict)
     (cd -- "$base" && ls -Rlni sets 2>/dev/null) | awk '
       /:$/ { n = split(substr($0, 1, length($0) - 1), p, "/"); set = n >= 2 ? p[2] : ""; next }
       NF >= 10 && $2 ~ /^-/ && set != "" { print "S", $1, set }'
-    ls -lnrti | awk '$2 ~ /^-/ && length($NF) == 64 && $NF !~ /[^0-9a-f]/ { print "C", $1, $3, $6, $NF }'
+    ls -lnrtiu | awk '$2 ~ /^-/ && length($NF) == 64 && $NF !~ /[^0-9a-f]/ { print "C", $1, $3, $6, $NF }'
   } | awk -v max="$max" '
     $1 == "S" { held[$2]++; sets[$2] = sets[$2] " " $3; next }
     $1 == "C" && $3 - held[$2] == 1 { n++; ino[n] = $2; size[n] = $4; name[n] = $5; total += $4 }
