@@ -89,6 +89,18 @@ def test_kept_input_sets_go_by_age_and_beyond_the_newest_eight_renamed_away_firs
     assert sorted(p.name for p in sets.iterdir()) == sorted(names[:8])
 
 
+def test_a_kept_set_whose_spare_builder_died_goes(tmp_path: Path):
+    sets = tmp_path / "sets"
+    stale, building = f"{1:064x}", f"{2:064x}"
+    for name in (stale, building):
+        (sets / name / "tree").mkdir(parents=True)
+        (sets / name / "lock").mkdir()
+    then = time.time() - 2 * DAY  # the builder died two days ago; the set itself was used since
+    os.utime(sets / stale / "lock", (then, then))
+    cache_sh("evict", str(tmp_path), "14", str(1 << 30))
+    assert sorted(p.name for p in sets.iterdir()) == [building]
+
+
 def test_eviction_keeps_the_cache_under_its_cap_dropping_the_least_recently_used(tmp_path: Path):
     cache = tmp_path / "cache"
     cache.mkdir()

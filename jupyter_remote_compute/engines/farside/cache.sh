@@ -14,7 +14,8 @@
 #                        of the wrong size
 #   evict BASE DAYS MAX  drop entries no one links to unused for more than DAYS days, then the least
 #                        recently used until the rest (entries no job links to) holds at most MAX bytes;
-#                        and kept input sets (BASE/sets/<digest>) unused for DAYS days, all but the newest 8
+#                        and kept input sets (BASE/sets/<digest>) unused for DAYS days, all but the newest 8,
+#                        and any whose spare has been locked for a day
 op=$1
 base=$2
 KEEP_SETS=8
@@ -84,6 +85,11 @@ evict)
   # Kept input sets (see ssh.py send): those unused for the age go, and all but the newest few.
   if cd -- "$base/sets" 2>/dev/null; then
     find . ! -name . -prune -type d -mtime +"$days" 2>/dev/null | while read -r set; do drop_set "$set"; done
+    # A set whose spare has been "being built" for a day lost its builder (killed, a reboot): its lock
+    # would keep every later send from keeping a spare, so the set goes and the next send starts it afresh.
+    for lock in */lock; do
+      [ -d "$lock" ] && [ -n "$(find "$lock" -prune -mtime +0 2>/dev/null)" ] && drop_set "${lock%/lock}"
+    done
     ls -t | awk -v keep="$KEEP_SETS" 'NR > keep && length($0) == 64 && $0 !~ /[^0-9a-f]/' |
       while read -r set; do drop_set "$set"; done
   fi
