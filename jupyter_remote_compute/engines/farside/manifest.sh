@@ -175,7 +175,9 @@ emit(b"\0" * 1024)
 flush()
 '
 if command -v python3 >/dev/null 2>&1; then
-  python3 -c "$prog" "$direct" "$m" "$@"
+  # -S -E: the writer needs only the standard library; a site-packages with many .pth files (conda,
+  # pyenv) costs more to start than small outputs take to pack.
+  python3 -S -E -c "$prog" "$direct" "$m" "$@"
   code=$?
   [ "$code" -eq 97 ] || exit "$code"
 fi
