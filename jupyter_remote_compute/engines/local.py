@@ -176,6 +176,8 @@ class LocalEngine(Engine):
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            # its python3 is then this interpreter, not a wrapper such as pyenv's shim (~0.3 s a start)
+            env={**os.environ, "PATH": _path_with_python()},
         ) as proc:
             assert proc.stdout is not None and proc.stderr is not None
             try:
