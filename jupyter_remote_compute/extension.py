@@ -88,7 +88,9 @@ class RemoteComputeApp(ExtensionApp):
         "the machines removed when reachable, their MLflow runs kept). 0: keep every job.",
     )
     max_workers = Int(8, config=True, help="Threads for short blocking work: requests, polls, hashing.")
-    max_transfers = Int(4, config=True, help="Threads for sending and collecting jobs (long transfers).")
+    max_transfers = Int(
+        4, config=True, help="Threads for sending jobs, and as many again for collecting them (long transfers)."
+    )
     agent_lease = Float(
         DEFAULT_LEASE,
         config=True,

@@ -38,11 +38,16 @@ MACHINE = r"(?P<name>[A-Za-z0-9_.-]+)"
 
 
 class TransferPool:
-    """Sending and collecting, one job at a time each, off the request pool."""
+    """Sending and collecting, one job at a time each, off the request pool.
+
+    Collections have threads of their own: behind a few long sends, a job that has ended would
+    otherwise wait minutes to bring its outputs back and record its run.
+    """
 
     def __init__(self, service: JobService, workers: int) -> None:
         self.service = service
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="remote-compute-transfer")
+        self._sends = ThreadPoolExecutor(workers, thread_name_prefix="remote-compute-send")
+        self._collections = ThreadPoolExecutor(workers, thread_name_prefix="remote-compute-collect")
         self._scheduled: set[str] = set()
         self._lock = threading.Lock()
 
@@ -51,7 +56,8 @@ class TransferPool:
             if job.id in self._scheduled:
                 return
             self._scheduled.add(job.id)
-        self._pool.submit(self._run, job.id)
+        pool = self._collections if job.state == "collecting" else self._sends
+        pool.submit(self._run, job.id)
 
     def _run(self, job_id: str) -> None:
         try:
@@ -61,7 +67,8 @@ class TransferPool:
                 self._scheduled.discard(job_id)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._sends, self._collections):
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Wakeups:
