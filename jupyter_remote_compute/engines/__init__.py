@@ -1,5 +1,7 @@
 """Engines, one module per kind of machine, found by kind through an entry point group.
 
+This package's own kinds are looked up in ``BUILT_IN_KINDS`` first, without reading any metadata.
+
 A package adds a kind by declaring, in its own pyproject.toml::
 
     [project.entry-points."jupyter_remote_compute.engines"]
