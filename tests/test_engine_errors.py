@@ -7,6 +7,7 @@ reason naming it; only what can pass (a dropped connection) is retried.
 from __future__ import annotations
 
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -91,7 +92,8 @@ def test_ssh_session_killed_during_a_fetch_is_transient(ssh_agent_env: TestBed, 
 
 
 def test_a_machine_without_tar_is_a_permanent_fault_naming_tar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # A PATH with every tool manifest.sh uses except tar.
+    # A PATH with every tool manifest.sh uses except tar, and no python3 (which packs without tar): the
+    # local engine puts its own interpreter's folder first on PATH, so that folder is this one here.
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for tool in ("sh", "find", "sha256sum", "du", "rm"):
@@ -102,6 +104,7 @@ def test_a_machine_without_tar_is_a_permanent_fault_naming_tar(tmp_path: Path, m
     job = engine.prepare(new_job())
     (Path(job.handle["dir"]) / "work" / "out.txt").write_text("made\n")
     monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setattr(sys, "executable", str(bindir / "python3"))
     with pytest.raises(EngineError, match="tar is not installed") as err:
         engine.fetch(job, ["out.txt"], tmp_path / "dest")
     assert err.value.transient is False
