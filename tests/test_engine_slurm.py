@@ -84,12 +84,14 @@ def test_secrets_reach_the_job_but_not_slurms_saved_environment(cluster, quickst
     service.secrets.set("hpc/token", "s3cr3t-" + "q" * 24)
     job = submit(
         service,
-        command='test "$TOKEN" = "s3cr3t-$(printf "q%.0s" $(seq 24))" && echo PLAIN=$PLAIN',
+        command='test "$TOKEN" = "s3cr3t-$(printf "q%.0s" $(seq 24))" && echo PLAIN=$PLAIN '
+        '"defaults=$PYTHONFAULTHANDLER,$MLFLOW_DISABLE_TELEMETRY"',
         env={"TOKEN": "secret:hpc/token", "PLAIN": "visible"},
     )
     job = service.wait(job.id, timeout=120)
     assert job.state == "succeeded", job.reason
-    assert "PLAIN=visible" in service.read_log(job.id).data.decode()
+    # The batch script sets the job environment's defaults as the launcher does (launcher.JOB_ENV_SH).
+    assert "PLAIN=visible defaults=1,true" in service.read_log(job.id).data.decode()
     slurm_id = job.handle["slurm_job_id"]
     saved = bed.run(["scontrol", "show", "job", "--details", slurm_id]).stdout
     assert "s3cr3t" not in saved

@@ -108,6 +108,38 @@ def test_nonzero_exit_fails_with_code_and_log_tail(workspace, make_service, trac
     assert len(runs) == 1 and runs[0].info.status == "FAILED"
 
 
+CRASHING_SCRIPT = """\
+import ctypes
+
+
+def deep_in_training():
+    ctypes.string_at(0)  # reads address 0: what a broken native extension does
+
+
+deep_in_training()
+"""
+
+
+def test_a_crash_in_native_code_leaves_its_python_stack_in_the_log(workspace, make_service, monkeypatch):
+    """The launcher's defaults: Python's fault handler on, MLflow's telemetry off; a job's env wins."""
+    monkeypatch.delenv("PYTHONFAULTHANDLER", raising=False)
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    (workspace / "crash.py").write_text(CRASHING_SCRIPT)
+    service = make_service(workspace)
+    crash = JobSpec.from_json({"command": "python crash.py", "send": ["crash.py"]})
+    job = service.wait(service.submit(crash).job.id, 60)
+    assert job.state == "failed" and job.exit_code == 128 + signal.SIGSEGV, (job.exit_code, job.reason)
+    log = service.read_log(job.id).data.decode()
+    assert "Fatal Python error: Segmentation fault" in log and "deep_in_training" in log, log
+
+    show = 'echo "fault=$PYTHONFAULTHANDLER telemetry_off=$MLFLOW_DISABLE_TELEMETRY"'
+    defaults = service.wait(service.submit(JobSpec.from_json({"command": show})).job.id, 60)
+    assert "fault=1 telemetry_off=true" in service.read_log(defaults.id).data.decode()
+    env = {"PYTHONFAULTHANDLER": "", "MLFLOW_DISABLE_TELEMETRY": "false"}
+    chosen = service.wait(service.submit(JobSpec.from_json({"command": show, "env": env})).job.id, 60)
+    assert "fault= telemetry_off=false" in service.read_log(chosen.id).data.decode()
+
+
 def test_missing_output_fails_and_nothing_partial_lands(workspace, make_service):
     service = make_service(workspace)
     spec = JobSpec.from_json({"command": "echo hi > a.txt", "bring_back": ["a.txt", "b.txt"]})

@@ -32,6 +32,20 @@ while IFS= read -r line; do
 done
 """
 
+# The job's environment as every far-side script leaves it, after the job's own variables were read:
+# the job-local MLflow store (names a spec may not set, see spec.RESERVED_ENV), then defaults that the
+# job's env or the far machine's own environment may override. Python's fault handler puts where a
+# crash in native code happened into the job's log (a bare "Segmentation fault" says nothing); MLflow's
+# usage telemetry would have the job-local store start network threads on machines that often have no
+# way out, and those threads outlive the script (MLflow documents MLFLOW_DISABLE_TELEMETRY).
+JOB_ENV_SH = f"""\
+export PYTHONUNBUFFERED=1
+export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
+export MLFLOW_ALLOW_FILE_STORE=true
+export PYTHONFAULTHANDLER="${{PYTHONFAULTHANDLER-1}}"
+export MLFLOW_DISABLE_TELEMETRY="${{MLFLOW_DISABLE_TELEMETRY-true}}"
+"""
+
 # Reads the environment from stdin, then starts run.sh in a new session (so
 # it outlives this shell, the connection and the server) and records its pid,
 # which is also its process group id. Idempotent: a job directory with a pid
@@ -45,10 +59,7 @@ if [ -f "$jobdir/pid" ]; then cat "$jobdir/pid"; exit 0; fi
 cd "$jobdir/{WORK_DIR}" || exit 97
 # Ids of this side's store mean nothing in the job's own store (a local job inherits them).
 unset MLFLOW_EXPERIMENT_ID MLFLOW_RUN_ID
-{READ_ENV_SH}export PYTHONUNBUFFERED=1
-export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
-export MLFLOW_ALLOW_FILE_STORE=true
-: > "$jobdir/log"
+{READ_ENV_SH}{JOB_ENV_SH}: > "$jobdir/log"
 setsid sh "$jobdir/run.sh" "$jobdir" < /dev/null >> "$jobdir/log" 2>&1 &
 printf '%s\\n' "$!" > "$jobdir/pid.tmp" && mv -f "$jobdir/pid.tmp" "$jobdir/pid"
 printf '%s\\n' "$!"

@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..errors import InvalidSettings
-from .base import TRACKING_DIR, WORK_DIR
-from .launcher import READ_ENV_SH
+from .base import WORK_DIR
+from .launcher import JOB_ENV_SH, READ_ENV_SH
 
 #: How long before its time limit a job is warned (sbatch --signal), unless the limit is shorter.
 WARN_BEFORE_SECONDS = 300
@@ -402,10 +402,7 @@ if [ -f "$jobdir/{SECRETS_FILE}" ]; then
 fi
 # A requeued job runs again from here: an exit code from an earlier attempt is not this one's.
 rm -f "$jobdir/exit_code" "$jobdir/exit_code.tmp" "$jobdir/{WARNING_FILE}"
-export PYTHONUNBUFFERED=1
-export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
-export MLFLOW_ALLOW_FILE_STORE=true
-MASTER_ADDR=$(scontrol show hostnames "${{SLURM_JOB_NODELIST:-}}" 2>/dev/null | head -n 1)
+{JOB_ENV_SH}MASTER_ADDR=$(scontrol show hostnames "${{SLURM_JOB_NODELIST:-}}" 2>/dev/null | head -n 1)
 [ -n "$MASTER_ADDR" ] || MASTER_ADDR=$(hostname)
 MASTER_PORT=$((20000 + ${{SLURM_JOB_ID:-0}} % 20000))
 WORLD_SIZE=${{SLURM_JOB_NUM_NODES:-1}}
