@@ -67,7 +67,7 @@ class LocalEngine(Engine):
             capture_output=True,
             **({"stdin": subprocess.DEVNULL} if stdin is None else {"input": stdin}),
             timeout=timeout,
-            env={**os.environ, "PATH": _path_with_python()},
+            env=_env_with_python(),
         )
 
     def check(self) -> dict[str, Any]:
@@ -120,7 +120,7 @@ class LocalEngine(Engine):
             input=launch_input(launch.env, launch.secret_env),
             capture_output=True,
             timeout=60,
-            env={**os.environ, "PATH": _path_with_python()},
+            env=_env_with_python(),
         )
         if proc.returncode != 0:
             raise EngineError(
@@ -177,7 +177,7 @@ class LocalEngine(Engine):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             # its python3 is then this interpreter, not a wrapper such as pyenv's shim (~0.3 s a start)
-            env={**os.environ, "PATH": _path_with_python()},
+            env=_env_with_python(),
         ) as proc:
             assert proc.stdout is not None and proc.stderr is not None
             try:
@@ -199,8 +199,13 @@ class LocalEngine(Engine):
             shutil.rmtree(job.handle["dir"], ignore_errors=True)
 
 
-def _path_with_python() -> str:
-    # So `python` in a job's command is the interpreter (and venv) this server runs in.
+def _env_with_python() -> dict[str, str]:
+    """This process's environment with its interpreter's folder first on PATH, for every far-side script.
+
+    So `python` in a job's command is the interpreter (and venv) this server runs in.
+    """
     bindir = os.path.dirname(sys.executable)
     path = os.environ.get("PATH", "")
-    return path if path.split(os.pathsep)[:1] == [bindir] else bindir + os.pathsep + path
+    if path.split(os.pathsep)[:1] != [bindir]:
+        path = bindir + os.pathsep + path
+    return {**os.environ, "PATH": path}
