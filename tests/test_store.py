@@ -157,6 +157,34 @@ def test_a_reader_sees_changes_made_by_another_store(workspace: Path) -> None:
     assert reader.get("a").state == "running"
 
 
+def test_a_transaction_changes_only_its_own_view_until_it_commits(workspace: Path) -> None:
+    """The transaction's map lies over the shared snapshot: what it looks up, sets and removes shows
+    in the map at once and in the store after the commit, and never in a snapshot a reader holds."""
+    store = JobStore(workspace / ".punica/jobs.json")
+    with store.transaction() as jobs:
+        for job_id in "abc":
+            jobs[job_id] = Job(id=job_id, key=job_id, machine="local", kind="local", spec={"command": "true"})
+    before = store.jobs()
+    with store.transaction() as jobs:
+        jobs["a"].state = "running"  # a looked-up job is the transaction's own copy
+        assert jobs.pop("b").id == "b" and "b" not in jobs and jobs.pop("b", None) is None
+        jobs["d"] = Job(id="d", key="d", machine="local", kind="local", spec={"command": "true"})
+        del jobs["c"]
+        jobs["c"] = Job(id="c", key="c2", machine="local", kind="local", spec={"command": "true"})
+        assert sorted(jobs) == ["a", "c", "d"] and len(jobs) == 3
+        assert {job_id: job.key for job_id, job in jobs.items()} == {"a": "a", "c": "c2", "d": "d"}
+        assert sorted(j.id for j in jobs.unfinished()) == ["a", "c"]  # unfinished then, and in the map now
+        assert before["a"].state == "queued" and set(before) == {"a", "b", "c"}
+    after = store.jobs()
+    assert {job_id: (job.key, job.state) for job_id, job in after.items()} == {
+        "a": ("a", "running"),
+        "c": ("c2", "queued"),
+        "d": ("d", "queued"),
+    }
+    assert before["a"].state == "queued" and set(before) == {"a", "b", "c"}
+    assert JobStore(store.path).jobs() == after  # what was written is what this process holds
+
+
 def test_state_file_is_private_to_its_owner(workspace: Path) -> None:
     store = JobStore(workspace / ".punica/jobs.json")
     with store.transaction() as jobs:
