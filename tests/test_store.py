@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -183,6 +185,24 @@ def test_a_transaction_changes_only_its_own_view_until_it_commits(workspace: Pat
     }
     assert before["a"].state == "queued" and set(before) == {"a", "b", "c"}
     assert JobStore(store.path).jobs() == after  # what was written is what this process holds
+
+
+def test_a_store_that_reads_the_file_again_keeps_none_of_the_old_jobs_alive(workspace: Path) -> None:
+    """The JSON text kept for each job (to write the file without serialising every job again) is
+    forgotten with the jobs it was made from, once another process rewrote the file."""
+    path = workspace / ".punica/jobs.json"
+    server, other = JobStore(path), JobStore(path)
+    with server.transaction() as jobs:
+        for job_id in "abc":
+            jobs[job_id] = Job(id=job_id, key=job_id, machine="local", kind="local", spec={"command": "true"})
+    server.compact()  # the server has written every job's text
+    old = weakref.ref(server.jobs()["a"])
+    with other.transaction() as jobs:
+        jobs["d"] = Job(id="d", key="d", machine="local", kind="local", spec={"command": "true"})
+    other.compact()  # the file is new: the server parses it whole
+    assert set(server.jobs()) == {"a", "b", "c", "d"}
+    gc.collect()
+    assert old() is None
 
 
 def test_state_file_is_private_to_its_owner(workspace: Path) -> None:

@@ -394,6 +394,9 @@ class _FragmentCache:
         for job_id in job_ids:
             self._texts.pop(job_id, None)
 
+    def clear(self) -> None:
+        self._texts.clear()
+
 
 class _WriterNeeded(Exception):
     """A reader found the state file broken: it is moved aside only under the file lock."""
@@ -551,6 +554,7 @@ class JobStore:
         if token is None:
             if seen.token is None and seen.base_id is None and not seen.jobs:
                 return seen
+            self._fragments.clear()
             self._snapshot = self._new_snapshot(None, None, {})
             return self._snapshot
         with f:
@@ -575,8 +579,11 @@ class JobStore:
         except (ValueError, TypeError, KeyError) as e:
             if not locked:
                 raise _WriterNeeded from e  # only a writer holding the lock may move the file aside
+            self._fragments.clear()
             self._snapshot = self._new_snapshot(None, None, self._move_aside(e))
             return self._snapshot
+        # Every job is a new object now: texts kept for the old ones would only hold them in memory.
+        self._fragments.clear()
         self._snapshot = self._new_snapshot(token, base_id, jobs, None, None, len(raw))
         return self._snapshot
 
