@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import subprocess
@@ -195,7 +196,7 @@ def test_a_store_that_reads_the_file_again_keeps_none_of_the_old_jobs_alive(work
     with server.transaction() as jobs:
         for job_id in "abc":
             jobs[job_id] = Job(id=job_id, key=job_id, machine="local", kind="local", spec={"command": "true"})
-    server.compact()  # the server has written every job's text
+    # That first change wrote the whole file (there was no journal yet): the server kept every job's text.
     old = weakref.ref(server.jobs()["a"])
     with other.transaction() as jobs:
         jobs["d"] = Job(id="d", key="d", machine="local", kind="local", spec={"command": "true"})
@@ -203,6 +204,28 @@ def test_a_store_that_reads_the_file_again_keeps_none_of_the_old_jobs_alive(work
     assert set(server.jobs()) == {"a", "b", "c", "d"}
     gc.collect()
     assert old() is None
+
+
+def test_a_change_that_could_not_be_written_leaves_nothing_behind(workspace: Path, monkeypatch) -> None:
+    """A full disk fails the commit; the same job changed and set again is then written as it is now."""
+    store = JobStore(workspace / ".punica/jobs.json")
+    with store.transaction() as jobs:
+        jobs["seed"] = Job(id="seed", key="seed", machine="local", kind="local", spec={"command": "true"})
+    job = Job(id="x", key="x", machine="local", kind="local", spec={"command": "true"})
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("jupyter_remote_compute.jobs.store.os.fsync", disk_full)
+        with pytest.raises(OSError), store.transaction() as jobs:
+            jobs["x"] = job
+    assert "x" not in store.jobs()
+    job.state = "failed"
+    with store.transaction() as jobs:
+        jobs["x"] = job
+    assert store.get("x").state == "failed"
+    assert JobStore(store.path).get("x").state == "failed"  # what is on disk, read by another process
 
 
 def test_state_file_is_private_to_its_owner(workspace: Path) -> None:

@@ -364,11 +364,12 @@ class JobMap(MutableMapping[str, Job]):
         added = sum(1 for job_id in self._changed if job_id not in self._base)
         return len(self._base) - gone + added
 
-    def values(self) -> Iterable[Job]:  # type: ignore[override]
-        return (self.stored(job_id) for job_id in self)
+    # Lists, not views: a view would look each job up through __getitem__, copying every one.
+    def values(self) -> list[Job]:  # type: ignore[override]
+        return [self.stored(job_id) for job_id in self]
 
-    def items(self) -> Iterable[tuple[str, Job]]:  # type: ignore[override]
-        return ((job_id, self.stored(job_id)) for job_id in self)
+    def items(self) -> list[tuple[str, Job]]:  # type: ignore[override]
+        return [(job_id, self.stored(job_id)) for job_id in self]
 
 
 class _FragmentCache:
@@ -632,7 +633,7 @@ class JobStore:
                 removed.add(job_id)
                 touched.discard(job_id)
         delta = Delta(seen.generation, frozenset(touched), frozenset(removed))
-        self._fragments.forget(removed)
+        self._fragments.forget(touched | removed)  # the replaced objects go, not only the removed ones
         return self._new_snapshot(seen.token, seen.base_id, jobs, delta, end, seen.base_size, previous=seen)
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
@@ -742,6 +743,17 @@ class JobStore:
         all_jobs = jobs.merged()
         self._fragments.forget(removed)
         delta = Delta(snapshot.generation, frozenset(touched), frozenset(removed))
+        try:
+            self._write_change(snapshot, all_jobs, touched, removed, delta)
+        except BaseException:
+            # Texts made for a change that was not written must not outlive it: a caller that changes the
+            # same object and sets it again would otherwise have the text of before written.
+            self._fragments.forget(touched)
+            raise
+
+    def _write_change(
+        self, snapshot: Snapshot, all_jobs: dict[str, Job], touched: set[str], removed: set[str], delta: Delta
+    ) -> None:
         puts = ",".join(
             f"{json.dumps(job_id)}:{self._fragments.text(job_id, all_jobs[job_id])}" for job_id in sorted(touched)
         )
