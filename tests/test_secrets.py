@@ -440,7 +440,9 @@ def test_the_private_file_store(file_store: SecretStore) -> None:
 def test_the_private_file_is_replaced_whole(file_store: SecretStore) -> None:
     file_store.set("a", "value-a-0")
     path = file_store.private_file.path
-    inode = path.stat().st_ino
+    # Held open, the first file's inode cannot be freed and handed to a later file (an inode number
+    # compared after the writes could be that very number again, recycled).
+    first = os.open(path, os.O_RDONLY)
     stop = threading.Event()
     seen: list[str] = []
 
@@ -462,7 +464,11 @@ def test_the_private_file_is_replaced_whole(file_store: SecretStore) -> None:
         reader.join()
     # A reader only ever saw a whole file; the file was renamed into place, not rewritten.
     assert seen and all(v.startswith("value-a-") for v in seen)
-    assert path.stat().st_ino != inode
+    try:
+        assert os.fstat(first).st_nlink == 0  # the first file is no longer in any folder: replaced by a rename
+        assert os.fstat(first).st_ino != path.stat().st_ino
+    finally:
+        os.close(first)
     assert sorted(p.name for p in path.parent.iterdir()) == ["secrets.json"]  # no temp file left
 
 
