@@ -29,6 +29,7 @@ from jupyter_remote_compute.engines.ssh import (
     SSHEngine,
     input_set_digest,
 )
+from jupyter_remote_compute.engines.ssh_openssh import OpenSSHChannel, _Master
 from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive, parse_sha256sum, tar_header
 
 # the shared fixtures, by name
@@ -364,6 +365,29 @@ def test_dropped_connection_is_transient_for_streams(engine: SSHEngine, ssh_agen
     _drop_under(engine)
     # read-only calls reconnect by themselves
     assert engine.check()["cpus"] >= 1
+
+
+def test_a_commands_own_exit_code_255_is_not_a_lost_connection(engine: SSHEngine):
+    # The ssh client exits 255 when its connection goes: a far-side command may say 255 too.
+    res = engine.connection.run("echo 'Broken pipe' >&2; exit 255", retry=False)
+    assert res.code == 255 and b"Broken pipe" in res.err
+    assert engine.connection.active()
+
+
+def test_a_session_that_sees_its_master_go_before_the_master_has_exited_is_lost(tmp_path: Path):
+    # The race a cut connection makes: the master closes its sessions as it exits, so a session's 255
+    # can be read while the master process is still there. Stand-ins for both ssh processes make the
+    # order certain; the classification under test is the real channel's.
+    master = subprocess.Popen(["sleep", "0.5"])
+    session = subprocess.Popen(
+        ["sh", "-c", "exit 255"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    ch = OpenSSHChannel(session, _Master(master, str(tmp_path / "master")), timeout=10)
+    try:
+        assert ch.recv_exit_status() == -1  # "no exit status": the connection went away
+        assert not ch.get_transport().is_active()
+    finally:
+        ch.close()
 
 
 def test_concurrent_calls_share_one_connection(engine: SSHEngine):

@@ -56,11 +56,9 @@ SSH = "ssh"
 # Bigger pipes than Linux's 64 KiB default: fewer wake-ups between this process and ssh for bulk data.
 PIPE_SIZE = 1 << 20
 MASTER_READY = b"JRC-MASTER-READY"
-# What the ssh client (not a far-side command) prints when the connection went away under a session.
-_CONNECTION_GONE = re.compile(
-    r"mux_client_|Control socket connect|closed by remote host|Connection reset|Broken pipe|"
-    r"client_loop: send disconnect|Connection to .* closed|Timeout, server .* not responding"
-)
+# How long a session that ended with 255 waits for its master to be seen gone: a master that lost its
+# connection closes its sessions as it exits, so it may not have exited yet when they end.
+MASTER_EXIT_WAIT = 2.0
 # Variables that could make ssh ask for something, or reach for a display: never passed on.
 _DROPPED_ENV = ("SSH_ASKPASS", "SSH_ASKPASS_REQUIRE", "DISPLAY", "WAYLAND_DISPLAY")
 
@@ -115,6 +113,14 @@ class _Master:
     def is_active(self) -> bool:
         return self.proc.poll() is None
 
+    def ends_within(self, seconds: float) -> bool:
+        """Whether the master has exited, or does within ``seconds``."""
+        try:
+            self.proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
 
 class OpenSSHChannel:
     """One far-side command over the master: an ``ssh`` mux client with pipes for its three streams."""
@@ -130,7 +136,6 @@ class OpenSSHChannel:
         for fd in (self._in, self._out):
             _widen(fd)
         self._err = bytearray()  # not yet taken by recv_stderr
-        self._said = bytearray()  # the start of everything said on stderr, to tell a lost connection by
         self._err_done = False
         self._err_ready = threading.Condition()
         self._err_thread = threading.Thread(target=self._read_stderr, name="jrc-ssh-stderr", daemon=True)
@@ -154,8 +159,6 @@ class OpenSSHChannel:
                     return
                 if len(self._err) < 1 << 20:
                     self._err += data
-                if len(self._said) < 65536:
-                    self._said += data
                 self._err_ready.notify_all()
 
     def settimeout(self, timeout: float) -> None:
@@ -202,14 +205,12 @@ class OpenSSHChannel:
 
     def recv_exit_status(self) -> int:
         code = self.proc.wait()
-        if code == 255:
-            # 255 is also the ssh client's own failure: the connection went away under the command.
-            # paramiko says -1 then ("no exit status"), so the engine sees one meaning for both.
-            with self._err_ready:
-                said = bytes(self._said).decode("utf-8", "replace")
-            self.master.proc.poll()
-            if _CONNECTION_GONE.search(said) or not self.master.is_active():
-                return -1
+        # 255 is also the ssh client's own failure: the connection went away under the command.
+        # paramiko says -1 then ("no exit status"), so the engine sees one meaning for both. Only the
+        # master's end tells them apart: what a session prints may be the command's own words, and the
+        # session can see its master go a moment before the master has exited.
+        if code == 255 and self.master.ends_within(MASTER_EXIT_WAIT):
+            return -1
         return code
 
     def close(self) -> None:
