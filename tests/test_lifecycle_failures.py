@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.engines.base import EngineError, FetchResult
 from jupyter_remote_compute.engines.local import LocalEngine
+from jupyter_remote_compute.errors import NotFound
 from jupyter_remote_compute.jobs import collect, leases, logs
 from jupyter_remote_compute.jobs.spec import JobSpec
 
@@ -60,7 +62,6 @@ def test_a_machine_unreachable_during_collection_ends_the_job_after_the_grace(wo
     job = service.wait(job.id, timeout=30)
     assert job.state == "lost"
     assert "could not collect from local" in job.reason and "connection refused" in job.reason
-    assert not (workspace / "out.txt").exists()
     service.delete(job.id)  # a job that ended can be removed
 
 
@@ -236,3 +237,31 @@ def test_far_side_records_are_withheld_when_a_secret_cannot_be_read_to_mask_them
     assert secret_value not in repr(run.data)
     store = Path(tracking_uri.removeprefix("sqlite:///"))
     assert secret_value.encode() not in store.read_bytes()
+
+
+def test_a_job_removed_from_the_state_file_while_collected_is_let_go_quietly(
+    workspace, make_service, monkeypatch, caplog
+):
+    # Another process deleted the state file (or the workspace) while this one was fetching.
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": "echo hi > out.txt", "bring_back": ["out.txt"]})).job
+    real_fetch = LocalEngine.fetch
+
+    def fetch_then_forget(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = real_fetch(self, *args, **kwargs)
+        with service.store.transaction() as jobs:
+            del jobs[job.id]
+        return result
+
+    monkeypatch.setattr(LocalEngine, "fetch", fetch_then_forget)
+
+    def gone() -> bool:
+        try:
+            service.advance(job.id)
+        except NotFound:
+            return True
+        return False
+
+    wait_for(gone, message="the job to be fetched and forgotten")
+    assert job.id not in service.store.jobs()  # not written back by the driver that held it
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]

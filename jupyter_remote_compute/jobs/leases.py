@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from ..engines.base import ProgressCallback
+from ..errors import NotFound
 from .context import JobContext
 from .store import Job, Outcome, holder_alive, process_identity, utcnow
 
@@ -73,7 +74,9 @@ class Leases:
 
     def update(self, job_id: str, **changes: Any) -> Job:
         with self.ctx.store.transaction() as jobs:
-            job = jobs[job_id]
+            job = jobs.get(job_id)
+            if job is None:
+                raise NotFound(f"job {job_id} is no longer in {self.ctx.store.path}")
             for name, value in changes.items():
                 setattr(job, name, value)
             job.updated = utcnow()

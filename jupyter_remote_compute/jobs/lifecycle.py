@@ -82,8 +82,13 @@ class Driver:
             if job.state == "collecting":
                 self.collector.collect(job)
         except Exception as e:  # a bug or an unexpected OS error must not leave the job active for ever
+            current = self.ctx.store.jobs().get(job.id)
+            if current is None:
+                # Removed from the state file while being driven (the file or the workspace deleted):
+                # there is nothing left to record its progress in.
+                log.info("job %s is no longer in %s: no longer followed", job.id, self.ctx.store.path)
+                return
             log.exception("job %s: %s", job.id, e)
-            current = self.ctx.store.get(job.id)
             if current.active:
                 if current.state == "collecting" and current.lease and self.leases.holds(current.lease):
                     # A full disk must not stay full of a half fetch: the next attempt fetches again.
