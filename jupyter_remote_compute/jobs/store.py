@@ -489,6 +489,9 @@ class JobStore:
             active = (previous.active - changed) | {i for i in delta.touched if jobs[i].state in ACTIVE_STATES}
         else:
             active = frozenset(i for i, job in jobs.items() if job.state in ACTIVE_STATES)
+        if delta is None:
+            # Every job is a new object now: texts kept for the old ones would only hold them in memory.
+            self._fragments.clear()
         return Snapshot(token, base_id, jobs, generation, delta, journal_end, base_size, recent, active)
 
     # -- reading ----------------------------------------------------------
@@ -555,7 +558,6 @@ class JobStore:
         if token is None:
             if seen.token is None and seen.base_id is None and not seen.jobs:
                 return seen
-            self._fragments.clear()
             self._snapshot = self._new_snapshot(None, None, {})
             return self._snapshot
         with f:
@@ -580,11 +582,8 @@ class JobStore:
         except (ValueError, TypeError, KeyError) as e:
             if not locked:
                 raise _WriterNeeded from e  # only a writer holding the lock may move the file aside
-            self._fragments.clear()
             self._snapshot = self._new_snapshot(None, None, self._move_aside(e))
             return self._snapshot
-        # Every job is a new object now: texts kept for the old ones would only hold them in memory.
-        self._fragments.clear()
         self._snapshot = self._new_snapshot(token, base_id, jobs, None, None, len(raw))
         return self._snapshot
 
