@@ -6,8 +6,6 @@ reason naming it; only what can pass (a dropped connection) is retried.
 
 from __future__ import annotations
 
-import shutil
-import sys
 import uuid
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 import sshd_fixture
 from sshd_fixture import TestBed
 from test_engine_ssh import make_engine, run_job, wait_exited
+from tool_path import only_these_tools
 
 from jupyter_remote_compute.engines.base import EngineContext, EngineError, RemoteJob
 from jupyter_remote_compute.engines.local import LocalEngine
@@ -92,19 +91,11 @@ def test_ssh_session_killed_during_a_fetch_is_transient(ssh_agent_env: TestBed, 
 
 
 def test_a_machine_without_tar_is_a_permanent_fault_naming_tar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # A PATH with every tool manifest.sh uses except tar, and no python3 (which packs without tar): the
-    # local engine puts its own interpreter's folder first on PATH, so that folder is this one here.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for tool in ("sh", "find", "sha256sum", "du", "rm"):
-        found = shutil.which(tool)
-        assert found, tool
-        (bindir / tool).symlink_to(found)
     engine = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s"))
     job = engine.prepare(new_job())
     (Path(job.handle["dir"]) / "work" / "out.txt").write_text("made\n")
-    monkeypatch.setenv("PATH", str(bindir))
-    monkeypatch.setattr(sys, "executable", str(bindir / "python3"))
+    # Every tool manifest.sh uses except tar, and no python3 (which packs without tar).
+    only_these_tools(tmp_path / "bin", ("sh", "find", "sha256sum", "du", "rm"), monkeypatch)
     with pytest.raises(EngineError, match="tar is not installed") as err:
         engine.fetch(job, ["out.txt"], tmp_path / "dest")
     assert err.value.transient is False

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 import sshd_fixture
 from sshd_fixture import TestBed
 from test_engine_ssh import input_file, make_engine, new_job
+from tool_path import only_these_tools
 
 from jupyter_remote_compute.engines import farside
 from jupyter_remote_compute.engines.base import EngineContext, Facts, InputFile, RemoteJob
@@ -288,17 +287,6 @@ def test_outputs_are_hashed_as_they_land_hard_links_included(tmp_path: Path):
 _SH_TOOLS = ("sh", "tar", "find", "du", "rm", "sha256sum")
 
 
-def _far_side_without_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the sh tools on PATH. The local engine puts its own interpreter's folder first on PATH, so
-    that folder is made this one too: the far side then has no python3 at all."""
-    bindir = tmp_path / "bin-no-python"
-    bindir.mkdir()
-    for tool in _SH_TOOLS:
-        os.symlink(shutil.which(tool), bindir / tool)
-    monkeypatch.setenv("PATH", str(bindir))
-    monkeypatch.setattr(sys, "executable", str(bindir / "python3"))
-
-
 def _output_tree(work: Path) -> dict[str, bytes]:
     """Outputs with awkward names, a hard link and an empty file; what each file holds, by path."""
     names = {
@@ -326,7 +314,7 @@ def _output_tree(work: Path) -> dict[str, bytes]:
 def test_outputs_stream_with_their_digests_last(tmp_path: Path, monkeypatch, far_python: bool):
     """Both writers (python3's one pass, tar beside sha256sum) give the same verified result."""
     if not far_python:
-        _far_side_without_python(tmp_path, monkeypatch)
+        only_these_tools(tmp_path / "bin-no-python", _SH_TOOLS, monkeypatch)
     engine = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s"))
     job = engine.prepare(RemoteJob("streamed", "k", {}))
     jobdir = Path(job.handle["dir"])
