@@ -293,8 +293,30 @@ def skypilot_bed(slurm_bed: SlurmBed, sky_home: Path) -> Iterator[SkyBed]:
                 start = time.monotonic()
                 sdk.get(sdk.down(bed.cluster))
                 timed("sky down", start)
+            _close_sky_ssh_masters(sky_home)
             # The node keeps SkyPilot's runtime between sessions, as a real cluster's home would.
             shutil.rmtree(node_home / ".jupyter-remote-compute", ignore_errors=True)
+
+
+def _close_sky_ssh_masters(home: Path) -> None:
+    """End the ssh master connections SkyPilot left to the node (they persist for minutes after use).
+
+    SkyPilot keeps their sockets in ``/tmp/sky_ssh_<user hash>/``, the hash being the one in this
+    session's private home, so only this session's masters are ended.
+    """
+    hash_file = home / ".sky" / "user_hash"
+    if not hash_file.is_file():
+        return
+    folder = Path(f"/tmp/sky_ssh_{hash_file.read_text().strip()}")
+    for socket in (p for p in folder.rglob("*") if p.is_socket()):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):  # a master already gone is fine
+            subprocess.run(
+                ["ssh", "-O", "exit", "-o", f"ControlPath={socket}", "jrc-sky-node"],
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def ensure_up(engine: object, timeout: float = 1800) -> None:
