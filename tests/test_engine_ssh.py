@@ -11,6 +11,7 @@ import io
 import os
 import subprocess
 import tarfile
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +30,7 @@ from jupyter_remote_compute.engines.ssh import (
     SSHEngine,
     input_set_digest,
 )
+from jupyter_remote_compute.engines.ssh_connection import dropped_under, sh_script
 from jupyter_remote_compute.engines.ssh_openssh import OpenSSHChannel, _Master
 from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive, parse_sha256sum, tar_header
 
@@ -388,6 +390,21 @@ def test_a_session_that_sees_its_master_go_before_the_master_has_exited_is_lost(
         assert not ch.get_transport().is_active()
     finally:
         ch.close()
+
+
+def test_a_channel_without_exit_status_is_a_drop_once_its_connection_goes(ssh_agent_env: TestBed, tmp_path: Path):
+    # paramiko ends a dropped connection's channels (no exit status) before it marks the transport
+    # inactive: a look at the transport at that moment must not call it the far side's failure.
+    engine = make_engine(ssh_agent_env, tmp_path, transport="paramiko")
+    try:
+        with engine.connection.channel(sh_script("sleep 60"), 30) as ch:
+            assert not dropped_under(ch, 0) and not dropped_under(ch, 255)  # an exit status is the far side's
+            closing = threading.Timer(0.5, ch.get_transport().close)
+            closing.start()
+            assert dropped_under(ch, -1)
+            closing.join()
+    finally:
+        engine.close()
 
 
 def test_concurrent_calls_share_one_connection(engine: SSHEngine):

@@ -63,6 +63,7 @@ from .ssh_connection import (
     HostKeyUnknown,
     ParamikoConnection,
     Result,
+    dropped_under,
     feed,
     quote,
     send_view,
@@ -390,8 +391,8 @@ fi
                 while ch.recv(CHUNK):
                     self._drain_stderr(ch, err)
                 code = self._finish(ch, err, CALL_TIMEOUT)
-                if code == -1 and not ch.get_transport().is_active():
-                    # paramiko's "no exit status": the connection dropped under the stream, the far side did not fail.
+                if dropped_under(ch, code):
+                    # "No exit status": the connection dropped under the stream, the far side did not fail.
                     raise Dropped("the connection closed while sending inputs")
         except Dropped as e:
             raise self._lost(e) from None
@@ -574,7 +575,7 @@ tail -c +{offset + 1} -- {quote(d + "/log")} | head -c {limit}
                     # Nothing came, or the stream stopped before its digests: the far side's words say why,
                     # unless it was the connection that went away.
                     code = self._finish(ch, err, CALL_TIMEOUT)
-                    if code == -1 and not ch.get_transport().is_active():
+                    if dropped_under(ch, code):
                         raise Dropped("the connection closed while fetching outputs") from None
                     if code in (0, -1) and isinstance(e, farside.ArchiveCut):
                         raise

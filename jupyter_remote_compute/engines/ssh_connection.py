@@ -53,6 +53,9 @@ PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes128-ctr", "aes256-gcm@openssh
 REKEY_NEVER = 1 << 62
 CONNECT_TIMEOUT = 15.0
 CALL_TIMEOUT = 120.0  # seconds without progress on one channel
+# How long a channel that ended without an exit status waits for its connection to be seen gone: a
+# connection that drops ends its channels first and is marked inactive (or its process exits) after.
+GONE_WAIT = 5.0
 
 
 class HostKeyUnknown(EngineError):
@@ -108,6 +111,20 @@ class Link:
         for t in reversed(self.transports):
             with contextlib.suppress(Exception):
                 t.close()
+
+
+def dropped_under(ch: Any, code: int) -> bool:
+    """Whether a channel that ended with ``code`` lost its connection: no exit status, and the
+    connection is gone or goes within ``GONE_WAIT``. The far side did not fail; the call may be retried."""
+    if code != -1:
+        return False
+    transport = ch.get_transport()
+    deadline = time.monotonic() + GONE_WAIT
+    while transport.is_active():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def quote(value: str) -> str:
@@ -304,7 +321,7 @@ class Connection(abc.ABC):
                     code = self.finish(ch, err, timeout)
                     if writer is not None:
                         writer.join(timeout)
-                    if code == -1 and not ch.get_transport().is_active():
+                    if dropped_under(ch, code):
                         raise Dropped("the connection closed before the command ended")
                     return Result(code, bytes(out), bytes(err))
             except Dropped as e:

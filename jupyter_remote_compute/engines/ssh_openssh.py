@@ -44,6 +44,7 @@ from . import ssh_config
 from .base import EngineError
 from .ssh_connection import (
     CONNECT_TIMEOUT,
+    GONE_WAIT,
     AuthenticationFailed,
     Connection,
     Dropped,
@@ -56,9 +57,6 @@ SSH = "ssh"
 # Bigger pipes than Linux's 64 KiB default: fewer wake-ups between this process and ssh for bulk data.
 PIPE_SIZE = 1 << 20
 MASTER_READY = b"JRC-MASTER-READY"
-# How long a session that ended with 255 waits for its master to be seen gone: a master that lost its
-# connection closes its sessions as it exits, so it may not have exited yet when they end.
-MASTER_EXIT_WAIT = 2.0
 # Variables that could make ssh ask for something, or reach for a display: never passed on.
 _DROPPED_ENV = ("SSH_ASKPASS", "SSH_ASKPASS_REQUIRE", "DISPLAY", "WAYLAND_DISPLAY")
 
@@ -209,7 +207,7 @@ class OpenSSHChannel:
         # paramiko says -1 then ("no exit status"), so the engine sees one meaning for both. Only the
         # master's end tells them apart: what a session prints may be the command's own words, and the
         # session can see its master go a moment before the master has exited.
-        if code == 255 and self.master.ends_within(MASTER_EXIT_WAIT):
+        if code == 255 and self.master.ends_within(GONE_WAIT):
             return -1
         return code
 
