@@ -524,8 +524,10 @@ class KernelChannel:
             del message
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise EngineError(f"the kernel on {self.client.base_url} did not answer within {timeout:.0f}s")
+                if remaining <= 0:  # as the socket's own timeout below: a busy kernel may answer later
+                    raise EngineError(
+                        f"the kernel on {self.client.base_url} did not answer within {timeout:.0f}s", transient=True
+                    )
                 self.ws.settimeout(remaining)
                 frame = self.ws.recv()
                 if isinstance(frame, bytes):
