@@ -138,9 +138,11 @@ def _is_local_store(uri: str) -> bool:
 
 
 def _git_commit(workspace: Path) -> str | None:
+    # Generous: recording runs in a detached process, so a slow git (a network filesystem) delays
+    # only the run's appearance; the limit is for a git that hangs.
     try:
         out = subprocess.run(
-            ["git", "-C", str(workspace), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+            ["git", "-C", str(workspace), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

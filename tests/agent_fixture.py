@@ -34,6 +34,7 @@ class AgentProcess:
         self.bed, self.machine, self.token, self.state, self.extra = bed, machine, token, state, extra
         self.log = bed.shared / f"agent-{machine}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_from = 0
 
     @property
     def pid(self) -> int:
@@ -47,6 +48,8 @@ class AgentProcess:
             *self.extra,
         ]  # fmt: skip
         env = {"PATH": f"{self.bed.far_bin}:/usr/bin:/bin", "HOME": str(self.bed.home), "LANG": "C.UTF-8"}
+        # The log is appended to across restarts: only what this process writes says it connected.
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 args, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/", **self.bed.as_user
@@ -58,7 +61,9 @@ class AgentProcess:
 
     def connected(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-2000:]
-        return "connected to" in self.log.read_text(errors="replace")
+        with open(self.log, "rb") as log:
+            log.seek(self._log_from)
+            return b"connected to" in log.read()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None
@@ -129,8 +134,11 @@ class AgentBed:
 
 
 @contextlib.contextmanager
-def running_bed(workspace: Path, scratch: Path, tracking_uri: str, log: Path, lease: float = 6) -> Iterator[AgentBed]:
-    """A server on ``workspace`` that lets in only authenticated requests (agents bring their own token)."""
+def running_bed(workspace: Path, scratch: Path, tracking_uri: str, log: Path, lease: float = 30) -> Iterator[AgentBed]:
+    """A server on ``workspace`` that lets in only authenticated requests (agents bring their own token).
+
+    The agents' lease outlasts a stall of a busy test machine (heartbeats come every second).
+    """
     server = Server(
         workspace,
         scratch,

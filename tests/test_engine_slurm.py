@@ -101,7 +101,7 @@ def test_secrets_reach_the_job_but_not_slurms_saved_environment(cluster, quickst
 
 def test_pending_behind_a_job_holding_every_cpu_with_its_reason_then_running(cluster) -> None:
     service, bed = cluster
-    hog = submit(service, command="sleep 30", resources={"cpus": bed.cpus}, name="hog")
+    hog = submit(service, command="sleep 300", resources={"cpus": bed.cpus}, name="hog")  # cancelled below
     hog = reach(service, hog.id, lambda j: j.state == "running", "the first job to run")
     waiter = submit(service, command="echo second ran", resources={"cpus": bed.cpus}, name="waiter")
     waiter = reach(

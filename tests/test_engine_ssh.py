@@ -203,7 +203,7 @@ def test_check_reports_facts(engine: SSHEngine):
     assert facts["cpus"] >= 1 and facts["memory_bytes"] > 1 << 20 and facts["disk_free_bytes"] > 0
     assert isinstance(facts["gpus"], list)
     assert facts["python"] and facts["python"][0] == "3"
-    assert 0 < facts["rtt_ms"] < 1000
+    assert facts["rtt_ms"] > 0  # measured (a round trip over OpenSSH is a whole session: no upper bound)
 
 
 def test_resend_reuses_cache(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
@@ -350,12 +350,13 @@ def test_cancel_kills_background_children(engine: SSHEngine):
 
 
 def test_connection_dropped_mid_run(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path: Path):
-    job = run_job(engine, [], "sleep 2; echo finished > done.txt")
+    job = run_job(engine, [], "while [ ! -e go ]; do sleep 0.1; done; echo finished > done.txt")
     assert engine.poll([job])[job.job_id].state == "running"
     made = engine.connections_made
     # kill the sshd processes serving this connection: the network drops, the job must not care
     assert ssh_agent_env.sshd.cut_sessions()
     wait_for(lambda: not engine.connection.active(), 10, "the client to notice the drop")
+    (far(ssh_agent_env, job) / "work/go").touch()
     status = wait_exited(engine, job)
     assert status.state == "exited" and status.exit_code == 0
     assert engine.connections_made == made + 1

@@ -195,7 +195,7 @@ def _story(bed: Bed, server: Server, root: Path) -> None:
         (bed.faults / "arm-before-run").touch()
         bed.open_gate("M1")
         bed.submit("M1", "succeeded", train=True)
-        # git is asked for the commit with a 5 s limit: the kill must come inside it, so nothing slow follows.
+        # git is asked for the commit with a 30 s limit: the kill must come inside it, so nothing slow follows.
         wait_for(lambda: (bed.faults / "held-before-run").exists(), 180, "M1's recording to be held")
 
         big = root / "big.bin"

@@ -19,11 +19,6 @@ import pytest
 from jupyter_remote_compute.jobs.listing import index_of
 from jupyter_remote_compute.jobs.store import Job, JobStore
 
-# Seconds. The issue's goal is 0.5 s on a quiet machine (benchmarks/bench_job_list.py measures it);
-# a test allows for a CI machine several suites share (after another process compacted, the server
-# reads the whole file again), yet fails a watch that missed the change.
-EVENT_BOUND = 5.0
-
 # Another process adds one finished job (the poller never drives it, so only the watch can tell),
 # optionally compacting right after its commit, as a writer whose journal outgrew the file does.
 _WRITER = """
@@ -117,10 +112,11 @@ async def test_jobs_other_processes_write_reach_the_event_socket_through_compact
         for n, compact in enumerate((False, True, False, True)):
             # After a compaction the file is new and names a new journal: the next line goes there.
             job_id = f"20260101-000000-elsewhere{n}"
-            written = _write_elsewhere(state_file, job_id, compact=compact)
-            event, arrived = await _event_of(ws, job_id, 30)
+            _write_elsewhere(state_file, job_id, compact=compact)
+            # Only the watch announces a job another process wrote already ended (the poll drives
+            # unfinished ones): an event at all is the proof. How fast is bench_job_list.py's to say.
+            event, _ = await _event_of(ws, job_id, 30)
             assert (event["state"], event["name"]) == ("succeeded", "written elsewhere")
-            assert arrived - written < EVENT_BOUND, f"event {n} took {arrived - written:.2f} s"
     finally:
         ws.close()
 

@@ -25,14 +25,15 @@ sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 remote_server = jupyter_server_fixture.remote_server
 
-# Logs three points, waits until the test says go, then logs a last one and ends.
+# Logs four points, waits until the test says go, then logs a last one and ends. "acc/top 1" comes
+# first: a poll that has seen the third loss point has then seen it too.
 TRAIN = """\
 import os, time
 import mlflow
 with mlflow.start_run():
+    mlflow.log_metric("acc/top 1", 0.5, step=0)
     for step in range(3):
         mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
-    mlflow.log_metric("acc/top 1", 0.5, step=0)
     print("logged", flush=True)
     while not os.path.exists("go"):
         time.sleep(0.05)
