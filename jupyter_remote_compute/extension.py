@@ -125,6 +125,7 @@ class RemoteComputeApp(ExtensionApp):
         self._emitted: dict[str, tuple[str, str, int]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._warming: asyncio.Future[None] | None = None
         # Also scheduled here: a host that never runs the start hook (pytest-jupyter's server)
         # still gets its poller once the loop runs. Starting is idempotent.
         IOLoop.current().add_callback(self._start_poller)
@@ -158,6 +159,13 @@ class RemoteComputeApp(ExtensionApp):
         self.service.ctx.metrics.add_listener(self.context.wakeups.wake_threadsafe)
         self._poller = asyncio.create_task(self._poll_forever())
         self._watcher = asyncio.create_task(self._watch_forever())
+        self._warming = loop.run_in_executor(self.executor, self._warm_up)
+
+    def _warm_up(self) -> None:
+        try:
+            self.service.warm_up()
+        except Exception:  # only an optimisation: the first submit loads them itself and reports any problem
+            self.log.exception("remote-compute: loading the secret detectors and keyring at start failed")
 
     def _emit(self, job: Job) -> None:
         seen = (job.state, job.updated, job.log_size)

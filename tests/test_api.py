@@ -77,6 +77,25 @@ async def test_quickstart_through_the_api(jp_fetch, server_workspace: Path):
     assert code == 404 and err["code"] == "not_found"
 
 
+@pytest.fixture
+def detectors_not_loaded() -> None:
+    """The secret detectors as a fresh process has them: not loaded (asked for before the server)."""
+    from jupyter_remote_compute.guards import screening
+
+    screening._detectors.cache_clear()
+
+
+async def test_the_server_loads_the_secret_detectors_at_start_not_on_the_first_submit(detectors_not_loaded, jp_fetch):
+    from jupyter_remote_compute.guards import screening
+
+    code, _ = await _json(jp_fetch, "machines")  # a request that screens nothing
+    assert code == 200
+    deadline = time.monotonic() + 60
+    while screening._detectors.cache_info().currsize == 0:
+        assert time.monotonic() < deadline, "the server did not load the detectors after it started"
+        await asyncio.sleep(0.05)
+
+
 async def test_cancel_through_the_api(jp_fetch):
     _, data = await _json(jp_fetch, "jobs", method="POST", body={"command": "echo go; sleep 120"})
     job_id = data["job"]["id"]

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from .policy import check_egress
-from .screening import screen_settings
+from .screening import load_detectors, screen_settings
 
-__all__ = ["check_egress", "screen_settings"]
+__all__ = ["check_egress", "load_detectors", "screen_settings"]
