@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import gc
 import itertools
 import json
 import logging
@@ -442,6 +443,38 @@ def _unframe(data: bytes, start: int) -> tuple[list[dict[str, Any]], int]:
     return records, start + pos
 
 
+class _CollectorPause:
+    """The cyclic garbage collector off while a state file is parsed, in whichever threads parse at once.
+
+    Parsing makes a few objects per job, each batch of which would start a collection; the full ones
+    walk every object made so far: eleven, 2.5 s in all, while a server read a 100,000-job file. Jobs
+    hold no reference cycles, so nothing waits for the collector meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._resume = False
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                self._resume = gc.isenabled()
+                gc.disable()
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0 and self._resume:
+                    gc.enable()
+
+
+_collector_paused = _CollectorPause()
+
+
 def _read_head(f: Any, limit: int = 4096) -> dict[str, Any] | None:
     """The JSON object on the first line of a file written by this module, or None (an older or other file)."""
     line = f.readline(limit)
@@ -505,6 +538,11 @@ class JobStore:
     @staticmethod
     def _parse(raw_bytes: bytes) -> tuple[dict[str, Job], str | None]:
         """The jobs in a state file's bytes and the journal generation it names (None: schema 1)."""
+        with _collector_paused():
+            return JobStore._parse_jobs(raw_bytes)
+
+    @staticmethod
+    def _parse_jobs(raw_bytes: bytes) -> tuple[dict[str, Job], str | None]:
         raw = json.loads(raw_bytes)
         if not isinstance(raw, dict) or not isinstance(raw.get("jobs"), dict):
             raise ValueError("no 'jobs' object")
