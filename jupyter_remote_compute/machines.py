@@ -40,7 +40,7 @@ from ruamel.yaml.tokens import CommentToken
 from .engines import engine_class, engine_kinds
 from .engines.base import Engine, OptionField
 from .errors import ConfigFileError, Conflict, InvalidSettings, NotFound
-from .fsutil import atomic_write
+from .fsutil import SharedFileLock, atomic_write
 from .secrets import NAME_RULE as SECRET_NAME_RULE
 from .secrets import is_secret_name
 
@@ -576,7 +576,7 @@ class MachineRegistry:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(str(self.lock_path), timeout=self.lock_timeout)
+        lock = SharedFileLock(self.lock_path, timeout=self.lock_timeout)
         try:
             lock.acquire()
         except filelock.Timeout:

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import re
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -30,6 +29,7 @@ import filelock
 
 from . import secret_sources as sources
 from .errors import InvalidSettings, NotFound, SecretStoreUnavailable
+from .fsutil import SharedFileLock
 
 if TYPE_CHECKING:
     import keyring.backend
@@ -50,9 +50,6 @@ SOURCE_KEYRING = "keyring"
 SOURCE_FILE = "file"
 
 _LOCK_TIMEOUT = 10.0
-# Serialises the read-modify-write of the names entry between threads of this process;
-# the file lock below does the same between processes.
-_thread_lock = threading.Lock()
 
 
 def is_secret_name(value: object) -> bool:
@@ -332,18 +329,17 @@ class SecretStore:
         lock_dir = Path(jupyter_runtime_dir())
         lock_dir.mkdir(parents=True, exist_ok=True)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.service)
-        lock = filelock.FileLock(str(lock_dir / f"{safe}.secrets.lock"), timeout=_LOCK_TIMEOUT)
-        with _thread_lock:
-            try:
-                lock.acquire()
-            except filelock.Timeout:
-                raise SecretStoreUnavailable(
-                    f"another process is changing the Secret Manager (lock {lock.lock_file}); try again"
-                ) from None
-            try:
-                yield
-            finally:
-                lock.release()
+        lock = SharedFileLock(lock_dir / f"{safe}.secrets.lock", timeout=_LOCK_TIMEOUT)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise SecretStoreUnavailable(
+                f"another process is changing the Secret Manager (lock {lock.lock_file}); try again"
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _read_names(self, backend: keyring.backend.KeyringBackend) -> list[str]:
         with self._guard("read the list of secret names"):

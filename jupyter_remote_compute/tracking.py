@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .fsutil import SharedFileLock
 from .secrets import mask
 
 TAG_JOB_ID = "remote_compute.job_id"
@@ -205,9 +206,7 @@ def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
     and two processes doing it at once (two servers, a CLI) leave it half made for everyone after."""
     if not uri.startswith("sqlite:///"):
         return contextlib.nullcontext()
-    from filelock import FileLock
-
-    return FileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=STORE_LOCK_TIMEOUT)
+    return SharedFileLock(uri.removeprefix("sqlite:///") + ".lock", timeout=STORE_LOCK_TIMEOUT)
 
 
 def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:

@@ -32,9 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import filelock
-
-from ..fsutil import atomic_write
+from ..fsutil import SharedFileLock, atomic_write
 
 AGENTS_DIR = "agents"
 TOKEN_PREFIX = "jrca_"
@@ -77,7 +75,7 @@ class MachineHub:
     def __init__(self, root: Path, name: str) -> None:
         self.name = name
         self.dir = root / name
-        self._lock = filelock.FileLock(str(root / f".{name}.lock"), timeout=30)
+        self._lock = SharedFileLock(root / f".{name}.lock", timeout=30)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -33,10 +33,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from filelock import FileLock, Timeout
+from filelock import Timeout
 
 from ..errors import InvalidSettings, NotFound, RemoteComputeError
-from ..fsutil import atomic_write
+from ..fsutil import SharedFileLock, atomic_write
 from .spec import JobSpec
 
 #: 2: the file names its journal (``"journal"``) on its first line; 1 (no journal) is still read.
@@ -494,7 +494,7 @@ class JobStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.journal_path = path.with_name(path.name + JOURNAL_SUFFIX)
-        self._lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
+        self._lock = SharedFileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
         # Threads of one process refresh one after another, so each journal line is replayed once.
         self._refreshing = threading.RLock()
         self._generations = itertools.count(1)

@@ -31,10 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from ..errors import InvalidSettings
-from ..fsutil import atomic_write
+from ..fsutil import SharedFileLock, atomic_write
 from .store import ACTIVE_STATES, Job, parse_given_time, parse_time
 
 log = logging.getLogger(__name__)
@@ -103,7 +101,7 @@ class UsageRecord:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
+        self._lock = SharedFileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT)
         self._read_lock = threading.Lock()
         self._offset = 0
         self._identity: tuple[int, int] | None = None
@@ -167,7 +165,7 @@ def _ends_with_newline(fd: int) -> bool:
 def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> None:
     """Keep the GPU count a check found, for metering jobs that did not ask for GPUs."""
     path = punica_dir / FACTS_FILE
-    with FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT):
+    with SharedFileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT):
         known = _read_facts(path)
         known[machine] = {"gpus": len(facts.get("gpus") or []), "checked": time.time()}
         atomic_write(path, json.dumps(known, indent=1).encode(), mode=0o600)
