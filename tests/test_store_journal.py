@@ -242,3 +242,40 @@ def test_the_unfinished_jobs_follow_commits_replays_and_compactions(path: Path, 
     _put(other, _job("e", "pending"))
     assert store.snapshot().active == {"b", "d", "e"} == unfinished_by_looking(JobStore(path))
     assert [j.id for j in store.active_jobs()] == sorted(["b", "d", "e"], key=lambda i: (store.get(i).created, i))
+
+
+def test_changes_kept_over_a_shared_map_read_the_same_as_the_file_across_folds(path: Path, monkeypatch) -> None:
+    """A commit adds its change to the snapshot's layers instead of copying every job; every FOLD_AT changes
+    they are folded into a new map. Whatever the layers, each snapshot reads as the file does, and one
+    taken earlier keeps reading as it did then."""
+    monkeypatch.setattr(store_module, "FOLD_AT", 5)
+    writer, reader = JobStore(path), JobStore(path)  # the reader follows by replaying the journal
+    expected: dict[str, str] = {}
+    kept: list[tuple[object, dict[str, str]]] = []
+    for i in range(40):
+        with writer.transaction() as jobs:
+            jobs[f"j{i}"] = _job(f"j{i}")
+            expected[f"j{i}"] = "queued"
+            if i % 3 == 0 and i:
+                jobs[f"j{i - 1}"].state = "running"
+                expected[f"j{i - 1}"] = "running"
+            if i % 4 == 0 and i:
+                del jobs[f"j{i - 2}"]
+                expected.pop(f"j{i - 2}")
+            if i % 10 == 9:
+                jobs[f"j{i - 5}"] = _job(f"j{i - 5}", "succeeded")  # removed earlier or not: put back either way
+                expected[f"j{i - 5}"] = "succeeded"
+        for store in (writer, reader):
+            snapshot = store.snapshot()
+            assert {i: snapshot.job(i).state for i in expected} == expected  # type: ignore[union-attr]
+            assert all(snapshot.job(f"j{k}") is None for k in range(i + 1) if f"j{k}" not in expected)
+            assert snapshot.active == {i for i, s in expected.items() if s in store_module.ACTIVE_STATES}
+        if i % 7 == 0:
+            kept.append((writer.snapshot(), dict(expected)))
+            assert {i: j.state for i, j in reader.jobs().items()} == expected  # made whole mid-way too
+    assert {i: j.state for i, j in JobStore(path).jobs().items()} == expected  # a fresh read of the file
+    assert {i: j.state for i, j in writer.jobs().items()} == expected
+    for snapshot, then in kept:
+        assert {i: j.state for i, j in snapshot.jobs.items()} == then  # type: ignore[attr-defined]
+    with writer.transaction() as jobs:  # a transaction iterating every job sees the same
+        assert {j.id: j.state for j in jobs.values()} == expected and len(jobs) == len(expected)

@@ -157,7 +157,7 @@ class JobIndex:
         self._key_of: dict[str, Key] = {}
         #: The unfinished jobs' keys, ascending: few, so the panel's "active" filter never scans them all.
         self._active: list[Key] = []
-        self._by_id: dict[str, Job] = {}
+        self._snapshot: Snapshot | None = None  # the one the index was brought to: looks jobs up by id
 
     def _rebuild(self, snapshot: Snapshot) -> None:
         jobs = sorted(snapshot.jobs.values(), key=lambda j: (j.created, j.id))
@@ -166,7 +166,6 @@ class JobIndex:
         self._names = [j.name.casefold() for j in jobs]
         self._key_of = {j.id: (j.created, j.id) for j in jobs}
         self._active = [(j.created, j.id) for j in jobs if j.state in ACTIVE_STATES]
-        self._by_id = snapshot.jobs
 
     def _remove(self, job_id: str) -> None:
         key = self._key_of.pop(job_id, None)
@@ -188,7 +187,8 @@ class JobIndex:
         for job_id in removed:
             self._remove(job_id)
         for job_id in touched:
-            job = snapshot.jobs[job_id]
+            job = snapshot.job(job_id)
+            assert job is not None  # changes_since keeps only the touched jobs the snapshot holds
             key = (job.created, job.id)
             if self._key_of.get(job_id) == key:
                 i = bisect_left(self._keys, key)
@@ -202,7 +202,6 @@ class JobIndex:
                 self._names.insert(i, job.name.casefold())
                 self._key_of[job_id] = key
             self._set_active(key, job.state in ACTIVE_STATES)
-        self._by_id = snapshot.jobs
 
     def _sync(self, snapshot: Snapshot) -> None:
         if snapshot.generation <= self._generation:
@@ -216,6 +215,7 @@ class JobIndex:
         else:
             self._rebuild(snapshot)
         self._generation = snapshot.generation
+        self._snapshot = snapshot
 
     def _matches(self, job: Job, name: str | None, query: JobQuery) -> bool:
         return (
@@ -242,9 +242,10 @@ class JobIndex:
         top = bisect_left(self._active, self._keys[hi]) if hi < len(self._keys) else len(self._active)
         bottom = bisect_left(self._active, lowest)
         found: list[Job] = []
+        assert self._snapshot is not None  # synced before any page
         for key in reversed(self._active[bottom:top]):
-            job = self._by_id[key[1]]
-            if self._matches(job, None, query):
+            job = self._snapshot.job(key[1])
+            if job is not None and self._matches(job, None, query):
                 found.append(job)
                 if len(found) > query.limit:
                     break

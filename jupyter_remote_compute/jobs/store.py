@@ -49,6 +49,9 @@ JOURNAL_FORMAT = 1
 COMPACT_MIN_BYTES = 256 * 1024
 COMPACT_SHARE = 0.25
 RECENT_DELTAS = 32  # how many snapshots back ``Snapshot.changes_since`` can reach
+#: Changes a snapshot keeps over the map it was made from before they are folded into a new map: a
+#: fold copies every job (3-4 ms at 100,000, under the file lock), so it is paid once per this many.
+FOLD_AT = 1024
 UNREADABLE = ".unreadable-"  # jobs.json.unreadable-<time>: a state file that could not be read, kept
 LOCK_TIMEOUT = 30.0
 
@@ -250,7 +253,8 @@ class Snapshot:
 
     token: tuple[int, int, int] | None
     base_id: str | None
-    jobs: dict[str, Job]
+    #: The jobs: a map shared with earlier snapshots, and the changes over it since (see ``Layers``).
+    layers: Layers
     generation: int = 0
     delta: Delta | None = None
     journal_end: int | None = None
@@ -260,6 +264,20 @@ class Snapshot:
     recent: tuple[tuple[int, Delta], ...] = ()
     #: The ids of the unfinished jobs: the poller and submit's same-work check look at these, not at all.
     active: frozenset[str] = frozenset()
+
+    def job(self, job_id: str) -> Job | None:
+        """One job, or None; without making the whole map."""
+        return _job_in(self.layers, job_id)
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        """Every job by id, as one map: made from the layers on first use, then kept."""
+        base, changes = self.layers
+        if not changes:
+            return base
+        jobs = _folded(base, changes)
+        self.layers = (jobs, {})  # one assignment: a reader takes both layers at once, old or new
+        return jobs
 
     def changes_since(self, generation: int) -> Delta | None:
         """The jobs touched and removed since snapshot ``generation`` of this store; None if not known."""
@@ -274,12 +292,46 @@ class Snapshot:
             want = delta.base
         if want != generation:
             return None
-        present = self.jobs
         return Delta(
             generation,
-            frozenset(job_id for job_id in touched if job_id in present),
-            frozenset(job_id for job_id in removed if job_id not in present),
+            frozenset(job_id for job_id in touched if self.job(job_id) is not None),
+            frozenset(job_id for job_id in removed if self.job(job_id) is None),
         )
+
+
+#: A map of jobs shared by snapshots, and the changes over it (a job, or None where it was removed).
+#: A commit makes the next snapshot's changes from this one's; the whole map is copied only every
+#: ``FOLD_AT`` changes, or when a reader asks for it (``Snapshot.jobs``).
+Layers = tuple[dict[str, Job], dict[str, "Job | None"]]
+
+
+def _job_in(layers: Layers, job_id: str) -> Job | None:
+    base, changes = layers
+    if job_id in changes:
+        return changes[job_id]
+    return base.get(job_id)
+
+
+def _folded(base: dict[str, Job], changes: dict[str, Job | None]) -> dict[str, Job]:
+    jobs = dict.copy(base)  # the stored values, not copies; ten times faster than dict(items())
+    for job_id, job in changes.items():
+        if job is None:
+            jobs.pop(job_id, None)
+        else:
+            jobs[job_id] = job
+    return jobs
+
+
+def _whole(layers: Layers) -> dict[str, Job]:
+    return _folded(*layers) if layers[1] else layers[0]
+
+
+def _with_changes(layers: Layers, changes: dict[str, Job | None]) -> Layers:
+    base, earlier = layers
+    merged = {**earlier, **changes}
+    if len(merged) >= FOLD_AT:
+        return _folded(base, merged), {}
+    return base, merged
 
 
 def _fragment(job: Job) -> str:
@@ -294,13 +346,12 @@ class JobMap(MutableMapping[str, Job]):
     100,000 jobs a copy of the whole map costs milliseconds, and most transactions change one job.
     """
 
-    def __init__(self, jobs: dict[str, Job], active: frozenset[str] | None = None) -> None:
-        self._base = jobs
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
         self._changed: dict[str, Job] = {}
         #: Ids looked up or set (their jobs may have changed), and ids removed, since the transaction began.
         self.touched: set[str] = set()
         self.removed: set[str] = set()
-        self._active = active
 
     def stored(self, job_id: str) -> Job:
         """The job as this transaction holds it now, without copying it (for the commit to compare)."""
@@ -308,21 +359,20 @@ class JobMap(MutableMapping[str, Job]):
             return self._changed[job_id]
         if job_id in self.removed:
             raise KeyError(job_id)
-        return self._base[job_id]
+        job = self._snapshot.job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        return job
 
-    def merged(self) -> dict[str, Job]:
-        """Every job after this transaction, as one new dict (the only copy of the whole map it makes)."""
-        jobs = dict.copy(self._base)  # the stored values, not copies; ten times faster than dict(items())
-        for job_id in self.removed:
-            jobs.pop(job_id, None)
-        jobs.update(self._changed)
-        return jobs
+    def merged(self) -> Layers:
+        """Every job after this transaction: the snapshot's layers with this transaction's changes added."""
+        changes: dict[str, Job | None] = dict.fromkeys(self.removed)
+        changes.update(self._changed)
+        return _with_changes(self._snapshot.layers, changes)
 
     def unfinished(self) -> list[Job]:
         """The jobs unfinished when the transaction began (shared: read only), without looking at every job."""
-        if self._active is None:
-            return [job for job in self.values() if job.active]
-        return [self.stored(i) for i in self._active if i in self]
+        return [self.stored(i) for i in self._snapshot.active if i in self]
 
     def __getitem__(self, job_id: str) -> Job:
         job = self.stored(job_id)
@@ -353,17 +403,20 @@ class JobMap(MutableMapping[str, Job]):
         return job
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._changed or (job_id in self._base and job_id not in self.removed)
+        if not isinstance(job_id, str):
+            return False
+        return job_id in self._changed or (job_id not in self.removed and self._snapshot.job(job_id) is not None)
 
     def __iter__(self) -> Iterator[str]:
-        removed = self.removed
-        yield from (job_id for job_id in self._base if job_id not in removed)
-        yield from (job_id for job_id in self._changed if job_id not in self._base)
+        base, removed = self._snapshot.jobs, self.removed  # iterating looks at every job: the whole map
+        yield from (job_id for job_id in base if job_id not in removed)
+        yield from (job_id for job_id in self._changed if job_id not in base)
 
     def __len__(self) -> int:
-        gone = sum(1 for job_id in self.removed if job_id in self._base)
-        added = sum(1 for job_id in self._changed if job_id not in self._base)
-        return len(self._base) - gone + added
+        base = self._snapshot.jobs
+        gone = sum(1 for job_id in self.removed if job_id in base)
+        added = sum(1 for job_id in self._changed if job_id not in base)
+        return len(base) - gone + added
 
     # Lists, not views: a view would look each job up through __getitem__, copying every one.
     def values(self) -> list[Job]:  # type: ignore[override]
@@ -498,7 +551,7 @@ class JobStore:
         # Threads of one process refresh one after another, so each journal line is replayed once.
         self._refreshing = threading.RLock()
         self._generations = itertools.count(1)
-        self._snapshot = Snapshot(None, None, {})
+        self._snapshot = Snapshot(None, None, ({}, {}))
         self._fragments = _FragmentCache()
         #: Set when a broken state file was moved aside, for the API and CLI to report.
         self.recovered_from: Path | None = None
@@ -507,7 +560,7 @@ class JobStore:
         self,
         token: tuple[int, int, int] | None,
         base_id: str | None,
-        jobs: dict[str, Job],
+        layers: Layers,
         delta: Delta | None = None,
         journal_end: int | None = None,
         base_size: int = 0,
@@ -519,13 +572,16 @@ class JobStore:
             recent = ((generation, delta), *previous.recent[: RECENT_DELTAS - 1])
             # Patched from the change: a look at every job costs tens of milliseconds at 100,000.
             changed = delta.touched | delta.removed
-            active = (previous.active - changed) | {i for i in delta.touched if jobs[i].state in ACTIVE_STATES}
+            active = (previous.active - changed) | {
+                i for i in delta.touched if (job := _job_in(layers, i)) is not None and job.state in ACTIVE_STATES
+            }
         else:
-            active = frozenset(i for i, job in jobs.items() if job.state in ACTIVE_STATES)
+            layers = (_whole(layers), {})
+            active = frozenset(i for i, job in layers[0].items() if job.state in ACTIVE_STATES)
         if delta is None:
             # Every job is a new object now: texts kept for the old ones would only hold them in memory.
             self._fragments.clear()
-        return Snapshot(token, base_id, jobs, generation, delta, journal_end, base_size, recent, active)
+        return Snapshot(token, base_id, layers, generation, delta, journal_end, base_size, recent, active)
 
     # -- reading ----------------------------------------------------------
     def _stat_token(self) -> tuple[int, int, int] | None:
@@ -596,7 +652,7 @@ class JobStore:
         if token is None:
             if seen.token is None and seen.base_id is None and not seen.jobs:
                 return seen
-            self._snapshot = self._new_snapshot(None, None, {})
+            self._snapshot = self._new_snapshot(None, None, ({}, {}))
             return self._snapshot
         with f:
             st = os.fstat(f.fileno())
@@ -612,7 +668,7 @@ class JobStore:
                 and head.get("compacted") == f"{seen.base_id}:{seen.journal_end}"
             ):
                 delta = Delta(seen.generation, frozenset(), frozenset())
-                return self._new_snapshot(token, base_id, seen.jobs, delta, None, st.st_size, previous=seen)
+                return self._new_snapshot(token, base_id, seen.layers, delta, None, st.st_size, previous=seen)
             f.seek(0)
             raw = f.read()
         try:
@@ -620,9 +676,9 @@ class JobStore:
         except (ValueError, TypeError, KeyError) as e:
             if not locked:
                 raise _WriterNeeded from e  # only a writer holding the lock may move the file aside
-            self._snapshot = self._new_snapshot(None, None, self._move_aside(e))
+            self._snapshot = self._new_snapshot(None, None, (self._move_aside(e), {}))
             return self._snapshot
-        self._snapshot = self._new_snapshot(token, base_id, jobs, None, None, len(raw))
+        self._snapshot = self._new_snapshot(token, base_id, (jobs, {}), None, None, len(raw))
         return self._snapshot
 
     def _replay(self, seen: Snapshot) -> Snapshot | None:
@@ -651,13 +707,13 @@ class JobStore:
         if not records:
             seen.journal_end = end  # this process's own bookkeeping: readers of the snapshot never look at it
             return seen
-        jobs = dict(seen.jobs)
+        changes: dict[str, Job | None] = {}
         touched: set[str] = set()
         removed: set[str] = set()
         for record in records:
             for job_id, data_of_job in record.get("put", {}).items():
                 try:
-                    jobs[job_id] = Job.from_json(data_of_job)
+                    changes[job_id] = Job.from_json(data_of_job)
                 except (TypeError, ValueError, KeyError, AttributeError) as e:
                     log.error(
                         "job state journal %s: job %s could not be read (%s); skipped", self.journal_path, job_id, e
@@ -666,12 +722,14 @@ class JobStore:
                 touched.add(job_id)
                 removed.discard(job_id)
             for job_id in record.get("del", []):
-                jobs.pop(job_id, None)
+                changes[job_id] = None
                 removed.add(job_id)
                 touched.discard(job_id)
         delta = Delta(seen.generation, frozenset(touched), frozenset(removed))
         self._fragments.forget(touched | removed)  # the replaced objects go, not only the removed ones
-        return self._new_snapshot(seen.token, seen.base_id, jobs, delta, end, seen.base_size, previous=seen)
+        return self._new_snapshot(
+            seen.token, seen.base_id, _with_changes(seen.layers, changes), delta, end, seen.base_size, previous=seen
+        )
 
     def _move_aside(self, error: Exception) -> dict[str, Job]:
         stamp = f"{self.path.name}{UNREADABLE}{time.strftime('%Y%m%dT%H%M%S')}"
@@ -726,13 +784,14 @@ class JobStore:
     def active_jobs(self) -> list[Job]:
         """The unfinished jobs as on disk now, oldest first, without looking at the finished ones."""
         snapshot = self.snapshot()
-        return sorted((snapshot.jobs[i] for i in snapshot.active), key=lambda j: (j.created, j.id))
+        active = (job for i in snapshot.active if (job := snapshot.job(i)) is not None)
+        return sorted(active, key=lambda j: (j.created, j.id))
 
     def get(self, job_id: str) -> Job:
-        try:
-            return self.jobs()[job_id]
-        except KeyError:
-            raise NotFound(f"no job {job_id!r} in {self.path}") from None
+        job = self.snapshot().job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r} in {self.path}")
+        return job
 
     # -- changing ---------------------------------------------------------
     @contextlib.contextmanager
@@ -752,7 +811,7 @@ class JobStore:
         """Lock, read what changed, let the caller change jobs, record the change (one journal line)."""
         with self._locked():
             snapshot = self._refresh(locked=True)
-            jobs = JobMap(snapshot.jobs, snapshot.active)
+            jobs = JobMap(snapshot)
             yield jobs
             with self._refreshing:
                 self._commit(snapshot, jobs)
@@ -772,16 +831,16 @@ class JobStore:
         touched = {
             job_id
             for job_id in jobs.touched
-            if job_id not in snapshot.jobs or jobs.stored(job_id) != snapshot.jobs[job_id]
+            if (before := snapshot.job(job_id)) is None or jobs.stored(job_id) != before
         }
-        removed = {job_id for job_id in jobs.removed if job_id in snapshot.jobs}
+        removed = {job_id for job_id in jobs.removed if snapshot.job(job_id) is not None}
         if not touched and not removed:
             return
-        all_jobs = jobs.merged()
+        after = jobs.merged()
         self._fragments.forget(removed)
         delta = Delta(snapshot.generation, frozenset(touched), frozenset(removed))
         try:
-            self._write_change(snapshot, all_jobs, touched, removed, delta)
+            self._write_change(snapshot, after, touched, removed, delta)
         except BaseException:
             # Texts made for a change that was not written must not outlive it: a caller that changes the
             # same object and sets it again would otherwise have the text of before written.
@@ -789,25 +848,24 @@ class JobStore:
             raise
 
     def _write_change(
-        self, snapshot: Snapshot, all_jobs: dict[str, Job], touched: set[str], removed: set[str], delta: Delta
+        self, snapshot: Snapshot, after: Layers, touched: set[str], removed: set[str], delta: Delta
     ) -> None:
-        puts = ",".join(
-            f"{json.dumps(job_id)}:{self._fragments.text(job_id, all_jobs[job_id])}" for job_id in sorted(touched)
-        )
+        text = self._fragments.text
+        puts = ",".join(f"{json.dumps(job_id)}:{text(job_id, _job_in(after, job_id))}" for job_id in sorted(touched))
         line = _frame('{"put":{' + puts + '},"del":' + json.dumps(sorted(removed)) + "}")
         limit = max(COMPACT_MIN_BYTES, snapshot.base_size * COMPACT_SHARE)
         if snapshot.base_id is None or snapshot.journal_end is None or len(line) > limit:
             # No journal of this file's yet (a new or schema-1 file, a compaction cut short), or a change
             # as large as a good share of the file: write the whole file.
-            self._write_base(all_jobs, None, delta, snapshot)
+            self._write_base(_whole(after), None, delta, snapshot)
             return
         try:
             end = self._append(snapshot.journal_end, line)
         except FileNotFoundError:
-            self._write_base(all_jobs, None, delta, snapshot)
+            self._write_base(_whole(after), None, delta, snapshot)
             return
         self._snapshot = self._new_snapshot(
-            snapshot.token, snapshot.base_id, all_jobs, delta, end, snapshot.base_size, previous=snapshot
+            snapshot.token, snapshot.base_id, after, delta, end, snapshot.base_size, previous=snapshot
         )
         if end > limit:
             self._compact(self._snapshot)
@@ -872,4 +930,6 @@ class JobStore:
         # Until this rename, the old journal names the old file: readers ignore it, the new file holds it all.
         journal_head = _journal_head(base_id)
         atomic_write(self.journal_path, journal_head, mode=0o600)
-        self._snapshot = self._new_snapshot(token, base_id, jobs, delta, len(journal_head), len(raw), previous=previous)
+        self._snapshot = self._new_snapshot(
+            token, base_id, (jobs, {}), delta, len(journal_head), len(raw), previous=previous
+        )
