@@ -107,7 +107,7 @@ def test_a_thread_holding_the_lock_makes_another_thread_time_out_not_hang(tmp_pa
         def take() -> None:
             try:
                 SharedFileLock(path, timeout=0.2).acquire()
-            except BaseException as e:  # noqa: BLE001 - the test reads what was raised
+            except BaseException as e:  # the test reads what was raised
                 errors.append(e)
 
         thread = threading.Thread(target=take, daemon=True)
