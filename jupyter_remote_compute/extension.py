@@ -205,7 +205,7 @@ class RemoteComputeApp(ExtensionApp):
         delta = snapshot.changes_since(seen_generation) if seen_generation >= 0 else None
         if delta is not None:
             # Only the jobs changed since the snapshot last looked at (journal replays, commits).
-            candidates: Iterable[Job] = (job for i in delta.touched if (job := snapshot.job(i)) is not None)
+            candidates: Iterable[Job] = (snapshot.held(job_id) for job_id in delta.touched)
         else:
             candidates = snapshot.jobs.values()
         return [j for j in candidates if emitted.get(j.id) != (j.state, j.updated, j.log_size)]

@@ -187,8 +187,7 @@ class JobIndex:
         for job_id in removed:
             self._remove(job_id)
         for job_id in touched:
-            job = snapshot.job(job_id)
-            assert job is not None  # changes_since keeps only the touched jobs the snapshot holds
+            job = snapshot.held(job_id)  # changes_since keeps only the touched jobs the snapshot holds
             key = (job.created, job.id)
             if self._key_of.get(job_id) == key:
                 i = bisect_left(self._keys, key)
@@ -244,8 +243,8 @@ class JobIndex:
         found: list[Job] = []
         assert self._snapshot is not None  # synced before any page
         for key in reversed(self._active[bottom:top]):
-            job = self._snapshot.job(key[1])
-            if job is not None and self._matches(job, None, query):
+            job = self._snapshot.held(key[1])
+            if self._matches(job, None, query):
                 found.append(job)
                 if len(found) > query.limit:
                     break

@@ -269,14 +269,19 @@ class Snapshot:
         """One job, or None; without making the whole map."""
         return _job_in(self.layers, job_id)
 
+    def held(self, job_id: str) -> Job:
+        """A job the snapshot is known to hold: an id from its own ``changes_since`` or an index of it."""
+        job = _job_in(self.layers, job_id)
+        assert job is not None, f"snapshot {self.generation} lacks job {job_id}"
+        return job
+
     @property
     def jobs(self) -> dict[str, Job]:
         """Every job by id, as one map: made from the layers on first use, then kept."""
-        base, changes = self.layers
-        if not changes:
-            return base
-        jobs = _folded(base, changes)
-        self.layers = (jobs, {})  # one assignment: a reader takes both layers at once, old or new
+        layers = self.layers
+        jobs = _whole(layers)
+        if jobs is not layers[0]:
+            self.layers = (jobs, {})  # one assignment: a reader takes both layers at once, old or new
         return jobs
 
     def changes_since(self, generation: int) -> Delta | None:
