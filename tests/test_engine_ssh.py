@@ -6,6 +6,7 @@ check what landed there by looking at the user's files directly.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import os
@@ -720,6 +721,27 @@ def test_authentication_failure_lists_what_was_tried(sshd_bed: TestBed, tmp_path
         eng.check()
     msg = str(err.value)
     assert "authentication failed" in msg and str(stranger) in msg and "publickey" in msg
+
+
+@pytest.mark.parametrize("transport", ["openssh"])  # paramiko writes no files
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_failed_sign_in_leaves_no_files(sshd_bed: TestBed, tmp_path: Path, monkeypatch, transport: str, closed: bool):
+    # The OpenSSH transport writes its config and the master's log before it knows whether the sign-in
+    # works; those go with close() or, for a connection no one closes, with the object.
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    stranger = tmp_path / "id_stranger"
+    keygen(stranger, "stranger")
+    eng = make_engine(sshd_bed, tmp_path, transport=transport, identity_file=str(stranger))
+    with pytest.raises(AuthenticationFailed):
+        eng.check()
+    private = Path(eng.connection._dir)
+    assert (private / "master.log").is_file()
+    if closed:
+        eng.close()
+    else:
+        del eng
+        gc.collect()
+    assert not private.exists()
 
 
 def test_agent_key_is_used(ssh_agent_env: TestBed, tmp_path: Path, transport: str):

@@ -239,6 +239,7 @@ class OpenSSHConnection(Connection):
     def __init__(self, name: str, address: str, options: Mapping[str, Any]) -> None:
         super().__init__(name, address, options)
         self._dir: str | None = None
+        self._dir_finalizer: weakref.finalize | None = None
         self._master: _Master | None = None
         self._finalizer: weakref.finalize | None = None
 
@@ -246,12 +247,17 @@ class OpenSSHConnection(Connection):
 
     def _private_dir(self) -> str:
         if self._dir is None or not os.path.isdir(self._dir):
+            if self._dir_finalizer is not None:
+                self._dir_finalizer.detach()  # that dir was removed under us
             # A socket path must stay under ~100 bytes: a long TMPDIR falls back to /tmp.
             parent = tempfile.gettempdir()
             if len(parent) > 60:
                 parent = "/tmp"
             self._dir = tempfile.mkdtemp(prefix="jrc-ssh-", dir=parent)  # mode 0700
             os.chmod(self._dir, 0o700)
+            # Removed by close(), else with this object or the interpreter: a connection whose sign-in
+            # failed has no master to end but has written its config and log here.
+            self._dir_finalizer = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
         return self._dir
 
     def _known_hosts_files(self) -> str:
@@ -357,12 +363,12 @@ class OpenSSHConnection(Connection):
         proc.stdout.close()
         master = _Master(proc, control)
         # Ended with this object or with the interpreter, whichever comes first.
-        self._finalizer = weakref.finalize(self, _end_master, proc, self._dir)
+        self._finalizer = weakref.finalize(self, _end_master, proc)
         return master
 
     @staticmethod
     def _end(proc: subprocess.Popen[bytes]) -> None:
-        _end_master(proc, None)
+        _end_master(proc)
 
     def master(self) -> _Master:
         with self._lock:
@@ -379,7 +385,7 @@ class OpenSSHConnection(Connection):
             self._finalizer.detach()
             self._finalizer = None
         if self._master is not None:
-            _end_master(self._master.proc, None)
+            _end_master(self._master.proc)
             self._master = None
 
     def discard(self, master: _Master) -> None:
@@ -393,9 +399,9 @@ class OpenSSHConnection(Connection):
     def close(self) -> None:
         with self._lock:
             self._drop_master()
-            if self._dir is not None:
-                shutil.rmtree(self._dir, ignore_errors=True)
-                self._dir = None
+            if self._dir_finalizer is not None:
+                self._dir_finalizer()  # removes the dir, once
+                self._dir_finalizer = self._dir = None
 
     def round_trip(self) -> float:
         # The mux protocol has no ping: a session running the shell builtin ``exit`` is the cheapest
@@ -590,8 +596,8 @@ def _tail(text: str) -> str:
     ]
 
 
-def _end_master(proc: subprocess.Popen[bytes], private_dir: str | None) -> None:
-    """Close the master's session input, then make sure the process is gone; remove the private dir."""
+def _end_master(proc: subprocess.Popen[bytes]) -> None:
+    """Close the master's session input, then make sure the process is gone."""
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()
@@ -605,8 +611,6 @@ def _end_master(proc: subprocess.Popen[bytes], private_dir: str | None) -> None:
     if proc.stdout is not None:
         with contextlib.suppress(OSError):
             proc.stdout.close()
-    if private_dir is not None:
-        shutil.rmtree(private_dir, ignore_errors=True)
 
 
 __all__ = ["OpenSSHChannel", "OpenSSHConnection", "available"]
