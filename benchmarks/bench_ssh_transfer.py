@@ -12,6 +12,9 @@ its own first choice.
 small-file tree (default 10,000 files, 256 MiB in all); ``--wan``: also the big
 file through benchmarks/wan_relay.py (``--rtt`` ms, default 40), against raw ssh
 through the same relay; ``--transports``: which of the engine's to measure.
+
+Each row also shows the CPU time the whole machine spent during it (both ends share these cores on
+loopback) and how many cores that kept busy: where that is all of them, the cores set the pace.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -149,10 +153,23 @@ def drain(eng: SSHEngine, path: str) -> None:
         assert eng.connection.finish(ch, bytearray(), 120) == 0 and got > 0
 
 
-def timed(fn, *args, **kw) -> float:
-    t0 = time.perf_counter()
+def cpu_busy() -> float:
+    """Seconds the machine's CPUs have been busy so far, every core and process (``/proc/stat``)."""
+    ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # not idle, not iowait
+
+
+class Timing(NamedTuple):
+    seconds: float
+    #: CPU time the whole machine spent meanwhile, both ends of the loopback included: on 2 cores, a
+    #: transfer whose cpu / seconds is near 2 is bound by the cores, not by the way the bytes move.
+    cpu: float
+
+
+def timed(fn, *args, **kw) -> Timing:
+    c0, t0 = cpu_busy(), time.perf_counter()
     fn(*args, **kw)
-    return time.perf_counter() - t0
+    return Timing(time.perf_counter() - t0, cpu_busy() - c0)
 
 
 GOALS = {"file": 0.9, "tree": 1.2, "wan": 0.9}  # issue 11: x raw ssh (file, wan), x rsync (tree)
@@ -177,7 +194,7 @@ def main() -> None:
     # The engine's ssh config: the test bed's, with the cipher the raw tools use.
     config = local / "ssh_config"
     config.write_text(f"Host *\n    Ciphers {CIPHER}\n\nInclude {bed.ssh_config}\n")
-    rows: list[tuple[str, str, float, int]] = []  # (what, method, seconds, bytes)
+    rows: list[tuple[str, str, Timing, int]] = []  # (what, method, time taken, bytes)
     resends: dict[str, tuple[float, float, float, float]] = {}  # transport: re-send and first send, file, tree
     memory: dict[str, tuple[int, int]] = {}  # this process's peak extra RSS sending and fetching the big file
     try:
@@ -236,13 +253,13 @@ def main() -> None:
             eng = engine(transport)
             assert eng.check()["transport"] == transport
             big_both_ways(eng, f"ours/{transport}", "big file")
-            first_big = rows[-2][2]
-            t_resend = timed(eng.send, new_job(eng), [big])
+            first_big = rows[-2][2].seconds
+            t_resend = timed(eng.send, new_job(eng), [big]).seconds
             job_t = new_job(eng)
             first_tree = timed(eng.send, job_t, tree)
             rows.append(("tree up", f"ours/{transport}", first_tree, tree_bytes))
-            t_resend_tree = timed(eng.send, new_job(eng), tree)
-            resends[transport] = (t_resend, first_big, t_resend_tree, first_tree)
+            t_resend_tree = timed(eng.send, new_job(eng), tree).seconds
+            resends[transport] = (t_resend, first_big, t_resend_tree, first_tree.seconds)
             dest = local / "fetch-tree"
             rows.append(("tree down", f"ours/{transport}", timed(eng.fetch, job_t, ["tree"], dest), tree_bytes))
             shutil.rmtree(dest)
@@ -299,10 +316,11 @@ def main() -> None:
     # ---- report ------------------------------------------------------------------------------------
     table = {}
     print()
-    print(f"{'transfer':<18}{'method':<18}{'seconds':>9}{'MB/s':>9}")
-    for what, method, secs, nbytes in rows:
+    cores = os.cpu_count() or 1
+    print(f"{'transfer':<18}{'method':<18}{'seconds':>9}{'MB/s':>9}{'CPU s':>8}  cores busy of {cores}")
+    for what, method, (secs, cpu), nbytes in rows:
         table[(what, method)] = secs
-        print(f"{what:<18}{method:<18}{secs:>9.2f}{nbytes / secs / 1e6:>9.0f}")
+        print(f"{what:<18}{method:<18}{secs:>9.2f}{nbytes / secs / 1e6:>9.0f}{cpu:>8.2f}{cpu / secs:>8.2f}")
     print()
     for transport, (rb, fb, rt, ft) in resends.items():
         print(f"re-send unchanged, {transport}: file {rb:.3f} s ({rb / fb:.1%} of its first send), "
