@@ -319,8 +319,8 @@ def test_cancel_stops_the_command_on_the_cluster(
     job = service.wait(job.id, timeout=300)
     assert job.state == "cancelled", job.reason
     # The node is this machine: no process of the job's group runs any more. Zombies are not counted
-    # (as cancel.sh does not count them): they have ended and wait for SkyPilot's job runner, their
-    # parent, to reap them, which it does when it notices, after the cancel has returned.
+    # (as cancel.sh does not count them): they have ended and wait to be reaped, orphans by this
+    # machine's PID 1, which does so only every few seconds, after the cancel has returned.
     assert group_members(pid) == []
     # And SkyPilot's job, which held the cluster busy for the command, ended with it (idle again).
     from jupyter_remote_compute.engines.skypilot import load_sdk
