@@ -11,10 +11,15 @@ its own first choice.
 ``--size``: the big file (default 1024 MiB); ``--files`` and ``--tree-size``: the
 small-file tree (default 10,000 files, 256 MiB in all); ``--wan``: also the big
 file through benchmarks/wan_relay.py (``--rtt`` ms, default 40), against raw ssh
-through the same relay; ``--transports``: which of the engine's to measure.
+through the same relay; ``--transports``: which of the engine's to measure; ``--rounds``:
+how many times the loopback rows are measured, engine and references in turn (each row prints
+its median and every round's time: one round on this VM can be twice another).
 
 Each row also shows the CPU time the whole machine spent during it (both ends share these cores on
 loopback) and how many cores that kept busy: where that is all of them, the cores set the pace.
+Before each one, every file it may read is read and as much memory as it writes is written and
+freed again (warm_pages.py: this VM pages out files unread for a minute, and a page cache that grows
+into memory the host took back costs ten times as much to write).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import hashlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import warm_pages  # noqa: E402
 from sshd_fixture import TestBed, build_testbed  # noqa: E402
 from wan_relay import WanRelay  # noqa: E402
 
@@ -166,7 +173,16 @@ class Timing(NamedTuple):
     cpu: float
 
 
+#: (scratch folder, bytes, files): each measured transfer first recycles that many bytes of memory and
+#: reads the files it may read, so all start from warm pages and a warm page cache (warm_pages.py)
+WARM: tuple[Path, int, list[Path]] | None = None
+
+
 def timed(fn, *args, **kw) -> Timing:
+    if WARM:
+        scratch, nbytes, files = WARM
+        warm_pages.read_through(*files)
+        warm_pages.recycle(scratch, nbytes)
     c0, t0 = cpu_busy(), time.perf_counter()
     fn(*args, **kw)
     return Timing(time.perf_counter() - t0, cpu_busy() - c0)
@@ -182,9 +198,11 @@ def main() -> None:
     parser.add_argument("--tree-size", type=int, default=256, help="MiB of the small-file tree in all")
     parser.add_argument("--wan", action="store_true", help="also the big file through a delaying relay")
     parser.add_argument("--rtt", type=float, default=40, help="the relay's round trip, ms")
+    parser.add_argument("--rounds", type=int, default=3, help="loopback rounds; each row shows their median")
     parser.add_argument("--transports", default="openssh,paramiko", help="the engine's transports to measure")
     args = parser.parse_args()
     size = args.size * MiB
+    global WARM
     transports = [t for t in args.transports.split(",") if t]
 
     bed = build_testbed()
@@ -195,13 +213,15 @@ def main() -> None:
     config = local / "ssh_config"
     config.write_text(f"Host *\n    Ciphers {CIPHER}\n\nInclude {bed.ssh_config}\n")
     rows: list[tuple[str, str, Timing, int]] = []  # (what, method, time taken, bytes)
-    resends: dict[str, tuple[float, float, float, float]] = {}  # transport: re-send and first send, file, tree
+    # transport: (re-send, first send) of the file and of the tree, a pair per round
+    resends: dict[str, list[tuple[float, float, float, float]]] = {t: [] for t in transports}
     memory: dict[str, tuple[int, int]] = {}  # this process's peak extra RSS sending and fetching the big file
     try:
         print(f"making data: {args.size} MiB file, {args.files} files of {args.tree_size} MiB in all …", flush=True)
         big = make_file(local / "big.bin", size)
         tree = make_tree(local / "src", args.tree_size * MiB, args.files)
         tree_bytes = sum(f.size for f in tree)
+        WARM = (local, max(size, args.tree_size * MiB), [local / "big.bin", local / "src", bed.home])
         tools = Tools(bed)
         far_home = bed.home
         raw_dir = "bench-raw"
@@ -247,52 +267,55 @@ def main() -> None:
                 )
             os.unlink(local / "raw-down.bin")
 
-        # ---- the engine, each transport ---------------------------------------------------------
-        for transport in transports:
-            print(f"engine over {transport} …", flush=True)
-            eng = engine(transport)
-            assert eng.check()["transport"] == transport
-            big_both_ways(eng, f"ours/{transport}", "big file")
-            first_big = rows[-2][2].seconds
-            t_resend = timed(eng.send, new_job(eng), [big]).seconds
-            job_t = new_job(eng)
-            first_tree = timed(eng.send, job_t, tree)
-            rows.append(("tree up", f"ours/{transport}", first_tree, tree_bytes))
-            t_resend_tree = timed(eng.send, new_job(eng), tree).seconds
-            resends[transport] = (t_resend, first_big, t_resend_tree, first_tree.seconds)
-            dest = local / "fetch-tree"
-            rows.append(("tree down", f"ours/{transport}", timed(eng.fetch, job_t, ["tree"], dest), tree_bytes))
-            shutil.rmtree(dest)
-            eng.close()
+        # ---- loopback: the engine, each transport, then the references, in rounds ---------------------
+        for round_ in range(1, args.rounds + 1):
+            print(f"round {round_} of {args.rounds}", flush=True)
+            for transport in transports:
+                print(f"engine over {transport} …", flush=True)
+                eng = engine(transport)
+                assert eng.check()["transport"] == transport
+                big_both_ways(eng, f"ours/{transport}", "big file")
+                first_big = rows[-3][2].seconds
+                t_resend = timed(eng.send, new_job(eng), [big]).seconds
+                job_t = new_job(eng)
+                first_tree = timed(eng.send, job_t, tree)
+                rows.append(("tree up", f"ours/{transport}", first_tree, tree_bytes))
+                t_resend_tree = timed(eng.send, new_job(eng), tree).seconds
+                resends[transport].append((t_resend, first_big, t_resend_tree, first_tree.seconds))
+                dest = local / "fetch-tree"
+                rows.append(("tree down", f"ours/{transport}", timed(eng.fetch, job_t, ["tree"], dest), tree_bytes))
+                shutil.rmtree(dest)
+                eng.close()
 
-        # ---- the references ------------------------------------------------------------------------
-        print("raw ssh, scp, rsync …", flush=True)
-        raw_big(tools, "big file")
-        src_tree = str(local / "src" / "tree")
-        fresh_raw()
-        rows.append(
-            ("tree up", "scp -r", timed(tools.scp, "-r", src_tree, tools.remote(f"{raw_dir}/tree/")), tree_bytes)
-        )
-        rows.append(
-            (
-                "tree down",
-                "scp -r",
-                timed(tools.scp, "-r", tools.remote(f"{raw_dir}/tree/tree"), str(local / "scp")),
-                tree_bytes,
+            # ---- the references ------------------------------------------------------------------------
+            print("raw ssh, scp, rsync …", flush=True)
+            raw_big(tools, "big file")
+            src_tree = str(local / "src" / "tree")
+            fresh_raw()
+            rows.append(
+                ("tree up", "scp -r", timed(tools.scp, "-r", src_tree, tools.remote(f"{raw_dir}/tree/")), tree_bytes)
             )
-        )
-        fresh_raw()
-        rows.append(("tree up", "rsync -a", timed(tools.rsync, src_tree, tools.remote(f"{raw_dir}/tree/")), tree_bytes))
-        rows.append(
-            (
-                "tree down",
-                "rsync -a",
-                timed(tools.rsync, tools.remote(f"{raw_dir}/tree/tree"), str(local / "rsync")),
-                tree_bytes,
+            rows.append(
+                (
+                    "tree down",
+                    "scp -r",
+                    timed(tools.scp, "-r", tools.remote(f"{raw_dir}/tree/tree"), str(local / "scp")),
+                    tree_bytes,
+                )
             )
-        )
-        for name in ("scp", "rsync"):
-            shutil.rmtree(local / name, ignore_errors=True)
+            fresh_raw()
+            rsync_up = timed(tools.rsync, src_tree, tools.remote(f"{raw_dir}/tree/"))
+            rows.append(("tree up", "rsync -a", rsync_up, tree_bytes))
+            rows.append(
+                (
+                    "tree down",
+                    "rsync -a",
+                    timed(tools.rsync, tools.remote(f"{raw_dir}/tree/tree"), str(local / "rsync")),
+                    tree_bytes,
+                )
+            )
+            for name in ("scp", "rsync"):
+                shutil.rmtree(local / name, ignore_errors=True)
 
         # ---- an emulated WAN link ------------------------------------------------------------------
         if args.wan:
@@ -314,17 +337,25 @@ def main() -> None:
         shutil.rmtree(local, ignore_errors=True)
 
     # ---- report ------------------------------------------------------------------------------------
+    # Each (transfer, method) as the median of its rounds, by time; its CPU is that round's.
+    grouped: dict[tuple[str, str], list[tuple[Timing, int]]] = {}
+    for what, method, timing, nbytes in rows:
+        grouped.setdefault((what, method), []).append((timing, nbytes))
     table = {}
     print()
     cores = os.cpu_count() or 1
-    print(f"{'transfer':<18}{'method':<18}{'seconds':>9}{'MB/s':>9}{'CPU s':>8}  cores busy of {cores}")
-    for what, method, (secs, cpu), nbytes in rows:
+    print(f"{'transfer':<18}{'method':<18}{'seconds':>9}{'MB/s':>9}{'CPU s':>8}  cores busy of {cores}   (rounds)")
+    for (what, method), runs in grouped.items():
+        (secs, cpu), nbytes = sorted(runs)[len(runs) // 2]
         table[(what, method)] = secs
-        print(f"{what:<18}{method:<18}{secs:>9.2f}{nbytes / secs / 1e6:>9.0f}{cpu:>8.2f}{cpu / secs:>8.2f}")
+        spread = ", ".join(f"{t.seconds:.2f}" for t, _ in runs)
+        mbps = nbytes / secs / 1e6
+        print(f"{what:<18}{method:<18}{secs:>9.2f}{mbps:>9.0f}{cpu:>8.2f}{cpu / secs:>8.2f}   ({spread})")
     print()
-    for transport, (rb, fb, rt, ft) in resends.items():
-        print(f"re-send unchanged, {transport}: file {rb:.3f} s ({rb / fb:.1%} of its first send), "
-              f"tree {rt:.3f} s ({rt / ft:.1%})")  # fmt: skip
+    for transport, pairs in resends.items():
+        rb, fb, rt, ft = (statistics.median(p[i] for p in pairs) for i in range(4))
+        print(f"re-send unchanged, {transport} (medians of {len(pairs)}): file {rb:.3f} s ({rb / fb:.1%} of its first "
+              f"send), tree {rt:.3f} s ({rt / ft:.1%})")  # fmt: skip
     for label, (up, down) in memory.items():
         print(f"peak extra RSS, {label}: send {up / MiB:.1f} MiB, fetch {down / MiB:.1f} MiB")
     print()

@@ -105,12 +105,16 @@ class WanRelay:
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         up, down = _Pipe(self.delay, self.max_in_flight), _Pipe(self.delay, self.max_in_flight)
-        await asyncio.gather(
-            up.pump_in(client_r), up.pump_out(server_w), down.pump_in(server_r), down.pump_out(client_w)
-        )
-        for w in (client_w, server_w):
-            with contextlib.suppress(Exception):
-                w.close()
+        try:
+            await asyncio.gather(
+                up.pump_in(client_r), up.pump_out(server_w), down.pump_in(server_r), down.pump_out(client_w)
+            )
+        except asyncio.CancelledError:
+            pass  # the relay is stopping: end this connection quietly (asyncio's stream callback reports a cancel)
+        finally:
+            for w in (client_w, server_w):
+                with contextlib.suppress(Exception):
+                    w.close()
 
     def __enter__(self) -> WanRelay:
         self._thread.start()
@@ -124,9 +128,11 @@ class WanRelay:
         async def stop() -> None:
             assert self._server is not None
             self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            # wait for them to finish cancelling: a loop stopped under them prints "Task was destroyed"
+            await asyncio.gather(*others, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
