@@ -240,10 +240,12 @@ def main() -> None:
         def new_job(eng: SSHEngine) -> RemoteJob:
             return eng.prepare(RemoteJob(f"b-{uuid.uuid4().hex[:10]}", "k", {}))
 
-        def big_both_ways(eng: SSHEngine, label: str, what: str) -> None:
+        def big_both_ways(eng: SSHEngine, label: str, what: str) -> float:
+            """Send and fetch the big file (and drain it through the bare channel); the send's seconds."""
             job = new_job(eng)
             with PeakRSS() as up:
-                rows.append((f"{what} up", label, timed(eng.send, job, [big]), size))
+                sent = timed(eng.send, job, [big])
+                rows.append((f"{what} up", label, sent, size))
             dest = local / "fetch-big"
             with PeakRSS() as down:
                 rows.append((f"{what} down", label, timed(eng.fetch, job, ["big.bin"], dest), size))
@@ -254,6 +256,7 @@ def main() -> None:
             rows.append((f"{what} down", f"{label} channel", timed(drain, eng, far_file), size))
             shutil.rmtree(dest)
             eng.cleanup(job)
+            return sent.seconds
 
         def raw_big(t: Tools, what: str) -> None:
             fresh_raw(t)
@@ -274,8 +277,7 @@ def main() -> None:
                 print(f"engine over {transport} …", flush=True)
                 eng = engine(transport)
                 assert eng.check()["transport"] == transport
-                big_both_ways(eng, f"ours/{transport}", "big file")
-                first_big = rows[-3][2].seconds
+                first_big = big_both_ways(eng, f"ours/{transport}", "big file")
                 t_resend = timed(eng.send, new_job(eng), [big]).seconds
                 job_t = new_job(eng)
                 first_tree = timed(eng.send, job_t, tree)
