@@ -180,9 +180,7 @@ WARM: tuple[Path, int, list[Path]] | None = None
 
 def timed(fn, *args, **kw) -> Timing:
     if WARM:
-        scratch, nbytes, files = WARM
-        warm_pages.read_through(*files)
-        warm_pages.recycle(scratch, nbytes)
+        warm_pages.before_transfer(*WARM)
     c0, t0 = cpu_busy(), time.perf_counter()
     fn(*args, **kw)
     return Timing(time.perf_counter() - t0, cpu_busy() - c0)

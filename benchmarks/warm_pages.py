@@ -50,3 +50,9 @@ def recycle(scratch: Path, nbytes: int) -> None:
         for _ in range(-(-nbytes // len(_BLOCK))):
             f.write(_BLOCK)
     path.unlink()
+
+
+def before_transfer(scratch: Path, nbytes: int, reads: list[Path]) -> None:
+    """What each measured transfer is given first: the files it may read read, ``nbytes`` recycled."""
+    read_through(*reads)
+    recycle(scratch, nbytes)
