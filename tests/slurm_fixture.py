@@ -10,7 +10,7 @@ unprivileged test user reach this cluster as they would on a real login node, wi
 setup the engine would have to know about.
 
 Two test runs on one machine do not collide: each bed has its own cluster name, node name, free
-ports, munge key and socket, and temp folder. We chose that over a file lock so a second engineer's
+ports, munge key and socket, and temp folder. That is chosen over a file lock so a second
 run never waits on the first; the price is two small clusters at once, each believing it owns all
 CPUs (harmless: jobs here are short and mostly sleep).
 
