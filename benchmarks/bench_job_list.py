@@ -38,7 +38,8 @@ from bench_store import _fill
 from jupyter_remote_compute.jobs.listing import JobQuery, list_page
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.jobs.store import TERMINAL_STATES, JobStore
+from jupyter_remote_compute.jobs.store import JobStore
+from jupyter_remote_compute.jobs.transitions import TERMINAL_STATES
 from jupyter_remote_compute.workspace import Workspace
 
 GOALS_MS = {10_000: 20.0, 100_000: 50.0}  # GET first page p99

@@ -24,7 +24,8 @@ from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.logs import waiting_line
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
-from .jobs.store import TERMINAL_STATES, Job
+from .jobs.store import Job
+from .jobs.transitions import TERMINAL_STATES
 from .run_options import add_run_options, command_of, spec_settings
 from .workspace import Workspace
 

@@ -241,7 +241,7 @@ def test_the_job_event_schema_admits_every_lifecycle_state() -> None:
 
     import yaml
 
-    from jupyter_remote_compute.jobs.store import ACTIVE_STATES, TERMINAL_STATES
+    from jupyter_remote_compute.jobs.transitions import ACTIVE_STATES, TERMINAL_STATES
 
     schema = yaml.safe_load(files("jupyter_remote_compute").joinpath("events/job.yaml").read_text())
     assert set(schema["properties"]["state"]["enum"]) == ACTIVE_STATES | TERMINAL_STATES

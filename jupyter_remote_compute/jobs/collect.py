@@ -112,7 +112,7 @@ class Collector:
         self.ctx.usage.append(attempt)
         self.leases.update(
             job.id,
-            state=outcome.state,
+            to=outcome.state,
             reason=outcome.reason,
             ended=ended,
             outputs={rel: {"sha256": verified[rel], "size": path.stat().st_size} for rel, path in landed.items()},

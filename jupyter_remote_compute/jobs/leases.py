@@ -17,6 +17,7 @@ from ..engines.base import ProgressCallback
 from ..errors import NotFound
 from .context import JobContext
 from .store import Job, Outcome, holder_alive, process_identity, utcnow
+from .transitions import State, move
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class Leases:
 
     def claim(self, job_id: str, states: set[str], **changes: Any) -> Job | None:
         """Take the job's lease if it is in one of ``states`` and nobody alive holds it."""
+        if "state" in changes:
+            raise TypeError("a job's state changes through transitions.move, not by claiming it")
         with self.ctx.store.transaction() as jobs:
             job = jobs[job_id]
             if job.state not in states:
@@ -72,7 +75,10 @@ class Leases:
 
         return renew
 
-    def update(self, job_id: str, **changes: Any) -> Job:
+    def update(self, job_id: str, *, to: State | None = None, **changes: Any) -> Job:
+        """Change fields of a job, and with ``to`` move it to that state (``transitions.move``)."""
+        if "state" in changes:
+            raise TypeError("a job's state changes through transitions.move: pass to=")
         with self.ctx.store.transaction() as jobs:
             job = jobs.get(job_id)
             if job is None:
@@ -80,10 +86,12 @@ class Leases:
             for name, value in changes.items():
                 setattr(job, name, value)
             job.updated = utcnow()
+            if to is not None:
+                move(job, to, now=job.updated)
         self.ctx.emit(job)
         return job
 
-    def retry_later(self, job: Job, error: Exception, give_up_state: str, give_up_reason: str) -> None:
+    def retry_later(self, job: Job, error: Exception, give_up_state: State, give_up_reason: str) -> None:
         """A passing failure (a dropped connection): let go and try on a later poll, for a while.
 
         Past ``give_up_after`` seconds of failing, the job ends with ``give_up_reason`` and nothing
@@ -99,10 +107,10 @@ class Leases:
             reason = f"{give_up_reason}: {error}; trying again"
             self.update(job.id, lease=None, retries=job.retries + 1, failing_since=since, reason=reason)
 
-    def finish_later(self, job_id: str, state: str, reason: str, *, reach_machine: bool = True) -> None:
+    def finish_later(self, job_id: str, state: State, reason: str, *, reach_machine: bool = True) -> None:
         """Decide the outcome now; collection records it (log, MLflow) and ends the job.
 
         ``reach_machine=False``: collect without asking the machine for anything (it could not be reached).
         """
         outcome = Outcome(state, reason, reach_machine, at=time.time())
-        self.update(job_id, state="collecting", outcome=outcome, lease=None)
+        self.update(job_id, to="collecting", outcome=outcome, lease=None)

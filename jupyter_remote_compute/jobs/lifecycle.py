@@ -32,7 +32,8 @@ from .context import JobContext, engine_faults, remote_of
 from .leases import Leases
 from .logs import secret_env
 from .spec import format_duration
-from .store import ON_MACHINE_STATES, Job, Outcome, holder_alive, parse_time, utcnow
+from .store import Job, Outcome, holder_alive, parse_time, utcnow
+from .transitions import ON_MACHINE_STATES, State, move
 from .usage import REQUEUED, meter
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class Driver:
         try:
             # Every step is idempotent (the launcher finds a command it started already), so a
             # job whose sender died is simply sent and started again by whoever picks it up.
-            job = self.leases.update(job.id, state="sending")
+            job = self.leases.update(job.id, to="sending")
             with engine_faults():
                 remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
@@ -176,7 +177,7 @@ class Driver:
                 remote = engine.start(remote, launch)
             self.leases.update(
                 job.id,
-                state="running",
+                to="running",
                 reason=None,
                 started=utcnow(),
                 handle=dict(remote.handle),
@@ -189,7 +190,7 @@ class Driver:
             # The machine is still being made (a cloud cluster provisioning): wait for it as pending,
             # keeping what the engine needs to follow it; poll says when it is ready to send.
             self.leases.update(
-                job.id, state="pending", reason=e.reason, handle=e.handle, lease=None, retries=0, failing_since=None
+                job.id, to="pending", reason=e.reason, handle=e.handle, lease=None, retries=0, failing_since=None
             )
         except EngineError as e:
             if e.transient:
@@ -284,7 +285,7 @@ class Driver:
             current = jobs[job.id]
             if current.state != job.state:
                 return
-            current.state, current.updated = status.state, utcnow()
+            move(current, status.state)
             if status.state == "pending":
                 current.reason = status.detail or "waiting"
             else:
@@ -307,13 +308,14 @@ class Driver:
             current = jobs[job.id]
             if current.state != "pending":
                 return
-            current.state, current.reason, current.updated = "queued", None, utcnow()
+            move(current, "queued")
+            current.reason = None
         self.ctx.emit(current)
 
     def _to_collecting(
         self,
         job: Job,
-        state: str,
+        state: State,
         reason: str | None,
         exit_code: int | None = None,
         times: dict[str, float] | None = None,
@@ -324,10 +326,10 @@ class Driver:
             current = jobs[job.id]
             if current.state not in ON_MACHINE_STATES:
                 return
-            current.state, current.outcome, current.exit_code = "collecting", outcome, exit_code
+            move(current, "collecting")
+            current.outcome, current.exit_code, current.failing_since = outcome, exit_code, None
             if times is not None:
                 current.times = times
-            current.failing_since, current.updated = None, utcnow()
         self.ctx.emit(current)
 
 

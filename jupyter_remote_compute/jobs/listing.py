@@ -21,7 +21,8 @@ from datetime import timezone
 from typing import Any
 
 from ..errors import InvalidSettings
-from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, Snapshot, parse_given_time
+from .store import Job, JobStore, Snapshot, parse_given_time
+from .transitions import ACTIVE_STATES, TERMINAL_STATES
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

@@ -18,7 +18,8 @@ from ..errors import InvalidSettings, RemoteComputeError, SecretStoreUnavailable
 from ..secrets import SecretStore, mask
 from .context import JobContext, remote_of
 from .metrics import MetricsPage
-from .store import TERMINAL_STATES, Job
+from .store import Job
+from .transitions import TERMINAL_STATES
 
 LOG_CHUNK = 1 << 20
 MIN_LOG_READ = 64 << 10

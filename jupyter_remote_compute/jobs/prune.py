@@ -19,7 +19,8 @@ from ..engines.base import EngineError, RemoteJob
 from ..errors import InvalidSettings, RemoteComputeError
 from .listing import parse_states
 from .spec import parse_duration
-from .store import TERMINAL_STATES, Job, parse_time
+from .store import Job, parse_time
+from .transitions import TERMINAL_STATES
 
 if TYPE_CHECKING:
     from .service import JobService

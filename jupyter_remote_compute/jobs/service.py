@@ -54,7 +54,8 @@ from .logs import LOG_CHUNK, LogChunk
 from .metrics import MetricsPage
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
-from .store import ACTIVE_STATES, TERMINAL_STATES, Job, JobStore, new_job_id, utcnow
+from .store import Job, JobStore, new_job_id, utcnow
+from .transitions import ACTIVE_STATES, TERMINAL_STATES
 from .usage import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
 
 __all__ = ["JobService", "LogChunk", "ServiceSettings", "SubmitResult", "require_trained"]

@@ -31,13 +31,14 @@ import zlib
 from collections.abc import Iterable, Iterator, MutableMapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from filelock import Timeout
 
 from ..errors import InvalidSettings, NotFound, RemoteComputeError
 from ..fsutil import SharedFileLock, atomic_write
 from .spec import JobSpec
+from .transitions import ACTIVE_STATES, State
 
 #: 2: the file names its journal (``"journal"``) on its first line; 1 (no journal) is still read.
 SCHEMA_VERSION = 2
@@ -54,14 +55,6 @@ RECENT_DELTAS = 32  # how many snapshots back ``Snapshot.changes_since`` can rea
 FOLD_AT = 1024
 UNREADABLE = ".unreadable-"  # jobs.json.unreadable-<time>: a state file that could not be read, kept
 LOCK_TIMEOUT = 30.0
-
-# pending: the machine accepted the job and it waits for someone else (a scheduler, an agent, a
-# cloud provisioning); ``Job.reason`` says for what, in that party's words.
-State = Literal["queued", "sending", "pending", "running", "collecting", "succeeded", "failed", "cancelled", "lost"]
-ACTIVE_STATES: frozenset[str] = frozenset({"queued", "sending", "pending", "running", "collecting"})
-#: The states a job's machine has it in: polled, cancelled and timed out the same way.
-ON_MACHINE_STATES: frozenset[str] = frozenset({"pending", "running"})
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +127,7 @@ def holder_alive(holder: dict[str, Any] | None) -> bool:
 class Outcome:
     """How a job will end, decided when it stopped running; collection records it and ends the job."""
 
-    state: str  # one of TERMINAL_STATES
+    state: State  # one of TERMINAL_STATES
     reason: str | None = None
     reach_machine: bool = True  # False: the machine could not be reached, collect without asking it
     at: float | None = None  # when the job stopped on its machine, as this side saw it (epoch seconds)
@@ -164,7 +157,7 @@ class Job:
     machine: str
     kind: str
     spec: JobSpec  # a mapping given here (as the state file holds it) is parsed once, in __post_init__
-    state: str = "queued"
+    state: State = "queued"  # changed only by transitions.move
     reason: str | None = None
     created: str = dataclasses.field(default_factory=utcnow)
     updated: str = dataclasses.field(default_factory=utcnow)

@@ -33,7 +33,8 @@ from typing import Any
 
 from ..errors import InvalidSettings
 from ..fsutil import SharedFileLock, atomic_write
-from .store import ACTIVE_STATES, Job, parse_given_time, parse_time
+from .store import Job, parse_given_time, parse_time
+from .transitions import ACTIVE_STATES
 
 log = logging.getLogger(__name__)
 
