@@ -2,7 +2,9 @@
 
 The ssh test user must run the same training scripts the local tests run, so
 it gets Debian's ``python3`` in a virtualenv with ``mlflow-skinny`` at the
-version this side uses (what a lean training image carries). The virtualenv is
+version this side uses (what a lean training image carries), plus scikit-learn,
+pandas and psutil at this side's versions (the autolog parity script, MLflow's
+system metrics; a model pickled there loads here). The virtualenv is
 built once per machine and MLflow version, under a world-readable folder, and
 reused by every later session; a half-built one is never used (it is built
 beside its final place and renamed into it).
@@ -20,12 +22,14 @@ from filelock import FileLock
 
 DEBIAN_PYTHON = "/usr/bin/python3"
 ROOT = Path("/var/tmp/jrc-far-python")
+#: What a training machine carries beside MLflow, at this side's versions.
+TRAINING_PACKAGES = ("scikit-learn", "numpy", "scipy", "pandas", "psutil")
 
 
 def far_python_bin() -> Path:
     """The ``bin/`` folder of a virtualenv whose ``python`` imports MLflow; built on first use."""
     mlflow_version = version("mlflow")
-    home = ROOT / f"mlflow-skinny-{mlflow_version}"
+    home = ROOT / f"mlflow-skinny-{mlflow_version}-sklearn-{version('scikit-learn')}"
     python = home / "bin" / "python"
     ROOT.mkdir(mode=0o755, exist_ok=True)
     with FileLock(str(ROOT / ".build.lock"), timeout=600):
@@ -51,7 +55,8 @@ def _build(home: Path, mlflow_version: str) -> None:
     shutil.rmtree(home, ignore_errors=True)
     subprocess.run([DEBIAN_PYTHON, "-m", "venv", str(staging)], check=True, capture_output=True)
     installed = subprocess.run(
-        [str(staging / "bin" / "python"), "-m", "pip", "install", "-q", f"mlflow-skinny=={mlflow_version}"],
+        [str(staging / "bin" / "python"), "-m", "pip", "install", "-q", f"mlflow-skinny=={mlflow_version}"]
+        + [f"{name}=={version(name)}" for name in TRAINING_PACKAGES],
         capture_output=True,
         text=True,
     )

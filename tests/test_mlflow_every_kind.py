@@ -11,12 +11,17 @@ come back as one local run.
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import agent_fixture
 import jupyter_server_fixture
+import mlflow
 import pytest
 import skypilot_fixture
 import slurm_fixture
@@ -53,6 +58,61 @@ NAMED_EXPERIMENT = textwrap.dedent(
         mlflow.log_artifact("notes.txt")
     """
 )
+
+# The most common way people log today: autolog around a fit, plus one metric and one tag of their own.
+# A dataset scikit-learn ships, so nothing is downloaded; a fixed seed, so here and there train alike.
+AUTOLOG_SCRIPT = textwrap.dedent(
+    """\
+    import mlflow
+    from sklearn.datasets import load_diabetes
+    from sklearn.ensemble import RandomForestRegressor
+
+    mlflow.sklearn.autolog()
+    X, y = load_diabetes(return_X_y=True, as_frame=True)
+    with mlflow.start_run():
+        RandomForestRegressor(n_estimators=10, max_depth=4, random_state=0).fit(X, y)
+        mlflow.log_metric("extra", 1.5)
+        mlflow.set_tag("stage", "parity")
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def trained_here(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The autolog script run here with plain ``python`` into a store of its own: (tracking URI, run id)."""
+    folder = tmp_path_factory.mktemp("here")
+    (folder / "train_rf.py").write_text(AUTOLOG_SCRIPT)
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    done = subprocess.run([sys.executable, "train_rf.py"], cwd=folder, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (run,) = MlflowClient(uri).search_runs(["0"])
+    return uri, run.info.run_id
+
+
+def _user_tags(run: Any) -> dict[str, str]:
+    return {k: v for k, v in run.data.tags.items() if not k.startswith(("mlflow.", "remote_compute."))}
+
+
+def _datasets(run: Any) -> list[tuple[Any, ...]]:
+    return sorted(
+        (d.dataset.name, d.dataset.digest, d.dataset.source_type, d.dataset.schema, d.dataset.profile,
+         tuple(sorted((t.key, t.value) for t in d.tags)))
+        for d in run.inputs.dataset_inputs
+    )  # fmt: skip
+
+
+def _models(client: MlflowClient, run: Any) -> list[tuple[str, dict[str, str], dict[str, float]]]:
+    models = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
+    return sorted((m.name, dict(m.params), {x.key: x.value for x in m.metrics}) for m in models)
+
+
+def _predict(uri: str, run_id: str, rows: Any) -> list[float]:
+    mlflow.set_tracking_uri(uri)
+    try:
+        return list(mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(rows))
+    finally:
+        mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture
@@ -162,3 +222,42 @@ def test_a_script_naming_its_own_experiment_is_replayed_whole(machine, quickstar
     assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(s, 1.0 / (s + 1)) for s in range(5)]
     artifact = Path(client.download_artifacts(run.info.run_id, "notes.txt"))
     assert artifact.read_text() == "written on the far side\n"
+
+
+def test_an_autologged_run_trained_there_reads_like_one_trained_here(
+    machine, quickstart: Path, tracking_uri: str, trained_here: tuple[str, str]
+) -> None:
+    """What a quality gate reads with MLflow's own client is the same for the job's run as for a local one."""
+    from sklearn.datasets import load_diabetes
+
+    service, name = machine
+    (quickstart / "train_rf.py").write_text(AUTOLOG_SCRIPT)
+    spec = {"machine": name, "command": "python train_rf.py", "send": ["train_rf.py"], "name": "parity"}
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    here_uri, here_id = trained_here
+    here_client, there_client = MlflowClient(here_uri), MlflowClient(tracking_uri)
+    here, there = here_client.get_run(here_id), there_client.get_run(job.mlflow_run_id)
+
+    assert there.info.status == here.info.status == "FINISHED"
+    assert there.data.params == here.data.params and "n_estimators" in there.data.params
+    # The job's run carries its usage figures besides (remote_compute.*), and nothing else.
+    trained = {k: v for k, v in there.data.metrics.items() if not k.startswith("remote_compute.")}
+    assert trained == here.data.metrics and "training_r2_score" in trained
+    assert (
+        _user_tags(there)
+        == _user_tags(here)
+        == {
+            "stage": "parity",
+            "estimator_class": "sklearn.ensemble._forest.RandomForestRegressor",
+            "estimator_name": "RandomForestRegressor",
+        }
+    )
+    assert len(there.inputs.dataset_inputs) == 1 and _datasets(there) == _datasets(here)
+    assert _models(there_client, there) == _models(here_client, here)
+    assert [m.name for m in there_client.search_logged_models([there.info.experiment_id])] == ["model"]
+    assert there.data.tags["mlflow.source.name"] == "train_rf.py"
+    assert there.data.tags["mlflow.user"] == job.user
+    # The model loads from the run, as a gate would load it, and predicts exactly what the local one does.
+    rows = load_diabetes(return_X_y=True, as_frame=True)[0].head(20)
+    assert _predict(tracking_uri, there.info.run_id, rows) == _predict(here_uri, here_id, rows)

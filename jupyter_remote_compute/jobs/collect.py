@@ -98,6 +98,7 @@ class Collector:
         attempts = [a for a in self.ctx.usage.attempts_of(job.id) if a.attempt < attempt.attempt] + [attempt]
         metrics = job_metrics(attempts, parse_time(ended))
         record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [], metrics)
+        record = dataclasses.replace(record, digests={rel: verified[rel] for rel in landed})
         if secrets is None:
             record = without_far_records(record)
         background = self.ctx.settings.record_in_background
@@ -174,6 +175,7 @@ class Collector:
             mask_values=tuple(secrets),
             experiment=job.spec.plain_env().get("MLFLOW_EXPERIMENT_NAME"),
             metrics=dict(metrics),
+            user=job.user,
         )
 
     def _record(self, record: JobRecord, outcome: Outcome, secrets: Sequence[str]) -> tuple[str | None, Outcome]:
