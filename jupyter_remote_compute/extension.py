@@ -21,7 +21,9 @@ from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, Transfer
 from .jobs.listing import index_of
 from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job, Snapshot
-from .tracking import TrackingSettings
+from .mlflow_ui import MlflowUI
+from .mlflow_ui_handlers import MLFLOW_UI_PROXY
+from .tracking import TrackingSettings, tracking_uri
 from .workspace import Workspace
 
 EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"
@@ -120,6 +122,15 @@ class RemoteComputeApp(ExtensionApp):
         self.context = RemoteComputeContext(self.service, self.executor, self.transfers)
         self.settings["remote_compute"] = self.context
         self.settings["remote_compute_agent_lease"] = self.agent_lease
+        # MLflow's UI for the workspace's runs: the tracking server's, or a process started on first use.
+        self.mlflow_ui = MlflowUI(
+            tracking_uri(workspace.root, settings.tracking),
+            self.serverapp.base_url,
+            workspace.root,
+            workspace.punica_dir / "mlflow-ui.log",
+            logger=self.log,
+        )
+        self.settings["remote_compute_mlflow_ui"] = self.mlflow_ui
         self._started_at = time.time()
         self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         self._emitted: dict[str, tuple[str, str, int]] = {}
@@ -143,7 +154,7 @@ class RemoteComputeApp(ExtensionApp):
                 os.environ[variable] = value
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend([*HANDLERS, *AGENT_HANDLERS, FALLBACK_HANDLER])
+        self.handlers.extend([*HANDLERS, *AGENT_HANDLERS, MLFLOW_UI_PROXY, FALLBACK_HANDLER])
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self._start_poller()
@@ -284,6 +295,7 @@ class RemoteComputeApp(ExtensionApp):
             await asyncio.sleep(self.poll_interval)
 
     async def stop_extension(self) -> None:
+        await self.mlflow_ui.stop()
         if self._poller is not None:
             self._poller.cancel()
         if self._watcher is not None:

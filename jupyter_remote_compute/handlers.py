@@ -561,3 +561,6 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
 
 #: Registered after HANDLERS (and every other handler of the extension): catches the rest of the prefix.
 FALLBACK_HANDLER: tuple[str, type[RemoteComputeHandler]] = (rf"{PREFIX}/.*", UnknownRouteHandler)
+
+# MLflow's UI has its own module, whose handlers build on the classes above: importing it adds its routes to HANDLERS.
+from . import mlflow_ui_handlers  # noqa: E402, F401

@@ -1,0 +1,147 @@
+"""MLflow's UI for the workspace's own store: behind Jupyter's authentication, on loopback, stopped with the server.
+
+A real ``jupyter server`` process (server_process.py) on a real sqlite MLflow store with one run;
+the UI is MLflow 3's own ``mlflow server``, started by the first proxied request.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+from server_process import Server
+
+from jupyter_remote_compute.mlflow_ui import MlflowUI
+
+RUN_NAME = "mnist-small"
+
+
+def _raw(port: int, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None):  # type: ignore[no-untyped-def]
+    """One request without following redirects: (status, headers, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=150)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def _all_headers(port: int, path: str) -> list[tuple[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=150)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        return [(k.lower(), v) for k, v in response.getheaders()]
+    finally:
+        conn.close()
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp{,6} write them) listening on ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.append(address)
+    return found
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(400)
+def test_the_workspace_ui_shows_its_runs_only_with_jupyter_credentials_and_stops_with_the_server(
+    quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.create_experiment("tests", artifact_location=(tmp_path / "artifacts").as_uri())
+    run = client.create_run(experiment, run_name=RUN_NAME)
+    client.log_metric(run.info.run_id, "loss", 0.25, step=3)
+    client.set_terminated(run.info.run_id)
+
+    server = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log")
+    server.start()
+    try:
+        where = server.request("GET", "mlflow")
+        assert where == {"url": "/remote-compute/mlflow-ui/", "proxied": True, "running": False}
+        page = "/remote-compute/mlflow-ui/"
+        search = page + "ajax-api/2.0/mlflow/runs/search"
+        query = json.dumps({"experiment_ids": [experiment]}).encode()
+
+        # Without Jupyter's credentials: a page is sent to the login, a write is forbidden, MLflow never asked.
+        status, headers, _ = _raw(server.port, "GET", page)
+        assert status == 302 and "/login" in headers["Location"], (status, headers)
+        status, _, body = _raw(server.port, "POST", search, {"Content-Type": "application/json"}, query)
+        assert status == 403 and RUN_NAME.encode() not in body
+        assert server.request("GET", "mlflow")["running"] is False
+
+        auth = {"Authorization": f"token {server.token}"}
+        status, headers, body = _raw(server.port, "GET", page, auth)
+        assert status == 200 and b"<title>MLflow</title>" in body, body[:300]
+        status, _, body = _raw(server.port, "POST", search, {**auth, "Content-Type": "application/json"}, query)
+        assert status == 200, body[:500]
+        (found,) = json.loads(body)["runs"]
+        assert found["info"]["run_name"] == RUN_NAME
+        (metric,) = found["data"]["metrics"]
+        assert (metric["key"], metric["value"], metric["step"]) == ("loss", 0.25, 3)
+        assert server.request("GET", "mlflow")["running"] is True
+
+        # Signed in with a cookie (as a browser is): MLflow's page may post its searches from this
+        # origin without Jupyter's XSRF token, another site may not.
+        status, headers, _ = _raw(server.port, "GET", f"{page}?token={server.token}")
+        cookies = "; ".join(
+            v.split(";", 1)[0]
+            for k, v in _all_headers(server.port, f"{page}?token={server.token}")
+            if k == "set-cookie"
+        )
+        assert cookies, headers
+        json_type = {"Content-Type": "application/json", "Cookie": cookies}
+        origin = f"http://127.0.0.1:{server.port}"
+        status, _, body = _raw(server.port, "POST", search, {**json_type, "Origin": "http://evil.example"}, query)
+        assert status in (403, 404) and RUN_NAME.encode() not in body, status
+        status, _, body = _raw(server.port, "POST", search, {**json_type, "Origin": origin}, query)
+        assert status == 200 and RUN_NAME.encode() in body, body[:300]
+
+        started = re.search(r"starting MLflow's UI \(pid (\d+)\) on 127\.0\.0\.1:(\d+)", server.log.read_text())
+        assert started, server.log.read_text()[-3000:]
+        pid, port = int(started.group(1)), int(started.group(2))
+        assert _listening(port) == ["0100007F"], "MLflow's UI must listen on 127.0.0.1 only"
+        assert _group_alive(pid)
+    finally:
+        server.stop()
+    assert _listening(port) == []
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    assert not _group_alive(pid), "MLflow's UI (or its worker) outlived the server"
+
+
+def test_a_tracking_server_is_linked_to_and_never_started(tmp_path: Path) -> None:
+    ui = MlflowUI("https://mlflow.example.org/", "/", tmp_path, tmp_path / "ui.log")
+    assert ui.describe() == {"url": "https://mlflow.example.org/", "proxied": False, "running": True}
+    assert not (tmp_path / "ui.log").exists()
+
+
+def test_the_ui_lives_under_the_servers_base_url(tmp_path: Path) -> None:
+    ui = MlflowUI(f"sqlite:///{tmp_path / 'mlflow.db'}", "/user/ana/", tmp_path, tmp_path / "ui.log")
+    assert ui.describe()["url"] == "/user/ana/remote-compute/mlflow-ui/"
+    command = ui.command(5123)
+    assert command[command.index("--static-prefix") + 1] == "/user/ana/remote-compute/mlflow-ui"
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[command.index("--allowed-hosts") + 1] == "127.0.0.1:5123"
