@@ -131,12 +131,14 @@ def test_the_entry_point_names_the_step_with_a_valid_settings_schema() -> None:
 
 
 def test_describe_steps_offers_the_configured_machines() -> None:
-    [step] = describe_steps(["local", "gpu-box"])
-    assert step["settings"]["properties"]["machine"]["enum"] == ["local", "gpu-box"]
-    [other] = describe_steps(["gpu-box"])
-    assert "default" not in other["settings"]["properties"]["machine"]  # a default outside the choices
-    [plain] = describe_steps()
-    assert "enum" not in plain["settings"]["properties"]["machine"]
+    steps = describe_steps(["local", "gpu-box"])
+    assert [s["id"] for s in steps] == ["train-on-remote-machine", "run-notebook-on-remote-machine"]
+    for step in steps:
+        assert step["settings"]["properties"]["machine"]["enum"] == ["local", "gpu-box"]
+    for other in describe_steps(["gpu-box"]):
+        assert "default" not in other["settings"]["properties"]["machine"]  # a default outside the choices
+    for plain in describe_steps():
+        assert "enum" not in plain["settings"]["properties"]["machine"]
     assert "enum" not in TRAIN_ON_REMOTE_MACHINE["settings"]["properties"]["machine"]  # never changed in place
 
 

@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSettings, NotTrained
 from ..jobs.spec import JobSpec, parse_duration
 from ..workspace import Workspace
+
+if TYPE_CHECKING:
+    from ..jobs.service import JobService
+    from ..jobs.store import Job
 
 #: The settings a step takes; ``wait`` is the step's own, the rest make the job's spec.
 SETTINGS = ("machine", "command", "send", "bring_back", "env", "timeout", "wait", "name", "resources")
@@ -65,13 +70,18 @@ class StepResult:
         return dataclasses.asdict(self)
 
 
-def parse_settings(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
-    """The job's spec and how long to wait; every error names the setting."""
+def check_setting_names(settings: Mapping[str, Any], known: tuple[str, ...] = SETTINGS) -> None:
+    """Settings are an object of the step's own names; an unknown one is named with the ones it takes."""
     if not isinstance(settings, Mapping):
         raise InvalidSettings("settings: expected an object of settings")
     for name in settings:
-        if name not in SETTINGS:
-            raise InvalidSettings(f"{name}: unknown setting; this step takes {', '.join(SETTINGS)}", field=str(name))
+        if name not in known:
+            raise InvalidSettings(f"{name}: unknown setting; this step takes {', '.join(known)}", field=str(name))
+
+
+def parse_settings(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
+    """The job's spec and how long to wait; every error names the setting."""
+    check_setting_names(settings)
     wait = parse_duration(settings.get("wait"), "wait")
     spec = JobSpec.from_json({k: v for k, v in settings.items() if k != "wait"})
     return spec, wait
@@ -84,31 +94,57 @@ def run_step(settings: Mapping[str, Any], context: StepContext | Mapping[str, An
     ``SecretInSettings``, or ``NotTrained`` (``state``: still running when the wait
     ended, failed with exit code and log tail, cancelled, lost, missing outputs).
     """
+    spec, wait = parse_settings(settings)
+    return run_spec_in(context, spec, wait)
+
+
+def run_spec_in(context: StepContext | Mapping[str, Any], spec: JobSpec, wait: float | None) -> StepResult:
+    """``run_spec`` with a service of its own on the context's workspace (a step run outside the server)."""
     # The lifecycle (engines, MLflow) is imported here so discovering the step stays cheap.
-    from ..jobs.service import JobService, ServiceSettings, require_trained
+    from ..jobs.service import JobService, ServiceSettings
 
     ctx = StepContext.coerce(context)
-    spec, wait = parse_settings(settings)
     root = Path(os.fspath(ctx.workspace))
     service = JobService(Workspace.find(root, fallback=root), ServiceSettings(record_in_background=True))
     try:
-        previous = service.latest_same_work(spec)
-        if previous is not None and previous.state == "succeeded" and not service.changed_outputs(previous):
-            job, attached = previous, True
-        else:
-            submitted = service.submit(spec)
-            job, attached = submitted.job, submitted.attached
-            job = service.wait(job.id, timeout=wait, on_log=ctx.on_log)
-        require_trained(job)
-        changed = service.changed_outputs(job)
-        if changed:
-            # Someone replaced an output between landing and now: what is there is not this job's.
-            reason = "outputs changed in the workspace since they came back: " + ", ".join(changed)
-            raise NotTrained(f"job {job.id}: {reason}", job_id=job.id, state=job.state, reason=reason)
-        outputs = {
-            rel: {"sha256": info["sha256"], "size": info["size"], "path": str(service.workspace.root / rel)}
-            for rel, info in sorted(job.outputs.items())
-        }
-        return StepResult(job.id, job.state, job.machine, outputs, job.mlflow_run_id, attached)
+        return run_spec(service, spec, wait, on_log=ctx.on_log)
     finally:
         service.close()
+
+
+def run_spec(
+    service: JobService,
+    spec: JobSpec,
+    wait: float | None,
+    *,
+    on_log: Callable[[bytes], None] | None = None,
+    on_job: Callable[[Job, bool], None] | None = None,
+    stop: threading.Event | None = None,
+) -> StepResult:
+    """The step's rule on a given service: take the same work's trained result, else attach or submit
+    and wait; return the job only once trained. ``on_job`` hears the job (and whether it was already
+    there) as soon as it is known; ``stop`` ends the wait early (the job keeps running)."""
+    from ..jobs.service import require_trained
+
+    previous = service.latest_same_work(spec)
+    if previous is not None and previous.state == "succeeded" and not service.changed_outputs(previous):
+        job, attached = previous, True
+        if on_job is not None:
+            on_job(job, attached)
+    else:
+        submitted = service.submit(spec)
+        job, attached = submitted.job, submitted.attached
+        if on_job is not None:
+            on_job(job, attached)
+        job = service.wait(job.id, timeout=wait, on_log=on_log, stop=stop)
+    require_trained(job)
+    changed = service.changed_outputs(job)
+    if changed:
+        # Someone replaced an output between landing and now: what is there is not this job's.
+        reason = "outputs changed in the workspace since they came back: " + ", ".join(changed)
+        raise NotTrained(f"job {job.id}: {reason}", job_id=job.id, state=job.state, reason=reason)
+    outputs = {
+        rel: {"sha256": info["sha256"], "size": info["size"], "path": str(service.workspace.root / rel)}
+        for rel, info in sorted(job.outputs.items())
+    }
+    return StepResult(job.id, job.state, job.machine, outputs, job.mlflow_run_id, attached)

@@ -1,0 +1,53 @@
+"""``/remote-compute/pipelines/runs``: start, list, read and cancel pipeline runs (thin, as handlers.py)."""
+
+from __future__ import annotations
+
+from ..errors import InvalidSettings
+from ..handlers import PREFIX, RemoteComputeHandler, api
+from .runner import PipelineRunner
+
+RUN_ID = r"(?P<run_id>[A-Za-z0-9_-]+)"
+
+
+class PipelineHandler(RemoteComputeHandler):
+    @property
+    def runner(self) -> PipelineRunner:
+        return self.settings["remote_compute_pipelines"]
+
+
+class PipelineRunsHandler(PipelineHandler):
+    @api
+    async def get(self) -> None:
+        runs = await self.call(self.runner.list_runs)
+        self.reply({"runs": [r.public_json() for r in runs]})
+
+    @api(action="execute")
+    async def post(self) -> None:
+        body = self.body()
+        unknown = sorted(set(body) - {"file"})
+        if unknown:
+            raise InvalidSettings(f"{unknown[0]}: unknown setting; give only file", field=unknown[0])
+        run, attached = await self.call(self.runner.start, body.get("file"))
+        self.reply({"run": run.public_json(), "attached": attached}, 200 if attached else 201)
+
+
+class PipelineRunHandler(PipelineHandler):
+    @api
+    async def get(self, run_id: str) -> None:
+        run = await self.call(self.runner.get, run_id)
+        self.reply(run.public_json())
+
+
+class PipelineRunCancelHandler(PipelineHandler):
+    @api(action="execute")
+    async def post(self, run_id: str) -> None:
+        who = self.current_user.username if getattr(self.current_user, "username", None) else "user"
+        run = await self.call(self.runner.cancel, run_id, by=who)
+        self.reply(run.public_json())
+
+
+PIPELINE_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
+    (rf"{PREFIX}/pipelines/runs", PipelineRunsHandler),
+    (rf"{PREFIX}/pipelines/runs/{RUN_ID}", PipelineRunHandler),
+    (rf"{PREFIX}/pipelines/runs/{RUN_ID}/cancel", PipelineRunCancelHandler),
+]

@@ -1,0 +1,441 @@
+"""Running a pipeline: each node a job on its machine through ``JobService``, in dependency order.
+
+Independent branches run at once (a thread per node that is ready). A node's inputs are its own
+``send`` plus what the nodes it depends on bring back, so the job key (``jobs/key.py``) covers
+them: a node whose settings and inputs are unchanged and whose job succeeded is not run again
+(``reused``), and one whose job is still under way is attached to. A node that fails stops the
+nodes that need it (``not_run``, with the reason); cancelling a run cancels its running jobs.
+
+A run's record is ``.punica/pipelines/<run id>.json``, written atomically under a lock file
+(``fsutil``), with the driving process's identity: a run whose driver died (a server killed or
+restarted) is taken up again by ``resume`` and attaches to its jobs where they are.
+Everything here blocks; the server calls it from its worker threads, never from the IOLoop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError
+from ..fsutil import SharedFileLock, atomic_write
+from ..jobs.service import JobService
+from ..jobs.spec import JobSpec, check_relative_path
+from ..jobs.store import Job, holder_alive, new_job_id, process_identity, utcnow
+from ..steps import describe_steps, parse_settings
+from ..steps.executor import StepContext, run_spec
+from .document import Node, Pipeline, check, declared_outputs, load_pipeline, order
+from .notebook import NOTEBOOK_STEP, notebook_spec
+
+log = logging.getLogger(__name__)
+
+STEP_GROUP = "punica.mlops.steps"
+RUN_STATES = ("running", "succeeded", "failed", "cancelled")
+#: A node: waiting → running → succeeded | reused | failed | cancelled; or not_run when a need failed.
+NODE_DONE = ("succeeded", "reused", "failed", "cancelled", "not_run")
+LOCK_TIMEOUT = 30.0
+#: How long a cancelled run follows a job's cancel to its end (the machine's grace, a collection).
+STOP_WAIT = 120.0
+
+
+def known_steps() -> dict[str, dict[str, Any]]:
+    """Every step a pipeline may use: this package's, then any other package's entry points."""
+    steps = {s["id"]: s for s in describe_steps()}
+    for entry_point in metadata.entry_points(group=STEP_GROUP):
+        if entry_point.value.startswith("jupyter_remote_compute."):
+            continue  # ours are above, without importing through metadata
+        try:
+            step = entry_point.load()
+        except Exception as e:  # another package's broken step must not hide the others
+            log.warning("step %s could not be loaded: %s", entry_point.name, e)
+            continue
+        if isinstance(step, Mapping) and isinstance(step.get("id"), str):
+            steps.setdefault(step["id"], dict(step))
+    return steps
+
+
+@dataclasses.dataclass
+class NodeRun:
+    state: str = "waiting"
+    job_id: str | None = None
+    reason: str | None = None
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    started: str | None = None
+    ended: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class PipelineRun:
+    id: str
+    file: str  # workspace-relative path of the .rcpipeline
+    pipeline: dict[str, Any]  # the document as it was when the run started
+    state: str = "running"
+    reason: str | None = None
+    created: str = dataclasses.field(default_factory=utcnow)
+    updated: str = dataclasses.field(default_factory=utcnow)
+    cancel_requested: str | None = None
+    driver: dict[str, Any] | None = None
+    nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.state == "running"
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["nodes"] = {k: v.to_json() for k, v in self.nodes.items()}
+        return data
+
+    def public_json(self) -> dict[str, Any]:
+        data = self.to_json()
+        data.pop("driver")
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PipelineRun:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        values["nodes"] = {k: NodeRun(**v) for k, v in (data.get("nodes") or {}).items()}
+        return cls(**values)
+
+
+class RunStore:
+    """Pipeline runs, one JSON file each under ``.punica/pipelines/``; every change under its lock file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, run_id: str) -> Path:
+        if not run_id.replace("-", "").isalnum():
+            raise NotFound(f"no pipeline run {run_id!r}")
+        return self.folder / f"{run_id}.json"
+
+    def _lock(self, run_id: str) -> SharedFileLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return SharedFileLock(self.folder / f".{run_id}.lock", LOCK_TIMEOUT)
+
+    def get(self, run_id: str) -> PipelineRun:
+        try:
+            return PipelineRun.from_json(json.loads(self.path(run_id).read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise NotFound(f"no pipeline run {run_id!r}") from None
+        except (ValueError, TypeError) as e:
+            raise RemoteComputeError(f"{self.path(run_id)}: the run's record cannot be read ({e})") from None
+
+    def put(self, run: PipelineRun) -> None:
+        with self._lock(run.id):
+            self._write(run)
+
+    def _write(self, run: PipelineRun) -> None:
+        run.updated = utcnow()
+        atomic_write(self.path(run.id), (json.dumps(run.to_json(), indent=1) + "\n").encode())
+
+    def change(self, run_id: str, fn: Callable[[PipelineRun], None]) -> PipelineRun:
+        """Read, change and write one run under its lock, so two writers never lose each other's change."""
+        with self._lock(run_id):
+            run = self.get(run_id)
+            fn(run)
+            self._write(run)
+            return run
+
+    def runs(self) -> list[PipelineRun]:
+        """Every readable run, newest first."""
+        out = []
+        for path in sorted(self.folder.glob("*.json"), reverse=True):
+            try:
+                out.append(self.get(path.stem))
+            except RemoteComputeError as e:
+                log.warning("%s", e)
+        return out
+
+
+class PipelineRunner:
+    """Starts, drives, cancels and resumes pipeline runs on one ``JobService``."""
+
+    def __init__(self, service: JobService, *, max_runs: int = 8) -> None:
+        self.service = service
+        self.workspace = service.workspace
+        self.store = RunStore(self.workspace.punica_dir / "pipelines")
+        self.identity = process_identity()
+        self._pool = ThreadPoolExecutor(max_runs, thread_name_prefix="remote-compute-pipeline")
+        self._stops: dict[str, threading.Event] = {}
+        self._guard = threading.Lock()
+        self._listeners: list[Callable[[PipelineRun], None]] = []
+
+    # -- reading ---------------------------------------------------------------------------------
+    def get(self, run_id: str) -> PipelineRun:
+        return self.store.get(run_id)
+
+    def list_runs(self) -> list[PipelineRun]:
+        return self.store.runs()
+
+    def add_listener(self, listener: Callable[[PipelineRun], None]) -> None:
+        """Called (from the runner's threads) with a run each time it or one of its nodes changes."""
+        self._listeners.append(listener)
+
+    # -- the document ----------------------------------------------------------------------------
+    def resolve(self, file: Any) -> tuple[str, Path]:
+        """The pipeline file's workspace-relative path and where it is; outside the workspace is refused."""
+        if not isinstance(file, str) or not file.endswith(".rcpipeline"):
+            raise InvalidSettings("file: give the workspace path of a .rcpipeline file", field="file")
+        path = Path(file)
+        if path.is_absolute():
+            try:
+                file = str(path.resolve().relative_to(self.workspace.root.resolve()))
+            except ValueError:
+                raise InvalidSettings(f"file: {file} is not inside the workspace", field="file") from None
+        rel = check_relative_path(file, "file")
+        return rel, self.workspace.root / rel
+
+    def validate(self, file: Any) -> Pipeline:
+        """The pipeline, checked (``PipelineInvalid`` names every problem's node and field)."""
+        rel, path = self.resolve(file)
+        pipeline = load_pipeline(path)
+        check(pipeline, known_steps(), self.workspace.root, rel)
+        return pipeline
+
+    # -- running ---------------------------------------------------------------------------------
+    def start(self, file: Any, *, background: bool = True) -> tuple[PipelineRun, bool]:
+        """Start a run of the file (or attach to the one of it under way); returns (run, attached).
+
+        With ``background`` the run is driven in the runner's threads; else call ``drive``.
+        """
+        rel, _ = self.resolve(file)
+        pipeline = self.validate(rel)
+        for existing in self.store.runs():
+            if existing.file == rel and existing.active and holder_alive(existing.driver):
+                return existing, True
+        run = PipelineRun(
+            id=new_job_id(),
+            file=rel,
+            pipeline=pipeline.to_json(),
+            driver=self.identity,
+            nodes={n.id: NodeRun() for n in pipeline.nodes},
+        )
+        self.store.put(run)
+        self._emit(run)
+        if background:
+            self._pool.submit(self._drive_logged, run.id)
+        return run, False
+
+    def resume(self) -> list[str]:
+        """Take up every run whose driver died (a server restarted); returns their ids."""
+        taken = []
+        for run in self.store.runs():
+            if not run.active or holder_alive(run.driver):
+                continue
+
+            def take(r: PipelineRun) -> None:
+                r.driver = self.identity
+
+            self.store.change(run.id, take)
+            taken.append(run.id)
+            self._pool.submit(self._drive_logged, run.id)
+        return taken
+
+    def cancel(self, run_id: str, by: str = "user") -> PipelineRun:
+        """Stop the run: nodes not started never start, running nodes' jobs are cancelled."""
+
+        def request(run: PipelineRun) -> None:
+            if not run.active:
+                raise Conflict(f"pipeline run {run_id} has already ended ({run.state})")
+            run.cancel_requested = by
+
+        run = self.store.change(run_id, request)
+        with self._guard:
+            stop = self._stops.get(run_id)
+        if stop is not None:
+            stop.set()
+        for node in run.nodes.values():
+            if node.state == "running" and node.job_id:
+                with contextlib.suppress(Conflict, NotFound):  # it ended meanwhile
+                    self.service.cancel(node.job_id, by=by)
+        if stop is None and not holder_alive(run.driver):
+            # Nobody drives it: end it here.
+            run = self.store.change(run_id, lambda r: self._finish(r))
+        self._emit(run)
+        return run
+
+    def close(self) -> None:
+        with self._guard:
+            for stop in self._stops.values():
+                stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- driving ---------------------------------------------------------------------------------
+    def _emit(self, run: PipelineRun) -> None:
+        for listener in self._listeners:
+            try:
+                listener(run)
+            except Exception:
+                log.exception("pipeline listener failed")
+
+    def _drive_logged(self, run_id: str) -> None:
+        try:
+            self.drive(run_id)
+        except Exception:
+            log.exception("pipeline run %s stopped unexpectedly", run_id)
+
+    def drive(self, run_id: str) -> PipelineRun:
+        """Run every node in dependency order, independent ones at once; returns the ended run."""
+        stop = threading.Event()
+        with self._guard:
+            self._stops[run_id] = stop
+        try:
+            run = self.store.get(run_id)
+            pipeline = Pipeline.from_json(run.pipeline, run.file)
+            ordered, _ = order(pipeline)
+            if run.cancel_requested:
+                stop.set()
+            with ThreadPoolExecutor(max(1, len(ordered)), thread_name_prefix=f"pipeline-{run_id}") as nodes:
+                running: dict[Future[None], str] = {}
+                while True:
+                    run = self.store.get(run_id)
+                    if run.cancel_requested:
+                        stop.set()
+                    for node_id in ordered:
+                        node = run.nodes[node_id]
+                        if node.state not in ("waiting", "running") or node_id in running.values():
+                            continue
+                        needs = [run.nodes[n] for n in pipeline.upstream(node_id)]
+                        blocked = [
+                            n
+                            for n, s in zip(pipeline.upstream(node_id), needs, strict=True)
+                            if s.state in ("failed", "cancelled", "not_run")
+                        ]
+                        if stop.is_set():
+                            self._set_node(run_id, node_id, state="cancelled", reason="the run was cancelled")
+                        elif blocked:
+                            why = run.nodes[blocked[0]].reason or run.nodes[blocked[0]].state
+                            reason = f"not run: it needs {blocked[0]}, which {run.nodes[blocked[0]].state}: {why}"
+                            if run.nodes[blocked[0]].state == "not_run":
+                                reason = f"not run: it needs {blocked[0]}, which was not run"
+                            self._set_node(run_id, node_id, state="not_run", reason=reason)
+                        elif all(s.state in ("succeeded", "reused") for s in needs):
+                            future = nodes.submit(self._run_node, run_id, pipeline, pipeline.node(node_id), stop)
+                            running[future] = node_id
+                    if not running:
+                        after = self.store.get(run_id)
+                        if all(n.state in NODE_DONE for n in after.nodes.values()):
+                            break
+                        if after.nodes == run.nodes:
+                            break  # nothing can move (a cycle got past validation): end what is left
+                        continue
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        running.pop(future)
+                        future.result()
+            run = self.store.change(run_id, self._finish)
+            self._emit(run)
+            return run
+        finally:
+            with self._guard:
+                self._stops.pop(run_id, None)
+
+    @staticmethod
+    def _finish(run: PipelineRun) -> None:
+        for node in run.nodes.values():
+            if node.state not in NODE_DONE:
+                node.state, node.reason, node.ended = "cancelled", "the run was cancelled", utcnow()
+        states = [n.state for n in run.nodes.values()]
+        if all(s in ("succeeded", "reused") for s in states):
+            run.state, run.reason = "succeeded", None
+        elif run.cancel_requested:
+            run.state, run.reason = "cancelled", f"cancelled by {run.cancel_requested}"
+        else:
+            failed = [k for k, n in run.nodes.items() if n.state == "failed"]
+            run.state = "failed"
+            run.reason = f"node {failed[0]} failed: {run.nodes[failed[0]].reason}" if failed else "not every node ran"
+
+    def _set_node(self, run_id: str, node_id: str, **changes: Any) -> PipelineRun:
+        def apply(run: PipelineRun) -> None:
+            node = run.nodes[node_id]
+            for name, value in changes.items():
+                setattr(node, name, value)
+            if changes.get("state") in NODE_DONE:
+                node.ended = utcnow()
+
+        run = self.store.change(run_id, apply)
+        self._emit(run)
+        return run
+
+    def node_spec(self, pipeline: Pipeline, node: Node) -> tuple[JobSpec, float | None]:
+        """A built-in step's job: its settings, with what the nodes it needs bring back added to ``send``."""
+        settings = dict(node.settings)
+        brought = [out for up in pipeline.upstream(node.id) for out in declared_outputs(pipeline.node(up))]
+        if brought:
+            own = list(settings.get("send") or [])
+            settings["send"] = own + [b for b in brought if b not in own]
+        if node.step == NOTEBOOK_STEP:
+            return notebook_spec(settings)
+        return parse_settings(settings)
+
+    def _run_node(self, run_id: str, pipeline: Pipeline, node: Node, stop: threading.Event) -> None:
+        self._set_node(run_id, node.id, state="running", reason=None, started=utcnow())
+        try:
+            if node.step in ("train-on-remote-machine", NOTEBOOK_STEP):
+                spec, wait_for = self.node_spec(pipeline, node)
+                reused = False
+
+                def heard(job: Job, attached: bool) -> None:
+                    nonlocal reused
+                    reused = job.state == "succeeded"
+                    self._set_node(run_id, node.id, job_id=job.id)
+
+                result = run_spec(self.service, spec, wait_for, on_job=heard, stop=stop)
+                state = "reused" if reused else "succeeded"
+                reason = f"unchanged since job {result.job_id} succeeded: its outputs are reused" if reused else None
+                if not reused and result.attached:
+                    reason = f"attached to job {result.job_id}, which was already doing this work"
+                self._set_node(
+                    run_id, node.id, state=state, reason=reason, outputs=result.outputs, job_id=result.job_id
+                )
+            else:
+                result = self._run_foreign(run_id, node)
+                self._set_node(
+                    run_id, node.id, state="succeeded", outputs=result.get("outputs", {}), job_id=result.get("job_id")
+                )
+        except NotTrained as e:
+            if stop.is_set():
+                job = self._stop_job(e.job_id, run_id)
+                reason = f"the run was cancelled; job {e.job_id} {job.state}" if job else "the run was cancelled"
+                self._set_node(run_id, node.id, state="cancelled", reason=reason, job_id=e.job_id)
+            else:
+                state = "cancelled" if e.state == "cancelled" else "failed"
+                self._set_node(run_id, node.id, state=state, reason=e.reason or e.message, job_id=e.job_id)
+        except RemoteComputeError as e:
+            self._set_node(run_id, node.id, state="failed", reason=e.message)
+        except Exception as e:  # a step's bug ends that node, not the run's other branches
+            log.exception("pipeline %s: node %s", run_id, node.id)
+            self._set_node(run_id, node.id, state="failed", reason=f"unexpected error: {type(e).__name__}: {e}")
+
+    def _stop_job(self, job_id: str, run_id: str) -> Job | None:
+        """A cancelled run's job: cancelled if nobody asked yet, and followed to its end (nobody else
+        may be driving it: the CLI has no poller)."""
+        job = self.service.get(job_id)
+        if job.active and not job.cancel_requested:
+            with contextlib.suppress(Conflict):
+                run = self.store.get(run_id)
+                self.service.cancel(job_id, by=run.cancel_requested or "user")
+        return self.service.wait(job_id, timeout=STOP_WAIT)
+
+    def _run_foreign(self, run_id: str, node: Node) -> dict[str, Any]:
+        """Another package's step: its executor, called as the entry point describes."""
+        from pkgutil import resolve_name
+
+        step = known_steps()[node.step]
+        executor = resolve_name(step["executor"])
+        result = executor(dict(node.settings), StepContext(os.fspath(self.workspace.root), run_id=run_id))
+        return result.to_json() if hasattr(result, "to_json") else dict(result or {})
