@@ -186,7 +186,7 @@ def _summary(job: Job) -> str:
         parts.append("outputs: " + ", ".join(sorted(job.outputs)))
     if job.mlflow_run_id:
         parts.append(f"MLflow run {job.mlflow_run_id}")
-    elif job.state in TERMINAL_STATES and job.spec is not None:
+    elif job.state in TERMINAL_STATES and job.spec is not None and "not recorded in MLflow" not in (job.reason or ""):
         parts.append("MLflow run being recorded in the background (`jobs show` gives its id)")
     return "; ".join(parts)
 

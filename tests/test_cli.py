@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 from waiting import wait_for
 
 
@@ -40,22 +41,24 @@ def test_machines_list_shows_this_machine(cli) -> None:
     assert machines[0]["name"] == "local" and machines[0]["builtin"]
 
 
-def test_run_streams_the_log_and_brings_outputs_back(cli, quickstart: Path) -> None:
+def test_run_streams_the_log_and_brings_outputs_back(cli, quickstart: Path, tracking_uri: str) -> None:
     proc = cli(
         "run", "--machine", "local", "--send", "train.py", "--send", "data/*.csv",
         "--bring-back", "model.pkl", "--bring-back", "metrics.json", "--name", "from-cli",
         "--", "python", "train.py",
     )  # fmt: skip
     assert "trained on 40 rows" in proc.stdout
-    assert "succeeded" in proc.stderr and "MLflow run being recorded in the background" in proc.stderr
+    # Done means recorded: the run is in the store (new with this job) when `run` returns, its id said.
+    assert "succeeded" in proc.stderr and "MLflow run " in proc.stderr
+    run_id = proc.stderr.split("MLflow run ", 1)[1].split()[0].rstrip(";")
+    assert MlflowClient(tracking_uri).get_run(run_id).data.tags["mlflow.runName"] == "from-cli"
     assert (quickstart / "model.pkl").is_file()
     jobs = json.loads(cli("jobs", "list", "--json").stdout)
     assert [j["name"] for j in jobs] == ["from-cli"] and jobs[0]["state"] == "succeeded"
     shown = json.loads(cli("jobs", "show", jobs[0]["id"], "--json").stdout)
     assert set(shown["outputs"]) == {"model.pkl", "metrics.json"}
     assert "trained on 40 rows" in cli("jobs", "log", jobs[0]["id"]).stdout
-    # The CLI ended before MLflow recorded the job; its detached recorder puts the run id on the job.
-    wait_for(lambda: json.loads(cli("jobs", "show", jobs[0]["id"], "--json").stdout)["mlflow_run_id"], timeout=120)
+    assert shown["mlflow_run_id"] == run_id
 
 
 def test_a_failing_job_exits_non_zero_with_its_reason(cli) -> None:

@@ -1,4 +1,4 @@
-"""The CLI ends a job before MLflow records it: a detached recorder makes exactly one run per job.
+"""A detached recorder makes exactly one run per job; the CLI reports the job once it has.
 
 Real processes throughout: the CLI as a user runs it, the recorder it leaves behind, a real MLflow
 sqlite store. The test bed's ``git`` (first on PATH, nowhere in the product) holds the recorder
@@ -89,14 +89,15 @@ def _held_recorder(bed: dict[str, Any]) -> int:
     return pid
 
 
-def test_the_cli_ends_before_mlflow_and_one_run_is_recorded(bed: dict[str, Any]) -> None:
+def test_the_cli_reports_the_job_once_its_detached_recorder_made_one_run(bed: dict[str, Any]) -> None:
     cli = _cli(bed, "run", "--bring-back", "model.pkl", "--send", "train.py", "--send", "data/*.csv",
                "--", "python", "train.py")  # fmt: skip
     _, err = cli.communicate(timeout=120)
     assert cli.returncode == 0, err
     (job_id,) = _jobs(bed)
-    assert "succeeded" in err and "recorded in the background" in err
-    run_id = wait_for(lambda: _recorded(bed, job_id), timeout=120, message="the run id on the job")
+    # Done means recorded: the id is on the job and in what the CLI said, the run readable at once.
+    run_id = _recorded(bed, job_id)
+    assert run_id and f"MLflow run {run_id}" in err and "succeeded" in err
     runs = job_runs(bed["uri"], job_id)
     assert [r.info.run_id for r in runs] == [run_id]
     # What the job logged and brought back reached the run; the to-do and the fetched copy are gone.
@@ -127,8 +128,10 @@ def _orphan(bed: dict[str, Any]) -> str:
     (bed["faults"] / "arm").touch()
     cli = _cli(bed, "run", "--", "true")
     recorder = _held_recorder(bed)
-    cli.communicate(timeout=60)
     (job_id,) = _jobs(bed)
+    # The CLI waits for its recorder (and would replace a dead one): it goes first, as a killed terminal's.
+    cli.kill()
+    cli.communicate(timeout=60)
     os.kill(recorder, signal.SIGKILL)
     wait_for(lambda: not Path(f"/proc/{recorder}").exists(), timeout=30, message="the recorder to die")
     assert _recorded(bed, job_id) is None and job_runs(bed["uri"], job_id) == []
@@ -158,4 +161,17 @@ def test_recorders_racing_for_one_job_make_one_run(bed: dict[str, Any], monkeypa
         record.start(Workspace(bed["root"]), settings, job_id, [])
     run_id = wait_for(lambda: _recorded(bed, job_id), timeout=180, message="the run id on the job")
     wait_for(lambda: _pending(bed) == [], timeout=60, message="the to-do to go")
+    assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
+
+
+def test_a_recorder_dying_while_the_cli_waits_is_replaced_and_the_cli_reports_the_run(bed: dict[str, Any]) -> None:
+    (bed["faults"] / "arm").touch()
+    cli = _cli(bed, "run", "--", "true")
+    recorder = _held_recorder(bed)
+    os.kill(recorder, signal.SIGKILL)
+    _, err = cli.communicate(timeout=180)
+    assert cli.returncode == 0, err
+    (job_id,) = _jobs(bed)
+    run_id = _recorded(bed, job_id)
+    assert run_id and f"MLflow run {run_id}" in err
     assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]

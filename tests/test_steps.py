@@ -226,10 +226,11 @@ def test_outputs_come_back_verified_with_their_mlflow_run(
         assert result["outputs"][name]["sha256"] == _sha256(quickstart / name)
         assert result["outputs"][name]["path"] == str(quickstart / name)
         assert result["outputs"][name]["size"] == (quickstart / name).stat().st_size
-    # MLflow stayed out of the step's process; the detached recorder makes exactly one run for the job.
+    # MLflow stayed out of the step's process; the detached recorder made exactly one run for the job,
+    # before the step returned (done means recorded).
     assert run.saw("mlflow imported: False")
-    run_id = recorded_run(make_service(quickstart), result["job_id"])
-    assert result["mlflow_run_id"] in (None, run_id)
+    run_id = make_service(quickstart).get(result["job_id"]).mlflow_run_id
+    assert run_id and result["mlflow_run_id"] == run_id
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, f"tags.`remote_compute.job_id` = '{result['job_id']}'")

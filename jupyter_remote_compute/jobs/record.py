@@ -14,6 +14,10 @@ Exactly one run per job, always:
 - every ``submit`` and every poll pass (the server's, the CLI's) starts a recorder for each to-do
   nobody holds; two that race both find the run by its job tag under the store's lock (tracking.py);
 - the recorder writes the run id (or why it could not record) onto the job, then removes the to-do.
+
+Done means recorded: a face that reports a job's end (``run``, ``jobs wait``, ``%remote_train``, a
+pipeline step) waits for that recorder (``await_recorded``) instead of recording itself, so there is
+one recording path for every face and killing the face still leaves the run to be recorded.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -128,6 +133,64 @@ def resume(ctx: JobContext) -> None:
                 continue
             secrets = mask_values(ctx.secrets, job)
         start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
+
+
+#: A to-do with no recorder seen at work on it this long after one was started gets another
+#: (the first could not start, or a probe took its claim); the attempt count still bounds them.
+START_GRACE = 20.0
+WAIT_STEP = 0.02  # seconds between looks at a to-do while no recorder has claimed it yet
+
+
+def await_recorded(ctx: JobContext, job_id: str) -> None:
+    """Return once the job's to-do is recorded (its run id, or why not, is on the job).
+
+    Never takes the to-do's lock while a recorder may be about to claim it (that would turn the
+    recorder away): it waits for a claim to show (the recorder counts its attempt once it holds the
+    lock), then blocks on a shared lock, which the kernel grants when the recorder lets go. A recorder
+    that died, or never showed, is replaced, as ``resume`` would."""
+    path = pending_file(ctx.workspace, job_id)
+    counter = path.with_suffix(".attempts")
+    seen = 0  # a count already there: a recorder holds it now, or one died (the shared lock tells which)
+    started = time.monotonic()
+    while True:
+        if not path.exists():
+            return
+        attempts = _size(counter)
+        if attempts == seen:
+            if time.monotonic() - started > START_GRACE:
+                _restart(ctx, job_id)
+                started = time.monotonic()
+            time.sleep(WAIT_STEP)
+            continue
+        seen = attempts
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the recorder holding it is done or dead
+        finally:
+            os.close(fd)
+        if path.exists():  # it died before it was done
+            _restart(ctx, job_id)
+            started = time.monotonic()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _restart(ctx: JobContext, job_id: str) -> None:
+    try:
+        job = ctx.store.get(job_id)
+    except NotFound:
+        secrets: Sequence[str] | None = []
+    else:
+        secrets = mask_values(ctx.secrets, job)
+    start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
 
 
 # -- the recorder process ----------------------------------------------------------------------

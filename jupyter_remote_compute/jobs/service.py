@@ -70,9 +70,13 @@ class SubmitResult:
 
 
 def require_trained(job: Job) -> Job:
-    """The one definition of "trained": succeeded, every declared output fetched, verified and in place."""
-    if job.state == "succeeded":
+    """The one definition of "trained": succeeded, every declared output fetched, verified and in place,
+    and its MLflow run recorded (done means recorded: a gate reading the store right after finds it)."""
+    if job.state == "succeeded" and job.mlflow_run_id:
         return job
+    if job.state == "succeeded":
+        message = f"job {job.id} succeeded but its MLflow run is not recorded: {job.reason or 'still being recorded'}"
+        raise NotTrained(message, job_id=job.id, state=job.state, reason=job.reason)
     if job.state in ACTIVE_STATES:
         message = f"job {job.id} is not trained yet: it is still {job.state}"
     else:
@@ -339,8 +343,10 @@ class JobService:
 
         Returns the job in whatever state it reached: a wait that ends early does not stop the job.
         The CLI (``run``, ``jobs log -f``), the magic and pipeline steps all follow a job through here.
+        Done means recorded: a job that ended is returned once its MLflow run is (``mlflow_run_id``),
+        or once the recorder has said on it why it could not be.
         """
-        return logs.follow(
+        job = logs.follow(
             self.advance,
             self.read_log,
             job_id,
@@ -353,6 +359,10 @@ class JobService:
             read_metrics=self.read_metrics,
             on_metrics=on_metrics,
         )
+        if job.state in TERMINAL_STATES and job.mlflow_run_id is None and self.settings.record_in_background:
+            record_later.await_recorded(self.ctx, job.id)
+            job = self.store.get(job.id)
+        return job
 
     def read_log(self, job_id: str, offset: int = 0, limit: int = LOG_CHUNK) -> LogChunk:
         """Part of a job's log from a byte offset, whole lines where possible, secrets masked."""

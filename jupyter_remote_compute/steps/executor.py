@@ -57,13 +57,13 @@ class StepContext:
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """A trained job: its outputs in the workspace, verified, and its MLflow run once recorded (else None)."""
+    """A trained job: its outputs in the workspace, verified, and its MLflow run, recorded before it returns."""
 
     job_id: str
     state: str
     machine: str
     outputs: dict[str, dict[str, Any]]  # workspace-relative path -> {sha256, size, path}
-    mlflow_run_id: str | None  # None while the detached recorder is at work: the job gets it
+    mlflow_run_id: str | None  # never None: a step returns only a trained job, and trained means recorded
     attached: bool  # the work was already under way (or done) when this run asked
 
     def to_json(self) -> dict[str, Any]:
