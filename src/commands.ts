@@ -47,6 +47,7 @@ import { JobFormWidget } from './components/JobForm';
 import { MachineFormWidget } from './components/MachineForm';
 import { UsageWidget } from './components/UsageView';
 import { formatSize } from './format';
+import { openMlflow } from './mlflow';
 import { computeIcon } from './icons';
 import { asAPIError, ComputeModel } from './model';
 
@@ -69,6 +70,7 @@ export namespace CommandIDs {
   export const openOutputs = 'remote-compute:open-outputs';
   export const pruneJobs = 'remote-compute:prune-jobs';
   export const showUsage = 'remote-compute:show-usage';
+  export const openMlflow = 'remote-compute:open-mlflow';
 }
 
 /**
@@ -760,6 +762,44 @@ export function registerCommands(context: ICommandContext): void {
     }
   });
 
+  // A job's id: given, or the job row a context menu was opened on.
+  const jobIdOf = (args: ReadonlyPartialJSONObject): string =>
+    stringArg(args, 'id') ||
+    (app.contextMenuHitTest(node => !!node.dataset.jobId)?.dataset.jobId ?? '');
+
+  commands.addCommand(CommandIDs.openMlflow, {
+    label: args =>
+      jobIdOf(args) ? trans.__('Open in MLflow') : trans.__('Open MLflow'),
+    caption: trans.__(
+      "MLflow's own UI in a tab: the job's run, or the list of experiments"
+    ),
+    isEnabled: args => {
+      const id = jobIdOf(args);
+      return !id || !!model.job(id)?.mlflow_run_id;
+    },
+    execute: async args => {
+      const id = jobIdOf(args);
+      let job = id ? model.job(id) : undefined;
+      try {
+        if (id && !job?.mlflow_run_id) {
+          job = await model.reloadJob(id);
+        }
+        await openMlflow(app, trans, {
+          runId: job?.mlflow_run_id ?? undefined,
+          label: job?.name || job?.id,
+          configuredUrl: model.settings.mlflowUiUrl
+        });
+      } catch (error) {
+        showError(trans.__('Could not open MLflow'), error, trans);
+      }
+    }
+  });
+  app.contextMenu.addItem({
+    command: CommandIDs.openMlflow,
+    selector: '.jp-RemoteCompute-job',
+    rank: 10
+  });
+
   commands.addCommand(CommandIDs.showUsage, {
     label: trans.__('Show compute usage'),
     caption: trans.__(
@@ -779,6 +819,7 @@ export function registerCommands(context: ICommandContext): void {
       CommandIDs.cancelJob,
       CommandIDs.pruneJobs,
       CommandIDs.showUsage,
+      CommandIDs.openMlflow,
       CommandIDs.refresh
     ]) {
       palette.addItem({ command, category });

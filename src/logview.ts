@@ -5,7 +5,8 @@
  * lines collapse to their last state. At most `maxLines` lines are kept (older ones are
  * dropped and counted), and only the lines in view are in the DOM: the scroller holds a
  * spacer as tall as every line, and one <pre> with the visible slice is moved over it.
- * While the view is scrolled to the bottom it follows new lines.
+ * It follows new lines until the person scrolls up (a wheel, a key, a drag of the scrollbar),
+ * and again once they scroll back to the end; a change of layout never stops it.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Message } from '@lumino/messaging';
@@ -14,6 +15,11 @@ import { Widget } from '@lumino/widgets';
 import { stripAnsi } from './format';
 
 const OVERSCAN = 20;
+/**
+ * What a person does to scroll; a scroll within `USER_SCROLL_MS` after one of these is theirs.
+ */
+const USER_SCROLL_EVENTS = ['wheel', 'keydown', 'pointerdown', 'touchmove'];
+const USER_SCROLL_MS = 1000;
 const FALLBACK_LINE_HEIGHT = 17;
 
 export class LogView extends Widget {
@@ -43,6 +49,9 @@ export class LogView extends Widget {
     this.node.appendChild(this._status);
     this.node.appendChild(this._scroller);
     this._scroller.addEventListener('scroll', this, { passive: true });
+    for (const type of USER_SCROLL_EVENTS) {
+      this._scroller.addEventListener(type, this, { passive: true });
+    }
     this._renderStatus();
   }
 
@@ -107,13 +116,29 @@ export class LogView extends Widget {
     this._schedule();
   }
 
+  /**
+   * Whether the view keeps to the end as lines arrive.
+   */
+  get following(): boolean {
+    return this._follow;
+  }
+
   handleEvent(event: Event): void {
-    if (event.type === 'scroll') {
-      const el = this._scroller;
-      this._follow =
-        el.scrollTop + el.clientHeight >= el.scrollHeight - this._lineHeight;
-      this._schedule();
+    if (event.type !== 'scroll') {
+      this._userInput = performance.now();
+      return;
     }
+    const el = this._scroller;
+    const atEnd =
+      el.scrollTop + el.clientHeight >= el.scrollHeight - this._lineHeight;
+    // Our own scroll to the end, a resize or new content are not a person leaving the end.
+    const byUser = performance.now() - this._userInput < USER_SCROLL_MS;
+    if (atEnd) {
+      this._follow = true;
+    } else if (byUser) {
+      this._follow = false;
+    }
+    this._schedule();
   }
 
   dispose(): void {
@@ -124,6 +149,9 @@ export class LogView extends Widget {
       cancelAnimationFrame(this._frame);
     }
     this._scroller.removeEventListener('scroll', this);
+    for (const type of USER_SCROLL_EVENTS) {
+      this._scroller.removeEventListener(type, this);
+    }
     super.dispose();
   }
 
@@ -231,6 +259,7 @@ export class LogView extends Widget {
   private _spacer: HTMLDivElement;
   private _status: HTMLDivElement;
   private _trans: TranslationBundle;
+  private _userInput = -Infinity;
 }
 
 /**

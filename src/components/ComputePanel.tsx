@@ -267,7 +267,7 @@ function Machines(props: {
           icon={addIcon}
           label={trans.__('Add a machine')}
           tooltip={trans.__(
-            'Add an SSH host or a Jupyter Server to run jobs on'
+            'Add a machine to run jobs on: SSH, Jupyter Server, Slurm, agent or SkyPilot'
           )}
           onClick={() => void commands.execute('remote-compute:add-machine')}
         />
@@ -288,11 +288,7 @@ function Machines(props: {
         ))}
       </ul>
       {others.length === 0 ? (
-        <p className="jp-RemoteCompute-empty">
-          {trans.__(
-            'No other machine yet. Add an SSH host or a Jupyter Server to train elsewhere.'
-          )}
-        </p>
+        <EmptyMachines trans={trans} />
       ) : (
         <ul className="jp-RemoteCompute-list" aria-label={trans.__('Machines')}>
           {others.map(machine => (
@@ -308,6 +304,48 @@ function Machines(props: {
         </ul>
       )}
     </section>
+  );
+}
+
+/**
+ * The kinds of machine, one line each: what a newcomer picks from.
+ */
+function EmptyMachines(props: { trans: TranslationBundle }): JSX.Element {
+  const { trans } = props;
+  const kinds: [string, string][] = [
+    [trans.__('SSH host'), trans.__('any machine you can ssh to')],
+    [
+      trans.__('Jupyter Server'),
+      trans.__('a remote Jupyter or JupyterHub you have a token for')
+    ],
+    [
+      trans.__('Slurm cluster'),
+      trans.__("jobs wait in the cluster's queue (sbatch over ssh)")
+    ],
+    [
+      trans.__('Agent'),
+      trans.__('an on-prem machine that fetches its jobs from here')
+    ],
+    [
+      trans.__('SkyPilot'),
+      trans.__('your own cloud accounts: a cluster made for the job')
+    ],
+    [
+      trans.__('This machine'),
+      trans.__('already here: jobs run beside this server')
+    ]
+  ];
+  return (
+    <div className="jp-RemoteCompute-empty jp-RemoteCompute-emptyMachines">
+      <p>{trans.__('No other machine yet. Add one of:')}</p>
+      <ul aria-label={trans.__('Kinds of machine')}>
+        {kinds.map(([kind, what]) => (
+          <li key={kind}>
+            <strong>{kind}</strong> — {what}
+          </li>
+        ))}
+      </ul>
+    </div>
   );
 }
 
@@ -328,6 +366,7 @@ function JobRow(props: {
       style={{ top, height: JOB_ROW_HEIGHT }}
       tabIndex={0}
       aria-label={job.name || job.id}
+      data-job-id={job.id}
       data-state={job.state}
       title={job.reason ? `${job.id}\n${job.reason}` : job.id}
       onClick={open}
@@ -575,17 +614,18 @@ function ComputePanelComponent(props: {
         <Machines model={model} commands={commands} trans={trans} />
         <Jobs model={model} commands={commands} trans={trans} />
         <Secrets trans={trans} />
-        {model.settings.mlflowUiUrl && (
-          <p className="jp-RemoteCompute-footer">
-            <a
-              href={model.settings.mlflowUiUrl}
-              target="_blank"
-              rel="noopener noreferrer"
-            >
-              {trans.__('Open the MLflow UI')}
-            </a>
-          </p>
-        )}
+        <p className="jp-RemoteCompute-footer">
+          <a
+            href="#"
+            className="jp-RemoteCompute-link"
+            onClick={e => {
+              e.preventDefault();
+              void commands.execute('remote-compute:open-mlflow');
+            }}
+          >
+            {trans.__('Open MLflow')}
+          </a>
+        </p>
       </>
     );
   }

@@ -10,8 +10,13 @@ import { Message } from '@lumino/messaging';
 import { Panel } from '@lumino/widgets';
 import * as React from 'react';
 
-import { IJob, isActive, isTerminal, readLog } from '../api';
-import { formatSize, jobDuration, relativeTime } from '../format';
+import { IJob, IResources, isActive, isTerminal, readLog } from '../api';
+import {
+  formatDuration,
+  formatSize,
+  jobDuration,
+  relativeTime
+} from '../format';
 import { computeIcon } from '../icons';
 import { LogView } from '../logview';
 import { asAPIError, ComputeModel } from '../model';
@@ -39,21 +44,6 @@ function Time(props: {
   );
 }
 
-/**
- * Where the MLflow UI shows a run: `<url>/#/experiments/<exp>/runs/<id>` when the job
- * says which experiment, else `<url>/#/runs/<id>` (the UI finds the experiment).
- */
-export function mlflowRunUrl(
-  base: string,
-  runId: string,
-  experimentId?: unknown
-): string {
-  const root = base.replace(/\/+$/, '');
-  return typeof experimentId === 'string' && experimentId
-    ? `${root}/#/experiments/${encodeURIComponent(experimentId)}/runs/${encodeURIComponent(runId)}`
-    : `${root}/#/runs/${encodeURIComponent(runId)}`;
-}
-
 function List(props: { items: string[]; empty: string }): JSX.Element {
   if (props.items.length === 0) {
     return <span className="jp-RemoteCompute-muted">{props.empty}</span>;
@@ -67,6 +57,44 @@ function List(props: { items: string[]; empty: string }): JSX.Element {
       ))}
     </ul>
   );
+}
+
+/**
+ * "4h00m" for 14400 (seconds) or the spec's own words ("4h"): a timeout as a person reads it.
+ */
+export function formatTimeout(timeout: number | string): string {
+  const seconds = typeof timeout === 'number' ? timeout : Number(timeout);
+  return Number.isFinite(seconds)
+    ? formatDuration(seconds * 1000)
+    : String(timeout);
+}
+
+/**
+ * "2 GPUs · 8 CPUs · 32G memory · 1 node · partition gpu": what the job asked of its machine.
+ */
+export function formatResources(
+  resources: IResources | null | undefined,
+  trans: TranslationBundle
+): string {
+  if (!resources) {
+    return '';
+  }
+  const parts: string[] = [];
+  const count = (n: number | null | undefined, one: string, many: string) => {
+    if (typeof n === 'number') {
+      parts.push(trans._n(one, many, n));
+    }
+  };
+  count(resources.gpus, '%1 GPU', '%1 GPUs');
+  count(resources.cpus, '%1 CPU', '%1 CPUs');
+  if (resources.memory) {
+    parts.push(trans.__('%1 memory', resources.memory));
+  }
+  count(resources.nodes, '%1 node', '%1 nodes');
+  if (resources.partition) {
+    parts.push(trans.__('partition %1', resources.partition));
+  }
+  return parts.join(' · ');
 }
 
 function JobInfo(props: {
@@ -96,8 +124,10 @@ function JobInfo(props: {
     : spec.command;
   const envNames = Object.keys(spec.env ?? {});
   const outputs = Object.entries(job.outputs ?? {});
-  const mlflowUrl = model.settings.mlflowUiUrl;
   const runId = job.mlflow_run_id;
+  const openRun = (): void =>
+    void commands.execute('remote-compute:open-mlflow', { id: job.id });
+  const resources = formatResources(spec.resources, trans);
   const inputs = job.inputs ?? {};
 
   return (
@@ -131,6 +161,11 @@ function JobInfo(props: {
         >
           {trans.__('Run again')}
         </Button>
+        {runId && (
+          <Button type="button" onClick={openRun}>
+            {trans.__('Open in MLflow')}
+          </Button>
+        )}
         {isTerminal(job.state) && (
           <Button
             type="button"
@@ -227,10 +262,20 @@ function JobInfo(props: {
             <span className="jp-RemoteCompute-muted">{trans.__('none')}</span>
           )}
         </dd>
+        <dt>{trans.__('Resources')}</dt>
+        <dd>
+          {resources || (
+            <span className="jp-RemoteCompute-muted">
+              {trans.__("the machine's defaults")}
+            </span>
+          )}
+        </dd>
         {spec.timeout !== undefined && spec.timeout !== null && (
           <>
             <dt>{trans.__('Timeout')}</dt>
-            <dd>{String(spec.timeout)}</dd>
+            <dd title={trans.__('%1 seconds', String(spec.timeout))}>
+              {formatTimeout(spec.timeout)}
+            </dd>
           </>
         )}
         <dt>{trans.__('Outputs')}</dt>
@@ -267,24 +312,17 @@ function JobInfo(props: {
         <dt>{trans.__('MLflow run')}</dt>
         <dd>
           {runId ? (
-            mlflowUrl ? (
-              <a
-                className="jp-RemoteCompute-link"
-                href={mlflowRunUrl(mlflowUrl, runId, job.mlflow_experiment_id)}
-                target="_blank"
-                rel="noopener noreferrer"
-              >
-                {runId}
-              </a>
-            ) : (
-              <code
-                title={trans.__(
-                  'Set "MLflow UI URL" in the settings to make this a link.'
-                )}
-              >
-                {runId}
-              </code>
-            )
+            <a
+              href="#"
+              className="jp-RemoteCompute-link"
+              title={trans.__('Open run %1 in MLflow', runId)}
+              onClick={e => {
+                e.preventDefault();
+                openRun();
+              }}
+            >
+              <code>{runId}</code>
+            </a>
           ) : (
             <span className="jp-RemoteCompute-muted">
               {isTerminal(job.state)

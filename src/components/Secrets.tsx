@@ -15,7 +15,13 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { deleteSecret, ISecrets, setSecret, getSecrets } from '../api';
+import {
+  deleteSecret,
+  ISecretEntry,
+  ISecrets,
+  setSecret,
+  getSecrets
+} from '../api';
 import { asAPIError } from '../model';
 
 /**
@@ -114,6 +120,20 @@ function SecretEditor(props: {
   );
 }
 
+/**
+ * Where a secret lives, as a one-word badge; the full place is its tooltip.
+ */
+function placeBadge(secret: ISecretEntry, trans: TranslationBundle): string {
+  switch (secret.source) {
+    case 'keyring':
+      return trans.__('keyring');
+    case 'file':
+      return trans.__('file');
+    default:
+      return trans.__('deployment');
+  }
+}
+
 export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
   const { trans } = props;
   const [data, setData] = React.useState<ISecrets | null>(null);
@@ -182,7 +202,11 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
         </h3>
         <ToolbarButtonComponent
           icon={addIcon}
-          tooltip={trans.__('Add a secret')}
+          tooltip={
+            store
+              ? trans.__('Add a secret (it goes to %1)', store.where)
+              : trans.__('Add a secret')
+          }
           enabled={store?.usable !== false}
           onClick={() => {
             setNotice(null);
@@ -195,10 +219,13 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
           onClick={() => void load()}
         />
       </div>
-      {store && (
-        <p className="jp-RemoteCompute-fieldHelp">
-          {trans.__('New secrets go to %1.', store.where)}
-          {store.note ? ` ${store.note}` : ''}
+      {store?.usable && store.note && (
+        <p
+          className="jp-RemoteCompute-secretWarning"
+          role="note"
+          title={store.note}
+        >
+          {trans.__('Not encrypted: %1.', store.where)}
         </p>
       )}
       {store && !store.usable && store.problem && (
@@ -234,12 +261,20 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
             data-name={secret.name}
           >
             <span className="jp-RemoteCompute-itemName">{secret.name}</span>
-            <span className="jp-RemoteCompute-address" title={secret.where}>
-              {secret.read_only ? trans.__('deployment') : secret.where}
+            <span
+              className="jp-RemoteCompute-secretBadge"
+              data-source={secret.source}
+              title={secret.where}
+            >
+              {placeBadge(secret, trans)}
             </span>
             {secret.problem && (
-              <span className="jp-RemoteCompute-fieldError">
-                {secret.problem}
+              <span
+                className="jp-RemoteCompute-secretProblem"
+                title={secret.problem}
+                role="note"
+              >
+                {trans.__('not used')}
               </span>
             )}
             {!secret.read_only && (

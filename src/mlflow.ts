@@ -1,0 +1,125 @@
+/**
+ * MLflow one click away: its own UI in a JupyterLab tab, at a job's run or at the experiment list.
+ *
+ * Where the UI is comes from the server (`GET /remote-compute/mlflow`): the tracking server's
+ * address (opened in a browser tab, since a tracking server usually forbids being framed by
+ * another origin), or the path under this Jupyter server that proxies the UI it runs for the
+ * workspace's own store (opened in a JupyterLab tab; same origin, behind Jupyter's login).
+ * A "MLflow UI URL" setting, if given, wins over both.
+ */
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { MainAreaWidget } from '@jupyterlab/apputils';
+import { TranslationBundle } from '@jupyterlab/translation';
+import { IFrame } from '@jupyterlab/ui-components';
+
+import { requestAPI } from './api';
+import { computeIcon } from './icons';
+
+/**
+ * `GET /remote-compute/mlflow`.
+ */
+export interface IMlflowUI {
+  /**
+   * The UI's root, ending in `/`: absolute for a tracking server, a server path when proxied.
+   */
+  url: string;
+  proxied: boolean;
+  running: boolean;
+}
+
+export function getMlflowUI(): Promise<IMlflowUI> {
+  return requestAPI<IMlflowUI>('mlflow');
+}
+
+/**
+ * Where the MLflow UI shows a run: `<url>/#/experiments/<exp>/runs/<id>` when the job
+ * says which experiment, else `<url>/#/runs/<id>` (the UI finds the experiment).
+ */
+export function mlflowRunUrl(
+  base: string,
+  runId: string,
+  experimentId?: unknown
+): string {
+  const root = base.replace(/\/+$/, '');
+  return typeof experimentId === 'string' && experimentId
+    ? `${root}/#/experiments/${encodeURIComponent(experimentId)}/runs/${encodeURIComponent(runId)}`
+    : `${root}/#/runs/${encodeURIComponent(runId)}`;
+}
+
+/**
+ * What to open: a run, or (no run) the experiment list.
+ */
+export interface IOpenMlflowOptions {
+  runId?: string;
+  experimentId?: string;
+  /**
+   * The tab's title (a job's name).
+   */
+  label?: string;
+  /**
+   * The "MLflow UI URL" setting; empty for the server's answer.
+   */
+  configuredUrl?: string;
+}
+
+function safeId(text: string): string {
+  return text.replace(/[^A-Za-z0-9_-]/g, '_');
+}
+
+/**
+ * Open MLflow's UI at a run or at the experiment list; one tab per run (or one for the list).
+ */
+export async function openMlflow(
+  app: JupyterFrontEnd,
+  trans: TranslationBundle,
+  options: IOpenMlflowOptions
+): Promise<void> {
+  let base = options.configuredUrl ?? '';
+  let proxied = false;
+  if (!base) {
+    const ui = await getMlflowUI();
+    proxied = ui.proxied;
+    // Proxied: a path on this origin that already holds the server's base URL.
+    base = ui.url;
+  }
+  const url = options.runId
+    ? mlflowRunUrl(base, options.runId, options.experimentId)
+    : base.replace(/\/*$/, '/') + '#/experiments';
+  if (!proxied) {
+    window.open(url, '_blank', 'noopener');
+    return;
+  }
+  const id = options.runId
+    ? `jp-remote-compute-mlflow-${safeId(options.runId)}`
+    : 'jp-remote-compute-mlflow';
+  for (const widget of app.shell.widgets('main')) {
+    if (widget.id === id) {
+      app.shell.activateById(id);
+      return;
+    }
+  }
+  const frame = new IFrame({
+    // MLflow's page is served from this origin by the proxy: it needs its scripts, its own
+    // same-origin requests and its forms; links to elsewhere open as popups.
+    sandbox: [
+      'allow-scripts',
+      'allow-same-origin',
+      'allow-forms',
+      'allow-popups',
+      'allow-downloads'
+    ],
+    referrerPolicy: 'same-origin'
+  });
+  frame.url = url;
+  frame.addClass('jp-RemoteCompute-mlflowFrame');
+  const widget = new MainAreaWidget({ content: frame });
+  widget.id = id;
+  widget.title.icon = computeIcon;
+  widget.title.closable = true;
+  widget.title.label = options.runId
+    ? trans.__('MLflow: %1', options.label || options.runId.slice(0, 8))
+    : trans.__('MLflow');
+  widget.title.caption = url;
+  app.shell.add(widget, 'main');
+  app.shell.activateById(id);
+}
