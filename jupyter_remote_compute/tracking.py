@@ -521,8 +521,11 @@ def _replay_models(
     for far_model in _far_models(store):
         far_id = far_model.model_id
         run_id = mapping.get(far_model.source_run_id or "", job_run_id)
+        # This run's copy of that model (a store may hold another job's replay of the same far store).
         found = client.search_logged_models(
-            [experiment_id], filter_string=f"tags.`{TAG_SOURCE_MODEL}` = '{far_id}'", max_results=1
+            [experiment_id],
+            filter_string=f"source_run_id = '{run_id}' AND tags.`{TAG_SOURCE_MODEL}` = '{far_id}'",
+            max_results=1,
         )
         if found:
             local = found[0]
