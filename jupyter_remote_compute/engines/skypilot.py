@@ -403,8 +403,11 @@ class SkyPilotEngine(Engine):
         clouds = sorted({c for per_workspace in (enabled or {}).values() for c in per_workspace})
         if not clouds or (cloud and not any(_cloud_key(c) == cloud for c in clouds)):
             raise EngineError(
-                f"{self.name}: SkyPilot has no enabled infra{' for ' + infra if infra else ''}: "
-                "run `sky check` and set up credentials for your cloud, Kubernetes or Slurm"
+                f"{self.name}: "
+                + no_infra_message(
+                    infra or "every cloud",
+                    "no credentials SkyPilot can use; set them up for your cloud, Kubernetes or Slurm",
+                )
             )
         record = self.cluster_record(fresh=True)
         extras: dict[str, Any] = {"sky_check": clouds, "cluster": self.settings.cluster, "cluster_state": "absent"}
@@ -439,6 +442,22 @@ class SkyPilotEngine(Engine):
             }
         return {**{k: v for k, v in extras.items() if k not in facts}, **facts}
 
+    def _launch_failure(self, payload: Any) -> str:
+        """Why a launch failed, said plainly: a catalogue or credentials failure asks `sky check` first."""
+        text = str(payload.error or payload.status_msg or "no reason given")
+        tried = self.settings.infra or "every cloud"
+        if not (_NETWORK.search(text) or _NO_INFRA.search(text)):
+            return _error(payload)
+        try:
+            sdk = load_sdk()
+            cloud = self.settings.cloud
+            enabled = self._quick(sdk.check((cloud,) if cloud else None, verbose=False))
+            clouds = {_cloud_key(c) for per_workspace in (enabled or {}).values() for c in per_workspace}
+            no_infra = not clouds or bool(cloud and cloud not in clouds)
+        except Exception:  # the check failing too says nothing new: keep SkyPilot's own words
+            no_infra = None
+        return plain_failure(_error_text(payload), tried, no_infra)
+
     def admit(self, resources: Resources) -> None:
         # What the cloud can give is SkyPilot's to find out; here only what no SkyPilot machine takes.
         if resources != Resources():
@@ -452,7 +471,9 @@ class SkyPilotEngine(Engine):
             if payload is not None and payload.status not in _FINISHED:
                 raise NotReady(self._progress(payload), handle)
             if payload is not None and payload.status != "SUCCEEDED":
-                raise EngineError(f"{self.name}: launching cluster {self.settings.cluster} failed: {_error(payload)}")
+                raise EngineError(
+                    f"{self.name}: launching cluster {self.settings.cluster} failed: {self._launch_failure(payload)}"
+                )
             handle["cluster_ready"] = True
             self._record = None
             self._trust_new_head()
@@ -632,6 +653,73 @@ def _state(record: Any | None) -> str:
         return "absent"
     status = record["status"]
     return str(getattr(status, "value", status))
+
+
+#: SkyPilot's words for "no infra it can use is set up" (its NoCloudAccessError, `sky check`'s advice).
+_NO_INFRA = re.compile(
+    r"NoCloudAccessError|no cloud access|cloud access is not set up|no (?:enabled|available) (?:cloud|infra)"
+    r"|all clouds are disabled|run:? `?sky check",
+    re.IGNORECASE,
+)
+#: A network failure, in the words of requests/urllib3 and the resolver.
+_NETWORK = re.compile(
+    r"Failed to resolve|NameResolutionError|Temporary failure in name resolution|Name or service not known"
+    r"|Max retries exceeded|ConnectionError|Connection (?:refused|reset)|Network is unreachable|timed out",
+    re.IGNORECASE,
+)
+#: SkyPilot fetches its catalogues (instance types, prices) from GitHub at run time.
+_CATALOG = re.compile(r"raw\.githubusercontent\.com|catalog", re.IGNORECASE)
+_HOST = re.compile(r"(?:Failed to resolve|host=)\s*'([^']+)'")
+
+
+def no_infra_message(tried: str, reason: str) -> str:
+    """What to do when SkyPilot has no infra it can use: ``sky check``, what was tried, and why not."""
+    return f"no cloud SkyPilot can use: run `sky check` (tried {tried}: {reason})"
+
+
+def plain_failure(text: str, tried: str, no_infra: bool | None = None) -> str:
+    """SkyPilot's failure in words that say what to do; ``no_infra`` is what `sky check` found, if asked.
+
+    A failed catalogue download is SkyPilot's first step on a cloud it has no credentials for, so
+    when `sky check` found no usable infra that is what the person is told first.
+    """
+    network = bool(_NETWORK.search(text))
+    # The resolver's or the socket's own words, not the HTTP client's wrapping of them.
+    resolve = re.search(r"Failed to resolve '[^']+'(?: \([^)]*\))?", text)
+    reason = resolve.group(0) if network and resolve else _one_line(text)
+    if no_infra or (no_infra is None and _NO_INFRA.search(text)):
+        return no_infra_message(tried, reason)
+    if network and _CATALOG.search(text):
+        host = _HOST.search(text)
+        where = f" from {host.group(1)}" if host else ""
+        return (
+            f"SkyPilot could not download its cloud catalogue{where}: a network failure ({reason}); "
+            "this server needs to reach it (directly or through a proxy), or use infra that needs no "
+            "catalogue (Kubernetes, Slurm); `sky check` shows what is set up"
+        )
+    if network:
+        return f"a network failure while SkyPilot worked ({reason}); check this server's network and try again"
+    return reason
+
+
+def _one_line(text: str) -> str:
+    """The last line that says something (SkyPilot's own message after its traceback), at most 300 characters."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip() and not ln.strip().startswith(("File ", "^"))]
+    line = lines[-1] if lines else "no reason given"
+    return " ".join(line.split())[:300]
+
+
+def _error_text(payload: Any) -> str:
+    """A failed request's error as SkyPilot gave it (its message, when the error is JSON)."""
+    text = str(payload.error or payload.status_msg or "no reason given")
+    try:
+        import json
+
+        data = json.loads(text)
+        text = data.get("message") or data.get("object", text) if isinstance(data, dict) else text
+    except (ValueError, TypeError):
+        pass
+    return str(text)
 
 
 def _error(payload: Any) -> str:
