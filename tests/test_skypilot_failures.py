@@ -25,7 +25,7 @@ CATALOG_FAILURE = (
     '  File "sky/catalog/common.py", line 212, in read_catalog\n'
     "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='raw.githubusercontent.com', port=443): "
     "Max retries exceeded with url: /skypilot-org/skypilot-catalog/master/catalogs/v8/aws/vms.csv "
-    "(Caused by NameResolutionError(\"<urllib3.connection.HTTPSConnection object at 0x7f>: "
+    '(Caused by NameResolutionError("<urllib3.connection.HTTPSConnection object at 0x7f>: '
     "Failed to resolve 'raw.githubusercontent.com' ([Errno -3] Temporary failure in name resolution)\"))"
 )
 NO_CLOUD = (
