@@ -13,6 +13,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import html
+import json
 import queue
 import sys
 import threading
@@ -330,7 +331,19 @@ class RemoteTrainJob:
             f"<td style='text-align:left'>{_state_html(value) if name == 'state' else _pre(value)}</td></tr>"
             for name, value in self._fields()
         )
-        return f"<div><strong>Job {html.escape(self._job_id)}</strong><table>{rows}</table></div>"
+        return f"<div><strong>Job {html.escape(self._job_id)}</strong><table>{rows}</table>{self._mlflow_link()}</div>"
+
+    def _mlflow_link(self) -> str:
+        """The "Open in MLflow" link: in JupyterLab a click runs the panel's command (its command linker reads the
+        data attributes), which opens MLflow's UI at the run in a tab; elsewhere the link does nothing."""
+        job = self._snapshot
+        if not job.mlflow_run_id:
+            return ""
+        args = html.escape(json.dumps({"runId": job.mlflow_run_id, "label": job.name or job.id}), quote=True)
+        return (
+            '<p><a href="#" data-commandlinker-command="remote-compute:open-mlflow" '
+            f'data-commandlinker-args="{args}">Open in MLflow</a></p>'
+        )
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         # No application/json: JupyterLab would prefer its JSON tree to the table.

@@ -769,15 +769,20 @@ export function registerCommands(context: ICommandContext): void {
 
   commands.addCommand(CommandIDs.openMlflow, {
     label: args =>
-      jobIdOf(args) ? trans.__('Open in MLflow') : trans.__('Open MLflow'),
+      jobIdOf(args) || args.runId
+        ? trans.__('Open in MLflow')
+        : trans.__('Open MLflow'),
     caption: trans.__(
       "MLflow's own UI in a tab: the job's run, or the list of experiments"
     ),
     isEnabled: args => {
       const id = jobIdOf(args);
-      return !id || !!model.job(id)?.mlflow_run_id;
+      return (
+        !id || !!stringArg(args, 'runId') || !!model.job(id)?.mlflow_run_id
+      );
     },
     execute: async args => {
+      // A job's id (the panel), or a run id and a label (the result of %remote_train).
       const id = jobIdOf(args);
       let job = id ? model.job(id) : undefined;
       try {
@@ -785,8 +790,8 @@ export function registerCommands(context: ICommandContext): void {
           job = await model.reloadJob(id);
         }
         await openMlflow(app, trans, {
-          runId: job?.mlflow_run_id ?? undefined,
-          label: job?.name || job?.id,
+          runId: stringArg(args, 'runId') || job?.mlflow_run_id || undefined,
+          label: stringArg(args, 'label') || job?.name || job?.id,
           configuredUrl: model.settings.mlflowUiUrl
         });
       } catch (error) {

@@ -145,3 +145,25 @@ def test_the_ui_lives_under_the_servers_base_url(tmp_path: Path) -> None:
     assert command[command.index("--static-prefix") + 1] == "/user/ana/remote-compute/mlflow-ui"
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--allowed-hosts") + 1] == "127.0.0.1:5123"
+
+
+def test_remote_trains_result_has_an_open_in_mlflow_link_for_jupyterlabs_command_linker(
+    make_service, quickstart: Path
+) -> None:
+    import html
+
+    from jupyter_remote_compute.jobs.spec import JobSpec
+    from jupyter_remote_compute.jobview import RemoteTrainJob
+
+    service = make_service(quickstart)
+    job = service.submit(JobSpec.from_json({"machine": "local", "command": "true", "name": "linked"})).job
+    result = RemoteTrainJob(service, job.id).wait(timeout=180)
+    assert result.state == "succeeded" and result.mlflow_run_id, result.reason
+    shown = result._repr_mimebundle_()["text/html"]
+    found = re.search(
+        r'<a href="#" data-commandlinker-command="remote-compute:open-mlflow" data-commandlinker-args="([^"]+)">'
+        r"Open in MLflow</a>",
+        shown,
+    )
+    assert found, shown
+    assert json.loads(html.unescape(found.group(1))) == {"runId": result.mlflow_run_id, "label": "linked"}
