@@ -211,11 +211,28 @@ def _follow(service: JobService, job: Job) -> int:
     return 0
 
 
+def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
+    """``run --notebook NB -p name=value``: the job that executes the notebook (pipelines/notebook.py)."""
+    from .pipelines.notebook import notebook_spec, parse_parameters
+
+    if command:
+        raise RemoteComputeError("run: give either --notebook or a command after --, not both")
+    settings = spec_settings(args, ["-"])
+    del settings["command"]
+    if not settings["name"]:
+        del settings["name"]
+    settings.update(notebook=args.notebook, parameters=parse_parameters(args.parameter), python=args.python)
+    return notebook_spec(settings)[0]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     command = command_of(args)
-    if not command:
+    if args.notebook:
+        spec = _notebook_spec(args, command)
+    elif not command:
         raise RemoteComputeError("run: give the command after --, e.g. run --machine local -- python train.py")
-    spec = JobSpec.from_json(spec_settings(args, command))
+    else:
+        spec = JobSpec.from_json(spec_settings(args, command))
     service = _service(args)
     result = service.submit(spec, new=args.new)
     job = result.job
@@ -437,6 +454,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="submit a job (or attach to the same one running) and follow its log")
     add_run_options(run)
+    run.add_argument(
+        "--notebook", help="execute this workspace notebook on the machine (nbclient) instead of a command"
+    )
+    run.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a notebook parameter, typed as papermill types it (7 int, 0.01 float, true bool, else a string)",
+    )
+    run.add_argument(
+        "--python", default="python3", help="the machine's python that runs the notebook (default: python3)"
+    )
+
+    pipeline = sub.add_parser("pipeline", help="validate and run a pipeline (*.rcpipeline) of steps")
+    psub = pipeline.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("run", "run it here, each node a job; unchanged nodes are reused"),
+        ("validate", "say what is wrong before a run"),
+    ):
+        p = psub.add_parser(action, help=text)
+        p.add_argument("file", help="the .rcpipeline file")
+        p.add_argument("--json", action="store_true")
+    p = psub.add_parser("list", help="pipeline runs, newest first")
+    p.add_argument("--json", action="store_true")
+    for action in ("show", "cancel"):
+        p = psub.add_parser(action)
+        p.add_argument("run_id")
+        p.add_argument("--json", action="store_true")
 
     jobs = sub.add_parser("jobs", help="list, show, follow, cancel and delete jobs")
     jsub = jobs.add_subparsers(dest="action", required=True)
@@ -476,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from .pipelines.cli import pipeline_command
+
+    return pipeline_command(_service(args), args)
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from .agent.client import main as agent_main
 
@@ -489,6 +542,7 @@ COMMANDS = {
     "usage": cmd_usage,
     "secrets": cmd_secrets,
     "agent": cmd_agent,
+    "pipeline": cmd_pipeline,
 }
 
 

@@ -23,6 +23,7 @@ from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job, Snapshot
 from .mlflow_ui import MlflowUI
 from .mlflow_ui_handlers import MLFLOW_UI_PROXY
+from .pipelines.runner import PipelineRunner
 from .tracking import TrackingSettings, tracking_uri
 from .workspace import Workspace
 
@@ -131,6 +132,9 @@ class RemoteComputeApp(ExtensionApp):
             logger=self.log,
         )
         self.settings["remote_compute_mlflow_ui"] = self.mlflow_ui
+        # Pipeline runs block in threads of their own (pipelines/runner.py), never on the IOLoop.
+        self.pipelines = PipelineRunner(self.service)
+        self.settings["remote_compute_pipelines"] = self.pipelines
         self._started_at = time.time()
         self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         self._emitted: dict[str, tuple[str, str, int]] = {}
@@ -171,6 +175,15 @@ class RemoteComputeApp(ExtensionApp):
         self._poller = asyncio.create_task(self._poll_forever())
         self._watcher = asyncio.create_task(self._watch_forever())
         self._warming = loop.run_in_executor(self.executor, self._warm_up)
+        loop.run_in_executor(self.executor, self._resume_pipelines)
+
+    def _resume_pipelines(self) -> None:
+        try:
+            taken = self.pipelines.resume()
+            if taken:
+                self.log.info("remote-compute: taken up pipeline runs %s", ", ".join(taken))
+        except Exception:
+            self.log.exception("remote-compute: taking up unfinished pipeline runs failed")
 
     def _warm_up(self) -> None:
         try:
@@ -302,4 +315,5 @@ class RemoteComputeApp(ExtensionApp):
             self._watcher.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.transfers.shutdown()
+        self.pipelines.close()
         self.service.close()

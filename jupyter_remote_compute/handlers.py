@@ -564,3 +564,4 @@ FALLBACK_HANDLER: tuple[str, type[RemoteComputeHandler]] = (rf"{PREFIX}/.*", Unk
 
 # MLflow's UI has its own module, whose handlers build on the classes above: importing it adds its routes to HANDLERS.
 from . import mlflow_ui_handlers  # noqa: E402, F401
+from .pipelines import handlers as pipeline_handlers  # noqa: E402, F401  (the pipelines' routes, likewise)

@@ -62,7 +62,7 @@ def test_parameters_are_typed_as_papermill_types_them() -> None:
 def test_a_notebook_step_never_overwrites_its_notebook() -> None:
     with pytest.raises(InvalidSettings, match="executed: must differ"):
         notebook_spec({"notebook": "a.ipynb", "executed": "a.ipynb"})
-    with pytest.raises(InvalidSettings, match="notebook: give the workspace path of a .ipynb"):
+    with pytest.raises(InvalidSettings, match=r"notebook: give the workspace path of a \.ipynb"):
         notebook_spec({"notebook": "a.py"})
     spec, _ = notebook_spec({"notebook": "nb/a.ipynb", "send": ["data/"]})
     assert list(spec.send) == ["nb/a.ipynb", "data"]

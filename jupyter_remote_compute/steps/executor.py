@@ -131,6 +131,8 @@ def run_spec(
         job, attached = previous, True
         if on_job is not None:
             on_job(job, attached)
+        if not job.mlflow_run_id:
+            job = service.wait(job.id, timeout=wait, stop=stop)  # its run is still being recorded
     else:
         submitted = service.submit(spec)
         job, attached = submitted.job, submitted.attached

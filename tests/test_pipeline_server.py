@@ -1,0 +1,107 @@
+"""Pipelines run by a real `jupyter server`: the REST routes, and a run that outlives a SIGKILLed server."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_process import ApiError, Server
+from waiting import wait_for
+
+PY = sys.executable
+GATE = (
+    "import pathlib, sys, time\n"
+    "while not pathlib.Path(sys.argv[1]).exists(): time.sleep(0.05)\n"
+    "open('data.txt', 'w').write('42')\n"
+)
+TRAIN = f"{PY} -c \"x = open('data.txt').read(); open('model.txt', 'w').write(x + '!')\""
+
+
+@pytest.fixture
+def server(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path) -> Iterator[Server]:
+    srv = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log")
+    yield srv
+    srv.stop()
+
+
+def write_pipeline(root: Path, prepare: str | list[str], name: str = "flow.rcpipeline") -> str:
+    document = {
+        "version": 1,
+        "nodes": [
+            {"id": "prepare", "step": "train-on-remote-machine", "position": {"x": 0, "y": 0},
+             "settings": {"command": prepare, "bring_back": ["data.txt"]}},
+            {"id": "train", "step": "train-on-remote-machine", "position": {"x": 200, "y": 0},
+             "settings": {"command": TRAIN, "bring_back": ["model.txt"]}},
+        ],
+        "edges": [{"from": "prepare", "to": "train"}],
+    }  # fmt: skip
+    (root / name).write_text(json.dumps(document, indent=2))
+    return name
+
+
+def ended(server: Server, run_id: str) -> dict | None:
+    run = server.request("GET", f"pipelines/runs/{run_id}")
+    return run if run["state"] != "running" else None
+
+
+def test_the_rest_api_runs_lists_reuses_and_refuses(server: Server, quickstart: Path):
+    server.start()
+    file = write_pipeline(quickstart, f"{PY} -c \"open('data.txt', 'w').write('42')\"")
+    started = server.request("POST", "pipelines/runs", {"file": file})
+    assert started["attached"] is False and started["run"]["state"] == "running"
+    run = wait_for(lambda: ended(server, started["run"]["id"]), timeout=120, message="the run to end")
+    assert run["state"] == "succeeded", run
+    assert (quickstart / "model.txt").read_text() == "42!"
+    assert [r["id"] for r in server.request("GET", "pipelines/runs")["runs"]] == [run["id"]]
+
+    again = server.request("POST", "pipelines/runs", {"file": file})["run"]
+    second = wait_for(lambda: ended(server, again["id"]), timeout=120, message="the second run to end")
+    assert {n["state"] for n in second["nodes"].values()} == {"reused"}
+    assert second["nodes"]["train"]["job_id"] == run["nodes"]["train"]["job_id"]
+
+    with pytest.raises(ApiError) as finished:
+        server.request("POST", f"pipelines/runs/{run['id']}/cancel")
+    assert finished.value.status == 409
+    with pytest.raises(ApiError) as missing:
+        server.request("GET", "pipelines/runs/20990101-000000-abcdef")
+    assert missing.value.status == 404 and missing.value.body["code"] == "not_found"
+
+    (quickstart / "bad.rcpipeline").write_text(json.dumps({"version": 1, "nodes": [
+        {"id": "x", "step": "no-such-step", "settings": {}}], "edges": []}))  # fmt: skip
+    with pytest.raises(ApiError) as invalid:
+        server.request("POST", "pipelines/runs", {"file": "bad.rcpipeline"})
+    assert invalid.value.status == 422 and invalid.value.body["code"] == "pipeline_invalid"
+    [problem] = invalid.value.body["details"]["problems"]
+    assert problem["node"] == "x" and problem["kind"] == "unknown_step" and "no-such-step" in problem["message"]
+    with pytest.raises(ApiError) as outside:
+        server.request("POST", "pipelines/runs", {"file": "/etc/x.rcpipeline"})
+    assert outside.value.status == 400 and outside.value.body["field"] == "file"
+
+
+def test_a_pipeline_run_survives_a_server_restart_and_attaches_again(server: Server, quickstart: Path, tmp_path):
+    gate = tmp_path / "go"
+    file = write_pipeline(quickstart, [PY, "-c", GATE, str(gate)])
+    server.start()
+    run_id = server.request("POST", "pipelines/runs", {"file": file})["run"]["id"]
+
+    def prepare_running() -> str | None:
+        job_id = server.request("GET", f"pipelines/runs/{run_id}")["nodes"]["prepare"]["job_id"]
+        return job_id if job_id and server.request("GET", f"jobs/{job_id}")["state"] == "running" else None
+
+    job_id = wait_for(prepare_running, timeout=120, message="prepare's job to run")
+    server.kill()
+    record = json.loads((quickstart / ".punica" / "pipelines" / f"{run_id}.json").read_text())
+    assert record["state"] == "running" and record["nodes"]["train"]["state"] == "waiting"
+
+    server.start()
+    gate.touch()
+    run = wait_for(lambda: ended(server, run_id), timeout=180, message="the restarted server to finish the run")
+    assert run["state"] == "succeeded", run
+    assert run["nodes"]["prepare"]["job_id"] == job_id  # attached to the job it had started, not a new one
+    assert (quickstart / "model.txt").read_text() == "42!"
+    jobs = server.request("GET", "jobs")["jobs"]
+    assert sorted(j["id"] for j in jobs) == sorted([job_id, run["nodes"]["train"]["job_id"]])
+    assert "taken up pipeline runs " + run_id in server.log.read_text()
