@@ -75,7 +75,12 @@ def parse_given_time(value: str, field: str) -> datetime:
         raise InvalidSettings(
             f"{field}: {value!r} is not an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", field=field
         ) from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    when = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    try:
+        when.astimezone(timezone.utc)  # 0001-01-01T00:00+23:59 is a valid RFC 3339 time before year 1 in UTC
+    except OverflowError:
+        raise InvalidSettings(f"{field}: {value!r} is out of range once turned into UTC", field=field) from None
+    return when
 
 
 def new_job_id() -> str:
