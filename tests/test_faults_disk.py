@@ -97,3 +97,26 @@ def test_a_full_disk_under_an_output_folder_keeps_no_partial_file_there(
         assert os.listdir(workspace / "landing") == []  # not even a hidden .big.bin.incoming
         assert not _partial_files(workspace)
         json.loads((workspace / ".punica/jobs.json").read_bytes())
+
+
+def test_a_full_disk_while_the_log_lands_is_retried_not_taken_for_the_machines_fault(
+    small_workspace: Path, make_service
+) -> None:
+    """The log is written here as it is read from the machine: a full disk then is this side's, and passes.
+
+    Outputs may be none at all: the job printed more than the room left, so only the log fills the disk.
+    """
+    root = small_workspace
+    service = make_service(root)
+    filler = _fill(root, 1 << 20)
+    printed = 3 << 20  # more than the room left
+    spec = JobSpec.from_json({"command": f"head -c {printed} /dev/zero | tr '\\0' x"})
+    job_id = service.submit(spec).job.id
+    _retries_for_want_of_space(service, job_id)
+    assert "could not fetch" not in service.get(job_id).reason
+    assert not _partial_files(root), _partial_files(root)
+
+    filler.unlink()
+    job = service.wait(job_id, timeout=120)
+    assert job.state == "succeeded", job.reason
+    assert (root / f".punica/jobs/{job_id}/log").read_bytes() == b"x" * printed

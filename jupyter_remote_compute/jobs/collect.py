@@ -22,7 +22,7 @@ from ..fsutil import sha256_file
 from ..secrets import mask
 from ..tracking import JobRecord, record_job, without_far_records
 from . import record as record_later
-from .context import JobContext, engine_faults, remote_of
+from .context import JobContext, remote_of
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
@@ -57,10 +57,11 @@ class Collector:
         result = FetchResult()
         log_path: Path | None = None
         if engine.is_prepared(remote) and outcome.reach_machine:
+            # Only the engine's own faults are handled here; this side's (a full disk while the log
+            # lands) go up to the Driver, which retries them as every fault of this side.
             try:
-                with engine_faults():
-                    result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
-                    log_path = fetch_masked_log(engine, remote, local_dir / "log", secrets)
+                result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
+                log_path = fetch_masked_log(engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:
                     shutil.rmtree(incoming, ignore_errors=True)  # the next attempt starts afresh: keep no part

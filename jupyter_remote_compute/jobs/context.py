@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from ..engines.base import Engine, EngineError, RemoteJob
-from ..errors import RemoteComputeError
+from ..engines.base import Engine, RemoteJob
 from ..secrets import SecretStore
 from ..tracking import TrackingSettings
 from ..workspace import Workspace
@@ -51,21 +49,3 @@ class JobContext:
 
 def remote_of(job: Job) -> RemoteJob:
     return RemoteJob(job.id, job.key, job.handle)
-
-
-@contextlib.contextmanager
-def engine_faults() -> Iterator[None]:
-    """Around a call into an engine: what it lets out other than the project's own errors is permanent.
-
-    Engines report a fault that can pass (a dropped connection, a busy server) as a transient
-    EngineError. Anything else that escapes one — an OSError from a folder that cannot be made,
-    a ValueError from a reply it cannot read — would fail the same way on every retry, so it
-    ends the job now with its message instead of being retried for ``give_up_after``.
-    """
-    try:
-        yield
-    except (EngineError, RemoteComputeError):
-        raise
-    except Exception as e:
-        message = str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
-        raise EngineError(message, transient=False) from e

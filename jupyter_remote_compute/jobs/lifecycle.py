@@ -28,7 +28,7 @@ from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
 from . import record as record_later
 from .collect import Collector
-from .context import JobContext, engine_faults, remote_of
+from .context import JobContext, remote_of
 from .leases import Leases
 from .logs import secret_env
 from .spec import format_duration
@@ -149,8 +149,7 @@ class Driver:
             # Every step is idempotent (the launcher finds a command it started already), so a
             # job whose sender died is simply sent and started again by whoever picks it up.
             job = self.leases.update(job.id, to="sending")
-            with engine_faults():
-                remote = engine.prepare(remote)
+            remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
             files = self._inputs(job)
 
@@ -161,8 +160,7 @@ class Driver:
 
             report = self.leases.renewer(job.id, report)
 
-            with engine_faults():
-                stats = engine.send(remote, files, report)
+            stats = engine.send(remote, files, report)
             launch = LaunchSpec(
                 command=job.spec.command,
                 env=job.spec.plain_env(),
@@ -173,8 +171,7 @@ class Driver:
             if self.ctx.store.get(job.id).cancel_requested:
                 self.leases.finish_later(job.id, "cancelled", f"cancelled by {job.cancel_requested} before it started")
                 return
-            with engine_faults():
-                remote = engine.start(remote, launch)
+            remote = engine.start(remote, launch)
             self.leases.update(
                 job.id,
                 to="running",

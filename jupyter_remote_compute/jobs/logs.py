@@ -79,14 +79,18 @@ def fetch_masked_log(engine: Engine, remote: RemoteJob, dest: Path, secrets: Seq
         return dest
     offset = 0
     pending = b""  # masked bytes that a secret continuing in the next chunk could still change
-    with open(tmp, "wb") as f:
-        while chunk := engine.read_log(remote, offset, LOG_CHUNK):
-            offset += len(chunk)
-            buffer = mask(pending + chunk, secrets)
-            settled = settled_length(buffer, secrets)
-            f.write(buffer[:settled])
-            pending = buffer[settled:]
-        f.write(mask(pending, secrets))
+    try:
+        with open(tmp, "wb") as f:
+            while chunk := engine.read_log(remote, offset, LOG_CHUNK):
+                offset += len(chunk)
+                buffer = mask(pending + chunk, secrets)
+                settled = settled_length(buffer, secrets)
+                f.write(buffer[:settled])
+                pending = buffer[settled:]
+            f.write(mask(pending, secrets))
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a part of a log, on a disk that filled up, keeps it full
+        raise
     os.replace(tmp, dest)
     return dest
 
