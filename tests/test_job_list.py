@@ -180,7 +180,7 @@ async def test_an_unchanged_page_costs_a_304(jp_fetch, state_file: Path):
     # A change to a listed job changes the page.
     store = JobStore(state_file)
     with store.transaction() as jobs:
-        jobs["20250101-000000-000004"].state = "lost"
+        jobs["20250101-000000-000004"] = dataclasses.replace(jobs["20250101-000000-000004"], state="lost")
     code, changed, headers = await _get(jp_fetch, headers={"If-None-Match": etag}, limit=3)
     assert code == 200 and changed["jobs"][0]["state"] == "lost" and headers["ETag"] != etag
 
@@ -198,7 +198,9 @@ def test_the_index_follows_this_process_s_own_changes(workspace: Path):
             if step % 3 == 0:
                 jobs.pop(f"20250101-000000-{step:06d}")
             elif step % 3 == 1:
-                jobs[f"20250101-000000-{step:06d}"].state = ("lost", "running")[step % 2]
+                jobs[f"20250101-000000-{step:06d}"] = dataclasses.replace(
+                    jobs[f"20250101-000000-{step:06d}"], state=("lost", "running")[step % 2]
+                )
             else:
                 new = _job(500 + step, created=_stamp(step), state=("queued", "failed")[step % 2])
                 jobs[new.id] = new

@@ -16,6 +16,7 @@ import pytest
 from waiting import wait_for
 
 from jupyter_remote_compute.jobs.store import Job, JobStore, StoreUnreadable
+from jupyter_remote_compute.jobs.transitions import move
 
 WRITER = textwrap.dedent(
     """
@@ -157,8 +158,8 @@ def test_a_reader_sees_changes_made_by_another_store(workspace: Path) -> None:
         jobs["a"] = Job(id="a", key="k", machine="local", kind="local", spec={"command": "true"})
     assert set(reader.jobs()) == {"a"}
     with writer.transaction() as jobs:
-        jobs["a"].state = "running"
-    assert reader.get("a").state == "running"
+        move(jobs["a"], "sending")
+    assert reader.get("a").state == "sending"
 
 
 def test_a_transaction_changes_only_its_own_view_until_it_commits(workspace: Path) -> None:
@@ -170,7 +171,7 @@ def test_a_transaction_changes_only_its_own_view_until_it_commits(workspace: Pat
             jobs[job_id] = Job(id=job_id, key=job_id, machine="local", kind="local", spec={"command": "true"})
     before = store.jobs()
     with store.transaction() as jobs:
-        jobs["a"].state = "running"  # a looked-up job is the transaction's own copy
+        move(jobs["a"], "sending")  # a looked-up job is the transaction's own copy
         assert jobs.pop("b").id == "b" and "b" not in jobs and jobs.pop("b", None) is None
         jobs["d"] = Job(id="d", key="d", machine="local", kind="local", spec={"command": "true"})
         del jobs["c"]
@@ -181,7 +182,7 @@ def test_a_transaction_changes_only_its_own_view_until_it_commits(workspace: Pat
         assert before["a"].state == "queued" and set(before) == {"a", "b", "c"}
     after = store.jobs()
     assert {job_id: (job.key, job.state) for job_id, job in after.items()} == {
-        "a": ("a", "running"),
+        "a": ("a", "sending"),
         "c": ("c2", "queued"),
         "d": ("d", "queued"),
     }
@@ -245,11 +246,11 @@ def test_a_change_that_could_not_be_written_leaves_nothing_behind(workspace: Pat
         with pytest.raises(OSError), store.transaction() as jobs:
             jobs["x"] = job
     assert "x" not in store.jobs()
-    job.state = "failed"
+    move(job, "sending")
     with store.transaction() as jobs:
         jobs["x"] = job
-    assert store.get("x").state == "failed"
-    assert JobStore(store.path).get("x").state == "failed"  # what is on disk, read by another process
+    assert store.get("x").state == "sending"
+    assert JobStore(store.path).get("x").state == "sending"  # what is on disk, read by another process
 
 
 def test_state_file_is_private_to_its_owner(workspace: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def test_a_change_is_one_journal_line_not_a_new_file(path: Path) -> None:
     journal_before = store.journal_path.stat().st_size
     _put(store, _job("b"))
     with store.transaction() as jobs:
-        jobs["a"].state = "running"
+        jobs["a"] = dataclasses.replace(jobs["a"], state="running")
     assert path.read_bytes() == file_before
     lines = store.journal_path.read_bytes()[journal_before:].splitlines()
     assert len(lines) == 2 and b'"b"' in lines[0] and b'"running"' in lines[1]
@@ -83,7 +84,7 @@ def test_a_line_that_fails_its_checksum_ends_the_replay_and_is_kept_aside(path: 
 
 CONCURRENT = textwrap.dedent(
     """
-    import sys, time
+    import dataclasses, sys, time
     from pathlib import Path
     from jupyter_remote_compute.jobs import store as store_module
     from jupyter_remote_compute.jobs.store import Job, JobStore
@@ -100,7 +101,7 @@ CONCURRENT = textwrap.dedent(
             jobs[job_id] = Job(id=job_id, key=job_id, machine="local", kind="local", spec={"command": "true"})
         if i % 3 == 0:
             with store.transaction() as jobs:
-                jobs[job_id].state = "running"
+                jobs[job_id] = dataclasses.replace(jobs[job_id], state="running")
     """
 )
 
@@ -160,7 +161,7 @@ def test_a_reader_that_last_read_before_a_compaction_converges(path: Path, monke
     # Changes the reader never read, folded into the file and followed by more journal lines.
     with writer.transaction() as jobs:
         jobs.pop("a")
-        jobs["b"].state = "failed"
+        jobs["b"] = dataclasses.replace(jobs["b"], state="failed")
     assert writer.compact()
     _put(writer, _job("e"))
     after = reader.jobs()
@@ -174,10 +175,10 @@ def test_a_compaction_cut_short_leaves_the_old_journal_ignored(path: Path, monke
     store = JobStore(path)
     _put(store, _job("x"))
     with store.transaction() as jobs:
-        jobs["x"].state = "running"
+        jobs["x"] = dataclasses.replace(jobs["x"], state="running")
     old_journal = store.journal_path.read_bytes()
     with store.transaction() as jobs:
-        jobs["x"].state = "succeeded"
+        jobs["x"] = dataclasses.replace(jobs["x"], state="succeeded")
     store.compact()
     # As if the process died after writing the file but before starting its journal.
     store.journal_path.write_bytes(old_journal)
@@ -211,7 +212,7 @@ def test_changes_since_an_older_snapshot_span_commits_and_replays(path: Path) ->
     _put(other, _job("d"))  # another's, replayed below
     with other.transaction() as jobs:
         jobs.pop("a")
-        jobs["b"].state = "running"
+        jobs["b"] = dataclasses.replace(jobs["b"], state="running")
     now = store.snapshot()
     delta = now.changes_since(start)
     assert delta is not None and delta.touched == {"b", "c", "d"} and delta.removed == {"a"}
@@ -230,12 +231,14 @@ def test_the_unfinished_jobs_follow_commits_replays_and_compactions(path: Path, 
     _put(store, _job("a"), _job("b", "succeeded"), _job("c", "running"))
     assert store.snapshot().active == {"a", "c"} == unfinished_by_looking(JobStore(path))
     with other.transaction() as jobs:  # another process: a job ends, one is removed, one starts
-        jobs["a"].state = "failed"
+        jobs["a"] = dataclasses.replace(jobs["a"], state="failed")
         jobs.pop("c")
         jobs["d"] = _job("d", "sending")
     assert store.snapshot().active == {"d"}  # replayed
     with store.transaction() as jobs:
-        jobs["b"].state = "queued"  # finished, then queued again (a retried collection, say)
+        jobs["b"] = dataclasses.replace(
+            jobs["b"], state="queued"
+        )  # finished, then queued again (a retried collection, say)
         assert [j.id for j in jobs.unfinished()] == ["d"]  # as the transaction began
     assert store.snapshot().active == {"b", "d"}
     assert other.compact()
@@ -257,7 +260,7 @@ def test_changes_kept_over_a_shared_map_read_the_same_as_the_file_across_folds(p
             jobs[f"j{i}"] = _job(f"j{i}")
             expected[f"j{i}"] = "queued"
             if i % 3 == 0 and i:
-                jobs[f"j{i - 1}"].state = "running"
+                jobs[f"j{i - 1}"] = dataclasses.replace(jobs[f"j{i - 1}"], state="running")
                 expected[f"j{i - 1}"] = "running"
             if i % 4 == 0 and i:
                 del jobs[f"j{i - 2}"]

@@ -38,7 +38,7 @@ from filelock import Timeout
 from ..errors import InvalidSettings, NotFound, RemoteComputeError
 from ..fsutil import SharedFileLock, atomic_write
 from .spec import JobSpec
-from .transitions import ACTIVE_STATES, State
+from .transitions import ACTIVE_STATES, JOB_STATE, State
 
 #: 2: the file names its journal (``"journal"``) on its first line; 1 (no journal) is still read.
 SCHEMA_VERSION = 2
@@ -162,7 +162,7 @@ class Job:
     machine: str
     kind: str
     spec: JobSpec  # a mapping given here (as the state file holds it) is parsed once, in __post_init__
-    state: State = "queued"  # changed only by transitions.move
+    state: State = JOB_STATE  # type: ignore[assignment]  # "queued" at first; then only transitions.move
     reason: str | None = None
     created: str = dataclasses.field(default_factory=utcnow)
     updated: str = dataclasses.field(default_factory=utcnow)

@@ -8,7 +8,8 @@ became ready for its files goes back to ``queued`` and is sent as usual.
 
 Every change of ``Job.state`` is a call of ``move`` inside a store transaction; an edge that is not
 in ``EDGES`` is a bug on this side and raises ``IllegalTransition`` instead of writing a state no
-part of the lifecycle expects (tests/test_transitions.py holds ``move`` the only writer).
+part of the lifecycle expects. ``StateField`` makes ``move`` the only writer: assigning a job's state
+anywhere else raises.
 """
 
 from __future__ import annotations
@@ -45,11 +46,38 @@ class IllegalTransition(RuntimeError):
     """This side tried to move a job along an edge its life does not have (a bug, never the user's)."""
 
 
+_SLOT = "_state"  # where a Job keeps its state, behind ``StateField``
+
+
+class StateField:
+    """``Job.state``: set once when the job is made; after that, only ``move`` changes it.
+
+    A data descriptor, so a stray ``job.state = …`` anywhere raises at once instead of writing a
+    state the table never allowed; reading costs an attribute lookup, as a plain field would.
+    """
+
+    def __get__(self, job: Job | None, owner: type | None = None) -> str:
+        if job is None:
+            return "queued"  # the dataclass field's default
+        return job.__dict__[_SLOT]
+
+    def __set__(self, job: Job, value: str) -> None:
+        if _SLOT in job.__dict__:
+            raise IllegalTransition(f"job {job.id}: its state changes through transitions.move, not by assignment")
+        if value not in EDGES:
+            raise ValueError(f"job {job.id}: {value!r} is not a job state (one of {', '.join(STATES)})")
+        job.__dict__[_SLOT] = value
+
+
+#: The descriptor behind ``Job.state``.
+JOB_STATE = StateField()
+
+
 def move(job: Job, to: State, *, now: str | None = None) -> None:
     """Move ``job`` (read inside a store transaction) to ``to``, or raise ``IllegalTransition``."""
     from .store import utcnow
 
     if to not in EDGES.get(job.state, frozenset()):
         raise IllegalTransition(f"job {job.id}: {job.state} → {to} is not an edge of a job's life")
-    job.state = to
+    job.__dict__[_SLOT] = to
     job.updated = now or utcnow()
