@@ -82,7 +82,7 @@ export function formatResources(
   const parts: string[] = [];
   const count = (n: number | null | undefined, one: string, many: string) => {
     if (typeof n === 'number') {
-      parts.push(trans._n(one, many, n));
+      parts.push(trans._n(one, many, n, n));
     }
   };
   count(resources.gpus, '%1 GPU', '%1 GPUs');

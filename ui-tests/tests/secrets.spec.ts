@@ -40,7 +40,9 @@ function filesHolding(dir: string, value: string): string[] {
 async function openSecrets(page: IJupyterLabPageFixture): Promise<Locator> {
   await page.sidebar.openTab('jp-remote-compute-panel');
   const section = page.locator('#jp-remote-compute-panel').getByRole('region', { name: 'Secrets' });
-  await expect(section.getByText(/New secrets go to/)).toBeVisible();
+  // The tests' keyring (plaintext) does not encrypt: the one short warning says so, and only that.
+  await expect(section.getByRole('note').filter({ hasText: /^Not encrypted: the keyring backend / })).toBeVisible();
+  await expect(section.getByText(/New secrets go to|SAFE_BACKENDS|known to encrypt/)).toHaveCount(0);
   return section;
 }
 
@@ -82,6 +84,10 @@ test.describe('Secrets in the panel', () => {
     await expect(section.getByRole('status')).toContainText(`Saved ${name}`);
     const row = section.locator(`li[data-name="${name}"]`);
     await expect(row).toBeVisible();
+    // Where it lives, in one word; the whole place in the badge's tooltip.
+    const badge = row.locator('.jp-RemoteCompute-secretBadge');
+    await expect(badge).toHaveText('keyring');
+    await expect(badge).toHaveAttribute('title', /keyring/);
     expect(await page.content()).not.toContain(first);
 
     // Replace; the job proves the new value is the one stored.
