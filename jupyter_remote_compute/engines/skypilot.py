@@ -444,7 +444,7 @@ class SkyPilotEngine(Engine):
 
     def _launch_failure(self, payload: Any) -> str:
         """Why a launch failed, said plainly: a catalogue or credentials failure asks `sky check` first."""
-        text = str(payload.error or payload.status_msg or "no reason given")
+        text = _error_text(payload)
         tried = self.settings.infra or "every cloud"
         if not (_NETWORK.search(text) or _NO_INFRA.search(text)):
             return _error(payload)
@@ -456,7 +456,7 @@ class SkyPilotEngine(Engine):
             no_infra = not clouds or bool(cloud and cloud not in clouds)
         except Exception:  # the check failing too says nothing new: keep SkyPilot's own words
             no_infra = None
-        return plain_failure(_error_text(payload), tried, no_infra)
+        return plain_failure(text, tried, no_infra)
 
     def admit(self, resources: Resources) -> None:
         # What the cloud can give is SkyPilot's to find out; here only what no SkyPilot machine takes.
@@ -724,15 +724,7 @@ def _error_text(payload: Any) -> str:
 
 def _error(payload: Any) -> str:
     """A failed request's error in one line, without SkyPilot's traceback."""
-    text = str(payload.error or payload.status_msg or "no reason given")
-    try:
-        import json
-
-        data = json.loads(text)
-        text = data.get("message") or data.get("object", text) if isinstance(data, dict) else text
-    except (ValueError, TypeError):
-        pass
-    return " ".join(str(text).split())[:500]
+    return " ".join(_error_text(payload).split())[:500]
 
 
 def head_route(record: Any) -> tuple[str, int, str, str | None]:
