@@ -210,13 +210,14 @@ def kinds_json() -> list[dict[str, Any]]:
     out = []
     for kind in engine_kinds():
         cls = engine_class(kind)
-        unavailable = getattr(cls, "unavailable", None)  # what to install before the kind can be used
+        unavailable = cls.features.unavailable  # what to install before the kind can be used
         out.append(
             {
                 "kind": kind,
                 "label": cls.label,
-                "remote": cls.remote,
+                "remote": cls.features.remote,
                 **({"unavailable": unavailable} if unavailable else {}),
+                "features": cls.features.to_json(),
                 "options": {
                     name: {
                         "type": field.type.__name__,
@@ -229,6 +230,14 @@ def kinds_json() -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+class KindsHandler(RemoteComputeHandler):
+    """The kinds of machine this installation can use, with their options and what each can do."""
+
+    @api
+    async def get(self) -> None:
+        self.reply({"kinds": kinds_json()})
 
 
 # -- machines ---------------------------------------------------------------
@@ -542,6 +551,7 @@ class UnknownRouteHandler(RemoteComputeHandler):
 
 
 HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
+    (rf"{PREFIX}/kinds", KindsHandler),
     (rf"{PREFIX}/machines", MachinesHandler),
     (rf"{PREFIX}/machines/{MACHINE}", MachineHandler),
     (rf"{PREFIX}/machines/{MACHINE}/check", MachineCheckHandler),

@@ -23,6 +23,7 @@ from .base import (
     WORK_DIR,
     Engine,
     EngineError,
+    Features,
     FetchResult,
     InputFile,
     LaunchSpec,
@@ -42,6 +43,8 @@ CONFIRM_WAIT = 30.0
 class AgentEngine(Engine):
     kind = "agent"
     label = "Pull agent (the machine connects to this server)"
+    # The agent reports when it runs a job, not what the job logs meanwhile: no live metrics.
+    features = Features(pending=True, live_metrics=False)
     options: ClassVar[dict[str, OptionField]] = dict(farside.CACHE_OPTIONS)
 
     @classmethod

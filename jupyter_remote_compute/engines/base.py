@@ -204,6 +204,41 @@ class OptionField:
     secret_name: bool = False  # the value names a Secret Manager entry
 
 
+#: The resources a job may ask for (``Resources``' fields, by their names in a job's settings).
+RESOURCE_NAMES = ("cpus", "gpus", "memory", "nodes", "partition")
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """What a kind of machine can do, declared once on its engine class.
+
+    Admission, the handlers, the CLI and the panel (``GET /remote-compute/kinds``) read these, so no
+    part of the product finds out what a kind does by probing its methods or its handle.
+    """
+
+    #: False for the built-in machine: its files never leave this computer (the egress policy).
+    remote: bool = True
+    #: Reached over SSH: it presents host keys, and ``trust_host`` records one.
+    host_keys: bool = False
+    #: Its jobs may wait for someone else (a scheduler, an agent, a cluster being made): ``pending``.
+    pending: bool = False
+    #: What a job may ask of it (``RESOURCE_NAMES``); ``admit`` refuses the rest by name.
+    resources: frozenset[str] = frozenset({"cpus", "gpus", "memory"})
+    #: Its poll brings what a watched job logged to MLflow since the last look (live metrics).
+    live_metrics: bool = True
+    #: It reports what its machines cost (a cloud's price), beside the usage this side meters.
+    usage: bool = False
+    #: Why the kind cannot be used on this installation (what to install), or None when it can.
+    unavailable: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["resources"] = [name for name in RESOURCE_NAMES if name in self.resources]
+        if self.unavailable is None:
+            del data["unavailable"]
+        return data
+
+
 # errno values that describe a moment, not a state: the same call may well work later.
 _PASSING_ERRNOS = frozenset(
     {
@@ -288,8 +323,7 @@ class Engine(abc.ABC):
     kind: ClassVar[str]
     label: ClassVar[str]
     options: ClassVar[Mapping[str, OptionField]] = {}
-    #: False for the built-in machine: its files never leave this computer.
-    remote: ClassVar[bool] = True
+    features: ClassVar[Features] = Features()
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
         self.name = name
@@ -364,13 +398,13 @@ class Engine(abc.ABC):
         and the CPUs, GPUs and memory its facts report: asking for more is refused rather than run
         on less. Schedulers override this with their own limits.
         """
-        if resources.partition:
+        if resources.partition and "partition" not in self.features.resources:
             raise InvalidSettings(
                 f"resources.partition: {self.name} is a {self.kind} machine and has no partitions; "
                 "leave partition empty or use a scheduler's machine",
                 field="resources.partition",
             )
-        if resources.nodes is not None and resources.nodes > 1:
+        if resources.nodes is not None and resources.nodes > 1 and "nodes" not in self.features.resources:
             raise InvalidSettings(
                 f"resources.nodes: {self.name} is one {self.kind} machine; {resources.nodes} nodes need a scheduler",
                 field="resources.nodes",
@@ -399,7 +433,7 @@ class Engine(abc.ABC):
 
         With ``expected_fingerprint`` (the one the user compared), a key with any other fingerprint is
         refused on the same connection that would record it, with ``details.host_key`` naming what was
-        presented. Only kinds reached over SSH have host keys; the others refuse with a clear error.
+        presented. Only kinds with ``features.host_keys`` have host keys; the others refuse clearly.
         """
         raise EngineError(f"{self.name} is a {self.kind} machine: it has no host key to trust")
 

@@ -24,6 +24,7 @@ from .base import (
     WORK_DIR,
     Engine,
     EngineError,
+    Features,
     FetchResult,
     InputFile,
     LaunchSpec,
@@ -53,7 +54,7 @@ def _copy_with_progress(src: Path, dst: Path, progress: ProgressCallback | None,
 class LocalEngine(Engine):
     kind = "local"
     label = "This machine"
-    remote = False
+    features = Features(remote=False)
 
     def _dir(self, job: RemoteJob) -> Path:
         return Path(job.handle["dir"])

@@ -51,6 +51,7 @@ from .base import (
     Engine,
     EngineContext,
     EngineError,
+    Features,
     FetchResult,
     InputFile,
     LaunchSpec,
@@ -237,9 +238,14 @@ class SkyPilotEngine(Engine):
 
     kind = "skypilot"
     label = "SkyPilot (your cloud, Kubernetes or Slurm)"
-    remote = True
-    #: Set where the SDK cannot be imported: the panel lists the kind with this instead of its form.
-    unavailable = None if sky_installed() else INSTALL_HINT
+    # ``unavailable`` where the SDK cannot be imported: the panel lists the kind with it instead of its form.
+    features = Features(
+        host_keys=True,
+        pending=True,
+        resources=frozenset({"cpus", "gpus", "memory", "nodes"}),
+        usage=True,
+        unavailable=None if sky_installed() else INSTALL_HINT,
+    )
     options = {
         **farside.CACHE_OPTIONS,
         "infra": OptionField(str, "SkyPilot infra: aws, gcp/us-central1, k8s, slurm/<cluster> (default: the address)"),

@@ -29,8 +29,10 @@ from typing import Any
 from ..errors import InvalidSettings
 from . import farside
 from .base import (
+    RESOURCE_NAMES,
     EngineContext,
     EngineError,
+    Features,
     LaunchSpec,
     MetricBytes,
     MetricOffsets,
@@ -81,7 +83,7 @@ class SlurmEngine(SSHEngine):
 
     kind = "slurm"
     label = "Slurm cluster"
-    remote = True
+    features = Features(host_keys=True, pending=True, resources=frozenset(RESOURCE_NAMES))
     options = {
         **SSHEngine.options,
         "base_dir": OptionField(

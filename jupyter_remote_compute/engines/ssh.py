@@ -44,6 +44,7 @@ from .base import (
     Engine,
     EngineContext,
     EngineError,
+    Features,
     FetchResult,
     InputFile,
     LaunchSpec,
@@ -114,7 +115,7 @@ class SSHEngine(Engine):
 
     kind = "ssh"
     label = "SSH"
-    remote = True
+    features = Features(host_keys=True)
     options = {
         **farside.CACHE_OPTIONS,
         "user": OptionField(str, "User name on the machine (default: from ssh config, else your local name)"),

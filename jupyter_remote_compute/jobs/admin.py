@@ -209,7 +209,7 @@ class MachineAdmin:
         engine compares it on the connection that records the key, so no other key can slip in between.
         """
         engine = self.engine(name)
-        if type(engine).trust_host is Engine.trust_host:
+        if not engine.features.host_keys:
             # Asking is the caller's mistake (a 400), not a machine that failed (a 502).
             raise InvalidSettings(f"{name}: a {engine.kind} machine has no host key to trust", field="name")
         try:

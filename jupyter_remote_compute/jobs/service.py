@@ -222,7 +222,7 @@ class JobService:
             # The far side's script sees the experiment a local run would use; after the key, so the
             # same work submitted from a process without the variable still attaches.
             spec = dataclasses.replace(spec, env={**spec.env, "MLFLOW_EXPERIMENT_NAME": experiment})
-        check_egress(self.workspace.policy_yaml, machine.name, cls.remote, [f.relpath for f in files])
+        check_egress(self.workspace.policy_yaml, machine.name, cls.features.remote, [f.relpath for f in files])
         if spec.resources.to_json():
             self._admit(machine, spec)
 

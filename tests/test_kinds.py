@@ -1,0 +1,59 @@
+"""What each kind can do is declared on its engine and served as it is declared."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_remote_compute.engines import engine_class, engine_kinds
+from jupyter_remote_compute.engines.base import RESOURCE_NAMES, Features
+from jupyter_remote_compute.errors import InvalidSettings
+
+
+async def test_the_kinds_route_serves_each_kinds_declared_features(jp_fetch) -> None:
+    response = await jp_fetch("remote-compute", "kinds")
+    kinds = {k["kind"]: k for k in json.loads(response.body)["kinds"]}
+    assert set(kinds) == set(engine_kinds())
+    for name, kind in kinds.items():
+        assert kind["features"] == engine_class(name).features.to_json(), name
+        assert kind["remote"] is engine_class(name).features.remote
+    assert kinds["local"]["features"]["remote"] is False
+    assert kinds["ssh"]["features"]["host_keys"] is True and kinds["jupyter"]["features"]["host_keys"] is False
+    assert kinds["slurm"]["features"]["resources"] == list(RESOURCE_NAMES)
+    assert kinds["agent"]["features"] == {**kinds["agent"]["features"], "pending": True, "live_metrics": False}
+    # The machines list carries the same kinds: one function makes both.
+    machines = json.loads((await jp_fetch("remote-compute", "machines")).body)
+    assert {k["kind"]: k for k in machines["kinds"]} == kinds
+
+
+async def test_trusting_a_kind_without_host_keys_is_the_callers_mistake(jp_fetch) -> None:
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("remote-compute", "machines", "local", "trust", method="POST", body="{}")
+    assert info.value.code == 400
+    assert "has no host key to trust" in json.loads(info.value.response.body)["message"]
+
+
+def test_a_machine_refuses_the_resources_its_kind_does_not_declare(tmp_path) -> None:
+    from jupyter_remote_compute.engines.base import EngineContext
+    from jupyter_remote_compute.engines.slurm_commands import Resources
+
+    cls = engine_class("local")
+    assert "partition" not in cls.features.resources
+    engine = cls("local", "localhost", {}, EngineContext(lambda name: None, tmp_path))
+    with pytest.raises(InvalidSettings) as info:
+        engine.admit(Resources(partition="gpu"))
+    assert info.value.field == "resources.partition"
+
+    class Partitioned(cls):  # the same machine, declaring partitions: the base check lets them through
+        features = Features(remote=False, resources=frozenset(RESOURCE_NAMES))
+
+    Partitioned("local", "localhost", {}, EngineContext(lambda name: None, tmp_path)).admit(Resources(partition="gpu"))
+
+
+def test_features_serialise_resources_in_a_stable_order() -> None:
+    features = Features(resources=frozenset({"partition", "cpus"}), unavailable="install it")
+    assert features.to_json()["resources"] == ["cpus", "partition"]
+    assert features.to_json()["unavailable"] == "install it"
+    assert "unavailable" not in Features().to_json()
