@@ -62,7 +62,7 @@ from .jupyter_contents import (
     Token,
     progress_adder,
 )
-from .launcher import LAUNCH_SH, RUN_SH, command_script, launch_input
+from .launcher import command_script, launch_input
 
 log = logging.getLogger(__name__)
 
@@ -80,153 +80,12 @@ FETCH_TAR = "fetch.tar"  # manifest.sh's stream, kept in the job directory until
 #: Output files of at least this many bytes come down by themselves (parallel ranged GETs), not in the tar.
 DIRECT_FROM = 16 << 20
 
-# The far side: stdlib-only Python the kernel runs. Every call execs this source in a fresh
-# namespace and calls one function with JSON arguments; the answer is JSON (or bytes), base64'd
-# so IPython's pretty printer cannot reshape it. Paths are absolute (learned in ``prepare``)
-# except ``prepare``'s base, which is relative to the kernel's cwd, the server's root_dir.
-FAR_SIDE = r"""
-import base64, hashlib, json, os, shutil, subprocess, sys
 
-def _write(path, text, mode=0o644):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def _env():
-    # `python` in a command or script is the kernel's interpreter, as it is in a notebook there.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "PYDEVD_")) and k != "MPLBACKEND"}
-    bindir = os.path.dirname(sys.executable)
-    if env.get("PATH", "").split(os.pathsep)[:1] != [bindir]:
-        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    return env
-
-
-def _jobdir(d):
-    # Every absolute job directory we are handed must look like one of ours.
-    if not (os.path.isabs(d) and os.path.basename(os.path.dirname(d)) == "jobs"):
-        raise ValueError("not a job directory: " + d)
-    return d
-
-
-def prepare(base, job_id, key, scripts):
-    jobdir = os.path.abspath(os.path.join(base, "jobs", job_id))
-    # mlruns/ is left for MLflow to make: its file store only creates the default experiment
-    # when the folder does not exist yet.
-    os.makedirs(os.path.join(jobdir, "work"), exist_ok=True)
-    for name, text in scripts.items():
-        _write(os.path.join(jobdir, name), text, 0o755 if name.endswith(".sh") else 0o644)
-    _write(os.path.join(jobdir, "job.json"), json.dumps({"job_id": job_id, "key": key}) + "\n")
-    return {"abs_dir": jobdir, "root": os.getcwd()}
-
-
-def put(path, first, last, data):
-    # Kernel transport, upload: append one chunk to <path>.jrc-part, rename it into place at the end.
-    part = path + ".jrc-part"
-    if first:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(part, "wb" if first else "ab") as f:
-        f.write(data)
-    if last:
-        os.replace(part, path)
-    return {}
-
-
-def read(path, offset, limit):
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(limit)
-    except FileNotFoundError:
-        return b""
-
-
-def launch(jobdir, command, stdin):
-    _jobdir(jobdir)
-    _write(os.path.join(jobdir, "command.sh"), command, 0o755)
-    env = _env()
-    try:
-        proc = subprocess.run(
-            ["sh", os.path.join(jobdir, "launch.sh"), jobdir],
-            input=base64.b64decode(stdin), capture_output=True, timeout=60, env=env,
-        )
-    except Exception as e:
-        return {"error": type(e).__name__}
-    if proc.returncode != 0:
-        return {"error": "launcher exit %d: %s" % (proc.returncode, proc.stderr.decode(errors="replace")[-500:])}
-    return {"pid": int(proc.stdout.split()[-1])}
-
-
-def cleanup(jobdir, job_id):
-    _jobdir(jobdir)
-    try:
-        with open(os.path.join(jobdir, "job.json")) as f:
-            if json.load(f).get("job_id") != job_id:
-                return {"removed": False}
-    except (OSError, ValueError):
-        return {"removed": False}
-    shutil.rmtree(jobdir, ignore_errors=True)
-    return {"removed": True}
-
-
-def sh(argv, stdin, out_path=None):
-    # One far-side script (farside/*.sh): the answer, or its stdout written to out_path (a tar).
-    env = _env()
-    sink = open(out_path + ".part", "wb") if out_path else subprocess.PIPE
-    try:
-        proc = subprocess.run(argv, input=base64.b64decode(stdin), stdout=sink, stderr=subprocess.PIPE, env=env)
-    finally:
-        if out_path:
-            sink.close()
-    size = None
-    if out_path:
-        os.replace(out_path + ".part", out_path)
-        size = os.path.getsize(out_path)
-    out = "" if out_path else base64.b64encode(proc.stdout).decode()
-    return {"code": proc.returncode, "out": out, "err": proc.stderr.decode(errors="replace")[-2000:], "size": size}
-
-
-def pack(argv, out_path):
-    # manifest.sh into out_path; its first entry (the output list) comes back with the answer
-    answer = sh(argv, "", out_path)
-    if answer["code"] == 0:
-        with open(out_path, "rb") as f:
-            head = f.read(512)
-            size = int(head[124:136].strip(b"\0 ") or b"0", 8)
-            answer["head"] = base64.b64encode(f.read(size)).decode()
-    return answer
-
-
-def hash_files(jobdir, paths):
-    # sha256 of files the engine downloads by themselves, computed while they travel
-    _jobdir(jobdir)
-    found = {}
-    for rel in paths:
-        digest = hashlib.sha256()
-        with open(os.path.join(jobdir, rel), "rb", buffering=0) as f:
-            while True:
-                data = f.read(1 << 20)
-                if not data:
-                    break
-                digest.update(data)
-        found[rel] = digest.hexdigest()
-    return found
-
-
-def call(op, args, blob=None):
-    value = globals()[op](*args) if blob is None else globals()[op](*args, base64.b64decode(blob))
-    if isinstance(value, bytes):
-        return "B" + base64.b64encode(value).decode()
-    return "J" + base64.b64encode(json.dumps(value).encode()).decode()
-"""
-
-_FAR_B64 = base64.b64encode(FAR_SIDE.encode()).decode()
+_FAR_B64 = base64.b64encode(farside.kernel_program().encode()).decode()
 
 
 def _far_expression(op: str, args: Sequence[Any], blob: bytes | None = None) -> str:
-    """One Python expression that runs ``op(*args[, blob])`` from FAR_SIDE in a namespace of its own.
+    """One Python expression that runs ``op(*args[, blob])`` of ``farside/kernel.py`` in a namespace of its own.
 
     It travels as a user expression of an otherwise empty execute request: the kernel ``eval``s
     it directly, skipping IPython's cell machinery (input transformers, which crawl over
@@ -442,13 +301,13 @@ class JupyterEngine(Engine):
             return False
 
     def prepare(self, job: RemoteJob) -> RemoteJob:
-        scripts = {"launch.sh": LAUNCH_SH, "run.sh": RUN_SH}
-        made = self._far("prepare", self.base_dir, job.job_id, job.key, scripts)
         rel = f"{self.base_dir}/jobs/{job.job_id}"
+        # Relative to the kernel's working directory, the server's root: the script answers where it is.
+        abs_dir = self._sh("prepare", *farside.prepare_args(rel, job.job_id, job.key)).strip().splitlines()[-1]
         # The Contents API must see the very job.json the kernel wrote; otherwise (a hidden base_dir,
         # contents that are not the kernel's disk) the bytes go through the kernel.
         transport = "contents" if self._contents_visible(f"{rel}/job.json") else "kernel"
-        handle = {**job.handle, "dir": rel, "abs_dir": made["abs_dir"], "transport": transport}
+        handle = {**job.handle, "dir": rel, "abs_dir": abs_dir, "transport": transport}
         return RemoteJob(job.job_id, job.key, handle)
 
     def _base_abs(self, job: RemoteJob) -> str:
@@ -663,7 +522,7 @@ class JupyterEngine(Engine):
 
     def cleanup(self, job: RemoteJob) -> None:
         if job.handle.get("abs_dir"):
-            self._far("cleanup", job.handle["abs_dir"], job.job_id, timeout=LONG_OP)
+            self._sh("cleanup", job.handle["abs_dir"], job.job_id, timeout=LONG_OP)
 
     def close(self) -> None:
         with self._lock:

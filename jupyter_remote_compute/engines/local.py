@@ -8,9 +8,7 @@ machine, so egress policy never stops it.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -36,7 +34,7 @@ from .base import (
     SendStats,
     is_passing,
 )
-from .launcher import LAUNCH_SH, RUN_SH, command_script, launch_input
+from .launcher import command_script, launch_input
 
 COPY_CHUNK = 1 << 20
 
@@ -81,6 +79,7 @@ class LocalEngine(Engine):
     def prepare(self, job: RemoteJob) -> RemoteJob:
         base = self.context.scratch_dir
         jobdir = (base / job.job_id).resolve()
+        args = farside.prepare_args(str(jobdir), job.job_id, job.key)  # a job id that is no plain name stops here
         try:
             (jobdir / WORK_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -89,9 +88,9 @@ class LocalEngine(Engine):
                 "set the scratch folder to a directory you may write",
                 transient=is_passing(e),
             ) from None
-        (jobdir / "launch.sh").write_text(LAUNCH_SH)
-        (jobdir / "run.sh").write_text(RUN_SH)
-        (jobdir / "job.json").write_text(json.dumps({"job_id": job.job_id, "key": job.key}) + "\n")
+        proc = self._far("prepare", *args)
+        if proc.returncode != 0:
+            raise EngineError(f"{self.name}: preparing job {job.job_id}: {proc.stderr.decode(errors='replace')[-500:]}")
         return RemoteJob(job.job_id, job.key, {**job.handle, "dir": str(jobdir)})
 
     def send(self, job: RemoteJob, files: Sequence[InputFile], progress: ProgressCallback | None = None) -> SendStats:
@@ -197,7 +196,11 @@ class LocalEngine(Engine):
 
     def cleanup(self, job: RemoteJob) -> None:
         if "dir" in job.handle:
-            shutil.rmtree(job.handle["dir"], ignore_errors=True)
+            proc = self._far("cleanup", job.handle["dir"], job.job_id, timeout=300)
+            if proc.returncode != 0:
+                raise EngineError(
+                    f"{self.name}: removing job {job.job_id}: {proc.stderr.decode(errors='replace')[-500:]}"
+                )
 
 
 def _env_with_python() -> dict[str, str]:

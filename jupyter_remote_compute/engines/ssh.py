@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import posixpath
 import queue
@@ -56,7 +55,7 @@ from .base import (
     RemoteStatus,
     SendStats,
 )
-from .launcher import LAUNCH_SH, RUN_SH, command_script, launch_input
+from .launcher import command_script, launch_input
 from .ssh_connection import (
     CALL_TIMEOUT,
     AuthenticationFailed,
@@ -225,7 +224,9 @@ class SSHEngine(Engine):
         check_relpath(job.job_id, "job id")
         if "/" in job.job_id:
             raise ValueError(f"job id: {job.job_id!r} must be a single name")
-        marker = json.dumps({"job_id": job.job_id, "key": job.key}, sort_keys=True) + "\n"
+        prepare = farside.command_line(
+            "prepare", '"$d"', *(quote(a) for a in farside.prepare_args("", job.job_id, job.key)[1:])
+        )
         body = f"""set -e
 base={self._base_expr()}
 if ! (umask 077 && mkdir -p -- "$base/jobs" "$base/cache"); then
@@ -233,20 +234,7 @@ if ! (umask 077 && mkdir -p -- "$base/jobs" "$base/cache"); then
   exit 3
 fi
 d="$base/jobs/"{quote(job.job_id)}
-# mlruns/ is left for MLflow to create: its file store makes the Default experiment only in a
-# folder that does not exist yet (an empty one fails every run logged without an experiment).
-mkdir -p -- "$d/{WORK_DIR}"
-cd -- "$d"
-printf '%s' {quote(marker)} > job.json.tmp
-if [ -f job.json ] && ! cmp -s job.json job.json.tmp; then
-  rm -f job.json.tmp
-  echo "job directory $d belongs to another job" >&2
-  exit 3
-fi
-mv -f job.json.tmp job.json
-printf '%s' {quote(LAUNCH_SH)} > launch.sh
-printf '%s' {quote(RUN_SH)} > run.sh
-pwd -P
+{prepare}
 """
         res = self._run(body, timeout=60)
         if res.code != 0:
@@ -599,16 +587,8 @@ tail -c +{offset + 1} -- {quote(d + "/log")} | head -c {limit}
         return sorted(extractor.files)
 
     def cleanup(self, job: RemoteJob) -> None:
-        d = self._dir(job)
-        # Only a directory this engine made (it holds job.json) is removed.
-        body = f"""d={quote(d)}
-[ -e "$d" ] || exit 0
-[ -f "$d/job.json" ] || {{ echo "$d is not a job directory" >&2; exit 3; }}
-# directories only: a file may be a hard link to a read-only cache object, whose mode must stay
-find "$d" -type d ! -perm -u+w -exec chmod u+w {{}} + 2>/dev/null
-rm -rf -- "$d"
-"""
-        res = self._run(body, timeout=300)
+        # Only the directory this job's prepare made (its job.json names the job) is removed.
+        res = self._run(farside.command_line("cleanup", quote(self._dir(job)), quote(job.job_id)), timeout=300)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: removing job {job.job_id}"))
 

@@ -11,7 +11,12 @@ an exec channel, jupyter from its kernel), and its answer is read here, once:
 ``manifest.sh`` one tar of the declared outputs, their sha256 (hashed as they stream) at its end
 ``cache.sh``    the content-addressed input cache: have, link, adopt, evict
 ``facts.sh``    OS, kernel, Python, CPUs, memory, GPUs (nvidia-smi), free disk
+``prepare.sh``  make a job's folder and mark it (job.json); another job's folder is refused
+``cleanup.sh``  remove a job's folder, only the one whose job.json names that job
 ==============  =====================================================================
+
+``kernel.py`` is the Jupyter kind's far side: the standard-library program its kernel runs
+(``kernel_program``), which runs these scripts there and moves bytes through the kernel.
 
 Every tar stream that comes back goes through ``receive_outputs`` and so through
 one policy (``ssh_transfer.SafeExtractor``): the whole archive is refused on any
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
+import re
 import shlex
 import tarfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,9 +49,12 @@ from ..base import (
     RemoteJob,
     RemoteStatus,
 )
+from ..launcher import LAUNCH_SH, RUN_SH
 from ..ssh_transfer import ArchiveCut, SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
 
-SCRIPTS = ("status", "cancel", "manifest", "cache", "facts")
+SCRIPTS = ("status", "cancel", "manifest", "cache", "facts", "prepare", "cleanup")
+#: A job id as the far side's scripts take it: one plain name, so it is a folder name and a word in sh.
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 #: A far disk never fills with old inputs: at most this many bytes of unused cache entries...
 DEFAULT_CACHE_MAX_BYTES = 20 << 30
@@ -67,6 +77,24 @@ def script(name: str) -> str:
     if name not in SCRIPTS:
         raise KeyError(f"no far-side script {name!r}")
     return resources.files(__package__).joinpath(f"{name}.sh").read_text(encoding="utf-8")
+
+
+@functools.cache
+def kernel_program() -> str:
+    """The source of the Jupyter kind's far-side program (``kernel.py``), run by the server's kernel."""
+    return resources.files(__package__).joinpath("kernel.py").read_text(encoding="utf-8")
+
+
+def job_marker(job_id: str, key: str) -> str:
+    """The text of a job folder's ``job.json``: what ``prepare.sh`` writes and compares, on every kind."""
+    if not _JOB_ID.fullmatch(job_id) or not _JOB_ID.fullmatch(key):
+        raise ValueError(f"job id: {job_id!r} (key {key!r}) must be a plain name of letters, digits, '.', '_', '-'")
+    return json.dumps({"job_id": job_id, "key": key}, sort_keys=True) + "\n"
+
+
+def prepare_args(job_dir: str, job_id: str, key: str) -> list[str]:
+    """``prepare.sh``'s arguments for a job's folder: the folder, its marker and the launcher's scripts."""
+    return [job_dir, job_marker(job_id, key), LAUNCH_SH, RUN_SH]
 
 
 def argv(name: str, *args: str) -> list[str]:
