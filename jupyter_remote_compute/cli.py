@@ -13,6 +13,7 @@ import getpass
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -192,7 +193,13 @@ def _summary(job: Job) -> str:
 
 
 def _follow(service: JobService, job: Job) -> int:
-    """Stream the log until the job ends; Ctrl-C detaches and the job keeps running."""
+    """Stream the log until the job ends; Ctrl-C detaches and the job keeps running.
+
+    Ctrl-C is Python's KeyboardInterrupt for the follow, also where this process was started with
+    SIGINT ignored (a script's background job, some runners): an interrupt always detaches, never
+    goes unheard until the job ends.
+    """
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         job = service.wait(job.id, on_log=_write, on_wait=lambda j: sys.stderr.write(waiting_line(j)))
     except KeyboardInterrupt:
@@ -203,6 +210,8 @@ def _follow(service: JobService, job: Job) -> int:
             file=sys.stderr,
         )
         return EXIT_DETACHED
+    finally:
+        signal.signal(signal.SIGINT, before)
     print(_summary(job), file=sys.stderr)
     try:
         require_trained(job)

@@ -81,7 +81,21 @@ def test_secrets_are_read_from_stdin_and_listed_by_name(cli) -> None:
     assert "cli/token" not in cli("secrets", "list").stdout
 
 
-def test_ctrl_c_detaches_and_the_job_keeps_running(cli, quickstart: Path) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    "started",
+    [
+        None,
+        # A script's `jupyter remote-compute run … &` (or a runner that starts it so): the shell hands it
+        # SIGINT ignored, and Python keeps an ignored SIGINT ignored unless told otherwise.
+        _ignore_sigint,
+    ],
+    ids=["from-a-terminal", "with-sigint-ignored"],
+)
+def test_ctrl_c_detaches_and_the_job_keeps_running(cli, quickstart: Path, started) -> None:  # type: ignore[no-untyped-def]
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter_remote_compute.cli", "run", "--", "sh", "-c", "echo up; sleep 120"],
         cwd=quickstart,
@@ -89,6 +103,7 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(cli, quickstart: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=started,
     )
     try:
         jobs = wait_for(
