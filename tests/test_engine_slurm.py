@@ -59,7 +59,8 @@ def test_quickstart_runs_through_slurm_and_its_outputs_and_run_land(
         command="python train.py && echo node=$SLURMD_NODENAME world=$WORLD_SIZE rank=$NODE_RANK",
         send=["train.py", "data/*.csv"],
         bring_back=["model.pkl", "metrics.json"],
-        resources={"cpus": 1, "memory": "128M"},
+        # A training script with MLflow, scikit-learn and pandas beside it: well over 128M at import.
+        resources={"cpus": 1, "memory": "512M"},
         timeout="10m",
     )
     job = service.wait(job.id, timeout=180)
