@@ -97,6 +97,21 @@ export function formatResources(
   return parts.join(' · ');
 }
 
+/**
+ * What the job got, as far as its machine's record says: a Slurm job, a SkyPilot cluster.
+ */
+export function formatPlacement(job: IJob, trans: TranslationBundle): string {
+  const handle = (job.handle ?? {}) as Record<string, unknown>;
+  const parts: string[] = [];
+  if (handle.slurm_job_id) {
+    parts.push(trans.__('Slurm job %1', String(handle.slurm_job_id)));
+  }
+  if (job.kind === 'skypilot' && typeof handle.cluster === 'string') {
+    parts.push(trans.__('SkyPilot cluster %1', handle.cluster));
+  }
+  return parts.join(' · ');
+}
+
 function JobInfo(props: {
   model: ComputeModel;
   trans: TranslationBundle;
@@ -128,6 +143,7 @@ function JobInfo(props: {
   const openRun = (): void =>
     void commands.execute('remote-compute:open-mlflow', { id: job.id });
   const resources = formatResources(spec.resources, trans);
+  const placement = formatPlacement(job, trans);
   const inputs = job.inputs ?? {};
 
   return (
@@ -270,6 +286,12 @@ function JobInfo(props: {
             </span>
           )}
         </dd>
+        {placement && (
+          <>
+            <dt>{trans.__('Placed on')}</dt>
+            <dd>{placement}</dd>
+          </>
+        )}
         {spec.timeout !== undefined && spec.timeout !== null && (
           <>
             <dt>{trans.__('Timeout')}</dt>
