@@ -234,3 +234,16 @@ def test_the_cli_validates_and_runs_a_pipeline(workspace, cli_env):
     bad = write(workspace, {"version": 1, "nodes": [node("c", {"machine": "local"})], "edges": []}, "bad.rcpipeline")
     invalid = cli(workspace, "validate", bad, env=cli_env)
     assert invalid.returncode == 1 and "node c, command: Command is required" in invalid.stderr
+
+
+def test_a_literal_secret_or_a_bad_path_is_refused_before_the_run_is_recorded(workspace, runner):
+    document = two_steps()
+    document["nodes"][0]["settings"]["env"] = {"TOKEN": "AKIAFAKEEXAMPLE00001"}
+    document["nodes"][1]["settings"]["send"] = ["../outside.csv"]
+    with pytest.raises(PipelineInvalid) as caught:
+        runner.start(write(workspace, document))
+    problems = {(p.kind, p.node, p.field) for p in caught.value.problems}
+    assert ("secret_in_settings", "prepare", "env.TOKEN") in problems
+    assert ("invalid", "train", "send[0]") in problems or ("invalid", "train", "send") in problems, problems
+    assert "AKIAFAKEEXAMPLE00001" not in caught.value.message
+    assert not list((workspace / ".punica").glob("pipelines/*.json"))  # the settings were never stored

@@ -50,7 +50,9 @@ class PipelineInvalid(RemoteComputeError):
 class Problem:
     """One thing wrong with a pipeline, at a node (or the document when ``node`` is None)."""
 
-    kind: str  # cycle | missing_setting | invalid_setting | missing_input | unknown_step | document
+    # cycle | missing_setting | invalid_setting | missing_input | unknown_step; from a job's own checks:
+    # invalid | secret_in_settings
+    kind: str
     message: str
     node: str | None = None
     field: str | None = None
@@ -317,9 +319,3 @@ def validate(pipeline: Pipeline, steps: Mapping[str, Mapping[str, Any]], workspa
                 )
             )
     return problems
-
-
-def check(pipeline: Pipeline, steps: Mapping[str, Mapping[str, Any]], workspace: Path, source: str) -> None:
-    problems = validate(pipeline, steps, workspace)
-    if problems:
-        raise PipelineInvalid(problems, source)

@@ -26,14 +26,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError
+from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError, SecretStoreUnavailable
 from ..fsutil import SharedFileLock, atomic_write
+from ..guards import screen_settings
 from ..jobs.service import JobService
 from ..jobs.spec import JobSpec, check_relative_path
 from ..jobs.store import Job, holder_alive, new_job_id, process_identity, utcnow
 from ..steps import describe_steps, parse_settings
 from ..steps.executor import StepContext, run_spec
-from .document import Node, Pipeline, check, declared_outputs, load_pipeline, order
+from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs, load_pipeline, order, validate
 from .notebook import NOTEBOOK_STEP, notebook_spec
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ RUN_STATES = ("running", "succeeded", "failed", "cancelled")
 #: A node: waiting → running → succeeded | reused | failed | cancelled; or not_run when a need failed.
 NODE_DONE = ("succeeded", "reused", "failed", "cancelled", "not_run")
 LOCK_TIMEOUT = 30.0
+#: Steps whose nodes the runner turns into jobs itself (on its service, so cancel reaches them).
+BUILT_IN_STEPS = ("train-on-remote-machine", NOTEBOOK_STEP)
 #: How long a cancelled run follows a job's cancel to its end (the machine's grace, a collection).
 STOP_WAIT = 120.0
 
@@ -200,11 +203,33 @@ class PipelineRunner:
         return rel, self.workspace.root / rel
 
     def validate(self, file: Any) -> Pipeline:
-        """The pipeline, checked (``PipelineInvalid`` names every problem's node and field)."""
+        """The pipeline, checked (``PipelineInvalid`` names every problem's node and field).
+
+        Beyond the document's own checks, each built-in node's job spec is made and screened for
+        secrets here, so a literal secret is refused before the run's record (which keeps the
+        settings) is written, and a bad value is named by its node before any job starts.
+        """
         rel, path = self.resolve(file)
         pipeline = load_pipeline(path)
-        check(pipeline, known_steps(), self.workspace.root, rel)
+        problems = validate(pipeline, known_steps(), self.workspace.root)
+        reported = {p.node for p in problems if p.kind in ("invalid_setting", "missing_setting", "unknown_step")}
+        for node in pipeline.nodes:
+            if node.step not in BUILT_IN_STEPS or node.id in reported:
+                continue
+            try:
+                spec, _ = self.node_spec(pipeline, node)
+                screen_settings(spec.screened_settings(), self._stored_secrets)
+            except RemoteComputeError as e:  # InvalidSettings, SecretInSettings: the message names the field
+                problems.append(Problem(e.code, e.message, node.id, e.field))
+        if problems:
+            raise PipelineInvalid(problems, rel)
         return pipeline
+
+    def _stored_secrets(self) -> list[str]:
+        try:
+            return self.service.secrets.values()
+        except SecretStoreUnavailable:
+            return []
 
     # -- running ---------------------------------------------------------------------------------
     def start(self, file: Any, *, background: bool = True) -> tuple[PipelineRun, bool]:
@@ -385,7 +410,7 @@ class PipelineRunner:
     def _run_node(self, run_id: str, pipeline: Pipeline, node: Node, stop: threading.Event) -> None:
         self._set_node(run_id, node.id, state="running", reason=None, started=utcnow())
         try:
-            if node.step in ("train-on-remote-machine", NOTEBOOK_STEP):
+            if node.step in BUILT_IN_STEPS:
                 spec, wait_for = self.node_spec(pipeline, node)
                 reused = False
 
