@@ -30,7 +30,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.engines import engine_class, engine_kinds
 from jupyter_remote_compute.engines.base import EngineContext, EngineError
-from jupyter_remote_compute.engines.slurm_commands import Resources
+from jupyter_remote_compute.engines.resources import Resources
 from jupyter_remote_compute.errors import InvalidSettings, RemoteComputeError
 from jupyter_remote_compute.jobs.service import JobService, require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec

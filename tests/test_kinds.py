@@ -37,7 +37,7 @@ async def test_trusting_a_kind_without_host_keys_is_the_callers_mistake(jp_fetch
 
 def test_a_machine_refuses_the_resources_its_kind_does_not_declare(tmp_path) -> None:
     from jupyter_remote_compute.engines.base import EngineContext
-    from jupyter_remote_compute.engines.slurm_commands import Resources
+    from jupyter_remote_compute.engines.resources import Resources
 
     cls = engine_class("local")
     assert "partition" not in cls.features.resources

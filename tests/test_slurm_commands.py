@@ -14,6 +14,7 @@ import pytest
 
 from jupyter_remote_compute.engines import slurm_commands as sc
 from jupyter_remote_compute.engines.launcher import launch_input
+from jupyter_remote_compute.engines.resources import Resources, format_memory, parse_memory_mb
 from jupyter_remote_compute.errors import InvalidSettings
 
 # -- resources ------------------------------------------------------------------------
@@ -35,27 +36,27 @@ from jupyter_remote_compute.errors import InvalidSettings
     ],
 )
 def test_memory_amounts(text: str | int, mb: int) -> None:
-    assert sc.parse_memory_mb(text) == mb
+    assert parse_memory_mb(text) == mb
 
 
 @pytest.mark.parametrize("text", [" ", "lots", "-1G", "0", "12X", "1.2.3G", True])
 def test_bad_memory_names_the_field(text: object) -> None:
     with pytest.raises(InvalidSettings) as err:
-        sc.Resources.from_json({"memory": text}, "resources.")
+        Resources.from_json({"memory": text}, "resources.")
     assert err.value.field == "resources.memory" and "memory" in err.value.message
 
 
 def test_memory_is_written_back_as_slurm_spells_it() -> None:
-    assert sc.format_memory(32768) == "32G" and sc.format_memory(1536) == "1536M"
-    assert sc.Resources.from_json({"memory": "1.5G"}).to_json() == {"memory": "1536M"}
+    assert format_memory(32768) == "32G" and format_memory(1536) == "1536M"
+    assert Resources.from_json({"memory": "1.5G"}).to_json() == {"memory": "1536M"}
 
 
 def test_resources_from_json_round_trip() -> None:
     data = {"gpus": 2, "cpus": "8", "memory": "32G", "nodes": 1, "partition": "gpu"}
-    res = sc.Resources.from_json(data)
-    assert res == sc.Resources(gpus=2, cpus=8, memory_mb=32768, nodes=1, partition="gpu")
+    res = Resources.from_json(data)
+    assert res == Resources(gpus=2, cpus=8, memory_mb=32768, nodes=1, partition="gpu")
     assert res.to_json() == {"gpus": 2, "cpus": 8, "memory": "32G", "nodes": 1, "partition": "gpu"}
-    assert sc.Resources.from_json({"gpus": None, "cpus": ""}) == sc.Resources()
+    assert Resources.from_json({"gpus": None, "cpus": ""}) == Resources()
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_resources_from_json_round_trip() -> None:
 )
 def test_bad_resources_name_their_field(data: dict, field: str, words: str) -> None:
     with pytest.raises(InvalidSettings, match=words) as err:
-        sc.Resources.from_json(data)
+        Resources.from_json(data)
     assert err.value.field == field and err.value.message.startswith(field)
 
 
@@ -83,8 +84,8 @@ def test_resources_must_be_a_mapping() -> None:
 
 
 def test_job_resources_override_machine_defaults_field_by_field() -> None:
-    defaults = sc.Resources(cpus=4, memory_mb=8192, partition="cpu")
-    assert sc.Resources(cpus=8).over(defaults) == sc.Resources(cpus=8, memory_mb=8192, partition="cpu")
+    defaults = Resources(cpus=4, memory_mb=8192, partition="cpu")
+    assert Resources(cpus=8).over(defaults) == Resources(cpus=8, memory_mb=8192, partition="cpu")
 
 
 # -- sbatch ---------------------------------------------------------------------------
@@ -92,7 +93,7 @@ def test_job_resources_override_machine_defaults_field_by_field() -> None:
 
 def test_sbatch_argv_maps_every_resource() -> None:
     settings = sc.SlurmSettings(partition="batch", account="proj1", qos="normal", sbatch_args=("--exclusive",))
-    res = sc.Resources(gpus=2, cpus=8, memory_mb=32768, nodes=2, partition="gpu")
+    res = Resources(gpus=2, cpus=8, memory_mb=32768, nodes=2, partition="gpu")
     argv = sc.sbatch_argv("j1", "/shared/jobs/j1", res, settings, 3601)
     assert argv == [
         "sbatch",
@@ -118,7 +119,7 @@ def test_sbatch_argv_maps_every_resource() -> None:
 
 
 def test_sbatch_argv_with_nothing_asked_leaves_it_to_the_cluster() -> None:
-    argv = sc.sbatch_argv("j2", "/s/j%2", sc.Resources(), sc.SlurmSettings(), None)
+    argv = sc.sbatch_argv("j2", "/s/j%2", Resources(), sc.SlurmSettings(), None)
     assert not [a for a in argv if a.startswith(("--partition", "--mem", "--time", "--gres", "--cpus", "--nodes"))]
     assert "--output=/s/j%%2/log" in argv  # % starts a pattern in sbatch's file names
     assert "--signal=B:USR1@300" in argv
@@ -132,7 +133,7 @@ def test_time_limit_rounds_up_and_warning_fits_inside(seconds: float, minutes: i
 
 def test_sbatch_argv_refuses_a_relative_job_dir() -> None:
     with pytest.raises(ValueError, match="absolute"):
-        sc.sbatch_argv("j", "~/jobs/j", sc.Resources(), sc.SlurmSettings(), None)
+        sc.sbatch_argv("j", "~/jobs/j", Resources(), sc.SlurmSettings(), None)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +182,7 @@ def test_machine_settings_from_options() -> None:
         {"partition": "gpu", "account": "", "sbatch_args": ["--exclusive"], "resources": {"memory": "4G"}}
     )
     assert settings == sc.SlurmSettings(
-        partition="gpu", sbatch_args=("--exclusive",), defaults=sc.Resources(memory_mb=4096)
+        partition="gpu", sbatch_args=("--exclusive",), defaults=Resources(memory_mb=4096)
     )
     with pytest.raises(InvalidSettings) as err:
         sc.SlurmSettings.from_options({"resources": {"cpus": 0}})
@@ -295,27 +296,6 @@ def test_squeue_argv() -> None:
 def test_parse_squeue_refuses_another_format() -> None:
     with pytest.raises(ValueError, match="not in"):
         sc.parse_squeue("JOBID PARTITION NAME\n")
-
-
-SACCT_OUT = """\
-101|COMPLETED|0:0|1796028600|1796028610|1796028700|n1|jrc-a|None
-101.batch|COMPLETED|0:0|1796028610|1796028610|1796028700|n1|batch|
-102|CANCELLED by 1001|0:15|1796028600|1796028610|1796028650|n[1-2]|jrc-b|None
-103|OUT_OF_MEMORY|0:125|1796028600|1796028610|1796028620|n2|jrc-c|None
-104|PENDING|0:0|1796028600|Unknown|Unknown|None assigned|jrc-d|Priority
-"""
-
-
-def test_parse_sacct_keeps_allocations_and_splits_exit_codes() -> None:
-    jobs = sc.parse_sacct(SACCT_OUT)
-    assert set(jobs) == {"101", "102", "103", "104"}
-    assert (jobs["102"].state, jobs["102"].exit_code, jobs["102"].signal) == ("CANCELLED by 1001", 0, 15)
-    assert jobs["101"].end == 1796028700.0 and jobs["104"].start is None and jobs["104"].nodes == ""
-
-
-def test_sacct_without_accounting_says_so() -> None:
-    with pytest.raises(sc.AccountingDisabled):
-        sc.parse_sacct("", "Slurm accounting storage is disabled\n", 1)
 
 
 # -- states -------------------------------------------------------------------------
@@ -451,12 +431,12 @@ def test_parse_check_without_slurm_commands() -> None:
 
 def test_fit_is_checked_against_the_partition() -> None:
     parts = sc.parse_sinfo(SINFO_OUT)
-    sc.refuse_unfit(sc.Resources(gpus=4, cpus=64), parts)  # the default partition, gpu
+    sc.refuse_unfit(Resources(gpus=4, cpus=64), parts)  # the default partition, gpu
     with pytest.raises(InvalidSettings, match="gpus: 1 asked, but partition 'cpu' has at most 0") as err:
-        sc.refuse_unfit(sc.Resources(gpus=1, partition="cpu"), parts)
+        sc.refuse_unfit(Resources(gpus=1, partition="cpu"), parts)
     assert err.value.field == "gpus"
     with pytest.raises(InvalidSettings, match="memory: 1000G asked") as err:
-        sc.refuse_unfit(sc.Resources(memory_mb=1000 * 1024), parts)
+        sc.refuse_unfit(Resources(memory_mb=1000 * 1024), parts)
     with pytest.raises(InvalidSettings, match="'nope' is not a partition here") as err:
-        sc.refuse_unfit(sc.Resources(), parts, default_partition="nope")
+        sc.refuse_unfit(Resources(), parts, default_partition="nope")
     assert err.value.field == "partition"

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 from ..errors import InvalidSettings
 
 if TYPE_CHECKING:
-    from .slurm_commands import Resources
+    from .resources import Resources
 
 #: Where the command writes its MLflow records, relative to the job directory.
 TRACKING_DIR = "mlruns"

@@ -65,7 +65,7 @@ from .base import (
     SendStats,
 )
 from .launcher import command_script, launch_input
-from .slurm_commands import Resources
+from .resources import Resources
 from .ssh import SSHEngine
 from .ssh_connection import quote
 

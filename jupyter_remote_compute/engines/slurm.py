@@ -41,6 +41,7 @@ from .base import (
     RemoteStatus,
 )
 from .launcher import command_script, launch_input
+from .resources import Resources
 from .slurm_commands import (
     BATCH_SCRIPT,
     CHECK_SH,
@@ -48,7 +49,6 @@ from .slurm_commands import (
     SLURM_JOB_ID_FILE,
     SUBMIT_SH,
     Outcome,
-    Resources,
     SlurmFacts,
     SlurmJob,
     SlurmMissing,

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from ..errors import InvalidSettings
 from .base import WORK_DIR
 from .launcher import JOB_ENV_SH, READ_ENV_SH
+from .resources import Resources, format_memory, scheduler_name
 
 #: How long before its time limit a job is warned (sbatch --signal), unless the limit is shorter.
 WARN_BEFORE_SECONDS = 300
@@ -44,118 +45,6 @@ SECRETS_FILE = "secrets.env"
 WARNING_FILE = "time_limit_warning"
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")  # partition, account, qos
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
-_MEMORY_UNIT_MB = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
-
-
-# -- resources ------------------------------------------------------------------------
-
-
-def parse_memory_mb(value: str | int, field: str = "memory") -> int:
-    """MiB from ``"32G"``, ``"512M"``, ``"1.5G"``, ``"2T"`` or a plain number of MiB (Slurm's default unit)."""
-    if isinstance(value, bool):
-        raise InvalidSettings(f"{field}: expected an amount such as '32G' or '512M'", field=field)
-    if isinstance(value, int):
-        mb = float(value)
-    else:
-        found = _MEMORY.match(str(value))
-        if not found:
-            raise InvalidSettings(
-                f"{field}: {value!r} is not an amount of memory; write e.g. '32G' or '512M'", field=field
-            )
-        mb = float(found.group(1)) * _MEMORY_UNIT_MB[found.group(2).upper()]
-    if mb <= 0:
-        raise InvalidSettings(f"{field}: must be more than zero", field=field)
-    return math.ceil(mb)
-
-
-def format_memory(mb: int) -> str:
-    """Slurm's spelling: whole gibibytes as ``32G``, anything else as ``1536M``."""
-    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
-
-
-def _positive_int(value: Any, field: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
-        else:
-            raise InvalidSettings(f"{field}: expected a whole number, got {value!r}", field=field)
-    if value < minimum:
-        raise InvalidSettings(f"{field}: must be at least {minimum}, got {value}", field=field)
-    return value
-
-
-def _slurm_name(value: Any, field: str) -> str:
-    if not isinstance(value, str) or not _SLURM_NAME.match(value):
-        raise InvalidSettings(
-            f"{field}: {value!r} is not a Slurm name (letters, digits and _ . : + -, at most 64)", field=field
-        )
-    return value
-
-
-@dataclasses.dataclass(frozen=True)
-class Resources:
-    """What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.
-
-    ``gpus`` and ``cpus`` are per node (the job runs one task per node); ``memory`` is in MiB per node.
-    """
-
-    gpus: int | None = None
-    cpus: int | None = None
-    memory_mb: int | None = None
-    nodes: int | None = None
-    partition: str | None = None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None, prefix: str = "") -> Resources:
-        """Validate ``{"gpus": 2, "cpus": 8, "memory": "32G", "nodes": 1, "partition": "gpu"}``.
-
-        ``prefix`` goes in front of field names in errors (``resources.memory``).
-        """
-        if data is not None and not isinstance(data, Mapping):
-            field = prefix.rstrip(".") or "resources"
-            raise InvalidSettings(f"{field}: expected a mapping such as {{gpus: 1, memory: 16G}}", field=field)
-        data = dict(data or {})
-        unknown = sorted(set(data) - {"gpus", "cpus", "memory", "nodes", "partition"})
-        if unknown:
-            raise InvalidSettings(
-                f"{prefix}{unknown[0]}: not a resource; use gpus, cpus, memory, nodes or partition",
-                field=prefix + unknown[0],
-            )
-
-        def given(name: str) -> Any:
-            value = data.get(name)
-            return None if value is None or value == "" else value
-
-        gpus, cpus, memory, nodes, partition = (given(n) for n in ("gpus", "cpus", "memory", "nodes", "partition"))
-        return cls(
-            gpus=None if gpus is None else _positive_int(gpus, prefix + "gpus", minimum=0),
-            cpus=None if cpus is None else _positive_int(cpus, prefix + "cpus"),
-            memory_mb=None if memory is None else parse_memory_mb(memory, prefix + "memory"),
-            nodes=None if nodes is None else _positive_int(nodes, prefix + "nodes"),
-            partition=None if partition is None else _slurm_name(partition, prefix + "partition"),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """Only what was asked for, memory in Slurm's spelling (so it reads back the same)."""
-        out: dict[str, Any] = {}
-        for name in ("gpus", "cpus", "nodes", "partition"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
-        if self.memory_mb is not None:
-            out["memory"] = format_memory(self.memory_mb)
-        return out
-
-    def over(self, defaults: Resources) -> Resources:
-        """These resources, with ``defaults`` (a machine's) filling what this job left open."""
-        return Resources(
-            **{
-                f.name: getattr(self, f.name) if getattr(self, f.name) is not None else getattr(defaults, f.name)
-                for f in dataclasses.fields(self)
-            }
-        )
 
 
 # -- machine settings and sbatch ------------------------------------------------------
@@ -248,13 +137,13 @@ class SlurmSettings:
     account: str | None = None
     qos: str | None = None
     sbatch_args: tuple[str, ...] = ()
-    defaults: Resources = Resources()
+    defaults: Resources = dataclasses.field(default_factory=Resources)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SlurmSettings:
         def name(key: str) -> str | None:
             value = options.get(key)
-            return None if value in (None, "") else _slurm_name(value, key)
+            return None if value in (None, "") else scheduler_name(value, key)
 
         return cls(
             partition=name("partition"),
@@ -434,7 +323,6 @@ exit "$code"
 #: squeue fields, free text last: job id, state, start, submit, end, memory asked, node list, name, reason.
 SQUEUE_FORMAT = "%i|%T|%S|%V|%e|%m|%N|%j|%r"
 #: sacct fields (parsable2: ``|``-separated, no trailing one), free text last.
-SACCT_FORMAT = "JobIDRaw,State,ExitCode,Submit,Start,End,NodeList,JobName,Reason"
 _EPOCH_TIME = "SLURM_TIME_FORMAT=%s"
 
 
@@ -528,55 +416,6 @@ def parse_squeue(stdout: str, stderr: str = "", returncode: int = 0) -> dict[str
             nodes=nodes.strip(),
             name=name,
             memory=memory.strip(),
-        )
-    return jobs
-
-
-def sacct_argv(job_ids: Sequence[str]) -> list[str]:
-    """One sacct call for many jobs (allocations only, not their steps)."""
-    return [
-        "env",
-        _EPOCH_TIME,
-        "sacct",
-        "--noheader",
-        "--parsable2",
-        "--allocations",
-        "--jobs=" + ",".join(_checked_ids(job_ids)),
-        f"--format={SACCT_FORMAT}",
-    ]
-
-
-class AccountingDisabled(Exception):
-    """sacct (or sacctmgr) cannot answer: the cluster keeps no accounting (no slurmdbd)."""
-
-
-_NO_ACCOUNTING = ("accounting storage is disabled", "not running a supported accounting_storage plugin")
-
-
-def parse_sacct(stdout: str, stderr: str = "", returncode: int = 0) -> dict[str, SlurmJob]:
-    """Jobs by id from ``sacct_argv``'s output; AccountingDisabled where the cluster keeps none."""
-    if returncode != 0:
-        message = (stderr or stdout).strip()
-        if any(sign in message for sign in _NO_ACCOUNTING):
-            raise AccountingDisabled(message)
-        raise ValueError(f"sacct failed ({returncode}): {message[:500]}")
-    jobs = {}
-    for parts in _rows(stdout, 9, "sacct", SACCT_FORMAT):
-        job_id, state, exit_code, submit, start, end, nodes, name, reason = parts
-        if not job_id.isdigit():
-            continue  # a step (1234.batch) or an array/het part: the allocation line says it all
-        code, _, sig = exit_code.partition(":")
-        jobs[job_id] = SlurmJob(
-            job_id=job_id,
-            state=state.strip(),
-            reason=_reason(reason),
-            submit=_time(submit),
-            start=_time(start),
-            end=_time(end),
-            nodes="" if nodes.strip() in ("None assigned", "(null)") else nodes.strip(),
-            name=name,
-            exit_code=int(code) if code.isdigit() else None,
-            signal=int(sig) if sig.isdigit() else None,
         )
     return jobs
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from ..engines.slurm_commands import Resources
+from ..engines.resources import Resources
 from ..errors import InvalidSettings
 from ..secrets import resolve_reference
 
