@@ -23,6 +23,7 @@ from .jobs.service import JobService, ServiceSettings
 from .jobs.store import Job, Snapshot
 from .mlflow_ui import MlflowUI
 from .mlflow_ui_handlers import MLFLOW_UI_PROXY
+from .pipelines.events import publish_runs
 from .pipelines.runner import PipelineRunner
 from .tracking import TrackingSettings, tracking_uri
 from .workspace import Workspace
@@ -175,6 +176,7 @@ class RemoteComputeApp(ExtensionApp):
         self._poller = asyncio.create_task(self._poll_forever())
         self._watcher = asyncio.create_task(self._watch_forever())
         self._warming = loop.run_in_executor(self.executor, self._warm_up)
+        publish_runs(self.pipelines, self.serverapp.event_logger, loop)  # before any run is taken up
         loop.run_in_executor(self.executor, self._resume_pipelines)
 
     def _resume_pipelines(self) -> None:

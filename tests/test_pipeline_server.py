@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from server_process import ApiError, Server
 from waiting import wait_for
+
+from jupyter_remote_compute.pipelines.events import RUN_EVENT_ID
 
 PY = sys.executable
 GATE = (
@@ -105,3 +109,24 @@ def test_a_pipeline_run_survives_a_server_restart_and_attaches_again(server: Ser
     jobs = server.request("GET", "jobs")["jobs"]
     assert sorted(j["id"] for j in jobs) == sorted([job_id, run["nodes"]["train"]["job_id"]])
     assert "taken up pipeline runs " + run_id in server.log.read_text()
+
+
+async def test_each_node_change_is_an_event_on_the_server_bus(jp_fetch, jp_serverapp, server_workspace: Path):
+    seen: list[dict] = []
+
+    async def listener(logger, schema_id, data):  # type: ignore[no-untyped-def]
+        seen.append(data)
+
+    jp_serverapp.event_logger.add_listener(schema_id=RUN_EVENT_ID, listener=listener)
+    file = write_pipeline(server_workspace, f"{PY} -c \"open('data.txt', 'w').write('42')\"")
+    response = await jp_fetch("remote-compute", "pipelines", "runs", method="POST", body=json.dumps({"file": file}))
+    assert response.code == 201
+    run_id = json.loads(response.body)["run"]["id"]
+    deadline = time.monotonic() + 120
+    while not any(e["id"] == run_id and e["state"] == "succeeded" for e in seen):
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.05)
+    mine = [e for e in seen if e["id"] == run_id]
+    train_states = [e["nodes"]["train"]["state"] for e in mine]
+    assert train_states[0] == "waiting" and "running" in train_states and train_states[-1] == "succeeded"
+    assert mine[-1]["nodes"]["prepare"]["job_id"] and mine[-1]["file"] == file
