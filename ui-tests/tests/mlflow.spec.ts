@@ -3,8 +3,8 @@
  * MLflow's own UI (started by the server for the workspace's sqlite store) in a JupyterLab tab,
  * and two live charts above a log that keeps to its end.
  *
- * With UPDATE_SCREENSHOTS=1 the running job's detail is also written to docs/screenshots/
- * (job-detail-light.png, job-detail-dark.png).
+ * With UPDATE_SCREENSHOTS=1 the screenshots go to docs/screenshots/ (job-detail-light.png,
+ * job-detail-dark.png, mlflow-in-a-tab.png).
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as path from 'path';
@@ -98,6 +98,13 @@ test.describe('MLflow one click away', () => {
     // MLflow's UI starts on first use: its imports take a while on a busy machine.
     await expect(frame.getByText(name).first()).toBeVisible({ timeout: 180000 });
     await expect(frame.getByText('loss', { exact: true }).first()).toBeVisible({ timeout: 60000 });
+    for (const button of await page.getByRole('button', { name: 'Hide notification' }).all()) {
+      await button.click({ timeout: 1000 }).catch(() => undefined);
+    }
+    await page.locator('#jp-main-dock-panel').screenshot({
+      path: path.join(OUT, 'mlflow-in-a-tab.png'),
+      style: '.Toastify { display: none !important; }'
+    });
   });
 
   test("a running job's detail: both charts whole, the log at its end", async ({ page, tmpPath }) => {
