@@ -348,8 +348,6 @@ def test_check_shows_skypilots_view_and_a_missing_infra_names_sky_check(
     assert (facts["autostop_minutes"], facts["autostop_down"]) == (30, True)
     assert "torn down" in facts["autostop_note"]
     assert facts["cpus"] >= 1 and facts["os"]  # the head node's own facts, as for ssh
-    usage = service.engine("sky").usage()
-    assert usage is not None and usage["cluster"] == skypilot_bed.cluster and usage["hours"] > 0
 
     service.machines.add("cloud", "skypilot", "aws", {})
     with pytest.raises(RemoteComputeError) as e:

@@ -226,8 +226,6 @@ class Features:
     resources: frozenset[str] = frozenset({"cpus", "gpus", "memory"})
     #: Its poll brings what a watched job logged to MLflow since the last look (live metrics).
     live_metrics: bool = True
-    #: It reports what its machines cost (a cloud's price), beside the usage this side meters.
-    usage: bool = False
     #: Why the kind cannot be used on this installation (what to install), or None when it can.
     unavailable: str | None = None
 

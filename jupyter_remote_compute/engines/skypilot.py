@@ -243,7 +243,6 @@ class SkyPilotEngine(Engine):
         host_keys=True,
         pending=True,
         resources=frozenset({"cpus", "gpus", "memory", "nodes"}),
-        usage=True,
         unavailable=None if sky_installed() else INSTALL_HINT,
     )
     options = {
@@ -630,24 +629,6 @@ echo written
             head[1].close()
 
     # -- usage ----------------------------------------------------------------------------
-
-    def usage(self) -> dict[str, Any] | None:
-        """The cluster's hours and SkyPilot's cost estimate so far (``cost_report``), or None when unknown.
-
-        ``{"cluster", "hours", "cost_usd", "status"}``: what the usage report (issue 15) reads per
-        machine of this kind.
-        """
-        sdk = load_sdk()
-        for entry in self._quick(sdk.cost_report()) or []:
-            if entry.get("name") == self.settings.cluster:
-                duration = entry.get("duration")
-                return {
-                    "cluster": self.settings.cluster,
-                    "hours": None if duration is None else duration / 3600,
-                    "cost_usd": entry.get("total_cost"),
-                    "status": getattr(entry.get("status"), "value", entry.get("status")),
-                }
-        return None
 
 
 def _cloud_key(cloud: str) -> str:
