@@ -480,11 +480,13 @@ class JobMetricsHandler(JobLogHandler):
 class StepsHandler(RemoteComputeHandler):
     @api
     async def get(self) -> None:
-        """The pipeline steps this package offers, with the machine choice limited to enabled machines."""
+        """The pipeline steps of this and other installed packages; ours limit the machine to enabled ones."""
         from .steps import describe_steps
 
         machines = await self.call(self.service.admin.list)
-        self.reply({"steps": describe_steps([m.name for m in machines if m.enabled])})
+        # Other packages' steps come from installed metadata: read off the loop.
+        enabled = [m.name for m in machines if m.enabled]
+        self.reply({"steps": await self.call(describe_steps, enabled, installed=True)})
 
 
 # -- secrets ------------------------------------------------------------------

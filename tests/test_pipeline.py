@@ -247,3 +247,46 @@ def test_a_literal_secret_or_a_bad_path_is_refused_before_the_run_is_recorded(wo
     assert ("invalid", "train", "send[0]") in problems or ("invalid", "train", "send") in problems, problems
     assert "AKIAFAKEEXAMPLE00001" not in caught.value.message
     assert not list((workspace / ".punica").glob("pipelines/*.json"))  # the settings were never stored
+
+
+FOREIGN_STEP = """
+import pathlib
+
+STEP = {
+    "id": "write-a-note",
+    "label": "Write a note",
+    "executor": "jrc_test_steps:write_note",
+    "settings": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}},
+}
+
+
+def write_note(settings, context):
+    path = pathlib.Path(context.workspace) / "note.txt"
+    path.write_text(settings["text"] + " from run " + context.run_id)
+    return {"outputs": {"note.txt": {"size": path.stat().st_size}}}
+"""
+
+
+def test_another_packages_step_is_offered_and_run_through_its_executor(workspace, runner, tmp_path, monkeypatch):
+    from jupyter_remote_compute.steps import describe_steps
+
+    site = tmp_path / "site"
+    (site / "jrc_test_steps-1.0.dist-info").mkdir(parents=True)
+    (site / "jrc_test_steps-1.0.dist-info" / "METADATA").write_text("Name: jrc-test-steps\nVersion: 1.0\n")
+    (site / "jrc_test_steps-1.0.dist-info" / "entry_points.txt").write_text(
+        "[punica.mlops.steps]\nwrite-a-note = jrc_test_steps:STEP\n"
+    )
+    (site / "jrc_test_steps.py").write_text(FOREIGN_STEP)
+    monkeypatch.syspath_prepend(str(site))
+    assert [s["id"] for s in describe_steps(installed=True)][-1] == "write-a-note"
+    assert "write-a-note" not in [s["id"] for s in describe_steps()]
+
+    document = {"version": 1, "nodes": [node("n", {"text": "hello"}, step="write-a-note")], "edges": []}
+    with pytest.raises(PipelineInvalid, match="node m, text: text is required"):
+        bad = {"version": 1, "nodes": [node("m", {}, step="write-a-note")], "edges": []}
+        runner.start(write(workspace, bad, "bad.rcpipeline"))
+    run = run_here(runner, write(workspace, document))
+    assert run.state == "succeeded" and run.nodes["n"].outputs == {
+        "note.txt": {"size": len(f"hello from run {run.id}")}
+    }
+    assert (workspace / "note.txt").read_text() == f"hello from run {run.id}"

@@ -22,7 +22,6 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,6 @@ from .notebook import NOTEBOOK_STEP, notebook_spec
 
 log = logging.getLogger(__name__)
 
-STEP_GROUP = "punica.mlops.steps"
 RUN_STATES = ("running", "succeeded", "failed", "cancelled")
 #: A node: waiting → running → succeeded | reused | failed | cancelled; or not_run when a need failed.
 NODE_DONE = ("succeeded", "reused", "failed", "cancelled", "not_run")
@@ -51,19 +49,8 @@ STOP_WAIT = 120.0
 
 
 def known_steps() -> dict[str, dict[str, Any]]:
-    """Every step a pipeline may use: this package's, then any other package's entry points."""
-    steps = {s["id"]: s for s in describe_steps()}
-    for entry_point in metadata.entry_points(group=STEP_GROUP):
-        if entry_point.value.startswith("jupyter_remote_compute."):
-            continue  # ours are above, without importing through metadata
-        try:
-            step = entry_point.load()
-        except Exception as e:  # another package's broken step must not hide the others
-            log.warning("step %s could not be loaded: %s", entry_point.name, e)
-            continue
-        if isinstance(step, Mapping) and isinstance(step.get("id"), str):
-            steps.setdefault(step["id"], dict(step))
-    return steps
+    """Every step a pipeline may use, by id: this package's, then other packages' entry points."""
+    return {s["id"]: s for s in describe_steps(installed=True)}
 
 
 @dataclasses.dataclass
