@@ -5,8 +5,9 @@ Not a test: it prints figures and each one's ratio against its goal, measured in
     PYTHONPATH=. .venv/bin/python benchmarks/bench_fastpath.py [--runs N] [--files N] [--size MiB]
 
 - ``noop``: ``jupyter remote-compute run --machine local -- true``, the whole process (wall clock
-  and CPU), against ``python -c pass``. Goal: ≤ 1.0 s on a 2-core machine. The MLflow run is
-  recorded afterwards by a detached recorder; its time is reported on its own line.
+  and CPU), against ``python -c pass``. Goal: ≤ 1.0 s on a 2-core machine. Done means recorded:
+  the CLI returns once the job's MLflow run is (a warm recorder imports MLflow while the job runs),
+  so its figure includes recording; what recorders still do after it exits is on its own line.
 - ``fresh``: ``--size`` MiB (256) of fresh input through ``jupyter remote-compute run`` on an ssh
   machine (the tests' loopback sshd), hashing included, minus the same job without it, against raw
   ``cat | ssh 'cat >'`` with the same cipher. Goal: >= 0.8x.

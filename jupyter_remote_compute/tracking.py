@@ -228,6 +228,21 @@ def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> s
         return _record_job(workspace, uri, settings, job)
 
 
+def warm_up(workspace: Path, settings: TrackingSettings) -> None:
+    """Import what recording needs and open the store's client once (a recorder started before its
+    job ends does this while the job runs): what makes recording a small job slow is this, not the replay."""
+    from mlflow.store.tracking.file_store import FileStore  # noqa: F401 - the far store's reader
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: F401
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri(workspace, settings)
+    if not uri.startswith("sqlite:///"):
+        return
+    with _store_lock(uri):  # never while another process makes or migrates it
+        if Path(uri.removeprefix("sqlite:///")).exists():
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+
+
 def _default_uri(uri: str) -> contextlib.AbstractContextManager[object]:
     """MLflow's registry looks a ``models:/`` source up through a client of the *default* store: this one."""
     try:

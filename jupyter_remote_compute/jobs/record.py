@@ -39,11 +39,11 @@ from pathlib import Path
 from ..errors import NotFound
 from ..fsutil import atomic_write
 from ..secrets import mask
-from ..tracking import JobRecord, TrackingSettings, record_job, without_far_records
+from ..tracking import JobRecord, TrackingSettings, record_job, warm_up, without_far_records
 from ..workspace import Workspace
 from .context import JobContext
 from .logs import mask_values
-from .store import JobStore, utcnow
+from .store import Job, JobStore, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -66,19 +66,44 @@ def queue(workspace: Workspace, record: JobRecord, cleanup: Path | None) -> None
     atomic_write(pending_file(workspace, record.job_id), json.dumps(data).encode())
 
 
-def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None) -> None:
+def start(
+    workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None, *, warm: bool = False
+) -> None:
     """Start a detached recorder for the job's to-do; the request (secret values to hide included)
     travels on its standard input, never in argv or a file. ``secrets`` None: one could not be read,
-    so the far side's records are withheld."""
+    so the far side's records are withheld.
+
+    ``warm``: started while the job still runs, by the face that waits for it (``prewarm``)."""
+    if not warm and _warm_alive(workspace, job_id):
+        return  # a warm recorder waits for this job already: a second import of MLflow would only slow it
     request = {
         "workspace": str(workspace.root),
         "settings": {**dataclasses.asdict(settings), "isolated": False},
         "mask_values": None if secrets is None else list(secrets),
     }
-    log_file = pending_dir(workspace) / f"{job_id}.log"
-    with open(log_file, "ab") as errors:
+    pending_dir(workspace).mkdir(parents=True, exist_ok=True)
+    log_file = pending_dir(workspace) / f"{job_id}{'.warm' if warm else ''}.log"
+    marker = -1
+    if warm:
+        # Locked here and handed over, so it is held from before the child exists until it exits.
+        marker = os.open(_warm_marker(workspace, job_id), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(marker, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(marker)
+            return  # one waits for this job already (an earlier wait on it, from this face or another)
+    with open(log_file, "ab") as errors, contextlib.ExitStack() as closing:
+        if warm:
+            closing.callback(os.close, marker)
         child = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_remote_compute.jobs.record", job_id],
+            [
+                sys.executable,
+                "-m",
+                "jupyter_remote_compute.jobs.record",
+                job_id,
+                *([f"--warm={marker}:{os.getpid()}"] if warm else []),
+            ],
+            pass_fds=(marker,) if warm else (),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=errors,
@@ -176,6 +201,54 @@ def await_recorded(ctx: JobContext, job_id: str) -> None:
             started = time.monotonic()
 
 
+def prewarm(ctx: JobContext, job: Job) -> None:
+    """While a face waits for a job, a recorder that imports MLflow and opens the store meanwhile
+    (the bulk of recording a small job), then records the job the moment it has ended. It goes with
+    the face if the job has not ended by then: the collector's own recorder is the one that stays."""
+    start(ctx.workspace, ctx.settings.tracking, job.id, mask_values(ctx.secrets, job), warm=True)
+
+
+def _warm_marker(workspace: Workspace, job_id: str) -> Path:
+    return pending_dir(workspace) / f"{job_id}.warm"
+
+
+def _warm_alive(workspace: Workspace, job_id: str) -> bool:
+    """Whether a warm recorder for the job is alive (it holds a lock on its marker until it exits)."""
+    try:
+        fd = os.open(_warm_marker(workspace, job_id), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _await_todo(workspace: Workspace, job_id: str, parent: int) -> bool:
+    """In a warm recorder: whether the job's to-do is there and the job has ended (its end state is
+    written after the to-do, with an empty run id: recording before it would be overwritten).
+    False once the face that started it (``parent``) is gone, or the job ended with no to-do left
+    (another recorder did it)."""
+    path = pending_file(workspace, job_id)
+    store = JobStore(workspace.state_file)
+    looks = 0
+    while os.getppid() == parent:
+        looks += 1
+        there = path.exists()
+        if there or looks % 50 == 0:  # the state file is read about once a second while the job runs
+            try:
+                ended = not store.get(job_id).active
+            except NotFound:
+                return there  # deleted: record_pending tidies its to-do up
+            if ended:
+                return path.exists()
+        time.sleep(WAIT_STEP)
+    return False
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -261,7 +334,8 @@ def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str
             _finish(workspace, job_id, run_id, problem)
         if todo.get("cleanup"):
             shutil.rmtree(todo["cleanup"], ignore_errors=True)
-        for leftover in (path, path.with_suffix(".attempts"), path.with_suffix(".log")):
+        # A warm recorder's marker and log too: one that was killed leaves them behind.
+        for leftover in (path, *(path.with_suffix(end) for end in (".attempts", ".log", ".warm", ".warm.log"))):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(leftover)
     finally:
@@ -270,10 +344,28 @@ def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str
 
 
 def _main(argv: Sequence[str]) -> int:
-    (job_id,) = argv
+    job_id, *flags = argv
     request = json.loads(sys.stdin.buffer.read())
     settings = TrackingSettings(**request["settings"])
-    return record_pending(Workspace(Path(request["workspace"])), settings, job_id, request["mask_values"])
+    workspace = Workspace(Path(request["workspace"]))
+    warm = [f for f in flags if f.startswith("--warm=")]
+    if not warm:
+        return record_pending(workspace, settings, job_id, request["mask_values"])
+    # The marker, locked for this process's whole life, and the face that started it.
+    fd, parent = (int(part) for part in warm[0].removeprefix("--warm=").split(":"))
+    marker = _warm_marker(workspace, job_id)
+    try:
+        warm_up(workspace.root, settings)
+        if _await_todo(workspace, job_id, parent):
+            record_pending(workspace, settings, job_id, request["mask_values"])
+    finally:
+        # Its log stays only if it says what went wrong (MLflow's INFO lines on making a store do not).
+        for leftover in (marker, pending_dir(workspace) / f"{job_id}.warm.log"):
+            with contextlib.suppress(FileNotFoundError):
+                if leftover == marker or b"Traceback" not in leftover.read_bytes():
+                    os.unlink(leftover)
+        os.close(fd)
+    return 0
 
 
 if __name__ == "__main__":

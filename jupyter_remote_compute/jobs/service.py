@@ -346,6 +346,11 @@ class JobService:
         Done means recorded: a job that ended is returned once its MLflow run is (``mlflow_run_id``),
         or once the recorder has said on it why it could not be.
         """
+        if self.settings.record_in_background and timeout is None:
+            # Recording a small job is mostly importing MLflow: done while the job runs.
+            current = self.store.get(job_id)
+            if current.mlflow_run_id is None and current.spec is not None:
+                record_later.prewarm(self.ctx, current)
         job = logs.follow(
             self.advance,
             self.read_log,
