@@ -284,7 +284,8 @@ def test_outputs_are_hashed_as_they_land_hard_links_included(tmp_path: Path):
 # -- manifest.sh: the outputs' stream, hashed in the pass that sends it -----------------------------
 
 # The tools manifest.sh's fallback needs, and no python3: a machine without Python.
-_SH_TOOLS = ("sh", "tar", "find", "du", "rm", "sha256sum")
+# A far side without Python: POSIX sh and the tools every such machine has (prepare.sh makes the job folder).
+_SH_TOOLS = ("sh", "tar", "find", "du", "rm", "sha256sum", "mkdir", "mv", "cmp")
 
 
 def _output_tree(work: Path) -> dict[str, bytes]:
