@@ -1,0 +1,218 @@
+/**
+ * The machines' commands: add, edit, duplicate, remove, enable, check (and trust a host key).
+ */
+import { Notification } from '@jupyterlab/apputils';
+import {
+  addIcon,
+  copyIcon,
+  deleteIcon,
+  editIcon
+} from '@jupyterlab/ui-components';
+import { ReadonlyJSONValue } from '@lumino/coreutils';
+
+import { removeMachine, trustMachine, updateMachine } from '../api';
+import {
+  confirmRemoveMachine,
+  confirmTrustHost,
+  showCheckFailure,
+  showError
+} from '../dialogs';
+import { formatFacts } from '../facts';
+import { asAPIError } from '../model';
+import { CommandIDs, ICommandContext, stringArg } from './context';
+import { Openers } from './openers';
+
+export function registerMachineCommands(
+  context: ICommandContext,
+  openers: Openers
+): void {
+  const { app, model, trans } = context;
+  const { commands } = app;
+
+  commands.addCommand(CommandIDs.addMachine, {
+    label: trans.__('Add a machine'),
+    caption: trans.__('Add an SSH host or a Jupyter Server to run jobs on'),
+    icon: args => (args.isToolbar ? addIcon : undefined),
+    execute: () => {
+      void model.refresh().catch(() => undefined);
+      openers.machineForm('add');
+    }
+  });
+
+  commands.addCommand(CommandIDs.editMachine, {
+    label: args =>
+      args.name
+        ? trans.__('Edit machine %1', stringArg(args, 'name'))
+        : trans.__('Edit machine'),
+    icon: editIcon,
+    isEnabled: args => {
+      const machine = model.machine(stringArg(args, 'name'));
+      return !!machine && !machine.builtin;
+    },
+    execute: args => {
+      openers.machineForm('edit', stringArg(args, 'name'));
+    }
+  });
+
+  commands.addCommand(CommandIDs.duplicateMachine, {
+    label: args =>
+      args.name
+        ? trans.__('Duplicate machine %1', stringArg(args, 'name'))
+        : trans.__('Duplicate machine'),
+    icon: copyIcon,
+    isEnabled: args => {
+      const machine = model.machine(stringArg(args, 'name'));
+      return !!machine && !machine.builtin;
+    },
+    execute: args => {
+      openers.machineForm('add', stringArg(args, 'name'));
+    }
+  });
+
+  commands.addCommand(CommandIDs.removeMachine, {
+    label: args =>
+      args.name
+        ? trans.__('Remove machine %1', stringArg(args, 'name'))
+        : trans.__('Remove machine'),
+    icon: deleteIcon,
+    isEnabled: args => {
+      const machine = model.machine(stringArg(args, 'name'));
+      return !!machine && !machine.builtin;
+    },
+    execute: async args => {
+      const name = stringArg(args, 'name');
+      if (!(await confirmRemoveMachine(name, trans))) {
+        return;
+      }
+      try {
+        await removeMachine(name, model.version || undefined);
+        model.forgetMachine(name);
+      } catch (error) {
+        showError(trans.__('Could not remove %1', name), error, trans);
+      }
+      await model.refresh().catch(() => undefined);
+    }
+  });
+
+  commands.addCommand(CommandIDs.enableMachine, {
+    label: args =>
+      args.enabled === false
+        ? trans.__('Disable machine %1', stringArg(args, 'name'))
+        : trans.__('Enable machine %1', stringArg(args, 'name')),
+    isEnabled: args => {
+      const machine = model.machine(stringArg(args, 'name'));
+      return !!machine && !machine.builtin;
+    },
+    execute: async args => {
+      const name = stringArg(args, 'name');
+      const enabled = args.enabled !== false;
+      try {
+        await updateMachine(name, {
+          enabled,
+          version: model.version || undefined
+        });
+      } catch (error) {
+        showError(
+          enabled
+            ? trans.__('Could not enable %1', name)
+            : trans.__('Could not disable %1', name),
+          error,
+          trans
+        );
+      }
+      await model.refresh().catch(() => undefined);
+    }
+  });
+
+  commands.addCommand(CommandIDs.checkMachine, {
+    label: args =>
+      args.name
+        ? trans.__('Check machine %1', stringArg(args, 'name'))
+        : trans.__('Check machine'),
+    execute: async args => {
+      const name = stringArg(args, 'name');
+      const id = Notification.emit(
+        trans.__('Checking %1…', name),
+        'in-progress',
+        { autoClose: false }
+      );
+      // The answer replaces the "Checking…" notification rather than updating it: an update
+      // that arrives before the first toast is on screen is dropped by the toast layer (under
+      // load that can take over a second), a dismissal is not.
+      const answer = (
+        message: string,
+        type: Notification.TypeOptions,
+        options: Notification.IOptions<ReadonlyJSONValue>
+      ): void => {
+        Notification.dismiss(id);
+        Notification.emit(message, type, options);
+      };
+      try {
+        const result = await model.check(name);
+        const facts = formatFacts(result.facts ?? {});
+        answer(
+          facts
+            ? trans.__('%1 answered: %2', name, facts)
+            : trans.__('%1 answered.', name),
+          'success',
+          { autoClose: 8000 }
+        );
+        return true;
+      } catch (error) {
+        const apiError = asAPIError(error);
+        const hostKey = apiError.details?.can_trust
+          ? apiError.details.host_key
+          : undefined;
+        const trustAction = hostKey
+          ? [
+              {
+                label: trans.__('Trust this host'),
+                caption: trans.__(
+                  'Compare the fingerprint, then record the key in known_hosts'
+                ),
+                callback: () => {
+                  void confirmTrustHost(name, hostKey, trans).then(
+                    async trusted => {
+                      if (!trusted) {
+                        return;
+                      }
+                      try {
+                        await trustMachine(name, hostKey.fingerprint);
+                        await commands.execute(CommandIDs.checkMachine, {
+                          name
+                        });
+                      } catch (trustError) {
+                        Notification.error(asAPIError(trustError).message);
+                      }
+                    }
+                  );
+                }
+              }
+            ]
+          : [];
+        answer(
+          trans.__('%1 could not be reached: %2', name, apiError.message),
+          'error',
+          {
+            autoClose: false,
+            actions: [
+              ...trustAction,
+              {
+                label: trans.__('Details'),
+                caption: trans.__('Show the whole answer and edit the machine'),
+                callback: () => {
+                  void showCheckFailure(name, apiError, trans).then(edit => {
+                    if (edit && model.machine(name)?.builtin === false) {
+                      openers.machineForm('edit', name);
+                    }
+                  });
+                }
+              }
+            ]
+          }
+        );
+        return false;
+      }
+    }
+  });
+}

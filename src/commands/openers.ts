@@ -1,0 +1,105 @@
+/**
+ * The main-area widgets commands open: one per machine form, job form and job, re-opened not duplicated.
+ */
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { Widget } from '@lumino/widgets';
+
+import { IJobSpec } from '../api';
+import { JobDetailWidget } from '../components/JobDetail';
+import { JobFormWidget } from '../components/JobForm';
+import { MachineFormWidget } from '../components/MachineForm';
+import { ICommandContext } from './context';
+
+/**
+ * Main-area widgets by id, so a command re-opens rather than duplicates them.
+ */
+export function reuse<T extends Widget>(
+  app: JupyterFrontEnd,
+  id: string,
+  create: () => T
+): T {
+  for (const widget of app.shell.widgets('main')) {
+    if (widget.id === id) {
+      app.shell.activateById(id);
+      return widget as T;
+    }
+  }
+  const widget = create();
+  widget.id = id;
+  app.shell.add(widget, 'main');
+  app.shell.activateById(id);
+  return widget;
+}
+
+function safeId(text: string): string {
+  return text.replace(/[^A-Za-z0-9_-]/g, '_');
+}
+
+export function jobWidgetId(jobId: string): string {
+  return `jp-remote-compute-job-${safeId(jobId)}`;
+}
+
+export class Openers {
+  constructor(private readonly context: ICommandContext) {}
+
+  machineForm(mode: 'add' | 'edit', source?: string): MachineFormWidget {
+    const { app, model, trans } = this.context;
+    const machine = source ? model.machine(source) : undefined;
+    const id =
+      mode === 'edit' && source
+        ? `jp-remote-compute-edit-${safeId(source)}`
+        : 'jp-remote-compute-add-machine';
+    const existing = [...app.shell.widgets('main')].find(w => w.id === id);
+    if (existing && mode === 'add' && source) {
+      // "Duplicate" over an open Add form: start again from the new source.
+      existing.dispose();
+    }
+    return reuse(
+      app,
+      id,
+      () =>
+        new MachineFormWidget({
+          model,
+          trans,
+          commands: app.commands,
+          mode,
+          machine: machine
+            ? mode === 'add'
+              ? { ...machine, name: `${machine.name}-copy`, created: null }
+              : machine
+            : undefined
+        })
+    );
+  }
+
+  jobForm(spec?: IJobSpec, envNote?: boolean): JobFormWidget {
+    const { app, model, trans } = this.context;
+    const id = 'jp-remote-compute-new-job';
+    const existing = [...app.shell.widgets('main')].find(w => w.id === id);
+    if (existing && spec) {
+      existing.dispose();
+    }
+    return reuse(
+      app,
+      id,
+      () =>
+        new JobFormWidget({
+          model,
+          trans,
+          commands: app.commands,
+          spec,
+          keptEnv: envNote
+        })
+    );
+  }
+
+  job(id: string): JobDetailWidget {
+    const { app, model, trans } = this.context;
+    return reuse(
+      app,
+      jobWidgetId(id),
+      () =>
+        new JobDetailWidget({ model, trans, commands: app.commands, jobId: id })
+    );
+  }
+}
