@@ -13,6 +13,8 @@ export default tseslint.config(
       '.venv',
       'jupyter_remote_compute',
       'ui-tests',
+      // Generated from openapi.yaml (jlpm api:types); jlpm api:check keeps it in step.
+      'src/openapi.d.ts',
       '**/*.js',
       '**/*.d.ts'
     ]
