@@ -157,3 +157,37 @@ def test_a_notebook_runs_over_ssh_with_a_real_kernel(workspace, make_service, ss
     assert json.loads((workspace / "train.executed.ipynb").read_text())["cells"][2]["metadata"]["tags"] == [
         "injected-parameters"
     ]
+
+
+def test_a_notebook_node_in_a_pipeline_reads_what_the_node_before_brought_back(workspace, make_service):
+    from importlib.metadata import entry_points
+    from pkgutil import resolve_name
+
+    from jupyter_remote_compute.pipelines.runner import PipelineRunner
+    from jupyter_remote_compute.steps import run_notebook_step
+
+    [entry] = [ep for ep in entry_points(group="punica.mlops.steps") if ep.name == "run-notebook-on-remote-machine"]
+    assert resolve_name(entry.load()["executor"]) is run_notebook_step
+    make_notebook(workspace / "report.ipynb", third="open('result.txt', 'w').write(open('data.txt').read() * epochs)")
+    document = {
+        "version": 1,
+        "nodes": [
+            {"id": "prepare", "step": "train-on-remote-machine",
+             "settings": {"command": [sys.executable, "-c", "open('data.txt', 'w').write('ab')"],
+                          "bring_back": ["data.txt"]}},
+            {"id": "report", "step": "run-notebook-on-remote-machine",
+             "settings": {"notebook": "report.ipynb", "parameters": {"epochs": 2}, "python": sys.executable,
+                          "bring_back": ["result.txt"]}},
+        ],
+        "edges": [{"from": "prepare", "to": "report"}],
+    }  # fmt: skip
+    (workspace / "report.rcpipeline").write_text(json.dumps(document))
+    runner = PipelineRunner(make_service(workspace))
+    try:
+        run, _ = runner.start("report.rcpipeline", background=False)
+        run = runner.drive(run.id)
+    finally:
+        runner.close()
+    assert run.state == "succeeded", run.to_json()
+    assert (workspace / "result.txt").read_text() == "abab"
+    assert set(run.nodes["report"].outputs) == {"report.executed.ipynb", "result.txt"}

@@ -230,6 +230,12 @@ def test_the_cli_validates_and_runs_a_pipeline(workspace, cli_env):
     assert run["state"] == "succeeded" and (workspace / "model.txt").read_text() == "42!"
     again = cli(workspace, "run", file, env=cli_env)
     assert again.returncode == 0 and again.stdout.count(": reused") == 2, again.stdout
+    listed = json.loads(cli(workspace, "list", "--json", env=cli_env).stdout)
+    assert [r["state"] for r in listed] == ["succeeded", "succeeded"] and listed[1]["id"] == run["id"]
+    shown = cli(workspace, "show", run["id"], env=cli_env)
+    assert f"pipeline run {run['id']} of {file}: succeeded" in shown.stdout and "train: succeeded" in shown.stdout
+    ended = cli(workspace, "cancel", run["id"], env=cli_env)
+    assert ended.returncode == 1 and "has already ended (succeeded)" in ended.stderr
 
     bad = write(workspace, {"version": 1, "nodes": [node("c", {"machine": "local"})], "edges": []}, "bad.rcpipeline")
     invalid = cli(workspace, "validate", bad, env=cli_env)
