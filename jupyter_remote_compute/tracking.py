@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 TAG_JOB_ID = "remote_compute.job_id"
 TAG_MACHINE = "remote_compute.machine"
 TAG_ENGINE = "remote_compute.engine"
+TAG_HOST = "remote_compute.host"
 TAG_KEY = "remote_compute.key"
 TAG_SOURCE_RUN = "remote_compute.source_run_id"
 TAG_REPLAYED = "remote_compute.replayed"
@@ -103,6 +104,8 @@ class JobRecord:
     user: str | None = None
     #: The sha256 of every output brought back (workspace-relative path -> digest), for outputs.json.
     digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: Where it ran: the machine's address as it was at submit (``remote_compute.host``).
+    host: str | None = None
 
     def to_json(self, *, with_secrets: bool = True) -> dict[str, Any]:
         """As JSON; ``with_secrets=False`` leaves out ``mask_values`` (for anything written to disk)."""
@@ -279,6 +282,8 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
             "mlflow.source.type": "JOB",
             "mlflow.user": job.user or getpass.getuser(),
         }
+        if job.host:
+            tags[TAG_HOST] = job.host[:500]
         commit = _git_commit(workspace)
         if commit:
             tags["mlflow.source.git.commit"] = commit

@@ -177,6 +177,7 @@ class Collector:
             experiment=job.spec.plain_env().get("MLFLOW_EXPERIMENT_NAME"),
             metrics=dict(metrics),
             user=job.user,
+            host=job.machine_snapshot.get("address"),
         )
 
     def _record(self, record: JobRecord, outcome: Outcome, secrets: Sequence[str]) -> tuple[str | None, Outcome]:
