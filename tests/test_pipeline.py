@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlflow.tracking import MlflowClient
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import ConfigFileError
@@ -65,7 +66,7 @@ def run_here(runner: PipelineRunner, file: str):  # type: ignore[no-untyped-def]
     return runner.drive(run.id)
 
 
-def test_the_second_step_consumes_what_the_first_brings_back(workspace, runner):
+def test_the_second_step_consumes_what_the_first_brings_back(workspace, runner, tracking_uri):
     run = run_here(runner, write(workspace, two_steps()))
     assert run.state == "succeeded", run.to_json()
     assert [n.state for n in run.nodes.values()] == ["succeeded", "succeeded"]
@@ -76,9 +77,17 @@ def test_the_second_step_consumes_what_the_first_brings_back(workspace, runner):
     assert set(run.nodes["train"].outputs) == {"model.txt"}
     stored = json.loads((workspace / ".punica" / "pipelines" / f"{run.id}.json").read_text())
     assert stored["state"] == "succeeded" and stored["nodes"]["train"]["job_id"] == train_job.id
+    # One MLflow parent run for the pipeline run, the nodes' job runs its children.
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(run.mlflow_run_id)
+    assert parent.data.tags["remote_compute.pipeline_run_id"] == run.id and parent.info.status == "FINISHED"
+    for node_id in ("prepare", "train"):
+        job = runner.service.get(run.nodes[node_id].job_id)
+        assert client.get_run(job.mlflow_run_id).data.tags["mlflow.parentRunId"] == run.mlflow_run_id
+        assert parent.data.tags[f"remote_compute.node.{node_id}"] == f"succeeded run {job.mlflow_run_id}"
 
 
-def test_running_it_again_reuses_both_unchanged_steps(workspace, runner):
+def test_running_it_again_reuses_both_unchanged_steps(workspace, runner, tracking_uri):
     file = write(workspace, two_steps())
     first = run_here(runner, file)
     jobs_before = {j.id for j in runner.service.list_jobs()}
@@ -89,6 +98,14 @@ def test_running_it_again_reuses_both_unchanged_steps(workspace, runner):
         assert second.nodes[node_id].job_id == first.nodes[node_id].job_id
         assert "reused" in second.nodes[node_id].reason
     assert {j.id for j in runner.service.list_jobs()} == jobs_before  # no job was started
+    # A reused node's run keeps the parent it had; the new parent names it.
+    client = MlflowClient(tracking_uri)
+    train_run = runner.service.get(first.nodes["train"].job_id).mlflow_run_id
+    assert client.get_run(train_run).data.tags["mlflow.parentRunId"] == first.mlflow_run_id
+    tags = client.get_run(second.mlflow_run_id).data.tags
+    assert (
+        second.mlflow_run_id != first.mlflow_run_id and tags["remote_compute.node.train"] == f"reused run {train_run}"
+    )
 
     # A changed setting of the first step is new work: it runs, and train (same input content) is reused.
     changed = two_steps(prepare=PREPARE.replace("write('42')", "write('42' )"))

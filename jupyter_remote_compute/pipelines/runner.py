@@ -76,6 +76,7 @@ class PipelineRun:
     created: str = dataclasses.field(default_factory=utcnow)
     updated: str = dataclasses.field(default_factory=utcnow)
     cancel_requested: str | None = None
+    mlflow_run_id: str | None = None  # the parent run of the nodes' job runs, once recorded
     driver: dict[str, Any] | None = None
     nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
 
@@ -350,11 +351,38 @@ class PipelineRunner:
                         running.pop(future)
                         future.result()
             run = self.store.change(run_id, self._finish)
+            run = self._record_parent(run)
             self._emit(run)
             return run
         finally:
             with self._guard:
                 self._stops.pop(run_id, None)
+
+    def _record_parent(self, run: PipelineRun) -> PipelineRun:
+        """The run's MLflow parent run, its nodes' job runs as children (``parent_run.py``)."""
+        from ..tracking import tracking_uri
+        from .parent_run import record_parent
+
+        children = {}
+        for node_id, node in run.nodes.items():
+            if node.job_id:
+                with contextlib.suppress(NotFound):
+                    mlflow_run_id = self.service.get(node.job_id).mlflow_run_id
+                    if mlflow_run_id:
+                        children[node_id] = mlflow_run_id
+        try:
+            uri = tracking_uri(self.workspace.root, self.service.settings.tracking)
+            parent = record_parent(uri, {**run.to_json(), "workspace": str(self.workspace.root)}, children)
+        except Exception as e:  # MLflow down must not lose the run's outcome
+            log.warning("pipeline run %s: its MLflow parent run was not recorded: %s", run.id, e)
+            return run
+        if parent is None:
+            return run
+
+        def keep(r: PipelineRun) -> None:
+            r.mlflow_run_id = parent
+
+        return self.store.change(run.id, keep)
 
     @staticmethod
     def _finish(run: PipelineRun) -> None:
