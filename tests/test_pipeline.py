@@ -66,6 +66,11 @@ def run_here(runner: PipelineRunner, file: str):  # type: ignore[no-untyped-def]
     return runner.drive(run.id)
 
 
+def parent_of(runner: PipelineRunner, run) -> str:  # type: ignore[no-untyped-def]
+    """The run's MLflow parent run, once its detached recorder has written it into the run's record."""
+    return wait_for(lambda: runner.get(run.id).mlflow_run_id, timeout=120, message="the MLflow parent run")
+
+
 def test_the_second_step_consumes_what_the_first_brings_back(workspace, runner, tracking_uri):
     run = run_here(runner, write(workspace, two_steps()))
     assert run.state == "succeeded", run.to_json()
@@ -79,19 +84,21 @@ def test_the_second_step_consumes_what_the_first_brings_back(workspace, runner, 
     assert stored["state"] == "succeeded" and stored["nodes"]["train"]["job_id"] == train_job.id
     # One MLflow parent run for the pipeline run, the nodes' job runs its children.
     client = MlflowClient(tracking_uri)
-    parent = client.get_run(run.mlflow_run_id)
+    parent = client.get_run(parent_of(runner, run))
     assert parent.data.tags["remote_compute.pipeline_run_id"] == run.id and parent.info.status == "FINISHED"
     for node_id in ("prepare", "train"):
         job = runner.service.get(run.nodes[node_id].job_id)
-        assert client.get_run(job.mlflow_run_id).data.tags["mlflow.parentRunId"] == run.mlflow_run_id
+        assert client.get_run(job.mlflow_run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert parent.data.tags[f"remote_compute.node.{node_id}"] == f"succeeded run {job.mlflow_run_id}"
 
 
 def test_running_it_again_reuses_both_unchanged_steps(workspace, runner, tracking_uri):
     file = write(workspace, two_steps())
     first = run_here(runner, file)
+    first_parent = parent_of(runner, first)
     jobs_before = {j.id for j in runner.service.list_jobs()}
     second = run_here(runner, file)
+    second_parent = parent_of(runner, second)
     assert second.state == "succeeded"
     for node_id in ("prepare", "train"):
         assert second.nodes[node_id].state == "reused"
@@ -101,11 +108,9 @@ def test_running_it_again_reuses_both_unchanged_steps(workspace, runner, trackin
     # A reused node's run keeps the parent it had; the new parent names it.
     client = MlflowClient(tracking_uri)
     train_run = runner.service.get(first.nodes["train"].job_id).mlflow_run_id
-    assert client.get_run(train_run).data.tags["mlflow.parentRunId"] == first.mlflow_run_id
-    tags = client.get_run(second.mlflow_run_id).data.tags
-    assert (
-        second.mlflow_run_id != first.mlflow_run_id and tags["remote_compute.node.train"] == f"reused run {train_run}"
-    )
+    assert client.get_run(train_run).data.tags["mlflow.parentRunId"] == first_parent
+    tags = client.get_run(second_parent).data.tags
+    assert second_parent != first_parent and tags["remote_compute.node.train"] == f"reused run {train_run}"
 
     # A changed setting of the first step is new work: it runs, and train (same input content) is reused.
     changed = two_steps(prepare=PREPARE.replace("write('42')", "write('42' )"))

@@ -1,7 +1,8 @@
 """One MLflow parent run per pipeline run, with its nodes' job runs as children.
 
-Recorded in a short-lived child process (``python -m jupyter_remote_compute.pipelines.parent_run``),
-as the server records job runs: MLflow never loads into the process that drives the pipeline. The
+Recorded in a detached child process (``python -m jupyter_remote_compute.pipelines.parent_run``),
+as job runs are: MLflow never loads into the process that drives the pipeline, and a run (a reused
+one takes a tenth of a second) ends without waiting seconds for MLflow to load. The
 parent goes to the experiment of the first node's run and is found again by its tag before one is
 made, so recording twice (a resumed run) makes one parent. A job run that already has a parent (a
 node reused from an earlier pipeline run) keeps it; the parent names it in a tag instead.
@@ -13,6 +14,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,21 +23,27 @@ log = logging.getLogger(__name__)
 
 TAG_PIPELINE_RUN = "remote_compute.pipeline_run_id"
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
-RECORD_TIMEOUT = 300.0
 
 
-def record_parent(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> str | None:
-    """The parent run's id (None when no node has a run); ``children``: node id -> its job's MLflow run."""
+def record_parent(uri: str, run: Mapping[str, Any], children: Mapping[str, str], runs_folder: Path) -> bool:
+    """Start recording the parent run in a detached child process; False when no node has a run.
+
+    ``children``: node id -> its job's MLflow run. The child writes the parent's id into the run's
+    record (``runs_folder``) once made, so a pipeline run ends without waiting for MLflow to load.
+    """
     if not children:
-        return None
-    request = {"uri": uri, "run": dict(run), "children": dict(children)}
-    done = subprocess.run(
-        [sys.executable, "-m", __name__], input=json.dumps(request), capture_output=True, text=True,
-        timeout=RECORD_TIMEOUT, cwd=str(Path(run.get("workspace", ".")).resolve()),
+        return False
+    request = {"uri": uri, "run": dict(run), "children": dict(children), "runs": str(runs_folder)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True, cwd=str(runs_folder.parent.parent),
     )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
-    return done.stdout.strip() or None
+    assert child.stdin is not None
+    child.stdin.write(json.dumps(request).encode())
+    child.stdin.close()
+    # Reaped by a thread of its own: a long-lived server keeps no zombie, and nothing waits for it.
+    threading.Thread(target=child.wait, name=f"mlflow-parent-{run['id']}", daemon=True).start()
+    return True
 
 
 def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> str:
@@ -66,8 +74,15 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> st
 
 
 def _main() -> int:
+    from .runner import RunStore
+
     request = json.loads(sys.stdin.read())
-    print(_record(request["uri"], request["run"], request["children"]))
+    parent = _record(request["uri"], request["run"], request["children"])
+
+    def keep(run: Any) -> None:
+        run.mlflow_run_id = parent
+
+    RunStore(Path(request["runs"])).change(request["run"]["id"], keep)
     return 0
 
 

@@ -351,15 +351,16 @@ class PipelineRunner:
                         running.pop(future)
                         future.result()
             run = self.store.change(run_id, self._finish)
-            run = self._record_parent(run)
+            self._record_parent(run)
             self._emit(run)
             return run
         finally:
             with self._guard:
                 self._stops.pop(run_id, None)
 
-    def _record_parent(self, run: PipelineRun) -> PipelineRun:
-        """The run's MLflow parent run, its nodes' job runs as children (``parent_run.py``)."""
+    def _record_parent(self, run: PipelineRun) -> None:
+        """Start recording the run's MLflow parent run, its nodes' job runs as children (``parent_run.py``);
+        the run's ``mlflow_run_id`` shows it once recorded."""
         from ..tracking import tracking_uri
         from .parent_run import record_parent
 
@@ -372,17 +373,9 @@ class PipelineRunner:
                         children[node_id] = mlflow_run_id
         try:
             uri = tracking_uri(self.workspace.root, self.service.settings.tracking)
-            parent = record_parent(uri, {**run.to_json(), "workspace": str(self.workspace.root)}, children)
+            record_parent(uri, run.to_json(), children, self.store.folder)
         except Exception as e:  # MLflow down must not lose the run's outcome
             log.warning("pipeline run %s: its MLflow parent run was not recorded: %s", run.id, e)
-            return run
-        if parent is None:
-            return run
-
-        def keep(r: PipelineRun) -> None:
-            r.mlflow_run_id = parent
-
-        return self.store.change(run.id, keep)
 
     @staticmethod
     def _finish(run: PipelineRun) -> None:
