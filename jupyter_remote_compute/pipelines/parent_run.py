@@ -2,7 +2,7 @@
 
 Recorded in a detached child process (``python -m jupyter_remote_compute.pipelines.parent_run``),
 as job runs are: MLflow never loads into the process that drives the pipeline, and a run (a reused
-one takes a tenth of a second) ends without waiting seconds for MLflow to load. The
+one takes a fraction of a second) ends without waiting seconds for MLflow to load. The
 parent goes to the experiment of the first node's run and is found again by its tag before one is
 made, so recording twice (a resumed run) makes one parent. A job run that already has a parent (a
 node reused from an earlier pipeline run) keeps it; the parent names it in a tag instead.
