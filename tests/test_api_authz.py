@@ -34,12 +34,18 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("jobs/{job_id}/log", "GET"): "read",
     ("jobs/{job_id}/metrics", "GET"): "read",
     ("steps", "GET"): "read",
+    ("kinds", "GET"): "read",
+    ("mlflow", "GET"): "read",
+    ("pipelines/runs", "GET"): "read",
+    ("pipelines/runs", "POST"): "execute",
+    ("pipelines/runs/{run_id}", "GET"): "read",
+    ("pipelines/runs/{run_id}/cancel", "POST"): "execute",
     ("usage", "GET"): "read",
     ("secrets", "GET"): "read",
     ("secrets/{secret_name}", "PUT"): "write",
     ("secrets/{secret_name}", "DELETE"): "write",
 }
-IDS = {"name": "nobox", "job_id": "nojob", "secret_name": "no/such-secret"}
+IDS = {"name": "nobox", "job_id": "nojob", "secret_name": "no/such-secret", "run_id": "norun"}
 REFUSED: set[str] = set()  # the actions RefusingAuthorizer refuses on remote-compute, set by each test
 
 
