@@ -1301,6 +1301,8 @@ export interface components {
             updated: string;
             /** @description who asked to cancel it */
             cancel_requested?: string | null;
+            /** @description its MLflow parent run; the nodes' job runs are its children */
+            mlflow_run_id?: string | null;
             /** @description node id → its state in this run */
             nodes: {
                 [key: string]: components["schemas"]["PipelineNodeRun"];
