@@ -451,8 +451,9 @@ class SkyPilotEngine(Engine):
         """Why a launch failed, said plainly: a catalogue or credentials failure asks `sky check` first."""
         text = _error_text(payload)
         tried = self.settings.infra or "every cloud"
-        if not (_NETWORK.search(text) or _NO_INFRA.search(text)):
+        if not (_NETWORK.search(text) or _NO_INFRA.search(text) or text == NO_REASON):
             return _error(payload)
+        # A failure that names no cause (SkyPilot's error can be a bare null) is asked of `sky check` too.
         try:
             sdk = load_sdk()
             cloud = self.settings.cloud
@@ -543,8 +544,9 @@ echo written
             if payload is not None and payload.status not in _FINISHED:
                 statuses[job.job_id] = RemoteStatus("pending", detail=self._progress(payload))
             elif payload is not None and payload.status != "SUCCEEDED":
+                why = self._launch_failure(payload)
                 statuses[job.job_id] = RemoteStatus(
-                    "failed", detail=f"launching SkyPilot cluster {self.settings.cluster} failed: {_error(payload)}"
+                    "failed", detail=f"launching SkyPilot cluster {self.settings.cluster} failed: {why}"
                 )
             else:
                 statuses[job.job_id] = RemoteStatus("queued", detail=f"cluster {self.settings.cluster} is up")
@@ -689,24 +691,30 @@ def plain_failure(text: str, tried: str, no_infra: bool | None = None) -> str:
     return reason
 
 
+NO_REASON = "no reason given"
+
+
 def _one_line(text: str) -> str:
     """The last line that says something (SkyPilot's own message after its traceback), at most 300 characters."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip() and not ln.strip().startswith(("File ", "^"))]
-    line = lines[-1] if lines else "no reason given"
+    line = lines[-1] if lines else NO_REASON
     return " ".join(line.split())[:300]
 
 
 def _error_text(payload: Any) -> str:
     """A failed request's error as SkyPilot gave it (its message, when the error is JSON)."""
-    text = str(payload.error or payload.status_msg or "no reason given")
+    text = str(payload.error or payload.status_msg or NO_REASON)
     try:
         import json
 
         data = json.loads(text)
-        text = data.get("message") or data.get("object", text) if isinstance(data, dict) else text
     except (ValueError, TypeError):
-        pass
-    return str(text)
+        return text
+    if data is None or data == "":  # an error serialised as JSON null: SkyPilot said nothing more
+        return str(payload.status_msg or NO_REASON)
+    if isinstance(data, dict):
+        return str(data.get("message") or data.get("object", text))
+    return text
 
 
 def _error(payload: Any) -> str:
