@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,8 +97,9 @@ class MlflowUI:
         return {"url": self.prefix + "/", "proxied": True, "running": running}
 
     def command(self, port: int) -> list[str]:
+        # Through ``serve`` below: MLflow's server lives only as long as this server does.
         return [
-            self.python, "-m", "mlflow", "server",
+            self.python, "-m", "jupyter_remote_compute.mlflow_ui",
             "--backend-store-uri", self.tracking_uri,
             "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
             "--static-prefix", self.prefix,
@@ -123,11 +125,12 @@ class MlflowUI:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as out:
                 # Its own session: stopping it ends the uvicorn worker it starts as well.
+                # Its standard input stays open here for as long as this process lives (``serve``).
                 self._proc = subprocess.Popen(
                     self.command(port),
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     env=self._environment(),
                     cwd=str(self.workspace),
                     start_new_session=True,
@@ -183,6 +186,8 @@ class MlflowUI:
         proc, self._proc, self.port = self._proc, None, None
         if proc is None:
             return
+        if proc.stdin is not None:
+            proc.stdin.close()  # ``serve`` takes this as the end of its server and ends its group
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -201,3 +206,33 @@ class MlflowUI:
         if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+#: Seconds MLflow's server is given to end after a TERM before its group is killed.
+SERVE_GRACE = 10.0
+
+
+def serve(argv: list[str]) -> int:
+    """Run ``mlflow server ARGV`` in this process's group for as long as the process that started it lives.
+
+    That process holds this one's standard input: its end means the Jupyter server is gone, however it
+    ended (a SIGKILL included, where no stop hook or atexit runs), and then the whole group goes:
+    MLflow's server and the uvicorn worker it starts.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this process sends the group's TERM; it ends last
+    child = subprocess.Popen([sys.executable, "-m", "mlflow", "server", *argv], stdin=subprocess.DEVNULL)
+
+    def end_with_parent() -> None:
+        sys.stdin.buffer.read()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(0, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=SERVE_GRACE)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=end_with_parent, name="end-with-parent", daemon=True).start()
+    return child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1:]))

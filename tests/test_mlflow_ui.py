@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from server_process import Server
+from waiting import wait_for
 
 from jupyter_remote_compute.mlflow_ui import MlflowUI
 
@@ -130,6 +131,29 @@ def test_the_workspace_ui_shows_its_runs_only_with_jupyter_credentials_and_stops
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
         pass
     assert not _group_alive(pid), "MLflow's UI (or its worker) outlived the server"
+
+
+@pytest.mark.timeout(400)
+def test_the_ui_ends_with_a_server_that_was_killed(
+    quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path
+) -> None:
+    """A SIGKILL leaves no stop hook or atexit to run: the UI's group still goes, and its port closes."""
+    server = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log")
+    server.start()
+    try:
+        status, _, body = _raw(
+            server.port, "GET", "/remote-compute/mlflow-ui/", {"Authorization": f"token {server.token}"}
+        )
+        assert status == 200 and b"<title>MLflow</title>" in body, body[:300]
+        started = re.search(r"starting MLflow's UI \(pid (\d+)\) on 127\.0\.0\.1:(\d+)", server.log.read_text())
+        assert started, server.log.read_text()[-3000:]
+        pid, port = int(started.group(1)), int(started.group(2))
+        assert _group_alive(pid) and _listening(port)
+        server.kill()
+    finally:
+        server.stop()
+    wait_for(lambda: not _group_alive(pid), 60, "MLflow's UI to end with the killed server")
+    assert _listening(port) == []
 
 
 def test_a_tracking_server_is_linked_to_and_never_started(tmp_path: Path) -> None:
