@@ -21,11 +21,11 @@ from typing import Any
 from .engines.faces import CliCommand, all_faces, faces_of
 from .errors import RemoteComputeError
 from .jobs.admin import HostKeyNotConfirmed
+from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.logs import waiting_line
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
-from .jobs.store import Job
 from .jobs.transitions import TERMINAL_STATES
 from .run_options import add_run_options, command_of, spec_settings
 from .workspace import Workspace
@@ -288,7 +288,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         else:
             print(_summary(job))
             if job.started and job.ended:
-                from .jobs.store import parse_time
+                from .jobs.job import parse_time
 
                 print("duration: " + format_duration(parse_time(job.ended) - parse_time(job.started)))
         return 0

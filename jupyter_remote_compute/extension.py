@@ -17,9 +17,10 @@ from traitlets import Float, HasTraits, Int, Unicode
 from . import secret_sources
 from .engines.faces import ServerView, all_faces
 from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
+from .jobs.job import Job
 from .jobs.listing import index_of
 from .jobs.service import JobService, ServiceSettings
-from .jobs.store import Job, Snapshot
+from .jobs.snapshot import Snapshot
 from .mlflow_ui import MlflowUI
 from .mlflow_ui_handlers import MLFLOW_UI_PROXY
 from .pipelines.events import publish_runs

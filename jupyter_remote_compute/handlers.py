@@ -25,10 +25,10 @@ from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
 from .errors import InvalidSettings, RemoteComputeError
+from .jobs.job import Job
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
 from .jobs.spec import JobSpec
-from .jobs.store import Job
 
 T = TypeVar("T")
 PREFIX = r"/remote-compute"
