@@ -285,6 +285,7 @@ class JupyterEngine(Engine):
             "kernel_name": self._python_kernel(),
             "kernelspecs": sorted((specs.get("kernelspecs") or {}).keys()),
             "base_dir": self.base_dir,
+            "transport": "kernel",  # how its far-side scripts run, as every kind reports
             "transfer": "contents" if self._contents_visible(self.base_dir) else "kernel",
         }
         return farside.parse_facts(found, rtt_ms, **extras).to_json()
