@@ -186,6 +186,46 @@ test.describe('Pipeline canvas', () => {
     await expect(a).toHaveCount(0);
   });
 
+  test('a failing first node leaves the second not run, with the reason on its card, and its log opens', async ({
+    page,
+    tmpPath
+  }) => {
+    const file = `${tmpPath}/fails.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        {
+          id: 'prepare',
+          step: 'train-on-remote-machine',
+          settings: { command: `python -c "print('no data here'); raise SystemExit(7)"`, bring_back: ['data.txt'] },
+          position: { x: 0, y: 0 }
+        },
+        {
+          id: 'train',
+          step: 'train-on-remote-machine',
+          settings: { command: 'cat data.txt', send: ['data.txt'] },
+          position: { x: 320, y: 0 }
+        }
+      ],
+      edges: [{ from: 'prepare', to: 'train' }]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+
+    const prepare = page.getByRole('group', { name: 'Node prepare' });
+    const train = page.getByRole('group', { name: 'Node train' });
+    await expect(prepare).toHaveAttribute('data-state', 'failed', { timeout: 120000 });
+    await expect(prepare.getByRole('note')).toContainText('exit code 7');
+    await expect(train).toHaveAttribute('data-state', 'not_run');
+    await expect(train.getByRole('note')).toContainText('it needs prepare, which failed');
+    await expect(page.getByRole('status')).toContainText('failed');
+
+    await prepare.getByRole('button', { name: 'Show the log of prepare' }).click();
+    await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('no data here');
+  });
+
   test('a malformed file opens with a clear error and is never written', async ({ page, tmpPath }) => {
     const file = `${tmpPath}/broken.rcpipeline`;
     const text = '{"version": 1, "nodes": [';
