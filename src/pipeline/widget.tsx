@@ -13,8 +13,13 @@ import * as React from 'react';
 
 import { IJobEvents } from '../eventsocket';
 import { pipelineIcon } from '../icons';
-import { PipelineCanvas } from './PipelineCanvas';
 import { PipelineModel } from './model';
+
+// The canvas (React Flow, the form's JSON Schema validator) loads when a pipeline is first opened,
+// not with JupyterLab.
+const PipelineCanvas = React.lazy(() =>
+  import('./PipelineCanvas').then(m => ({ default: m.PipelineCanvas }))
+);
 
 export const PIPELINE_FACTORY = 'Remote Compute Pipeline';
 export const PIPELINE_FILE_TYPE = 'remote-compute-pipeline';
@@ -40,7 +45,17 @@ export class PipelineView extends ReactWidget {
   }
 
   protected render(): JSX.Element {
-    return <PipelineCanvas {...this._options} />;
+    return (
+      <React.Suspense
+        fallback={
+          <div className="jp-RemoteCompute-empty">
+            {this._options.trans.__('Loading the canvas…')}
+          </div>
+        }
+      >
+        <PipelineCanvas {...this._options} />
+      </React.Suspense>
+    );
   }
 
   private _options: {
