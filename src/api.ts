@@ -771,3 +771,85 @@ export function readMetrics(
     settings
   );
 }
+
+// -- pipelines ---------------------------------------------------------------------------------
+
+/**
+ * A pipeline step another part of the product (or another package) offers (`GET /steps`).
+ */
+export interface IStep {
+  id: string;
+  label: string;
+  description?: string;
+  icon?: string;
+  /**
+   * The step's settings as a JSON Schema.
+   */
+  settings: Record<string, unknown>;
+}
+
+export type IPipelineRun = Schemas['PipelineRun'];
+export type IPipelineNodeRun = Schemas['PipelineNodeRun'];
+export type IPipelineProblem = Schemas['PipelineProblem'];
+
+export async function listSteps(
+  settings?: ServerConnection.ISettings
+): Promise<IStep[]> {
+  const body = await requestAPI<{ steps: IStep[] }>(
+    'steps',
+    { method: 'GET' },
+    settings
+  );
+  return body.steps;
+}
+
+/**
+ * What is wrong with a pipeline document as drawn (saved or not); none when it can run.
+ */
+export async function validatePipeline(
+  file: string,
+  document: unknown,
+  settings?: ServerConnection.ISettings
+): Promise<IPipelineProblem[]> {
+  const body = await requestAPI<{ problems: IPipelineProblem[] }>(
+    'pipelines/validate',
+    jsonBody('POST', { file, document }),
+    settings
+  );
+  return body.problems;
+}
+
+export function listPipelineRuns(
+  settings?: ServerConnection.ISettings
+): Promise<{ runs: IPipelineRun[] }> {
+  return requestAPI('pipelines/runs', { method: 'GET' }, settings);
+}
+
+/**
+ * Run the saved pipeline file (or attach to its run under way). A pipeline that cannot run is an
+ * `APIError` with code `pipeline_invalid` and `details.problems`.
+ */
+export function startPipelineRun(
+  file: string,
+  settings?: ServerConnection.ISettings
+): Promise<{ run: IPipelineRun; attached: boolean }> {
+  return requestAPI('pipelines/runs', jsonBody('POST', { file }), settings);
+}
+
+export function getPipelineRun(
+  id: string,
+  settings?: ServerConnection.ISettings
+): Promise<IPipelineRun> {
+  return requestAPI(`pipelines/runs/${enc(id)}`, { method: 'GET' }, settings);
+}
+
+export function cancelPipelineRun(
+  id: string,
+  settings?: ServerConnection.ISettings
+): Promise<IPipelineRun> {
+  return requestAPI(
+    `pipelines/runs/${enc(id)}/cancel`,
+    { method: 'POST' },
+    settings
+  );
+}

@@ -10,6 +10,8 @@ import {
   showDialog
 } from '@jupyterlab/apputils';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
+import { ILauncher } from '@jupyterlab/launcher';
+import { IMainMenu } from '@jupyterlab/mainmenu';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import {
   ITranslator,
@@ -25,6 +27,7 @@ import { ComputePanel } from './components/ComputePanel';
 import { EventSocket } from './eventsocket';
 import { registerKindFaces } from './kindFaces';
 import { ComputeModel, IComputeSettings } from './model';
+import { registerPipelines } from './pipeline/commands';
 
 export { APIError, listJobs, listMachines, requestAPI } from './api';
 export type { IJob, IMachine, JobState } from './api';
@@ -144,14 +147,16 @@ function showServerMissing(error: APIError, trans: TranslationBundle): void {
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description:
-    'Run a training job on a named machine and follow it from the Compute panel.',
+    'Run a training job on a named machine and follow it from the Compute panel; draw and run pipelines of jobs.',
   autoStart: true,
   optional: [
     ITranslator,
     ICommandPalette,
     ILayoutRestorer,
     ISettingRegistry,
-    IDefaultFileBrowser
+    IDefaultFileBrowser,
+    ILauncher,
+    IMainMenu
   ],
   activate: (
     app: JupyterFrontEnd,
@@ -159,7 +164,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
     settingRegistry: ISettingRegistry | null,
-    fileBrowser: IDefaultFileBrowser | null
+    fileBrowser: IDefaultFileBrowser | null,
+    launcher: ILauncher | null,
+    mainMenu: IMainMenu | null
   ): void => {
     const trans = (translator ?? nullTranslator).load('jupyter_remote_compute');
     // The kinds that add to the panel (the server's engines/faces.py BUILT_IN_FACES, this side).
@@ -192,6 +199,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
           ? item.value.path
           : null;
       }
+    });
+
+    // Pipelines follow their runs on the same socket as the panel's jobs.
+    registerPipelines({
+      app,
+      events,
+      trans,
+      palette,
+      launcher,
+      mainMenu,
+      restorer,
+      fileBrowser
     });
 
     if (fileBrowser) {

@@ -911,6 +911,67 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/remote-compute/pipelines/validate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * What is wrong with a pipeline document as drawn, before a run (nothing is run or written)
+         * @description The canvas sends the document it holds (saved or not) and the file it belongs to; the answer names
+         *     every problem a run of it would refuse, by node and field: a cycle, a missing or invalid setting,
+         *     an input no upstream step brings back and no workspace file provides, an unknown step, a literal
+         *     secret. An empty list: it can run. A document whose shape is wrong is a 422 `config_file`.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": {
+                        /**
+                         * @description workspace-relative path of the .rcpipeline file
+                         * @example train.rcpipeline
+                         */
+                        file: string;
+                        /** @description the pipeline document (version, nodes, edges) */
+                        document: {
+                            [key: string]: unknown;
+                        };
+                    };
+                };
+            };
+            responses: {
+                /** @description The problems, none when it can run */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            problems: components["schemas"]["PipelineProblem"][];
+                        };
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/remote-compute/pipelines/runs/{run_id}": {
         parameters: {
             query?: never;
@@ -1307,6 +1368,15 @@ export interface components {
             nodes: {
                 [key: string]: components["schemas"]["PipelineNodeRun"];
             };
+        };
+        PipelineProblem: {
+            /** @description cycle, missing_setting, invalid_setting, missing_input, unknown_step; or a job's own check: invalid, secret_in_settings */
+            kind: string;
+            /** @description the node at fault; null for the whole pipeline */
+            node: string | null;
+            /** @description the setting at fault, e.g. command or send */
+            field: string | null;
+            message: string;
         };
         PipelineNodeRun: {
             /**

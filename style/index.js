@@ -1,1 +1,3 @@
+import '@xyflow/react/dist/base.css';
 import './base.css';
+import './pipeline.css';

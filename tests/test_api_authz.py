@@ -40,6 +40,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("pipelines/runs", "POST"): "execute",
     ("pipelines/runs/{run_id}", "GET"): "read",
     ("pipelines/runs/{run_id}/cancel", "POST"): "execute",
+    ("pipelines/validate", "POST"): "read",
     ("usage", "GET"): "read",
     ("secrets", "GET"): "read",
     ("secrets/{secret_name}", "PUT"): "write",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from server_process import ApiError, Server
+from tornado.httpclient import HTTPClientError
 from waiting import wait_for
 
 from jupyter_remote_compute.pipelines.events import RUN_EVENT_ID
@@ -130,3 +131,35 @@ async def test_each_node_change_is_an_event_on_the_server_bus(jp_fetch, jp_serve
     train_states = [e["nodes"]["train"]["state"] for e in mine]
     assert train_states[0] == "waiting" and "running" in train_states and train_states[-1] == "succeeded"
     assert mine[-1]["nodes"]["prepare"]["job_id"] and mine[-1]["file"] == file
+
+
+async def test_the_validate_route_names_each_problem_of_an_unsaved_document_and_writes_nothing(
+    jp_fetch, server_workspace: Path
+):
+    saved = write_pipeline(server_workspace, f"{PY} -c \"open('data.txt', 'w').write('42')\"")
+    on_disk = (server_workspace / saved).read_text()
+    drawn = json.loads(on_disk)
+    # As a canvas may hold it before saving: train loops back to prepare, and prepare lost its command.
+    drawn["edges"].append({"from": "train", "to": "prepare"})
+    del drawn["nodes"][0]["settings"]["command"]
+
+    async def check(document: dict) -> list[dict]:
+        body = json.dumps({"file": saved, "document": document})
+        response = await jp_fetch("remote-compute", "pipelines", "validate", method="POST", body=body)
+        assert response.code == 200
+        return json.loads(response.body)["problems"]
+
+    problems = await check(drawn)
+    by_kind = {p["kind"]: p for p in problems}
+    assert by_kind["missing_setting"]["node"] == "prepare" and by_kind["missing_setting"]["field"] == "command"
+    assert "prepare" in by_kind["cycle"]["message"] and "train" in by_kind["cycle"]["message"]
+    assert (server_workspace / saved).read_text() == on_disk  # checked as drawn, never written
+    assert await check(json.loads(on_disk)) == []
+
+    with pytest.raises(HTTPClientError) as shapeless:
+        body = json.dumps({"file": saved, "document": {"version": 1, "nodes": "x"}})
+        await jp_fetch("remote-compute", "pipelines", "validate", method="POST", body=body)
+    assert shapeless.value.code == 422 and b"nodes" in shapeless.value.response.body
+    with pytest.raises(HTTPClientError) as no_document:
+        await jp_fetch("remote-compute", "pipelines", "validate", method="POST", body=json.dumps({"file": saved}))
+    assert no_document.value.code == 400 and json.loads(no_document.value.response.body)["field"] == "document"

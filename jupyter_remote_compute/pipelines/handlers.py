@@ -1,4 +1,4 @@
-"""``/remote-compute/pipelines/runs``: start, list, read and cancel pipeline runs (thin, as handlers.py)."""
+"""``/remote-compute/pipelines/…``: check a document; start, list, read and cancel runs (thin, as handlers.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,21 @@ class PipelineRunsHandler(PipelineHandler):
         self.reply({"run": run.public_json(), "attached": attached}, 200 if attached else 201)
 
 
+class PipelineValidateHandler(PipelineHandler):
+    # It runs nothing and writes nothing: reading the workspace is all it needs.
+    @api(action="read")
+    async def post(self) -> None:
+        """What a canvas shows before a run: the problems of a document as drawn, saved or not."""
+        body = self.body()
+        unknown = sorted(set(body) - {"file", "document"})
+        if unknown:
+            raise InvalidSettings(f"{unknown[0]}: unknown setting; give file and document", field=unknown[0])
+        if "document" not in body:
+            raise InvalidSettings("document: give the pipeline document to check", field="document")
+        problems = await self.call(self.runner.check_document, body.get("file"), body["document"])
+        self.reply({"problems": [p.to_json() for p in problems]})
+
+
 class PipelineRunHandler(PipelineHandler):
     @api
     async def get(self, run_id: str) -> None:
@@ -49,6 +64,7 @@ class PipelineRunCancelHandler(PipelineHandler):
 #: Part of the API (openapi.yaml): added to ``handlers.HANDLERS``, which imports this module at its end.
 PIPELINE_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/pipelines/runs", PipelineRunsHandler),
+    (rf"{PREFIX}/pipelines/validate", PipelineValidateHandler),
     (rf"{PREFIX}/pipelines/runs/{RUN_ID}", PipelineRunHandler),
     (rf"{PREFIX}/pipelines/runs/{RUN_ID}/cancel", PipelineRunCancelHandler),
 ]

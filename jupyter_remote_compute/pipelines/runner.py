@@ -200,6 +200,19 @@ class PipelineRunner:
         """
         rel, path = self.resolve(file)
         pipeline = load_pipeline(path)
+        problems = self.problems(pipeline)
+        if problems:
+            raise PipelineInvalid(problems, rel)
+        return pipeline
+
+    def check_document(self, file: Any, document: Any) -> list[Problem]:
+        """What is wrong with ``document`` (a pipeline as a canvas holds it, maybe unsaved) as the file
+        ``file`` would be: the same problems a run of it would refuse, none of it written anywhere."""
+        rel, _ = self.resolve(file)
+        return self.problems(Pipeline.from_json(document, rel))
+
+    def problems(self, pipeline: Pipeline) -> list[Problem]:
+        """Every problem a run of ``pipeline`` would refuse, by node and field."""
         problems = validate(pipeline, known_steps(), self.workspace.root)
         reported = {p.node for p in problems if p.kind in ("invalid_setting", "missing_setting", "unknown_step")}
         for node in pipeline.nodes:
@@ -210,9 +223,7 @@ class PipelineRunner:
                 screen_settings(spec.screened_settings(), self._stored_secrets)
             except RemoteComputeError as e:  # InvalidSettings, SecretInSettings: the message names the field
                 problems.append(Problem(e.code, e.message, node.id, e.field))
-        if problems:
-            raise PipelineInvalid(problems, rel)
-        return pipeline
+        return problems
 
     def _stored_secrets(self) -> list[str]:
         try:

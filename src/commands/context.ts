@@ -29,6 +29,9 @@ export namespace CommandIDs {
   export const pruneJobs = 'remote-compute:prune-jobs';
   export const showUsage = 'remote-compute:show-usage';
   export const openMlflow = 'remote-compute:open-mlflow';
+  export const newPipeline = 'remote-compute:new-pipeline';
+  export const runPipeline = 'remote-compute:run-pipeline';
+  export const cancelPipeline = 'remote-compute:cancel-pipeline';
 }
 
 /**

@@ -89,6 +89,13 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
       return trans.__('cancelled');
     case 'lost':
       return trans.__('lost');
+    // A pipeline node's own states (its job's are the ones above).
+    case 'waiting':
+      return trans.__('waiting');
+    case 'reused':
+      return trans.__('reused');
+    case 'not_run':
+      return trans.__('not run');
     default:
       return state;
   }

@@ -1,0 +1,498 @@
+/**
+ * One open pipeline: its document (bound to the DocumentRegistry's text model, so it is saved
+ * through the Contents API like any file), an undo history, the problems the server finds in it
+ * as drawn, and its latest run, followed live on the server's event bus.
+ */
+import { DocumentRegistry } from '@jupyterlab/docregistry';
+import { Event } from '@jupyterlab/services';
+import { IDisposable } from '@lumino/disposable';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  APIError,
+  cancelPipelineRun,
+  getPipelineRun,
+  IPipelineProblem,
+  IPipelineRun,
+  IStep,
+  listMachines,
+  listPipelineRuns,
+  listSteps,
+  startPipelineRun,
+  validatePipeline
+} from '../api';
+import { IJobEvents } from '../eventsocket';
+import {
+  emptyPipeline,
+  IPipelineDocument,
+  IPipelineNode,
+  IPosition,
+  newNodeId,
+  parsePipeline,
+  PipelineFormatError,
+  serializePipeline
+} from './document';
+
+/**
+ * The schema id of the server's pipeline run events (jupyter_remote_compute/pipelines/run_event.yaml).
+ */
+export const PIPELINE_EVENT_SCHEMA =
+  'https://events.jupyter.org/jupyter_remote_compute/pipeline_run';
+
+const HISTORY_LIMIT = 200;
+const VALIDATE_DELAY = 300;
+
+export class PipelineModel implements IDisposable {
+  constructor(options: PipelineModel.IOptions) {
+    this._context = options.context;
+    this._events = options.events ?? null;
+    this._context.model.contentChanged.connect(this._onContent, this);
+    this._events?.stream.connect(this._onEvent, this);
+    this._events?.connectionChanged?.connect(this._onConnection, this);
+    void this._context.ready.then(() => {
+      this._onContent();
+      void this._loadSteps();
+      void this._loadLastRun();
+    });
+  }
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get document(): IPipelineDocument {
+    return this._document;
+  }
+
+  /**
+   * Why the file cannot be drawn, if it cannot; the canvas is then read-only and never writes it.
+   */
+  get formatError(): string | null {
+    return this._formatError;
+  }
+
+  get path(): string {
+    return this._context.path;
+  }
+
+  get steps(): ReadonlyMap<string, IStep> {
+    return this._steps;
+  }
+
+  get stepsError(): string | null {
+    return this._stepsError;
+  }
+
+  get problems(): readonly IPipelineProblem[] {
+    return this._problems;
+  }
+
+  /**
+   * The latest run of this file (this session's or an earlier one), if any.
+   */
+  get run(): IPipelineRun | null {
+    return this._run;
+  }
+
+  get runError(): string | null {
+    return this._runError;
+  }
+
+  get busy(): boolean {
+    return this._busy;
+  }
+
+  get canUndo(): boolean {
+    return this._undo.length > 0;
+  }
+
+  get canRedo(): boolean {
+    return this._redo.length > 0;
+  }
+
+  get isDisposed(): boolean {
+    return this._isDisposed;
+  }
+
+  dispose(): void {
+    if (this._isDisposed) {
+      return;
+    }
+    this._isDisposed = true;
+    window.clearTimeout(this._validateTimer);
+    Signal.clearData(this);
+  }
+
+  // -- editing ----------------------------------------------------------------------------------
+
+  addNode(stepId: string, position: IPosition): string | null {
+    let id: string | null = null;
+    this._edit(doc => {
+      id = newNodeId(doc, stepId);
+      doc.nodes.push({ id, step: stepId, settings: {}, position });
+    });
+    return id;
+  }
+
+  moveNodes(moved: { id: string; position: IPosition }[]): void {
+    const changed = moved.filter(m => {
+      const node = this._node(m.id);
+      return (
+        node &&
+        (Math.round(node.position.x) !== Math.round(m.position.x) ||
+          Math.round(node.position.y) !== Math.round(m.position.y))
+      );
+    });
+    if (changed.length === 0) {
+      return;
+    }
+    this._edit(doc => {
+      for (const m of changed) {
+        const node = doc.nodes.find(n => n.id === m.id);
+        if (node) {
+          node.position = { ...m.position };
+        }
+      }
+    });
+  }
+
+  /**
+   * Remove nodes (with their edges) and edges, as one step of the history.
+   */
+  remove(nodeIds: string[], edges: { from: string; to: string }[]): void {
+    if (nodeIds.length === 0 && edges.length === 0) {
+      return;
+    }
+    const gone = new Set(nodeIds);
+    this._edit(doc => {
+      doc.nodes = doc.nodes.filter(n => !gone.has(n.id));
+      doc.edges = doc.edges.filter(
+        e =>
+          !gone.has(e.from) &&
+          !gone.has(e.to) &&
+          !edges.some(r => r.from === e.from && r.to === e.to)
+      );
+    });
+  }
+
+  connect(from: string, to: string): void {
+    if (
+      from === to ||
+      this._document.edges.some(e => e.from === from && e.to === to)
+    ) {
+      return;
+    }
+    this._edit(doc => {
+      doc.edges.push({ from, to });
+    });
+  }
+
+  setSettings(nodeId: string, settings: Record<string, unknown>): void {
+    const node = this._node(nodeId);
+    if (!node) {
+      return;
+    }
+    const before = serializePipeline({ ...emptyPipeline(), nodes: [node] });
+    const after = serializePipeline({
+      ...emptyPipeline(),
+      nodes: [{ ...node, settings }]
+    });
+    if (before === after) {
+      return; // the form filled nothing new (its defaults, a re-render)
+    }
+    this._edit(doc => {
+      const target = doc.nodes.find(n => n.id === nodeId);
+      if (target) {
+        target.settings = { ...settings };
+      }
+    });
+  }
+
+  undo(): void {
+    const previous = this._undo.pop();
+    if (previous !== undefined) {
+      this._redo.push(serializePipeline(this._document));
+      this._write(previous);
+    }
+  }
+
+  redo(): void {
+    const next = this._redo.pop();
+    if (next !== undefined) {
+      this._undo.push(serializePipeline(this._document));
+      this._write(next);
+    }
+  }
+
+  // -- running ----------------------------------------------------------------------------------
+
+  /**
+   * Save the document, then ask the server to run the file; its nodes then follow the run's events.
+   */
+  async start(): Promise<void> {
+    if (this._formatError || this._busy) {
+      return;
+    }
+    this._busy = true;
+    this._runError = null;
+    this._changed.emit();
+    try {
+      await this._context.save();
+      const { run } = await startPipelineRun(this.path);
+      // The run's first events may arrive before this answer: keep whichever is newer.
+      const heard = this._run?.id === run.id ? this._run : null;
+      if (!heard || heard.updated < run.updated) {
+        this._run = run;
+      }
+    } catch (error) {
+      if (error instanceof APIError && error.code === 'pipeline_invalid') {
+        this._problems =
+          (error.details?.problems as IPipelineProblem[] | undefined) ?? [];
+      }
+      this._runError = error instanceof Error ? error.message : String(error);
+    } finally {
+      this._busy = false;
+      this._changed.emit();
+    }
+  }
+
+  async cancel(): Promise<void> {
+    const run = this._run;
+    if (!run || run.state !== 'running') {
+      return;
+    }
+    try {
+      this._run = await cancelPipelineRun(run.id);
+      this._runError = null;
+    } catch (error) {
+      this._runError = error instanceof Error ? error.message : String(error);
+    }
+    this._changed.emit();
+  }
+
+  // -- private ----------------------------------------------------------------------------------
+
+  private _node(id: string): IPipelineNode | undefined {
+    return this._document.nodes.find(n => n.id === id);
+  }
+
+  private _edit(change: (doc: IPipelineDocument) => void): void {
+    if (this._formatError) {
+      return;
+    }
+    const before = serializePipeline(this._document);
+    const doc = structuredClone(this._document);
+    change(doc);
+    const after = serializePipeline(doc);
+    if (after === before) {
+      return;
+    }
+    this._undo.push(before);
+    if (this._undo.length > HISTORY_LIMIT) {
+      this._undo.shift();
+    }
+    this._redo = [];
+    this._write(after);
+  }
+
+  /**
+   * Put `text` in the document's model (it then marks the widget dirty, and a save writes it).
+   */
+  private _write(text: string): void {
+    this._text = text;
+    this._document = parsePipeline(text);
+    this._context.model.fromString(text);
+    this._scheduleValidate();
+    this._changed.emit();
+  }
+
+  /**
+   * The text model changed: a load, a revert, or our own write.
+   */
+  private _onContent(): void {
+    const text = this._context.model.toString();
+    if (text === this._text) {
+      return;
+    }
+    this._text = text;
+    try {
+      this._document = parsePipeline(text);
+      this._formatError = null;
+    } catch (error) {
+      this._document = emptyPipeline();
+      this._formatError =
+        error instanceof PipelineFormatError ? error.message : String(error);
+    }
+    this._scheduleValidate();
+    this._changed.emit();
+  }
+
+  private async _loadSteps(): Promise<void> {
+    try {
+      const [steps, { machines }] = await Promise.all([
+        listSteps(),
+        listMachines()
+      ]);
+      const names = machines.filter(m => m.enabled !== false).map(m => m.name);
+      this._steps = new Map(
+        steps.map(step => [step.id, withMachineChoice(step, names)])
+      );
+      this._stepsError = null;
+    } catch (error) {
+      this._stepsError = error instanceof Error ? error.message : String(error);
+    }
+    this._changed.emit();
+  }
+
+  private async _loadLastRun(): Promise<void> {
+    try {
+      const { runs } = await listPipelineRuns();
+      // Newest first: the first of this file is its last run.
+      const mine = runs.find(r => r.file === this.path);
+      if (mine && !this._run) {
+        this._run = mine;
+        this._changed.emit();
+      }
+    } catch {
+      // No run to show; the canvas still draws.
+    }
+  }
+
+  private _scheduleValidate(): void {
+    window.clearTimeout(this._validateTimer);
+    if (this._formatError) {
+      this._problems = [];
+      return;
+    }
+    this._validateTimer = window.setTimeout(
+      () => void this._validate(),
+      VALIDATE_DELAY
+    );
+  }
+
+  private async _validate(): Promise<void> {
+    const text = this._text;
+    if (text === null) {
+      return;
+    }
+    try {
+      const problems = await validatePipeline(this.path, this._document);
+      if (text === this._text && !this._isDisposed) {
+        this._problems = problems;
+        this._changed.emit();
+      }
+    } catch (error) {
+      if (text === this._text && !this._isDisposed) {
+        this._problems = [
+          {
+            kind: 'invalid',
+            node: null,
+            field: null,
+            message: error instanceof Error ? error.message : String(error)
+          }
+        ];
+        this._changed.emit();
+      }
+    }
+  }
+
+  /**
+   * The event socket came back: what the run did meanwhile is read once.
+   */
+  private _onConnection(_: unknown, connected: boolean): void {
+    if (connected && this._run?.state === 'running') {
+      this._reload(this._run.id);
+    }
+  }
+
+  /**
+   * Read the run's record (what the events do not carry: when each node ended).
+   */
+  private _reload(id: string): void {
+    void getPipelineRun(id)
+      .then(run => {
+        if (this._run?.id === run.id && !this._isDisposed) {
+          this._run = run;
+          this._changed.emit();
+        }
+      })
+      .catch(() => undefined);
+  }
+
+  private _onEvent(_: unknown, emission: Event.Emission): void {
+    if (
+      emission.schema_id !== PIPELINE_EVENT_SCHEMA ||
+      this._isDisposed ||
+      emission.file !== this.path
+    ) {
+      return;
+    }
+    const id = emission.id as string;
+    const nodes = (emission.nodes ?? {}) as IPipelineRun['nodes'];
+    const known = this._run?.id === id ? this._run : null;
+    const merged: IPipelineRun['nodes'] = {};
+    for (const [nodeId, node] of Object.entries(nodes)) {
+      merged[nodeId] = { ...(known?.nodes[nodeId] ?? {}), ...node };
+    }
+    this._run = {
+      ...(known ?? {
+        id,
+        file: this.path,
+        pipeline: {},
+        created: (emission.updated as string) ?? ''
+      }),
+      state: emission.state as IPipelineRun['state'],
+      reason: (emission.reason as string | null | undefined) ?? null,
+      updated: (emission.updated as string) ?? known?.updated ?? '',
+      nodes: merged
+    };
+    this._changed.emit();
+    if (this._run.state !== 'running') {
+      this._reload(id);
+    }
+  }
+
+  private _busy = false;
+  private _changed = new Signal<this, void>(this);
+  private _context: DocumentRegistry.Context;
+  private _document: IPipelineDocument = emptyPipeline();
+  private _events: IJobEvents | null;
+  private _formatError: string | null = null;
+  private _isDisposed = false;
+  private _problems: IPipelineProblem[] = [];
+  private _redo: string[] = [];
+  private _run: IPipelineRun | null = null;
+  private _runError: string | null = null;
+  private _steps = new Map<string, IStep>();
+  private _stepsError: string | null = null;
+  private _text: string | null = null;
+  private _undo: string[] = [];
+  private _validateTimer = 0;
+}
+
+/**
+ * A step whose `machine` setting is free text becomes a choice among the workspace's machines
+ * (ours come with that choice already; another package's step may not).
+ */
+function withMachineChoice(step: IStep, machines: string[]): IStep {
+  const properties = step.settings.properties as
+    Record<string, Record<string, unknown>> | undefined;
+  const machine = properties?.machine;
+  if (!machine || machine.type !== 'string' || machine.enum) {
+    return step;
+  }
+  return {
+    ...step,
+    settings: {
+      ...step.settings,
+      properties: { ...properties, machine: { ...machine, enum: machines } }
+    }
+  };
+}
+
+export namespace PipelineModel {
+  export interface IOptions {
+    context: DocumentRegistry.Context;
+    events?: IJobEvents | null;
+  }
+}

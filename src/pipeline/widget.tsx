@@ -1,0 +1,101 @@
+/**
+ * The pipeline document's widget and its factory: a `*.rcpipeline` file opens as a canvas, and is
+ * saved, reverted and renamed by the document manager like any document.
+ */
+import {
+  ABCWidgetFactory,
+  DocumentRegistry,
+  DocumentWidget
+} from '@jupyterlab/docregistry';
+import { TranslationBundle } from '@jupyterlab/translation';
+import { ReactWidget } from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import { IJobEvents } from '../eventsocket';
+import { pipelineIcon } from '../icons';
+import { PipelineModel } from './model';
+
+// The canvas (React Flow, the form's JSON Schema validator) loads when a pipeline is first opened,
+// not with JupyterLab.
+const PipelineCanvas = React.lazy(() =>
+  import('./PipelineCanvas').then(m => ({ default: m.PipelineCanvas }))
+);
+
+export const PIPELINE_FACTORY = 'Remote Compute Pipeline';
+export const PIPELINE_FILE_TYPE = 'remote-compute-pipeline';
+
+export class PipelineView extends ReactWidget {
+  constructor(options: {
+    model: PipelineModel;
+    trans: TranslationBundle;
+    showJob: (jobId: string) => void;
+  }) {
+    super();
+    this._options = options;
+    this.addClass('jp-RemoteCompute-pipelineView');
+  }
+
+  get model(): PipelineModel {
+    return this._options.model;
+  }
+
+  dispose(): void {
+    this._options.model.dispose();
+    super.dispose();
+  }
+
+  protected render(): JSX.Element {
+    return (
+      <React.Suspense
+        fallback={
+          <div className="jp-RemoteCompute-empty">
+            {this._options.trans.__('Loading the canvas…')}
+          </div>
+        }
+      >
+        <PipelineCanvas {...this._options} />
+      </React.Suspense>
+    );
+  }
+
+  private _options: {
+    model: PipelineModel;
+    trans: TranslationBundle;
+    showJob: (jobId: string) => void;
+  };
+}
+
+export class PipelineWidget extends DocumentWidget<PipelineView> {}
+
+export class PipelineFactory extends ABCWidgetFactory<PipelineWidget> {
+  constructor(options: PipelineFactory.IOptions) {
+    super(options);
+    this._events = options.events;
+    this._trans = options.trans;
+    this._showJob = options.showJob;
+  }
+
+  protected createNewWidget(context: DocumentRegistry.Context): PipelineWidget {
+    const model = new PipelineModel({ context, events: this._events });
+    const content = new PipelineView({
+      model,
+      trans: this._trans,
+      showJob: this._showJob
+    });
+    const widget = new PipelineWidget({ context, content });
+    widget.title.icon = pipelineIcon;
+    return widget;
+  }
+
+  private _events: IJobEvents | null;
+  private _showJob: (jobId: string) => void;
+  private _trans: TranslationBundle;
+}
+
+export namespace PipelineFactory {
+  export interface IOptions extends DocumentRegistry.IWidgetFactoryOptions<PipelineWidget> {
+    events: IJobEvents | null;
+    trans: TranslationBundle;
+    showJob: (jobId: string) => void;
+  }
+}

@@ -1,0 +1,283 @@
+/**
+ * Pipelines on a canvas: a new pipeline from the launcher, steps dragged from the palette, their
+ * settings filled through the form, connected, saved and run on the built-in machine; and the
+ * problems the canvas shows before a run.
+ */
+import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import * as fs from 'fs';
+import * as path from 'path';
+
+const WORKSPACE = path.join(process.env.REMOTE_COMPUTE_UI_TMP ?? '', 'workspace');
+const OUT = path.resolve(__dirname, '..', '..', 'docs', 'screenshots');
+const TRAIN = 'Train on a Remote Machine';
+
+async function openPipeline(page: IJupyterLabPageFixture, file: string): Promise<void> {
+  await page.evaluate(
+    async path =>
+      (window as any).jupyterapp.commands.execute('docmanager:open', {
+        path,
+        factory: 'Remote Compute Pipeline'
+      }),
+    file
+  );
+}
+
+/**
+ * The settings form's field for `name` (rjsf ids are `<prefix>_<name>`).
+ */
+function field(page: IJupyterLabPageFixture, node: string, name: string) {
+  return page.locator(`[id="rc-pipeline-${node}_${name}"]`);
+}
+
+async function fillCommand(page: IJupyterLabPageFixture, node: string, command: string): Promise<void> {
+  const form = page.getByRole('region', { name: `Settings of ${node}` });
+  await expect(form).toBeVisible();
+  await field(page, node, 'command').fill(command);
+}
+
+async function addListItem(
+  page: IJupyterLabPageFixture,
+  node: string,
+  name: string,
+  title: string,
+  value: string
+): Promise<void> {
+  const form = page.getByRole('region', { name: `Settings of ${node}` });
+  // The innermost block holding both the list's title and an "Add" button is the list.
+  const list = form
+    .locator('div')
+    .filter({ has: page.getByText(title, { exact: true }) })
+    .filter({ has: page.getByRole('button', { name: 'Add' }) })
+    .last();
+  await list.getByRole('button', { name: 'Add' }).click();
+  await field(page, node, `${name}_0`).fill(value);
+}
+
+test.describe('Pipeline canvas', () => {
+  test.use({ viewport: { width: 1400, height: 900 } });
+
+  test('a pipeline from the launcher: drag, fill, connect, save, run on this machine', async ({
+    page,
+    tmpPath
+  }) => {
+    await page.evaluate(async cwd => {
+      await (window as any).jupyterapp.commands.execute('launcher:create', { cwd });
+    }, tmpPath);
+    // The launcher just opened (another, hidden, may be open behind it).
+    await page.locator('.jp-LauncherCard:visible', { hasText: /^Pipeline$/ }).click();
+    const tab = page.getByRole('tab', { name: /untitled.*\.rcpipeline/ });
+    await expect(tab).toBeVisible();
+    await page.sidebar.close('left'); // room for the palette, the canvas and the form
+    const file = `${tmpPath}/${(await tab.innerText()).trim()}`;
+
+    const palette = page.getByRole('list', { name: 'Steps' });
+    const canvas = page.getByLabel('Pipeline canvas');
+    await palette.getByRole('listitem', { name: TRAIN }).dragTo(canvas, { targetPosition: { x: 40, y: 40 } });
+    const first = page.getByRole('group', { name: 'Node train', exact: true });
+    await expect(first).toBeVisible();
+    await expect(first).toContainText('on local');
+    await fillCommand(page, 'train', `python -c "open('data.txt', 'w').write('42')"`);
+    await addListItem(page, 'train', 'bring_back', 'Files to bring back', 'data.txt');
+
+    await palette.getByRole('listitem', { name: TRAIN }).dragTo(canvas, { targetPosition: { x: 300, y: 260 } });
+    const second = page.getByRole('group', { name: 'Node train-2' });
+    await expect(second).toBeVisible();
+    await fillCommand(
+      page,
+      'train-2',
+      `python -c "open('model.txt', 'w').write(open('data.txt').read() + '!')"`
+    );
+    await addListItem(page, 'train-2', 'send', 'Files to send', 'data.txt');
+    await addListItem(page, 'train-2', 'bring_back', 'Files to bring back', 'model.txt');
+
+    // Before the edge: train-2 needs a file nobody provides, and the canvas says which edge to draw.
+    const problems = page.getByRole('list', { name: 'Problems' });
+    await expect(problems).toContainText("'data.txt': no upstream step brings it back");
+    await expect(problems).toContainText('connect train → train-2');
+
+    const from = page.getByLabel('Outputs of train', { exact: true });
+    const to = page.getByLabel('Inputs of train-2');
+    await from.hover();
+    await page.mouse.down();
+    const b = (await to.boundingBox())!;
+    await page.mouse.move(b.x + b.width / 2, b.y + b.height / 2, { steps: 10 });
+    await page.mouse.up();
+    await expect(problems).toContainText('No problems found');
+    await expect(canvas.getByText('data.txt', { exact: true })).toBeVisible(); // what the edge carries
+
+    await page.keyboard.press('Control+s');
+    await expect
+      .poll(() => {
+        let saved;
+        try {
+          saved = JSON.parse(fs.readFileSync(path.join(WORKSPACE, file), 'utf-8'));
+        } catch {
+          return null; // not written yet, or being written
+        }
+        return {
+          nodes: saved.nodes.map((n: any) => [n.id, n.step, n.settings.bring_back]),
+          edges: saved.edges
+        };
+      })
+      .toEqual({
+        nodes: [
+          ['train', 'train-on-remote-machine', ['data.txt']],
+          ['train-2', 'train-on-remote-machine', ['model.txt']]
+        ],
+        edges: [{ from: 'train', to: 'train-2' }]
+      });
+
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+    await expect(first).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
+    await expect(second).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
+    await expect(page.getByRole('status')).toContainText('succeeded');
+    await expect(second).toContainText('last run');
+    expect(fs.readFileSync(path.join(WORKSPACE, 'model.txt'), 'utf-8')).toBe('42!');
+
+    // Run again: nothing changed, so both nodes say their outputs were reused.
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+    await expect(first).toHaveAttribute('data-state', 'reused', { timeout: 60000 });
+    await expect(second).toHaveAttribute('data-state', 'reused', { timeout: 60000 });
+    await expect(second).toContainText('outputs of its last job reused');
+  });
+
+  test('a cycle and a missing setting are shown before a run; delete, undo and redo', async ({
+    page,
+    tmpPath
+  }) => {
+    const file = `${tmpPath}/cycle.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        { id: 'a', step: 'train-on-remote-machine', settings: {}, position: { x: 0, y: 0 } },
+        { id: 'b', step: 'train-on-remote-machine', settings: { command: 'true' }, position: { x: 300, y: 0 } },
+        { id: 'c', step: 'no-such-step', settings: { x: 1 }, position: { x: 150, y: 200 } }
+      ],
+      edges: [
+        { from: 'a', to: 'b' },
+        { from: 'b', to: 'a' }
+      ]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+
+    const problems = page.getByRole('list', { name: 'Problems' });
+    await expect(problems).toContainText('these nodes need each other in a cycle');
+    await expect(problems).toContainText('a, command: Command is required');
+    const a = page.getByRole('group', { name: 'Node a' });
+    await expect(a.getByRole('alert').first()).toBeVisible();
+    // A step no installed package offers stays on the canvas, named as such.
+    await expect(page.getByRole('group', { name: 'Node c' })).toContainText('Unknown step no-such-step');
+
+    // Opening a node's form fills in nothing of its own: the document stays unchanged.
+    await page.getByRole('group', { name: 'Node b' }).click();
+    await expect(page.getByRole('region', { name: 'Settings of b' })).toBeVisible();
+    await expect(page.locator('.lm-TabBar-tab.jp-mod-current')).not.toHaveClass(/jp-mod-dirty/);
+
+    await a.click();
+    await page.keyboard.press('Delete');
+    await expect(a).toHaveCount(0);
+    await expect(problems).not.toContainText('cycle');
+    await page.getByLabel('Pipeline canvas').click({ position: { x: 5, y: 5 } });
+    await page.keyboard.press('Control+z');
+    await expect(a).toBeVisible();
+    await expect(problems).toContainText('cycle');
+    await page.keyboard.press('Control+Shift+z');
+    await expect(a).toHaveCount(0);
+  });
+
+  test('a failing first node leaves the second not run, with the reason on its card, and its log opens', async ({
+    page,
+    tmpPath
+  }) => {
+    const file = `${tmpPath}/fails.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        {
+          id: 'prepare',
+          step: 'train-on-remote-machine',
+          settings: { command: `python -c "print('no data here'); raise SystemExit(7)"`, bring_back: ['data.txt'] },
+          position: { x: 0, y: 0 }
+        },
+        {
+          id: 'train',
+          step: 'train-on-remote-machine',
+          settings: { command: 'cat data.txt', send: ['data.txt'] },
+          position: { x: 320, y: 0 }
+        }
+      ],
+      edges: [{ from: 'prepare', to: 'train' }]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+
+    const prepare = page.getByRole('group', { name: 'Node prepare' });
+    const train = page.getByRole('group', { name: 'Node train' });
+    await expect(prepare).toHaveAttribute('data-state', 'failed', { timeout: 120000 });
+    await expect(prepare.getByRole('note')).toContainText('exit code 7');
+    await expect(train).toHaveAttribute('data-state', 'not_run');
+    await expect(train.getByRole('note')).toContainText('it needs prepare, which failed');
+    await expect(page.getByRole('status')).toContainText('failed');
+
+    await prepare.getByRole('button', { name: 'Show the log of prepare' }).click();
+    await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('no data here');
+  });
+
+  test('a malformed file opens with a clear error and is never written', async ({ page, tmpPath }) => {
+    const file = `${tmpPath}/broken.rcpipeline`;
+    const text = '{"version": 1, "nodes": [';
+    await page.contents.uploadContent(text, 'text', file);
+    await openPipeline(page, file);
+    await expect(page.getByRole('alert').filter({ hasText: 'cannot be drawn' })).toContainText('not JSON');
+    await expect(page.getByRole('listitem', { name: TRAIN })).toHaveAttribute('draggable', 'false');
+    await page.keyboard.press('Control+s');
+    expect(fs.readFileSync(path.join(WORKSPACE, file), 'utf-8')).toBe(text);
+  });
+
+  test('screenshots of a pipeline, light and dark', async ({ page, tmpPath }) => {
+    test.skip(!process.env.UPDATE_SCREENSHOTS, 'set UPDATE_SCREENSHOTS=1 to refresh docs/screenshots');
+    const file = `${tmpPath}/train.rcpipeline`;
+    const command = (code: string) => `python -c "${code}"`;
+    const document = {
+      version: 1,
+      nodes: [
+        {
+          id: 'prepare',
+          step: 'train-on-remote-machine',
+          settings: { command: command("open('data.csv', 'w').write('1,2')"), bring_back: ['data.csv'] },
+          position: { x: 0, y: 0 }
+        },
+        {
+          id: 'train',
+          step: 'train-on-remote-machine',
+          settings: {
+            command: command("open('model.pkl', 'w').write(open('data.csv').read())"),
+            send: ['data.csv'],
+            bring_back: ['model.pkl']
+          },
+          position: { x: 320, y: 0 }
+        }
+      ],
+      edges: [{ from: 'prepare', to: 'train' }]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+    await expect(page.getByRole('group', { name: 'Node train' })).toHaveAttribute('data-state', /succeeded|reused/, {
+      timeout: 120000
+    });
+    await page.getByRole('group', { name: 'Node train' }).click();
+    await page.getByRole('button', { name: 'Fit View' }).click();
+    // The jobs' own notifications would cover the form.
+    await page.addStyleTag({ content: '.Toastify { display: none !important; }' });
+    fs.mkdirSync(OUT, { recursive: true });
+    const main = page.locator('#jp-main-dock-panel');
+    await main.screenshot({ path: path.join(OUT, 'pipeline-light.png') });
+    await page.theme.setDarkTheme();
+    await main.screenshot({ path: path.join(OUT, 'pipeline-dark.png') });
+    await page.theme.setLightTheme();
+  });
+});
