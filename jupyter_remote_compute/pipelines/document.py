@@ -21,7 +21,7 @@ import dataclasses
 import glob
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import ConfigFileError, RemoteComputeError
@@ -50,8 +50,8 @@ class PipelineInvalid(RemoteComputeError):
 class Problem:
     """One thing wrong with a pipeline, at a node (or the document when ``node`` is None)."""
 
-    # cycle | missing_setting | invalid_setting | missing_input | unknown_step; from a job's own checks:
-    # invalid | secret_in_settings
+    # cycle | missing_setting | invalid_setting | missing_input | outside_workspace | unknown_step;
+    # from a job's own checks: invalid | secret_in_settings
     kind: str
     message: str
     node: str | None = None
@@ -238,6 +238,13 @@ def declared_inputs(node: Node) -> list[str]:
     return inputs
 
 
+def _outside(pattern: str) -> bool:
+    """An absolute path or one that climbs out: never looked up, so validation is no oracle for files
+    outside the workspace (anyone who may read the workspace may validate)."""
+    path = PurePosixPath(pattern)
+    return path.is_absolute() or ".." in path.parts
+
+
 def _in_workspace(root: Path, pattern: str) -> bool:
     if _GLOB_CHARS & set(pattern):
         return bool(glob.glob(pattern, root_dir=root, recursive=True))
@@ -297,6 +304,21 @@ def validate(pipeline: Pipeline, steps: Mapping[str, Mapping[str, Any]], workspa
         for i, wanted in enumerate(declared_inputs(node)):
             if any(_provides(out, wanted) for up in upstream for out in declared_outputs(by_id[up])):
                 continue
+            field = (
+                "notebook"
+                if node.step.startswith("run-notebook") and i == 0 and "notebook" in node.settings
+                else "send"
+            )
+            if _outside(wanted):
+                problems.append(
+                    Problem(
+                        "outside_workspace",
+                        f"{wanted!r} is outside the workspace: a step sends workspace files; give a path inside it",
+                        node.id,
+                        field,
+                    )
+                )
+                continue
             if _in_workspace(workspace, wanted):
                 continue
             makers = [
@@ -305,11 +327,6 @@ def validate(pipeline: Pipeline, steps: Mapping[str, Mapping[str, Any]], workspa
                 if n.id != node.id and any(_provides(o, wanted) for o in declared_outputs(n))
             ]
             hint = f"connect {makers[0]} → {node.id}" if makers else "add the file or a step that brings it back"
-            field = (
-                "notebook"
-                if node.step.startswith("run-notebook") and i == 0 and "notebook" in node.settings
-                else "send"
-            )
             problems.append(
                 Problem(
                     "missing_input",

@@ -214,7 +214,11 @@ class PipelineRunner:
     def problems(self, pipeline: Pipeline) -> list[Problem]:
         """Every problem a run of ``pipeline`` would refuse, by node and field."""
         problems = validate(pipeline, known_steps(), self.workspace.root)
-        reported = {p.node for p in problems if p.kind in ("invalid_setting", "missing_setting", "unknown_step")}
+        reported = {
+            p.node
+            for p in problems
+            if p.kind in ("invalid_setting", "missing_setting", "unknown_step", "outside_workspace")
+        }
         for node in pipeline.nodes:
             if node.step not in BUILT_IN_STEPS or node.id in reported:
                 continue
