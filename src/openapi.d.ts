@@ -1370,7 +1370,7 @@ export interface components {
             };
         };
         PipelineProblem: {
-            /** @description cycle, missing_setting, invalid_setting, missing_input, unknown_step; or a job's own check: invalid, secret_in_settings */
+            /** @description cycle, missing_setting, invalid_setting, missing_input, outside_workspace, unknown_step; or a job's own check: invalid, secret_in_settings */
             kind: string;
             /** @description the node at fault; null for the whole pipeline */
             node: string | null;
