@@ -106,6 +106,8 @@ class JobRecord:
     digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: Where it ran: the machine's address as it was at submit (``remote_compute.host``).
     host: str | None = None
+    #: What the machine is (its check's ``os``, ``kernel``, ``python``, ``cpus``, ``gpu_names``): tags.
+    machine_facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self, *, with_secrets: bool = True) -> dict[str, Any]:
         """As JSON; ``with_secrets=False`` leaves out ``mask_values`` (for anything written to disk)."""
@@ -284,6 +286,7 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
         }
         if job.host:
             tags[TAG_HOST] = job.host[:500]
+        tags.update(machine_tags(job.machine_facts))
         commit = _git_commit(workspace)
         if commit:
             tags["mlflow.source.git.commit"] = commit
@@ -313,6 +316,20 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
         client.set_tag(run_id, "remote_compute.reason", _hide(job.reason, job.mask_values)[:5000])
     client.set_terminated(run_id, status=STATUS_BY_STATE[job.state], end_time=int(job.ended * 1000))
     return run_id
+
+
+def machine_tags(facts: Mapping[str, Any]) -> dict[str, str]:
+    """The machine's facts as the run's ``remote_compute.*`` tags (none for facts nobody read)."""
+    tags = {}
+    for fact in ("os", "kernel", "python", "cpus"):
+        if facts.get(fact) not in (None, ""):
+            tags[f"remote_compute.{fact}"] = str(facts[fact])[:500]
+    names = facts.get("gpu_names")
+    if isinstance(names, list):
+        tags["remote_compute.gpus"] = str(len(names))
+        if names:
+            tags["remote_compute.gpu_names"] = ", ".join(map(str, names))[:500]
+    return tags
 
 
 def _log_usage(client: Any, run_id: str, job: JobRecord) -> None:

@@ -15,9 +15,10 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..engines.base import WORK_DIR, EngineError, FetchResult
-from ..errors import InvalidSettings
+from ..errors import InvalidSettings, RemoteComputeError
 from ..fsutil import sha256_file
 from ..secrets import mask
 from ..tracking import JobRecord, record_job, without_far_records
@@ -27,11 +28,13 @@ from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
 from .store import Job, Outcome, parse_time, utcnow
-from .usage import job_metrics, meter
+from .usage import job_metrics, known_facts, meter, remember_facts
 
 log = logging.getLogger(__name__)
 
 REASON_TAIL_LINES = 10
+#: A machine's facts (OS, Python, GPUs) older than this are read again when one of its jobs ends.
+FACTS_MAX_AGE = 24 * 3600.0
 
 
 class Collector:
@@ -99,7 +102,9 @@ class Collector:
         attempts = [a for a in self.ctx.usage.attempts_of(job.id) if a.attempt < attempt.attempt] + [attempt]
         metrics = job_metrics(attempts, parse_time(ended))
         record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [], metrics)
-        record = dataclasses.replace(record, digests={rel: verified[rel] for rel in landed})
+        record = dataclasses.replace(
+            record, digests={rel: verified[rel] for rel in landed}, machine_facts=self._machine_facts(job)
+        )
         if secrets is None:
             record = without_far_records(record)
         background = self.ctx.settings.record_in_background
@@ -179,6 +184,23 @@ class Collector:
             user=job.user,
             host=job.machine_snapshot.get("address"),
         )
+
+    def _machine_facts(self, job: Job) -> dict[str, Any]:
+        """The OS, Python and GPUs of the machine the job ran on, for its run's tags: its last check's,
+        else read now. A scheduler's machine is not checked here (its check reads the login node or
+        brings a cluster up): its run names what the user's own last check found, if any."""
+        punica = self.ctx.workspace.punica_dir
+        facts = known_facts(punica, job.machine, FACTS_MAX_AGE)
+        if facts is not None:
+            return facts
+        engine = self.ctx.engine_of(job)
+        if engine.features.pending:
+            return known_facts(punica, job.machine) or {}
+        try:
+            remember_facts(punica, job.machine, engine.check())
+        except (EngineError, RemoteComputeError, OSError) as e:  # the run goes without them, the job goes on
+            log.warning("job %s: could not read %s's facts for its MLflow run: %s", job.id, job.machine, e)
+        return known_facts(punica, job.machine) or {}
 
     def _record(self, record: JobRecord, outcome: Outcome, secrets: Sequence[str]) -> tuple[str | None, Outcome]:
         """The job's MLflow run id and its outcome (which says so if the run could not be recorded)."""
