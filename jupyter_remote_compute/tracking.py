@@ -26,8 +26,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -71,10 +69,6 @@ class TrackingSettings:
     # None: MLflow's default experiment, as a local run would use. Submit passes it to the far side.
     experiment: str | None = dataclasses.field(default_factory=lambda: os.environ.get("MLFLOW_EXPERIMENT_NAME") or None)
     artifact_size_cap: int = 100 * 1024 * 1024  # outputs larger than this in total are not copied
-    # Record in a short-lived child process: MLflow and its SQLAlchemy store add ~200 MiB to whoever
-    # imports them, which a long-running server should not keep for ever. Faces that exit anyway
-    # (CLI, a pipeline run) record in-process.
-    isolated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,21 +219,27 @@ def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
 
 
 def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
-    """Create (or find) the job's run, replay what the job logged, attach artifacts, close it."""
-    if settings.isolated:
-        return _record_in_child(workspace, settings, job)
+    """Create (or find) the job's run, replay what the job logged, attach artifacts, close it.
+
+    Called in the workspace's recorder process (``jobs/record.py``), where MLflow is loaded."""
     uri = tracking_uri(workspace, settings)
     with _store_lock(uri), _default_uri(uri):
         return _record_job(workspace, uri, settings, job)
 
 
-def warm_up(workspace: Path, settings: TrackingSettings) -> None:
-    """Import what recording needs and open the store's client once (a recorder started before its
-    job ends does this while the job runs): what makes recording a small job slow is this, not the replay."""
+def load_mlflow() -> None:
+    """Import what recording needs: what makes recording a small job slow is this, not the replay."""
     from mlflow.store.tracking.file_store import FileStore  # noqa: F401 - the far store's reader
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: F401
+    from mlflow.tracking import MlflowClient  # noqa: F401
+
+
+def warm_up(workspace: Path, settings: TrackingSettings) -> None:
+    """Import what recording needs and open the store's client once (the recorder does this while a
+    face waits for its job to end)."""
     from mlflow.tracking import MlflowClient
 
+    load_mlflow()
     uri = tracking_uri(workspace, settings)
     if not uri.startswith("sqlite:///"):
         return
@@ -787,59 +787,3 @@ def _batches(params: list, metrics: list, tags: list) -> Iterable[tuple[list, li
         yield [], metrics[i : i + BATCH], []
     for i in range(0, len(tags), 100):
         yield [], [], tags[i : i + 100]
-
-
-# -- recording in a child process (settings.isolated) -------------------------------------------
-RECORD_TIMEOUT = 1800.0  # artifacts up to artifact_size_cap are copied: generous, but never for ever
-
-
-def _record_in_child(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
-    """``record_job`` in ``python -m jupyter_remote_compute.tracking``; the request (secrets to hide
-    included) travels on its standard input, never in argv or a file."""
-    request = {
-        "workspace": str(workspace),
-        "settings": {**dataclasses.asdict(settings), "isolated": False},
-        "job": job.to_json(),
-    }
-    child = subprocess.run(
-        [sys.executable, "-m", "jupyter_remote_compute.tracking"],
-        input=json.dumps(request).encode(),
-        capture_output=True,
-        timeout=RECORD_TIMEOUT,
-        check=False,
-        cwd=workspace,  # as the detached recorder: a local store it creates keeps artifacts in the workspace
-    )
-    if child.returncode != 0:
-        lines = child.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
-        raise RuntimeError(lines[-1])  # the caller masks secrets before showing it
-    return child.stdout.decode().strip()
-
-
-def _exit_with_parent() -> None:
-    """End this recorder as soon as the process that started it is gone (it was SIGKILLed, say).
-
-    Recording in-process died with the server; a child must too, or an orphan could go on writing
-    while the next server records the same job. Exactly once still holds either way: the next
-    collector finds the run by its job tag, under the store's lock.
-    """
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.2)
-        os._exit(3)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def _main() -> int:
-    _exit_with_parent()
-    request = json.loads(sys.stdin.buffer.read())
-    job = JobRecord.from_json(request["job"])
-    settings = TrackingSettings(**request["settings"])
-    print(record_job(Path(request["workspace"]), settings, job))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())
