@@ -485,9 +485,12 @@ class Recorder:
             path = socket_path(self.workspace)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # a recorder that died left it
-            os.umask(0o077)  # the socket is this user's only, from the moment it exists
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(path))
+            umask = os.umask(0o077)  # the socket is this user's only, from the moment it exists
+            try:
+                listener.bind(str(path))
+            finally:
+                os.umask(umask)  # what it records (MLflow's artifacts) gets the user's own permissions
             listener.listen(64)
             listener.settimeout(1.0)
             mine = os.stat(path).st_ino
