@@ -121,7 +121,6 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
                 tracking_uri=self.mlflow_tracking_uri or None,
                 **({"experiment": self.mlflow_experiment} if self.mlflow_experiment else {}),
                 artifact_size_cap=self.artifact_size_cap,
-                isolated=True,  # the server lives long: MLflow's memory goes with a child per run
             ),
         )
         self.service = JobService(workspace, settings)

@@ -20,6 +20,8 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 _KEYRING_HOME = tempfile.mkdtemp(prefix="jrc-keyring-")
 os.environ["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
 os.environ["XDG_DATA_HOME"] = _KEYRING_HOME
+# Each test workspace gets its own MLflow recorder: it goes soon after the test, not ten minutes on.
+os.environ.setdefault("JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE", "30")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

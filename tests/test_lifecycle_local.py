@@ -380,7 +380,7 @@ from jupyter_remote_compute.workspace import Workspace
 
 root, scratch, uri = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 settings = ServiceSettings(
-    poll_interval=0.2, scratch_dir=scratch, tracking=TrackingSettings(uri, "tests", isolated=True)
+    poll_interval=0.2, scratch_dir=scratch, tracking=TrackingSettings(uri, "tests")
 )
 service = JobService(Workspace(root), settings)
 spec = {"command": "python train.py", "send": ["train.py", "data/*.csv"], "bring_back": ["model.pkl"]}

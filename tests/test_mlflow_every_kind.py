@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -265,3 +266,22 @@ def test_an_autologged_run_trained_there_reads_like_one_trained_here(
     # The model loads from the run, as a gate would load it, and predicts exactly what the local one does.
     rows = load_diabetes(return_X_y=True, as_frame=True)[0].head(20)
     assert _predict(tracking_uri, there.info.run_id, rows) == _predict(here_uri, here_id, rows)
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_the_run_names_the_os_python_and_gpus_of_the_machine_it_ran_on(
+    kind: str, request: pytest.FixtureRequest, tracking_uri: str
+) -> None:
+    """Read when the job ends if no check of the machine is at hand: a gate can tell where it trained."""
+    service, name = request.getfixturevalue(f"{kind}_machine")
+    job = service.wait(service.submit(JobSpec.from_json({"machine": name, "command": "true"})).job.id, timeout=180)
+    assert job.state == "succeeded", job.reason
+    tags = MlflowClient(tracking_uri).get_run(job.mlflow_run_id).data.tags
+    # The test beds' machines are this computer (over loopback for ssh): the same kernel as here.
+    assert tags["remote_compute.kernel"] == f"{platform.system()} {platform.release()}"
+    facts = service.check_machine(name)
+    assert tags["remote_compute.os"] == facts["os"] != ""
+    assert tags["remote_compute.python"] == facts["python"] and facts["python"][0].isdigit()
+    assert tags["remote_compute.cpus"] == str(facts["cpus"])
+    assert tags["remote_compute.gpus"] == str(len(facts["gpus"]))
+    assert ("remote_compute.gpu_names" in tags) == bool(facts["gpus"])

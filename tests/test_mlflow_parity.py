@@ -19,7 +19,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from jupyter_remote_compute import tracking
+from jupyter_remote_compute import mlflow_replay, tracking
 from jupyter_remote_compute.jobs.service import JobService
 from jupyter_remote_compute.jobs.spec import JobSpec
 from jupyter_remote_compute.tracking import JobRecord, TrackingSettings
@@ -135,16 +135,16 @@ def test_a_replay_cut_short_and_run_again_makes_one_model_and_one_version(
         log_path=None, outputs={}, inputs_manifest=None, far_store=_far_store(scratch_dir, job.id),
     )  # fmt: skip
     settings = TrackingSettings(tracking_uri=tracking_uri, experiment="tests")
-    original = getattr(tracking, cut_at)
+    original = getattr(mlflow_replay, cut_at)
 
     def cut(*args: Any, **kwargs: Any) -> Any:
         original(*args, **kwargs)
         raise Cut
 
-    monkeypatch.setattr(tracking, cut_at, cut)
+    monkeypatch.setattr(mlflow_replay, cut_at, cut)
     with pytest.raises(Cut):
         tracking.record_job(quickstart, settings, record)
-    monkeypatch.setattr(tracking, cut_at, original)
+    monkeypatch.setattr(mlflow_replay, cut_at, original)
     run_id = tracking.record_job(quickstart, settings, dataclasses.replace(record))
 
     run = client.get_run(run_id)

@@ -11,8 +11,10 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +58,9 @@ def bed(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path) 
 
 
 def _cli(bed: dict[str, Any], *args: str, **popen: Any) -> subprocess.Popen[str]:
+    popen = {"cwd": bed["root"], "env": bed["env"], **popen}
     return subprocess.Popen(
         [sys.executable, "-m", "jupyter_remote_compute.cli", *args],
-        cwd=bed["root"],
-        env=bed["env"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -175,3 +176,62 @@ def test_a_recorder_dying_while_the_cli_waits_is_replaced_and_the_cli_reports_th
     run_id = _recorded(bed, job_id)
     assert run_id and f"MLflow run {run_id}" in err
     assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
+
+
+def _recorder_pid(workspace: Path) -> int:
+    return int((workspace / ".punica/recorder/v1.lock").read_text())
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet is not: the container's init may never reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _run_true(bed: dict[str, Any], cwd: Path | None = None, **env: str) -> str:
+    cli = _cli(bed, "run", "--new", "--", "true", **({"cwd": cwd} if cwd else {}), env={**bed["env"], **env})
+    _, err = cli.communicate(timeout=180)
+    assert cli.returncode == 0, err
+    return err
+
+
+def test_one_recorder_stays_up_between_the_jobs_of_a_workspace_and_records_each(bed: dict[str, Any]) -> None:
+    """The second job's run is recorded by the recorder the first started, MLflow already loaded there."""
+    _run_true(bed)
+    first = _recorder_pid(bed["root"])
+    _run_true(bed)
+    assert _recorder_pid(bed["root"]) == first and _alive(first)
+    assert b"jupyter_remote_compute.jobs.record" in Path(f"/proc/{first}/cmdline").read_bytes()
+    jobs = _jobs(bed)
+    assert len(jobs) == 2
+    for job_id, job in jobs.items():
+        assert job["mlflow_run_id"] and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [job["mlflow_run_id"]]
+    # Its socket takes requests (the secret values to hide travel in them) from this user only.
+    sock = bed["root"] / ".punica/recorder/v1.sock"
+    assert stat.S_ISSOCK(sock.lstat().st_mode) and sock.lstat().st_mode & 0o077 == 0
+
+
+def test_the_recorder_goes_once_idle_and_the_next_job_starts_another(bed: dict[str, Any]) -> None:
+    _run_true(bed, JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE="1")
+    first = _recorder_pid(bed["root"])
+    wait_for(lambda: not _alive(first), timeout=60, message="the idle recorder to go")
+    assert not (bed["root"] / ".punica/recorder/v1.sock").exists()
+    _run_true(bed, JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE="1")
+    assert _recorder_pid(bed["root"]) != first
+    assert all(job["mlflow_run_id"] for job in _jobs(bed).values())
+
+
+def test_a_workspace_too_deep_for_a_socket_beside_it_records_through_a_private_temporary_folder(
+    bed: dict[str, Any], tmp_path: Path
+) -> None:
+    deep = tmp_path / ("deep-" * 20) / "workspace"
+    shutil.copytree(bed["root"], deep)
+    assert len(str(deep / ".punica/recorder/v1.sock")) > 108  # what a Unix socket's path can hold
+    _run_true(bed, cwd=deep)
+    (job_id,) = JobStore(deep / ".punica/jobs.json").jobs()
+    run_id = JobStore(deep / ".punica/jobs.json").get(job_id).mlflow_run_id
+    assert run_id and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
+    folder = record.socket_path(Workspace(deep)).parent
+    assert folder.parent == Path(tempfile.gettempdir()) and folder.stat().st_mode & 0o777 == 0o700

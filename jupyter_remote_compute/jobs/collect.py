@@ -15,23 +15,25 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..engines.base import WORK_DIR, EngineError, FetchResult
-from ..errors import InvalidSettings
+from ..errors import InvalidSettings, RemoteComputeError
 from ..fsutil import sha256_file
-from ..secrets import mask
-from ..tracking import JobRecord, record_job, without_far_records
+from ..tracking import JobRecord, without_far_records
 from . import record as record_later
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
-from .usage import job_metrics, meter
+from .usage import job_metrics, known_facts, meter, remember_facts
 
 log = logging.getLogger(__name__)
 
 REASON_TAIL_LINES = 10
+#: A machine's facts (OS, Python, GPUs) older than this are read again when one of its jobs ends.
+FACTS_MAX_AGE = 24 * 3600.0
 
 
 class Collector:
@@ -45,6 +47,7 @@ class Collector:
         if claimed is None:
             return
         job = claimed
+        record_later.wait_unheld(self.ctx.workspace, job.id)  # before its folder is fetched into again
         outcome = job.outcome or Outcome("lost", "lost: no outcome was recorded")
         engine = self.ctx.engine_of(job)
         remote = remote_of(job)
@@ -99,17 +102,19 @@ class Collector:
         attempts = [a for a in self.ctx.usage.attempts_of(job.id) if a.attempt < attempt.attempt] + [attempt]
         metrics = job_metrics(attempts, parse_time(ended))
         record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [], metrics)
-        record = dataclasses.replace(record, digests={rel: verified[rel] for rel in landed})
+        record = dataclasses.replace(
+            record, digests={rel: verified[rel] for rel in landed}, machine_facts=self._machine_facts(job)
+        )
         if secrets is None:
             record = without_far_records(record)
+        # The to-do is written first, whichever way the run is recorded: a crash from here on leaves it
+        # for the next collection, or for resume() once the job has ended.
+        record_later.queue(self.ctx.workspace, record, cleanup=incoming)
+        run_id = None
         background = self.ctx.settings.record_in_background
-        if background:
-            # The to-do is written before the job ends, so a crash in between leaves it for resume().
-            record_later.queue(self.ctx.workspace, record, cleanup=incoming)
-            run_id = None
-        else:
-            run_id, outcome = self._record(record, outcome, secrets or [])
-            shutil.rmtree(incoming, ignore_errors=True)
+        if not background:
+            # A server ends the job with its run (what its panel shows at the end links the run).
+            run_id, outcome = self._record(job.id, outcome, secrets)
         # Before the end state: a crash in between writes the line again, and the record keeps the first.
         self.ctx.usage.append(attempt)
         self.leases.update(
@@ -118,7 +123,8 @@ class Collector:
             reason=outcome.reason,
             ended=ended,
             outputs={rel: {"sha256": verified[rel], "size": path.stat().st_size} for rel, path in landed.items()},
-            mlflow_run_id=run_id,
+            # Never None over an id: a recorder of an earlier collection may have put it there meanwhile.
+            **({"mlflow_run_id": run_id} if run_id else {}),
             lease=None,
             failing_since=None,
         )
@@ -180,15 +186,36 @@ class Collector:
             host=job.machine_snapshot.get("address"),
         )
 
-    def _record(self, record: JobRecord, outcome: Outcome, secrets: Sequence[str]) -> tuple[str | None, Outcome]:
-        """The job's MLflow run id and its outcome (which says so if the run could not be recorded)."""
+    def _machine_facts(self, job: Job) -> dict[str, Any]:
+        """The OS, Python and GPUs of the machine the job ran on, for its run's tags: its last check's,
+        else read now. A scheduler's machine is not checked here (its check reads the login node or
+        brings a cluster up): its run names what the user's own last check found, if any."""
+        punica = self.ctx.workspace.punica_dir
+        facts = known_facts(punica, job.machine, FACTS_MAX_AGE)
+        if facts is not None:
+            return facts
+        engine = self.ctx.engine_of(job)
+        if engine.features.pending:
+            return known_facts(punica, job.machine) or {}
         try:
-            return record_job(self.ctx.workspace.root, self.ctx.settings.tracking, record), outcome
-        except Exception as e:  # MLflow down must not lose the job: keep the reason, record later by hand
-            log.error("job %s: recording the MLflow run failed: %s", record.job_id, type(e).__name__)
-            error = mask(str(e).encode(), secrets).decode(errors="replace")[:500]
-            reason = ((outcome.reason or "") + f" (not recorded in MLflow: {error})").strip()
-            return None, dataclasses.replace(outcome, reason=reason)
+            remember_facts(punica, job.machine, engine.check())
+        except (EngineError, RemoteComputeError, OSError) as e:  # the run goes without them, the job goes on
+            log.warning("job %s: could not read %s's facts for its MLflow run: %s", job.id, job.machine, e)
+        return known_facts(punica, job.machine) or {}
+
+    def _record(self, job_id: str, outcome: Outcome, secrets: Sequence[str] | None) -> tuple[str | None, Outcome]:
+        """The job's MLflow run id, recorded by the workspace's recorder, and its outcome (which says so
+        if the run could not be recorded)."""
+        try:
+            run_id, problem = record_later.record_now(self.ctx.workspace, self.ctx.settings.tracking, job_id, secrets)
+        except record_later.RecorderUnavailable as e:  # the to-do stays: resume() asks again once the job ended
+            log.warning("job %s: its MLflow run is left for a later recorder: %s", job_id, e)
+            return None, outcome
+        if problem is None:
+            return run_id, outcome
+        log.error("job %s: recording the MLflow run failed", job_id)  # the problem, masked, is on the job
+        reason = ((outcome.reason or "") + f" (not recorded in MLflow: {problem})").strip()
+        return None, dataclasses.replace(outcome, reason=reason)
 
 
 def move_into_place(src: Path, dst: Path) -> None:

@@ -1,23 +1,38 @@
-"""Recording a finished job's MLflow run in a process of its own, after the job has ended.
+"""Recording finished jobs' MLflow runs: one recorder process per workspace, the one path for every face.
 
-A face that exits once its job ends (the CLI) should not wait ~2 s for MLflow to import and open
-its store. With ``ServiceSettings.record_in_background`` the collector ends the job first and leaves
-the run to a detached recorder: ``python -m jupyter_remote_compute.jobs.record <job id>``, in a
-session of its own, so killing the face (Ctrl-C, SIGKILL) does not kill it.
+The server, the CLI, ``%remote_train`` and a pipeline step all record through the same child program,
+``python -m jupyter_remote_compute.jobs.record <workspace>``, and the same protocol: one JSON request
+line on a Unix socket only this user can open (``socket_path``), answered with one JSON line. MLflow
+is imported there, never in a face: it costs ~200 MiB and most of the seconds that recording a small
+job takes. The recorder is started on first use, in a session of its own (killing a face, Ctrl-C or
+SIGKILL, does not kill it), and stays up ``RECORDER_IDLE`` seconds after its last request, so the
+next job of the workspace is recorded with MLflow already loaded and its store open.
+
+Requests (``settings``: the face's ``TrackingSettings`` with its store's URI resolved, so every face
+of a workspace records where it means to, whoever started the recorder):
+
+- ``{"op": "warm", "settings": …}``: load MLflow and open the store now; a face that waits for a job
+  asks this while the job runs. Answered at once.
+- ``{"op": "record", "job": <id>, "settings": …, "mask_values": [...] | null, "wait": bool}``: record
+  the job's to-do; the values to hide travel in the request, never in argv or a file (null: a secret
+  could not be read, so the far side's records are withheld). Without ``wait`` it is answered once
+  queued; with it (the server, which ends a job once its run is recorded), with
+  ``{"run_id": …, "problem": …}`` once recorded.
 
 Exactly one run per job, always:
 
-- before the job ends, a to-do file ``.punica/recording/<job id>.json`` is written (the record
-  without its secret values), so no process can die between "ended" and "someone will record";
+- before the job ends (or, for the server, before its run is recorded), a to-do file
+  ``.punica/recording/<job id>.json`` is written (the record without its secret values), so no
+  process can die between "ended" and "someone will record";
 - a recorder holds an exclusive ``flock`` on that file while it works; the kernel drops it when the
   recorder dies, however it dies, so "nobody holds it" means "nobody is recording";
-- every ``submit`` and every poll pass (the server's, the CLI's) starts a recorder for each to-do
-  nobody holds; two that race both find the run by its job tag under the store's lock (tracking.py);
+- every ``submit`` and every poll pass (the server's, the CLI's) asks for each to-do nobody holds
+  whose job has ended; two recorders that race (two of them can run when faces disagree on the
+  temporary folder) both find the run by its job tag under the store's lock (tracking.py);
 - the recorder writes the run id (or why it could not record) onto the job, then removes the to-do.
 
 Done means recorded: a face that reports a job's end (``run``, ``jobs wait``, ``%remote_train``, a
-pipeline step) waits for that recorder (``await_recorded``) instead of recording itself, so there is
-one recording path for every face and killing the face still leaves the run to be recorded.
+pipeline step) waits for that to-do to go (``await_recorded``), and replaces a recorder that died.
 """
 
 from __future__ import annotations
@@ -25,31 +40,64 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import queue as queues
 import shutil
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import NotFound
 from ..fsutil import atomic_write
 from ..secrets import mask
-from ..tracking import JobRecord, TrackingSettings, record_job, warm_up, without_far_records
+from ..tracking import (
+    JobRecord,
+    TrackingSettings,
+    load_mlflow,
+    record_job,
+    tracking_uri,
+    warm_up,
+    without_far_records,
+)
 from ..workspace import Workspace
 from .context import JobContext
+from .job import Job, utcnow
 from .logs import mask_values
-from .store import Job, JobStore, utcnow
+from .store import JobStore
 
 log = logging.getLogger(__name__)
 
 PENDING_DIR = "recording"
+#: The recorder's own files (its socket, its lock, its log), apart from the to-dos.
+RECORDER_DIR = "recorder"
 #: A to-do whose recorder died this many times (it cannot even start, say) is given up, with a reason.
 MAX_ATTEMPTS = 5
+#: In the socket's and the lock's names: a recorder of another version never gets this one's requests.
+PROTOCOL = 1
+#: Seconds a recorder stays up after its last request (the environment variable overrides it).
+RECORDER_IDLE = 600.0
+IDLE_ENV = "JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE"
+#: Seconds a face waits for a recorder it started to take requests (it imports only the standard
+#: library and this package before it listens; MLflow loads after).
+START_TIMEOUT = 60.0
+#: Seconds a recorder started while another is still closing waits for that one to be gone.
+TAKE_OVER_WAIT = 15.0
+RECORD_TIMEOUT = 1800.0  # artifacts up to artifact_size_cap are copied: generous, but never for ever
+MAX_REQUEST = 1 << 24
+
+
+class RecorderUnavailable(RuntimeError):
+    """The workspace's recorder could not be started or reached, or it died before answering."""
 
 
 def pending_dir(workspace: Workspace) -> Path:
@@ -60,66 +108,141 @@ def pending_file(workspace: Workspace, job_id: str) -> Path:
     return pending_dir(workspace) / f"{job_id}.json"
 
 
+def recorder_dir(workspace: Workspace) -> Path:
+    return workspace.punica_dir / RECORDER_DIR
+
+
+def socket_path(workspace: Workspace) -> Path:
+    """Where the workspace's recorder listens: in the workspace, or, when that path is too long for a
+    Unix socket (about 100 bytes), in a folder of this user's under the temporary folder."""
+    beside = recorder_dir(workspace) / f"v{PROTOCOL}.sock"
+    if len(os.fsencode(beside)) < 100:
+        return beside
+    digest = hashlib.sha256(os.fsencode(workspace.root.resolve())).hexdigest()[:24]
+    return _private_folder() / f"{digest}.v{PROTOCOL}.sock"
+
+
+def _private_folder() -> Path:
+    folder = Path(tempfile.gettempdir()) / f"jupyter-remote-compute-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RecorderUnavailable(f"{folder} is not a folder only you can open: remove it, then try again")
+    return folder
+
+
 def queue(workspace: Workspace, record: JobRecord, cleanup: Path | None) -> None:
     """Leave the to-do for ``record`` (no secret values in it); ``cleanup`` goes once it is recorded."""
     data = {"record": record.to_json(with_secrets=False), "cleanup": str(cleanup) if cleanup else None}
     atomic_write(pending_file(workspace, record.job_id), json.dumps(data).encode())
 
 
-def start(
-    workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None, *, warm: bool = False
-) -> None:
-    """Start a detached recorder for the job's to-do; the request (secret values to hide included)
-    travels on its standard input, never in argv or a file. ``secrets`` None: one could not be read,
-    so the far side's records are withheld.
+def _settings_json(workspace: Workspace, settings: TrackingSettings) -> dict[str, Any]:
+    return {**dataclasses.asdict(settings), "tracking_uri": tracking_uri(workspace.root, settings)}
 
-    ``warm``: started while the job still runs, by the face that waits for it (``prewarm``)."""
-    if not warm and _warm_alive(workspace, job_id):
-        return  # a warm recorder waits for this job already: a second import of MLflow would only slow it
-    request = {
-        "workspace": str(workspace.root),
-        "settings": {**dataclasses.asdict(settings), "isolated": False},
-        "mask_values": None if secrets is None else list(secrets),
-    }
-    pending_dir(workspace).mkdir(parents=True, exist_ok=True)
-    log_file = pending_dir(workspace) / f"{job_id}{'.warm' if warm else ''}.log"
-    marker = -1
-    if warm:
-        # Locked here and handed over, so it is held from before the child exists until it exits.
-        marker = os.open(_warm_marker(workspace, job_id), os.O_RDWR | os.O_CREAT, 0o600)
+
+def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None) -> None:
+    """Have the workspace's recorder record the job's to-do (starting the recorder if none runs);
+    returns once it is queued there. ``secrets`` None: one could not be read, so the far side's
+    records are withheld. A recorder that cannot be reached is said in the log: the to-do stays for
+    the next poll, submit or wait."""
+    request = {"op": "record", "job": job_id, "settings": _settings_json(workspace, settings), "wait": False}
+    try:
+        ask(workspace, {**request, "mask_values": None if secrets is None else list(secrets)})
+    except RecorderUnavailable as e:
+        log.warning("job %s: its MLflow run is not being recorded yet: %s", job_id, e)
+
+
+def record_now(
+    workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None
+) -> tuple[str | None, str | None]:
+    """Record the job's to-do in the workspace's recorder and wait: (its run id, or why it is not
+    recorded). RecorderUnavailable when no recorder could do it (the to-do stays)."""
+    answer = ask(
+        workspace,
+        {
+            "op": "record",
+            "job": job_id,
+            "settings": _settings_json(workspace, settings),
+            "mask_values": None if secrets is None else list(secrets),
+            "wait": True,
+        },
+        timeout=RECORD_TIMEOUT,
+    )
+    return answer.get("run_id"), answer.get("problem")
+
+
+def ask(workspace: Workspace, request: Mapping[str, Any], timeout: float = START_TIMEOUT) -> dict[str, Any]:
+    """Send one request to the workspace's recorder, starting one if none listens, and return its answer.
+
+    A recorder that closes without answering (it was going idle, or it died) is replaced and asked
+    again: a record request twice is harmless, the second finds the to-do gone or the run by its tag."""
+    path = socket_path(workspace)
+    line = json.dumps(request).encode() + b"\n"
+    started = False
+    deadline = time.monotonic() + START_TIMEOUT
+    for _ in range(3):
+        while True:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.settimeout(START_TIMEOUT)
+                conn.connect(str(path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                conn.close()
+                if not started:
+                    _spawn(workspace)
+                    started = True
+                elif time.monotonic() > deadline:
+                    raise RecorderUnavailable(f"the recorder did not start within {START_TIMEOUT:.0f} s") from None
+                time.sleep(WAIT_STEP)
+            except OSError as e:
+                conn.close()
+                raise RecorderUnavailable(f"cannot reach the recorder at {path}: {e}") from None
         try:
-            fcntl.flock(marker, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(marker)
-            return  # one waits for this job already (an earlier wait on it, from this face or another)
-    with open(log_file, "ab") as errors, contextlib.ExitStack() as closing:
-        if warm:
-            closing.callback(os.close, marker)
+            conn.sendall(line)
+            conn.settimeout(timeout)
+            answer = _read_line(conn)
+        except OSError:
+            answer = b""
+        finally:
+            conn.close()
+        if answer:
+            return json.loads(answer)
+        started, deadline = False, time.monotonic() + START_TIMEOUT
+    raise RecorderUnavailable("the recorder closed without answering, three times")
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+        if len(data) > MAX_REQUEST:
+            raise OSError("request too long")
+    return data
+
+
+def _spawn(workspace: Workspace) -> None:
+    recorder_dir(workspace).mkdir(parents=True, exist_ok=True)
+    with open(recorder_dir(workspace) / "log", "ab") as errors:
         child = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter_remote_compute.jobs.record",
-                job_id,
-                *([f"--warm={marker}:{os.getpid()}"] if warm else []),
-            ],
-            pass_fds=(marker,) if warm else (),
-            stdin=subprocess.PIPE,
+            [sys.executable, "-m", "jupyter_remote_compute.jobs.record", str(workspace.root)],
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=errors,
             start_new_session=True,  # outlives the face: a Ctrl-C or a kill of its group does not reach it
             close_fds=True,
-            # A local MLflow store that this recorder creates puts the default experiment's artifacts
+            # A local MLflow store that the recorder creates puts the default experiment's artifacts
             # under the working directory: the workspace, as the user's own `mlflow` run there would.
             cwd=workspace.root,
         )
-    assert child.stdin is not None
-    with contextlib.suppress(BrokenPipeError):
-        child.stdin.write(json.dumps(request).encode())
-        child.stdin.close()
     # Reaped when it ends (a long-running server must not collect zombies); a face that exits first
     # leaves it to init.
-    threading.Thread(target=child.wait, name=f"recorder-{job_id}", daemon=True).start()
+    threading.Thread(target=child.wait, name="recorder-reaper", daemon=True).start()
 
 
 def unclaimed(workspace: Workspace) -> list[str]:
@@ -145,7 +268,7 @@ def unclaimed(workspace: Workspace) -> list[str]:
 
 
 def resume(ctx: JobContext) -> None:
-    """Start a recorder for every to-do nobody records (its recorder died, or never started)."""
+    """Ask for every to-do nobody records (its recorder died, or never started) whose job has ended."""
     for job_id in unclaimed(ctx.workspace):
         try:
             job = ctx.store.get(job_id)
@@ -153,15 +276,15 @@ def resume(ctx: JobContext) -> None:
             secrets = []  # the recorder only tidies up after a deleted job
         else:
             if job.active:
-                # Still being collected: its collector starts the recorder once the job has ended (and a
+                # Still being collected: its collector asks once the job has ended (and a
                 # collection that is retried writes a fresh to-do over this one).
                 continue
             secrets = mask_values(ctx.secrets, job)
         start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
 
 
-#: A to-do with no recorder seen at work on it this long after one was started gets another
-#: (the first could not start, or a probe took its claim); the attempt count still bounds them.
+#: A to-do with no recorder seen at work on it this long after it was asked for is asked for again
+#: (the recorder could not start, or a probe took its claim); the attempt count still bounds them.
 START_GRACE = 20.0
 WAIT_STEP = 0.02  # seconds between looks at a to-do while no recorder has claimed it yet
 
@@ -202,51 +325,12 @@ def await_recorded(ctx: JobContext, job_id: str) -> None:
 
 
 def prewarm(ctx: JobContext, job: Job) -> None:
-    """While a face waits for a job, a recorder that imports MLflow and opens the store meanwhile
-    (the bulk of recording a small job), then records the job the moment it has ended. It goes with
-    the face if the job has not ended by then: the collector's own recorder is the one that stays."""
-    start(ctx.workspace, ctx.settings.tracking, job.id, mask_values(ctx.secrets, job), warm=True)
-
-
-def _warm_marker(workspace: Workspace, job_id: str) -> Path:
-    return pending_dir(workspace) / f"{job_id}.warm"
-
-
-def _warm_alive(workspace: Workspace, job_id: str) -> bool:
-    """Whether a warm recorder for the job is alive (it holds a lock on its marker until it exits)."""
+    """While a face waits for a job, have the workspace's recorder load MLflow and open the store (the
+    bulk of recording a small job), so the run is recorded the moment the job has ended."""
     try:
-        fd = os.open(_warm_marker(workspace, job_id), os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def _await_todo(workspace: Workspace, job_id: str, parent: int) -> bool:
-    """In a warm recorder: whether the job's to-do is there and the job has ended (its end state is
-    written after the to-do, with an empty run id: recording before it would be overwritten).
-    False once the face that started it (``parent``) is gone, or the job ended with no to-do left
-    (another recorder did it)."""
-    path = pending_file(workspace, job_id)
-    store = JobStore(workspace.state_file)
-    looks = 0
-    while os.getppid() == parent:
-        looks += 1
-        there = path.exists()
-        if there or looks % 50 == 0:  # the state file is read about once a second while the job runs
-            try:
-                ended = not store.get(job_id).active
-            except NotFound:
-                return there  # deleted: record_pending tidies its to-do up
-            if ended:
-                return path.exists()
-        time.sleep(WAIT_STEP)
-    return False
+        ask(ctx.workspace, {"op": "warm", "settings": _settings_json(ctx.workspace, ctx.settings.tracking)})
+    except RecorderUnavailable as e:
+        log.warning("job %s: could not start the MLflow recorder ahead of its end: %s", job.id, e)
 
 
 def _size(path: Path) -> int:
@@ -284,6 +368,35 @@ def _claim(path: Path) -> int | None:
     return fd
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def wait_unheld(workspace: Workspace, job_id: str, timeout: float = RECORD_TIMEOUT) -> None:
+    """Return once no recorder works on the job's to-do. A collection cut short (its server killed)
+    may have left one at work, reading the folder the next collection fetches into: that one waits."""
+    path = pending_file(workspace, job_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                log.warning("job %s: a recorder still holds its to-do after %.0f s; collecting anyway", job_id, timeout)
+                return
+        finally:
+            os.close(fd)
+        time.sleep(0.1)
+
+
 def _attempt(workspace: Workspace, job_id: str) -> int:
     """Count this attempt (one byte appended per try, so a crash mid-write loses nothing)."""
     counter = pending_dir(workspace) / f"{job_id}.attempts"
@@ -305,20 +418,25 @@ def _finish(workspace: Workspace, job_id: str, run_id: str | None, problem: str 
         job.updated = utcnow()
 
 
-def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None) -> int:
-    """Record one to-do, if no other recorder holds it; 0 when done or not this process's to do.
+def record_pending(
+    workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None
+) -> tuple[str | None, str | None] | None:
+    """Record one to-do, if no other recorder holds it: (its run id, or why not); None when it was not
+    this process's to do (gone, or another recorder holds it).
 
     ``secrets`` None: a secret the job used could not be read, so the far side's records are withheld.
     """
     path = pending_file(workspace, job_id)
     fd = _claim(path)
     if fd is None:
-        return 0
+        return None
     try:
-        todo = json.loads(os.read(fd, 1 << 24))
+        todo = json.loads(os.read(fd, MAX_REQUEST))
         record = dataclasses.replace(JobRecord.from_json(todo["record"]), mask_values=tuple(secrets or ()))
         if secrets is None:
             record = without_far_records(record)
+        run_id: str | None
+        problem: str | None
         try:
             JobStore(workspace.state_file).get(job_id)
         except NotFound:
@@ -332,40 +450,153 @@ def record_pending(workspace: Workspace, settings: TrackingSettings, job_id: str
                 except Exception as e:  # MLflow down must not lose the job: say so on it, as collection did
                     run_id, problem = None, mask(str(e).encode(), secrets or ()).decode(errors="replace")[:500]
             _finish(workspace, job_id, run_id, problem)
-        if todo.get("cleanup"):
-            shutil.rmtree(todo["cleanup"], ignore_errors=True)
-        # A warm recorder's marker and log too: one that was killed leaves them behind.
-        for leftover in (path, *(path.with_suffix(end) for end in (".attempts", ".log", ".warm", ".warm.log"))):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
+        # A collection of the job that came after (its collector died meanwhile) wrote a fresh to-do
+        # and fetched into the same folder: those are that to-do's now.
+        if _same_file(fd, path):
+            if todo.get("cleanup"):
+                shutil.rmtree(todo["cleanup"], ignore_errors=True)
+            for leftover in (path, path.with_suffix(".attempts")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
     finally:
         os.close(fd)
-    return 0
+    return run_id, problem
+
+
+class Recorder:
+    """The recorder process of one workspace: takes requests on its socket, works them one at a time."""
+
+    def __init__(self, workspace: Workspace, idle: float) -> None:
+        self.workspace = workspace
+        self.idle = idle
+        self.work: queues.Queue[tuple[dict[str, Any], socket.socket | None]] = queues.Queue()
+        self.busy = 0  # requests taken and not yet done
+        self.last = time.monotonic()
+        self.guard = threading.Lock()
+
+    def serve(self) -> int:
+        folder = recorder_dir(self.workspace)
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = os.open(folder / f"v{PROTOCOL}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if not _lock_within(lock, TAKE_OVER_WAIT):
+                return 0  # another recorder serves this workspace
+            os.ftruncate(lock, 0)
+            os.write(lock, f"{os.getpid()}\n".encode())  # who serves it, for a person (or a test) to see
+            path = socket_path(self.workspace)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a recorder that died left it
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            umask = os.umask(0o077)  # the socket is this user's only, from the moment it exists
+            try:
+                listener.bind(str(path))
+            finally:
+                os.umask(umask)  # what it records (MLflow's artifacts) gets the user's own permissions
+            listener.listen(64)
+            listener.settimeout(1.0)
+            mine = os.stat(path).st_ino
+            threading.Thread(target=self._work, name="recorder", daemon=True).start()
+            try:
+                self._accept(listener, folder)
+            finally:
+                listener.close()
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_ino == mine:
+                        os.unlink(path)
+                # Its log stays only if it says what went wrong (MLflow's INFO lines on making a store do not).
+                with contextlib.suppress(FileNotFoundError):
+                    if b"Traceback" not in (folder / "log").read_bytes():
+                        os.unlink(folder / "log")
+        finally:
+            os.close(lock)  # only now may the next recorder listen
+        return 0
+
+    def _accept(self, listener: socket.socket, folder: Path) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                with self.guard:
+                    idle = self.busy == 0 and time.monotonic() - self.last > self.idle
+                if idle or not folder.is_dir():  # idle, or the workspace is gone
+                    return
+                continue
+            with self.guard:
+                self.busy += 1
+                self.last = time.monotonic()
+            try:
+                conn.settimeout(30.0)
+                request = json.loads(_read_line(conn) or b"null")
+                if not isinstance(request, dict) or request.get("op") not in ("warm", "record"):
+                    raise ValueError("not a recorder request")
+            except (OSError, ValueError) as e:
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"problem": f"bad request: {e}"}).encode() + b"\n")
+                conn.close()
+                self._done()
+                continue
+            if request.get("wait"):
+                self.work.put((request, conn))
+            else:
+                self.work.put((request, None))
+                with contextlib.suppress(OSError):
+                    conn.sendall(b'{"queued": true}\n')
+                conn.close()
+
+    def _done(self) -> None:
+        with self.guard:
+            self.busy -= 1
+            self.last = time.monotonic()
+
+    def _work(self) -> None:
+        load_mlflow()  # at once: the first request is most often on its way (a job about to end)
+        while True:
+            request, conn = self.work.get()
+            try:
+                answer = self._handle(request)
+            except Exception as e:  # said to the face that waits, and in the recorder's log
+                log.exception("recorder: %s failed", request.get("op"))
+                answer = {"problem": mask(str(e).encode(), request.get("mask_values") or ()).decode()[:500]}
+            finally:
+                self._done()
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps(answer).encode() + b"\n")
+                conn.close()
+
+    def _handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        settings = TrackingSettings(**request["settings"])
+        if request["op"] == "warm":
+            warm_up(self.workspace.root, settings)
+            return {}
+        done = record_pending(self.workspace, settings, str(request["job"]), request.get("mask_values"))
+        if done is None:
+            return {"run_id": None, "problem": None, "taken": True}
+        return {"run_id": done[0], "problem": done[1]}
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def recorder_idle() -> float:
+    try:
+        return float(os.environ.get(IDLE_ENV) or RECORDER_IDLE)
+    except ValueError:
+        return RECORDER_IDLE
 
 
 def _main(argv: Sequence[str]) -> int:
-    job_id, *flags = argv
-    request = json.loads(sys.stdin.buffer.read())
-    settings = TrackingSettings(**request["settings"])
-    workspace = Workspace(Path(request["workspace"]))
-    warm = [f for f in flags if f.startswith("--warm=")]
-    if not warm:
-        return record_pending(workspace, settings, job_id, request["mask_values"])
-    # The marker, locked for this process's whole life, and the face that started it.
-    fd, parent = (int(part) for part in warm[0].removeprefix("--warm=").split(":"))
-    marker = _warm_marker(workspace, job_id)
-    try:
-        warm_up(workspace.root, settings)
-        if _await_todo(workspace, job_id, parent):
-            record_pending(workspace, settings, job_id, request["mask_values"])
-    finally:
-        # Its log stays only if it says what went wrong (MLflow's INFO lines on making a store do not).
-        for leftover in (marker, pending_dir(workspace) / f"{job_id}.warm.log"):
-            with contextlib.suppress(FileNotFoundError):
-                if leftover == marker or b"Traceback" not in leftover.read_bytes():
-                    os.unlink(leftover)
-        os.close(fd)
-    return 0
+    (root,) = argv
+    return Recorder(Workspace(Path(root)), recorder_idle()).serve()
 
 
 if __name__ == "__main__":

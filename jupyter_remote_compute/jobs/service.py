@@ -347,7 +347,7 @@ class JobService:
         Done means recorded: a job that ended is returned once its MLflow run is (``mlflow_run_id``),
         or once the recorder has said on it why it could not be.
         """
-        if self.settings.record_in_background and timeout is None:
+        if timeout is None:
             # Recording a small job is mostly importing MLflow: done while the job runs.
             current = self.store.get(job_id)
             if current.mlflow_run_id is None and current.spec is not None:
@@ -365,7 +365,7 @@ class JobService:
             read_metrics=self.read_metrics,
             on_metrics=on_metrics,
         )
-        if job.state in TERMINAL_STATES and job.mlflow_run_id is None and self.settings.record_in_background:
+        if job.state in TERMINAL_STATES and job.mlflow_run_id is None:
             record_later.await_recorded(self.ctx, job.id)
             job = self.store.get(job.id)
         return job

@@ -31,7 +31,7 @@ from filelock import Timeout
 
 from ..errors import NotFound, RemoteComputeError
 from ..fsutil import SharedFileLock, atomic_write
-from .job import Job, utcnow  # noqa: F401 - utcnow: jobs/record.py imports it from here
+from .job import Job
 from .journal import JOURNAL_SUFFIX, frame, journal_head, read_head, unframe
 from .snapshot import RECENT_DELTAS, Delta, FragmentCache, JobMap, Layers, Snapshot, job_in, whole_map, with_changes
 from .transitions import ACTIVE_STATES

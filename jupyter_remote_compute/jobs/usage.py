@@ -164,12 +164,31 @@ def _ends_with_newline(fd: int) -> bool:
 
 # -- what a machine holds ---------------------------------------------------------------------------
 def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> None:
-    """Keep the GPU count a check found, for metering jobs that did not ask for GPUs."""
+    """Keep what a check found: the GPU count, for metering jobs that did not ask for GPUs, and the OS,
+    Python and GPUs that a job's MLflow run names (``known_facts``)."""
     path = punica_dir / FACTS_FILE
+    gpus = facts.get("gpus") or []
     with SharedFileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT):
         known = _read_facts(path)
-        known[machine] = {"gpus": len(facts.get("gpus") or []), "checked": time.time()}
+        known[machine] = {
+            "gpus": len(gpus),
+            "checked": time.time(),
+            **{key: facts.get(key) for key in ("os", "kernel", "python", "cpus")},
+            "gpu_names": [str(gpu.get("name") or "") for gpu in gpus if isinstance(gpu, Mapping)],
+        }
         atomic_write(path, json.dumps(known, indent=1).encode(), mode=0o600)
+
+
+def known_facts(punica_dir: Path, machine: str, max_age: float | None = None) -> dict[str, Any] | None:
+    """What the machine's last check found (``remember_facts``), if it was at most ``max_age`` seconds
+    ago; None when it was never checked, or before the OS and Python were kept."""
+    facts = _read_facts(punica_dir / FACTS_FILE).get(machine)
+    if not isinstance(facts, dict) or "gpu_names" not in facts:
+        return None
+    checked = facts.get("checked")
+    if max_age is not None and not (isinstance(checked, (int, float)) and time.time() - checked <= max_age):
+        return None
+    return facts
 
 
 def _read_facts(path: Path) -> dict[str, Any]:
