@@ -235,3 +235,20 @@ def test_a_workspace_too_deep_for_a_socket_beside_it_records_through_a_private_t
     assert run_id and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
     folder = record.socket_path(Workspace(deep)).parent
     assert folder.parent == Path(tempfile.gettempdir()) and folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_recorder_calls_only_this_packages_recording_functions(bed: dict[str, Any]) -> None:
+    workspace = Workspace(bed["root"])
+    marker = bed["root"] / "called"
+    refused = record.ask(
+        workspace,
+        {"op": "call", "target": "os:system", "args": {"cmd": f"touch {marker}"}, "wait": True},
+    )
+    assert "not a recording function of this package" in refused["problem"]
+    assert not marker.exists()
+    # A function of the package is reached by name: the recorder imports it, the caller need not.
+    answer = record.ask(
+        workspace,
+        {"op": "call", "target": "jupyter_remote_compute.fsutil:no_such_function", "args": {}, "wait": True},
+    )
+    assert "no_such_function" in answer["problem"]

@@ -18,6 +18,9 @@ of a workspace records where it means to, whoever started the recorder):
   could not be read, so the far side's records are withheld). Without ``wait`` it is answered once
   queued; with it (the server, which ends a job once its run is recorded), with
   ``{"run_id": …, "problem": …}`` once recorded.
+- ``{"op": "call", "target": "jupyter_remote_compute.<module>:<function>", "args": {…}, "wait": bool}``:
+  another MLflow record a face makes beside its jobs' runs (a pipeline's parent run), by a function
+  of this package given ``args``; named in the request, so the lifecycle imports nothing above it.
 
 Exactly one run per job, always:
 
@@ -41,6 +44,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -527,7 +531,7 @@ class Recorder:
             try:
                 conn.settimeout(30.0)
                 request = json.loads(_read_line(conn) or b"null")
-                if not isinstance(request, dict) or request.get("op") not in ("warm", "record"):
+                if not isinstance(request, dict) or request.get("op") not in ("warm", "record", "call"):
                     raise ValueError("not a recorder request")
             except (OSError, ValueError) as e:
                 with contextlib.suppress(OSError):
@@ -565,6 +569,8 @@ class Recorder:
                 conn.close()
 
     def _handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        if request["op"] == "call":
+            return {"result": _call(str(request["target"]), request.get("args") or {})}
         settings = TrackingSettings(**request["settings"])
         if request["op"] == "warm":
             warm_up(self.workspace.root, settings)
@@ -573,6 +579,14 @@ class Recorder:
         if done is None:
             return {"run_id": None, "problem": None, "taken": True}
         return {"run_id": done[0], "problem": done[1]}
+
+
+def _call(target: str, args: Mapping[str, Any]) -> Any:
+    """Run a recording function of this package (``module:function``), nothing from anywhere else."""
+    module, _, function = target.partition(":")
+    if not module.startswith(__package__.split(".")[0] + ".") or not function.isidentifier():
+        raise ValueError(f"not a recording function of this package: {target!r}")
+    return getattr(importlib.import_module(module), function)(args)
 
 
 def _lock_within(fd: int, seconds: float) -> bool:

@@ -1,8 +1,8 @@
 """One MLflow parent run per pipeline run, with its nodes' job runs as children.
 
-Recorded in a detached child process (``python -m jupyter_remote_compute.pipelines.parent_run``),
-as job runs are: MLflow never loads into the process that drives the pipeline, and a run (a reused
-one takes a fraction of a second) ends without waiting seconds for MLflow to load. The
+Recorded by the workspace's recorder (``jobs/record.py``, its ``call`` request), as job runs are:
+MLflow never loads into the process that drives the pipeline, and a run (a reused one takes a
+fraction of a second) ends without waiting for MLflow. The
 parent goes to the experiment of the first node's run and is found again by its tag before one is
 made, so recording twice (a resumed run) makes one parent. A job run that already has a parent (a
 node reused from an earlier pipeline run) keeps it; the parent names it in a tag instead.
@@ -10,14 +10,13 @@ node reused from an earlier pipeline run) keeps it; the parent names it in a tag
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from ..jobs.record import ask
+from ..workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -25,24 +24,18 @@ TAG_PIPELINE_RUN = "remote_compute.pipeline_run_id"
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
-def record_parent(uri: str, run: Mapping[str, Any], children: Mapping[str, str], runs_folder: Path) -> bool:
-    """Start recording the parent run in a detached child process; False when no node has a run.
+def record_parent(
+    workspace: Workspace, uri: str, run: Mapping[str, Any], children: Mapping[str, str], runs_folder: Path
+) -> bool:
+    """Have the workspace's recorder record the parent run; False when no node has a run.
 
-    ``children``: node id -> its job's MLflow run. The child writes the parent's id into the run's
-    record (``runs_folder``) once made, so a pipeline run ends without waiting for MLflow to load.
+    ``children``: node id -> its job's MLflow run. The recorder writes the parent's id into the run's
+    record (``runs_folder``) once made, so a pipeline run ends without waiting for MLflow.
     """
     if not children:
         return False
-    request = {"uri": uri, "run": dict(run), "children": dict(children), "runs": str(runs_folder)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True, cwd=str(runs_folder.parent.parent),
-    )  # fmt: skip
-    assert child.stdin is not None
-    child.stdin.write(json.dumps(request).encode())
-    child.stdin.close()
-    # Reaped by a thread of its own: a long-lived server keeps no zombie, and nothing waits for it.
-    threading.Thread(target=child.wait, name=f"mlflow-parent-{run['id']}", daemon=True).start()
+    args = {"uri": uri, "run": dict(run), "children": dict(children), "runs": str(runs_folder)}
+    ask(workspace, {"op": "call", "target": f"{__name__}:record_request", "args": args, "wait": False})
     return True
 
 
@@ -73,18 +66,14 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> st
     return parent
 
 
-def _main() -> int:
+def record_request(args: Mapping[str, Any]) -> str:
+    """The recorder's side: record the parent, then keep its id on the pipeline run's record."""
     from .runner import RunStore
 
-    request = json.loads(sys.stdin.read())
-    parent = _record(request["uri"], request["run"], request["children"])
+    parent = _record(args["uri"], args["run"], args["children"])
 
     def keep(run: Any) -> None:
         run.mlflow_run_id = parent
 
-    RunStore(Path(request["runs"])).change(request["run"]["id"], keep)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())
+    RunStore(Path(args["runs"])).change(args["run"]["id"], keep)
+    return parent

@@ -389,7 +389,7 @@ class PipelineRunner:
                         children[node_id] = mlflow_run_id
         try:
             uri = tracking_uri(self.workspace.root, self.service.settings.tracking)
-            record_parent(uri, run.to_json(), children, self.store.folder)
+            record_parent(self.workspace, uri, run.to_json(), children, self.store.folder)
         except Exception as e:  # MLflow down must not lose the run's outcome
             log.warning("pipeline run %s: its MLflow parent run was not recorded: %s", run.id, e)
 
