@@ -28,6 +28,11 @@ FIELDS = ("kind", "address", "enabled", "created")
 #: Options every kind takes, beside its own.
 COMMON_OPTIONS: Mapping[str, OptionField] = {
     "price_per_hour": OptionField(float, "What an hour of this machine costs, for usage cost estimates"),
+    # The Python environment of jobs (jobs/environment.py): a default, where packages come from, eviction.
+    "environment": OptionField(dict, "The Python environment jobs run in unless they ask for their own"),
+    "index_url": OptionField(str, "The package index environments are installed from (default: the installer's)"),
+    "env_max_age_days": OptionField(int, "Days an unused Python environment stays on the machine (default 30)"),
+    "env_max_bytes": OptionField(int, "Most bytes the machine's Python environments take together (default 20 GiB)"),
 }
 #: Option names that would put a secret in the file.
 _SECRET_KEYS = frozenset({"token", "password", "passwd", "passphrase", "secret", "api_key", "apikey"})

@@ -29,6 +29,7 @@ from ..transfer.manifest import DigestCache
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
+from .environment import launch_command
 from .leases import Leases
 from .logs import secret_env
 from .spec import format_duration
@@ -162,7 +163,7 @@ class Driver:
 
             stats = engine.send(remote, files, report)
             launch = LaunchSpec(
-                command=job.spec.command,
+                command=launch_command(job, self.ctx.workspace.job_dir(job.id)),
                 env=job.spec.plain_env(),
                 secret_env=secret_env(self.ctx.secrets, job),
                 resources=job.spec.resources,

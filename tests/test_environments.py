@@ -1,0 +1,296 @@
+"""A job's Python environment, built on the far side from a package index the tests serve themselves.
+
+The index is PEP 503 on 127.0.0.1 (``http.server``), holding a few wheels written here; machines reach
+it through their ``index_url`` option, so no test uses the public index. The built-in machine builds
+with this side's uv; the ssh test user has no uv on its PATH, so there the build is venv + pip.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import http.server
+import os
+import signal
+import threading
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sshd_fixture
+from waiting import wait_for
+
+from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+
+#: Imports the package only the environment holds and prints what it found.
+SCRIPT = "import rcdemo_a, sys\nprint('value', rcdemo_a.VALUE, 'prefix', sys.prefix)\n"
+
+
+def _wheel(folder: Path, name: str, version: str, body: str, requires: tuple[str, ...] = ()) -> None:
+    """A pure-Python wheel with one module, written as the zip it is."""
+    module = name.replace("-", "_")
+    info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}/__init__.py": body,
+        f"{info}/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    with zipfile.ZipFile(folder / f"{module}-{version}-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+
+
+class Index:
+    """The test's package index; ``hold`` makes requests for one project wait until ``release``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.held: str | None = None
+        self.uv_cache = root
+        self.asked = threading.Event()
+        self.gate = threading.Event()
+        index = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **kw):  # type: ignore[no-untyped-def]
+                super().__init__(*a, directory=str(root), **kw)
+
+            def do_GET(self) -> None:
+                if index.held and f"/{index.held}" in self.path:
+                    index.asked.set()
+                    index.gate.wait(120)
+                super().do_GET()
+
+            def log_message(self, *a) -> None:  # type: ignore[no-untyped-def]
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def hold(self, project: str) -> None:
+        self.held, self.asked, self.gate = project, threading.Event(), threading.Event()
+
+    def release(self) -> None:
+        self.held = None
+        self.gate.set()
+
+    def stop(self) -> None:
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
+    root = tmp_path_factory.mktemp("index")
+    uv_cache = tmp_path_factory.mktemp("uv-cache")  # the built-in machine's uv: a cache of this run's own
+    files = root / "files"
+    files.mkdir()
+    _wheel(files, "rcdemo-a", "1.0", "VALUE = 'a1'\n")
+    _wheel(files, "rcdemo-a", "2.0", "VALUE = 'a2'\n")
+    _wheel(files, "rcdemo-b", "1.0", "from rcdemo_a import VALUE as A\n", requires=("rcdemo-a==1.0",))
+    _wheel(files, "rcdemo-c", "1.0", "")
+    _wheel(files, "rcdemo-slow", "1.0", "")
+    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow"):
+        (root / "simple" / project).mkdir(parents=True)
+        links = "".join(
+            f'<a href="../../files/{w.name}">{w.name}</a>\n'
+            for w in sorted(files.glob(project.replace("-", "_") + "-*.whl"))
+        )
+        (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    served = Index(root)
+    served.uv_cache = uv_cache
+    yield served
+    served.stop()
+
+
+#: The job env that reaches the test's index, by machine: the built-in machine takes no options, so
+#: its installer finds the index in the job's env, as a user's own UV_DEFAULT_INDEX would.
+JOB_ENV: dict[str, dict[str, str]] = {}
+
+
+@pytest.fixture(params=["local", "ssh"])
+def box(request, workspace: Path, make_service, index: Index, scratch_dir: Path):  # type: ignore[no-untyped-def]
+    """(service, workspace, machine, the far side's envs folder): the built-in machine, or ssh with ``index_url``."""
+    if request.param == "local":
+        JOB_ENV["local"] = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+        service = make_service(workspace)
+        (workspace / "fit.py").write_text(SCRIPT)
+        return service, workspace, "local", scratch_dir / "envs"
+    return request.getfixturevalue("ssh_box")
+
+
+@pytest.fixture
+def ssh_box(workspace: Path, make_service, index: Index, ssh_agent_env):  # type: ignore[no-untyped-def]
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    options = ssh_agent_env.options(ssh_transport="openssh", index_url=index.url)
+    service.machines.add("box", "ssh", "127.0.0.1", options)
+    return service, workspace, "box", ssh_agent_env.far_path(ssh_agent_env.base_dir.removeprefix("~/")) / "envs"
+
+
+def _requirements(workspace: Path, *lines: str, name: str = "requirements.txt") -> str:
+    """A requirements file of its own content (a fresh comment line), so each test builds its own."""
+    (workspace / name).write_text(f"# {uuid.uuid4()}\n" + "".join(line + "\n" for line in lines))
+    return name
+
+
+def _spec(machine: str, environment: dict, **more) -> JobSpec:  # type: ignore[type-arg]
+    data = {"machine": machine, "command": ["python", "fit.py"], "send": ["fit.py"], "environment": environment}
+    return JobSpec.from_json({**data, "env": JOB_ENV.get(machine, {}), **more})
+
+
+def _log(service, job_id: str) -> str:  # type: ignore[no-untyped-def]
+    return service.read_log(job_id).data.decode()
+
+
+def test_a_script_imports_what_only_its_environment_holds_and_a_second_job_builds_nothing(box):
+    service, workspace, machine, envs = box
+    req = _requirements(workspace, "rcdemo-b")
+    first = service.wait(service.submit(_spec(machine, {"requirements": req, "packages": ["rcdemo-c"]})).job.id)
+    log = _log(service, first.id)
+    assert first.state == "succeeded", first.reason
+    assert "value a1" in log  # rcdemo-b pulled rcdemo-a 1.0 in from the test's index
+    assert log.startswith("environment ") and ": built in " in log and "Python 3." in log
+    built = [d for d in envs.iterdir() if (d / "complete").is_file()]
+    assert any(f"prefix {d.resolve()}" in log for d in built)
+
+    again = service.wait(
+        service.submit(_spec(machine, {"requirements": req, "packages": ["rcdemo-c"]}), new=True).job.id
+    )
+    assert again.state == "succeeded", again.reason
+    assert ": cached (" in _log(service, again.id) and "built in" not in _log(service, again.id)
+    assert "value a1" in _log(service, again.id)
+    assert again.key == first.key
+
+
+def test_a_changed_requirement_builds_a_new_environment(box):
+    service, workspace, machine, _ = box
+    req = _requirements(workspace, "rcdemo-a==1.0")
+    first = service.wait(service.submit(_spec(machine, {"requirements": req})).job.id)
+    assert first.state == "succeeded" and "value a1" in _log(service, first.id), first.reason
+    (workspace / req).write_text((workspace / req).read_text().replace("1.0", "2.0"))
+    second = service.wait(service.submit(_spec(machine, {"requirements": req})).job.id)
+    assert second.state == "succeeded", second.reason
+    assert second.key != first.key
+    assert ": built in " in _log(service, second.id) and "value a2" in _log(service, second.id)
+
+
+def test_two_jobs_needing_the_same_new_environment_build_it_once(box):
+    service, workspace, machine, _ = box
+    req = _requirements(workspace, "rcdemo-a==2.0")
+    one = service.submit(_spec(machine, {"requirements": req}, name="one")).job
+    two = service.submit(_spec(machine, {"requirements": req}, name="two"), new=True).job
+    jobs = [service.wait(one.id), service.wait(two.id)]
+    assert [j.state for j in jobs] == ["succeeded", "succeeded"], [j.reason for j in jobs]
+    logs = [_log(service, j.id) for j in jobs]
+    assert sum(": built in " in log for log in logs) == 1
+    assert sum(": cached (" in log for log in logs) == 1
+
+
+def test_an_unresolvable_requirement_fails_the_job_with_the_installers_message(box):
+    service, workspace, machine, _ = box
+    req = _requirements(workspace, "rcdemo-a==9.9")
+    job = service.wait(service.submit(_spec(machine, {"requirements": req})).job.id)
+    assert job.state == "failed"
+    assert "rcdemo-a" in job.reason and "could not be built" in job.reason
+    # the installer's own words, whichever it was (uv: "No solution found"; pip: "No matching distribution")
+    assert "No solution found" in job.reason or "No matching distribution" in job.reason
+    assert "value" not in _log(service, job.id)
+
+
+def test_a_build_killed_half_way_is_redone_by_the_next_job(box, index):
+    service, workspace, machine, envs = box
+    req = _requirements(workspace, "rcdemo-slow", "rcdemo-a")
+    index.hold("rcdemo-slow")
+    try:
+        job = service.submit(_spec(machine, {"requirements": req})).job
+        driver = threading.Thread(target=service.wait, args=(job.id,), daemon=True)  # sends and starts it
+        driver.start()
+        assert index.asked.wait(120), "the build never asked the index"
+        pid = int(wait_for(lambda: _far_pid(service, job.id), message="the job's pid"))
+        os.killpg(pid, signal.SIGKILL)  # the job, its shell and the installer, in the middle of the build
+    finally:
+        index.release()
+    driver.join(180)
+    dead = service.wait(job.id)
+    assert dead.state == "lost"  # its whole process group was killed: nothing wrote an exit code
+    half = [d for d in envs.iterdir() if d.is_dir() and not d.name.startswith(".") and not (d / "complete").exists()]
+    assert half, "the killed build left its folder unmarked"
+    again = service.wait(service.submit(_spec(machine, {"requirements": req}), new=True).job.id)
+    assert again.state == "succeeded", again.reason
+    assert ": built in " in _log(service, again.id) and "value a" in _log(service, again.id)
+
+
+def _far_pid(service, job_id: str) -> str | None:  # type: ignore[no-untyped-def]
+    job = service.get(job_id)
+    d = (job.handle or {}).get("dir")  # a physical absolute path on both kinds, readable from here
+    if not d or job.state != "running":
+        return None
+    try:
+        return Path(d, "pid").read_text().strip()
+    except OSError:
+        return None
+
+
+def test_eviction_keeps_the_environment_a_running_job_uses(ssh_box):
+    service, workspace, machine, envs = ssh_box
+    (workspace / "wait.py").write_text("import os, rcdemo_a\nwhile not os.path.exists('go'):\n    os.sched_yield()\n")
+    unused = service.wait(service.submit(_spec(machine, {"packages": ["rcdemo-a", "rcdemo-c"]})).job.id)
+    assert unused.state == "succeeded", unused.reason
+    unused_env = {d.name for d in envs.iterdir() if (d / ".users" / unused.id).exists()}
+    held_req = _requirements(workspace, "rcdemo-a==1.0", name="held.txt")
+    spec = dataclasses.replace(
+        _spec(machine, {"requirements": held_req}), command=("python", "wait.py"), send=("wait.py",)
+    )
+    held = service.submit(spec).job
+    driver = threading.Thread(target=service.wait, args=(held.id,), daemon=True)  # sends and starts it
+    driver.start()
+    # env.sh says which environment the job has once it has marked it as in use
+    wait_for(lambda: ": built in " in _log(service, held.id), 120, "the held job to take its environment")
+    held_env = {d.name for d in envs.iterdir() if (d / "complete").exists() and (d / ".users" / held.id).exists()}
+    assert len(held_env) == 1
+    # A machine that keeps no bytes of unused environments: the next job evicts everything but its own
+    # and the one the held job runs in.
+    service.machines.update(machine, options={"env_max_bytes": 0})
+    other = service.wait(service.submit(_spec(machine, {"requirements": _requirements(workspace, "rcdemo-a")})).job.id)
+    assert other.state == "succeeded", other.reason
+    left = {d.name for d in envs.iterdir() if (d / "complete").exists()}
+    assert held_env <= left and len(unused_env) == 1
+    assert not unused_env & left  # the unused one went
+    assert len(left) == 2
+    go = Path(service.get(held.id).handle.get("dir", "")) / "work" / "go"
+    go.write_text("")
+    driver.join(120)
+    assert service.wait(held.id).state == "succeeded"
+
+
+def test_a_requirements_file_outside_the_workspace_is_refused_at_submit(box, tmp_path):
+    service, workspace, machine, _ = box
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("rcdemo-a\n")
+    (workspace / "linked.txt").symlink_to(outside)
+    with pytest.raises(InvalidSettings, match=r"linked\.txt leads out of the workspace"):
+        service.submit(_spec(machine, {"requirements": "linked.txt"}))
+    with pytest.raises(InvalidSettings, match=r"missing\.txt is not a file"):
+        service.submit(_spec(machine, {"requirements": "missing.txt"}))
+    with pytest.raises(InvalidSettings, match="leads out of the workspace"):
+        _spec(machine, {"requirements": "../elsewhere.txt"})
+    assert service.list_jobs() == []
