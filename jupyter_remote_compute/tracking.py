@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .environment_record import log_environment
 from .fsutil import SharedFileLock
 from .secrets import mask
 
@@ -308,6 +309,7 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
             _say_not_replayed(client, run_id, job, left)
         _attach_artifacts(client, run_id, job, settings.artifact_size_cap)
         _log_usage(client, run_id, job)
+        log_environment(client, run_id, job.log_path, int(job.ended * 1000))
         client.set_tag(run_id, TAG_REPLAYED, "true")
     if job.reason:
         client.set_tag(run_id, "remote_compute.reason", _hide(job.reason, job.mask_values)[:5000])

@@ -294,3 +294,29 @@ def test_a_requirements_file_outside_the_workspace_is_refused_at_submit(box, tmp
     with pytest.raises(InvalidSettings, match="leads out of the workspace"):
         _spec(machine, {"requirements": "../elsewhere.txt"})
     assert service.list_jobs() == []
+
+
+def test_the_mlflow_run_names_the_environment_and_what_it_held(box, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    service, workspace, machine, _ = box
+    req = _requirements(workspace, "rcdemo-a==2.0", "rcdemo-c")
+    job = service.wait(service.submit(_spec(machine, {"requirements": req})).job.id)
+    assert job.state == "succeeded", job.reason
+    client = MlflowClient(tracking_uri)
+    run = wait_for(lambda: job_run(client, service, job.id), 120, "the job's MLflow run")
+    digest = run.data.tags["remote_compute.environment"]
+    assert len(digest) == 32 and f"environment {digest[:12]}: built in" in _log(service, job.id)
+    assert "remote_compute.environment_build_seconds" in run.data.metrics
+    listing = Path(client.download_artifacts(run.info.run_id, "remote_compute/environment.txt", str(workspace)))
+    installed = listing.read_text().lower()
+    assert "rcdemo-a==2.0" in installed.replace("_", "-") and "rcdemo-c==1.0" in installed.replace("_", "-")
+
+
+def job_run(client, service, job_id: str):  # type: ignore[no-untyped-def]
+    """The job's run once it is recorded (with its replay done), else None."""
+    run_id = service.get(job_id).mlflow_run_id
+    if not run_id:
+        return None
+    run = client.get_run(run_id)
+    return run if run.data.tags.get("remote_compute.environment") else None

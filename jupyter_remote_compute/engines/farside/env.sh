@@ -147,9 +147,8 @@ while :; do
   rc_env_unlock # evicted between the two locks: make it again
 done
 echo "environment $rc_env_short: $rc_env_how ($(sed -n 's/^tool=//p' "$rc_env_dir/info"), Python $(sed -n 's/^python=//p' "$rc_env_dir/info"))"
-# What the recorder puts on the MLflow run: which environment, and what it holds.
-cp -- "$rc_env_dir/info" "$rc_env_jobdir/environment/info" 2> /dev/null
-cp -- "$rc_env_dir/environment.txt" "$rc_env_jobdir/environment/environment.txt" 2> /dev/null
+# What the recorder puts on the MLflow run (environment_record.py): which environment, what it holds.
+echo "environment $rc_env_digest: installed $(tr '\n' ' ' < "$rc_env_dir/environment.txt")"
 VIRTUAL_ENV=$rc_env_dir
 PATH=$rc_env_dir/bin:$PATH
 export VIRTUAL_ENV PATH
