@@ -320,3 +320,89 @@ def job_run(client, service, job_id: str):  # type: ignore[no-untyped-def]
         return None
     run = client.get_run(run_id)
     return run if run.data.tags.get("remote_compute.environment") else None
+
+
+def test_same_as_here_pins_this_interpreters_distributions_and_leaves_local_installs_out(workspace):
+    import importlib.metadata
+
+    from jupyter_remote_compute.jobs.environment import Environment, resolve
+
+    resolved = resolve(Environment(same_as_here=True), workspace)
+    pinned = resolved.files["packages.txt"].splitlines()
+    assert f"mlflow=={importlib.metadata.version('mlflow')}" in pinned
+    # this product is installed editable here (from a checkout): no index has that, so it is named and left out
+    assert "jupyter-remote-compute" in {n.lower().replace("_", "-") for n in resolved.left_out}
+    assert not any(p.lower().startswith(("jupyter-remote-compute==", "jupyter_remote_compute==")) for p in pinned)
+    again = resolve(Environment(same_as_here=True, python="3.11"), workspace)
+    assert again.digest != resolved.digest  # the Python version is part of the content
+
+
+def test_the_cli_run_takes_the_environment_options(workspace):
+    import argparse
+
+    from jupyter_remote_compute.run_options import add_run_options, command_of, spec_settings
+
+    parser = argparse.ArgumentParser()
+    add_run_options(parser)
+    args = parser.parse_args(
+        ["--requirements", "req.txt", "--package", "a>=1", "--package", "b", "--python", "3.11", "--", "python", "x.py"]
+    )
+    spec = JobSpec.from_json(spec_settings(args, command_of(args)))
+    assert spec.environment is not None
+    assert spec.environment.to_json() == {"requirements": "req.txt", "packages": ["a>=1", "b"], "python": "3.11"}
+    plain = parser.parse_args(["--", "python", "x.py"])
+    assert JobSpec.from_json(spec_settings(plain, command_of(plain))).environment is None
+    with pytest.raises(InvalidSettings, match=r"environment\.python"):
+        JobSpec.from_json({"command": "true", "environment": {"python": "three"}})
+
+
+async def test_the_rest_api_runs_a_job_in_its_environment_and_refuses_a_file_outside(
+    jp_fetch, server_workspace, index, tmp_path
+):
+    import asyncio
+    import json
+
+    from tornado.httpclient import HTTPClientError
+
+    (server_workspace / "fit.py").write_text(SCRIPT)
+    (tmp_path / "outside.txt").write_text("rcdemo-a\n")
+    (server_workspace / "linked.txt").symlink_to(tmp_path / "outside.txt")
+    body = {"command": ["python", "fit.py"], "send": ["fit.py"], "environment": {"requirements": "linked.txt"}}
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_fetch("remote-compute", "jobs", method="POST", body=json.dumps(body))
+    error = json.loads(refused.value.response.body)
+    assert refused.value.code == 400 and "linked.txt leads out of the workspace" in error["message"]
+    assert error["field"] == "environment.requirements"
+
+    env = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+    body = {**body, "environment": {"packages": ["rcdemo-b"]}, "env": env}
+    response = await jp_fetch("remote-compute", "jobs", method="POST", body=json.dumps(body))
+    job_id = json.loads(response.body)["job"]["id"]
+
+    async def ended() -> dict:  # type: ignore[type-arg]
+        while True:
+            job = json.loads((await jp_fetch("remote-compute", "jobs", job_id)).body)
+            if job["state"] in ("succeeded", "failed", "lost", "cancelled"):
+                return job
+            await asyncio.sleep(0.1)  # the server's poller drives the job; this only looks
+
+    job = await asyncio.wait_for(ended(), 180)
+    assert job["state"] == "succeeded", job["reason"]
+    assert job["spec"]["environment"] == {"packages": ["rcdemo-b"]}
+    log = (await jp_fetch("remote-compute", "jobs", job_id, "log")).body.decode()
+    assert "value a1" in log and "environment " in log
+
+
+def test_the_machines_environment_is_the_default_and_the_jobs_own_wins(ssh_box):
+    service, _, machine, _ = ssh_box
+    service.machines.update(machine, options={"environment": {"packages": ["rcdemo-a==2.0"]}})
+    plain = JobSpec.from_json({"machine": machine, "command": ["python", "fit.py"], "send": ["fit.py"]})
+    default = service.wait(service.submit(plain).job.id)
+    assert default.state == "succeeded", default.reason
+    assert "value a2" in _log(service, default.id)
+    own = service.wait(service.submit(_spec(machine, {"packages": ["rcdemo-a==1.0"]})).job.id)
+    assert own.state == "succeeded", own.reason
+    assert "value a1" in _log(service, own.id)
+    with pytest.raises(InvalidSettings, match=r"options\.environment"):
+        service.machines.update(machine, options={"environment": {"python": "three"}})
+        service.submit(JobSpec.from_json({"machine": machine, "command": "true"}))
