@@ -393,8 +393,8 @@ async def test_the_rest_api_runs_a_job_in_its_environment_and_refuses_a_file_out
     assert "value a1" in log and "environment " in log
 
 
-def test_the_machines_environment_is_the_default_and_the_jobs_own_wins(ssh_box):
-    service, _, machine, _ = ssh_box
+def test_the_machines_environment_is_the_default_and_the_jobs_own_wins_and_uv_is_sent_once(ssh_box):
+    service, _, machine, envs = ssh_box
     service.machines.update(machine, options={"environment": {"packages": ["rcdemo-a==2.0"]}})
     plain = JobSpec.from_json({"machine": machine, "command": ["python", "fit.py"], "send": ["fit.py"]})
     default = service.wait(service.submit(plain).job.id)
@@ -403,6 +403,37 @@ def test_the_machines_environment_is_the_default_and_the_jobs_own_wins(ssh_box):
     own = service.wait(service.submit(_spec(machine, {"packages": ["rcdemo-a==1.0"]})).job.id)
     assert own.state == "succeeded", own.reason
     assert "value a1" in _log(service, own.id)
+    # The ssh test user has no uv: this side's was sent through the machine's input cache (by the first
+    # job of the session with an environment), left the work tree for <base>/tools, and built both;
+    # the second job sent nothing of it again.
+    from uv import find_uv_bin
+
+    assert "building with uv " in _log(service, default.id) and "building with uv " in _log(service, own.id)
+    assert own.transfer["bytes_sent"] < 1_000_000 < os.path.getsize(find_uv_bin())
+    assert [p.stat().st_size for p in envs.parent.joinpath("tools").glob("uv-*")] == [os.path.getsize(find_uv_bin())]
+    assert not (Path(own.handle["dir"]) / "work" / ".remote-compute").exists()
     with pytest.raises(InvalidSettings, match=r"options\.environment"):
         service.machines.update(machine, options={"environment": {"python": "three"}})
         service.submit(JobSpec.from_json({"machine": machine, "command": "true"}))
+
+
+def test_where_no_uv_can_run_the_far_side_builds_with_venv_and_pip_and_says_so(index, tmp_path):
+    """env.sh itself, as a job's command.sh runs it, on a PATH with no uv and no uv passed or sent."""
+    import subprocess
+
+    from jupyter_remote_compute.jobs.environment import Environment, far_command, resolve
+
+    (tmp_path / "ws").mkdir()
+    resolved = resolve(Environment(packages=("rcdemo-a==1.0",)), tmp_path)
+    work = tmp_path / "base" / "job-1" / "work"
+    work.mkdir(parents=True)
+    script = far_command(
+        ["python", "-c", "import rcdemo_a; print('value', rcdemo_a.VALUE)"], resolved, {"index_url": index.url}
+    )
+    (work.parent / "command.sh").write_text("#!/bin/sh\n" + script)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = subprocess.run(["sh", "../command.sh"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "building with venv+pip (no uv on this machine)" in run.stdout
+    assert "value a1" in run.stdout
+    assert (tmp_path / "base" / "envs" / resolved.digest / "complete").is_file()

@@ -20,11 +20,13 @@ import importlib.metadata
 import json
 import re
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..engines.base import InputFile
 from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write
@@ -196,12 +198,17 @@ def env_script() -> str:
 
 
 def far_command(
-    command: str | Sequence[str], resolved: ResolvedEnvironment, options: Mapping[str, Any], uv: str | None = None
+    command: str | Sequence[str],
+    resolved: ResolvedEnvironment,
+    options: Mapping[str, Any],
+    uv: str | None = None,
+    sent_uv: str | None = None,
 ) -> str:
     """The job's command with its environment made ready first: the content and env.sh ahead of it.
 
     ``options`` are the machine's (``index_url``, ``env_max_age_days``, ``env_max_bytes``); ``uv``
-    a uv binary the far side can run, when this side knows one (the built-in machine shares it).
+    a uv binary the far side can run, when this side knows one (the built-in machine shares it);
+    ``sent_uv`` the digest of the uv sent with the job (``tool_inputs``).
     """
     q = shlex.quote
     lines = [
@@ -210,6 +217,7 @@ def far_command(
         f"rc_env_python={q(resolved.python or '')}",
         f"rc_env_index={q(str(options.get('index_url') or ''))}",
         f"rc_env_uv={q(uv or '')}",
+        f"rc_env_sent_uv={sent_uv or ''}",
         f"rc_env_days={_limit(options, 'env_max_age_days', DEFAULT_MAX_AGE_DAYS)}",
         f"rc_env_max_bytes={_limit(options, 'env_max_bytes', DEFAULT_MAX_BYTES)}",
         'rc_env_spec="$(cd .. && pwd -P)/environment"',
@@ -231,17 +239,43 @@ def with_machine_default(spec: Any, options: Mapping[str, Any]) -> Any:
     return dataclasses.replace(spec, environment=Environment.from_json(options["environment"], "options.environment"))
 
 
-def launch_command(job: Any, jobdir: Path) -> str | Sequence[str]:
-    """What the far side runs for ``job``: its command, behind its environment when it has one."""
+def _this_sides_uv() -> Path | None:
+    try:
+        from uv import find_uv_bin
+
+        return Path(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+#: Where this side's uv lands in a job's work tree; env.sh moves it out to <base>/tools/ at once.
+SENT_UV = ".remote-compute/uv"
+#: Kinds that get no uv sent: the built-in machine runs this side's in place; an agent fetches only
+#: the workspace's inputs.
+_NO_SENT_UV = frozenset({"local", "agent"})
+
+
+def tool_inputs(job: Any, digests: Any) -> list[InputFile]:
+    """This side's uv as one more input of a job that has an environment, sent through the machine's
+    content cache: once per machine (later jobs find it cached), not executable (so the cache links
+    it rather than copies it), used only where the machine has no uv of its own. A uv for another
+    OS or architecture fails its ``--version`` there and the build falls back to venv + pip."""
+    if job.spec.environment is None or job.kind in _NO_SENT_UV or not sys.platform.startswith("linux"):
+        return []
+    uv = _this_sides_uv()
+    if uv is None:
+        return []
+    st = uv.stat()
+    return [InputFile(SENT_UV, uv.resolve(), st.st_size, digests.digest(uv.resolve(), st), 0o644)]
+
+
+def launch_command(job: Any, jobdir: Path, files: Sequence[InputFile] = ()) -> str | Sequence[str]:
+    """What the far side runs for ``job``: its command, behind its environment when it has one.
+    ``files``: what was sent, a uv from ``tool_inputs`` among them."""
     if job.spec.environment is None or not (jobdir / RESOLVED_FILE).is_file():
         return job.spec.command
     options = job.machine_snapshot.get("options") or {}
-    uv = None
-    if job.kind == "local":  # the built-in machine is this one: this side's uv runs there
-        try:
-            from uv import find_uv_bin
-
-            uv = find_uv_bin()
-        except (ImportError, FileNotFoundError):
-            uv = None
-    return far_command(job.spec.command, load(jobdir), options, uv)
+    # the built-in machine is this one: this side's uv runs there as it is
+    uv = _this_sides_uv() if job.kind == "local" else None
+    sent = next((f.sha256 for f in files if f.relpath == SENT_UV), None)
+    return far_command(job.spec.command, load(jobdir), options, str(uv) if uv else None, sent)

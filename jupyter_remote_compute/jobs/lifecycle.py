@@ -29,7 +29,7 @@ from ..transfer.manifest import DigestCache
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
-from .environment import launch_command
+from .environment import launch_command, tool_inputs
 from .leases import Leases
 from .logs import secret_env
 from .spec import format_duration
@@ -152,7 +152,7 @@ class Driver:
             job = self.leases.update(job.id, to="sending")
             remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
-            files = self._inputs(job)
+            files = self._inputs(job) + tool_inputs(job, self.digests)
 
             def report(done: int, total: int) -> None:
                 self.progress[job.id] = (done, total)
@@ -163,7 +163,7 @@ class Driver:
 
             stats = engine.send(remote, files, report)
             launch = LaunchSpec(
-                command=launch_command(job, self.ctx.workspace.job_dir(job.id)),
+                command=launch_command(job, self.ctx.workspace.job_dir(job.id), files),
                 env=job.spec.plain_env(),
                 secret_env=secret_env(self.ctx.secrets, job),
                 resources=job.spec.resources,

@@ -49,8 +49,19 @@ rc_env_unlock() {
   if [ -d "$rc_env_held" ]; then rm -rf -- "$rc_env_held"; else exec 9>&-; fi
 }
 
+# A uv this side sent (jobs/environment.py tool_inputs) leaves the work tree at once for
+# <base>/tools/uv-<its digest>, kept for the next jobs; the work tree's link goes.
+if [ -n "${rc_env_sent_uv-}" ] && [ -f .remote-compute/uv ]; then
+  rc_env_tool=$rc_env_base/tools/uv-$rc_env_sent_uv
+  if [ ! -x "$rc_env_tool" ]; then
+    mkdir -p -- "$rc_env_base/tools" && cp -- .remote-compute/uv "$rc_env_tool.$$" &&
+      chmod 0755 -- "$rc_env_tool.$$" && mv -f -- "$rc_env_tool.$$" "$rc_env_tool"
+  fi
+  rm -rf -- .remote-compute
+fi
+
 rc_env_find_uv() {
-  for uv in "$(command -v uv 2> /dev/null)" "$rc_env_uv" "$rc_env_base/tools/uv"; do
+  for uv in "$(command -v uv 2> /dev/null)" "$rc_env_uv" "$rc_env_base/tools/uv-${rc_env_sent_uv-}"; do
     [ -n "$uv" ] && [ -x "$uv" ] && "$uv" --version > /dev/null 2>&1 && { printf '%s\n' "$uv"; return 0; }
   done
   return 1
