@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import slurm_fixture
 import sshd_fixture
 from waiting import wait_for
 
@@ -28,6 +29,7 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
+slurm_bed = slurm_fixture.slurm_bed
 
 #: Imports the package only the environment holds and prints what it found.
 SCRIPT = "import rcdemo_a, sys\nprint('value', rcdemo_a.VALUE, 'prefix', sys.prefix)\n"
@@ -437,3 +439,21 @@ def test_where_no_uv_can_run_the_far_side_builds_with_venv_and_pip_and_says_so(i
     assert "building with venv+pip (no uv on this machine)" in run.stdout
     assert "value a1" in run.stdout
     assert (tmp_path / "base" / "envs" / resolved.digest / "complete").is_file()
+
+
+def test_a_slurm_job_builds_its_environment_on_the_shared_file_system_once(
+    workspace, make_service, index, slurm_bed, ssh_agent_env
+):
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    service.machines.add("hpc", "slurm", "127.0.0.1", slurm_bed.machine_options(index_url=index.url))
+    req = _requirements(workspace, "rcdemo-b")
+    first = service.wait(service.submit(_spec("hpc", {"requirements": req})).job.id, timeout=300)
+    assert first.state == "succeeded", first.reason
+    envs = slurm_bed.far_path(slurm_bed.base_dir.removeprefix("~/")) / "envs"
+    log = _log(service, first.id)
+    assert "value a1" in log and ": built in " in log
+    assert f"prefix {envs.resolve()}/" in log
+    again = service.wait(service.submit(_spec("hpc", {"requirements": req}), new=True).job.id, timeout=300)
+    assert again.state == "succeeded", again.reason
+    assert ": cached (" in _log(service, again.id) and "value a1" in _log(service, again.id)
