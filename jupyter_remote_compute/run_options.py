@@ -37,9 +37,17 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--requirements", metavar="FILE", help="requirements.txt, pyproject.toml (+ uv.lock) or pylock.toml"
     )
     env.add_argument("--package", dest="packages", action="append", default=[], metavar="SPEC", help="a package to add")
-    env.add_argument("--python", help="the Python version, e.g. 3.11")
+    env.add_argument(
+        "--python",
+        help="the environment's Python version, e.g. 3.11 (with --notebook, a command such as python3.11 that runs it)",
+    )
     env.add_argument("--same-env", dest="same_env", action="store_true", help="the packages of this Python, pinned")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+
+
+def is_python_version(value: str | None) -> bool:
+    """``3.11`` is a Python version for the environment; ``python3``, a path, is a command (``--notebook``)."""
+    return bool(value) and all(part.isdigit() for part in str(value).split("."))
 
 
 def command_of(args: argparse.Namespace) -> list[str]:
@@ -59,7 +67,7 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
     environment = {
         "requirements": getattr(args, "requirements", None),
         "packages": list(getattr(args, "packages", None) or []),
-        "python": getattr(args, "python", None),
+        "python": python if is_python_version(python := getattr(args, "python", None)) else None,
         "same_as_here": bool(getattr(args, "same_env", False)),
     }
     settings = {
