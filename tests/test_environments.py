@@ -354,6 +354,11 @@ def test_the_cli_run_takes_the_environment_options(workspace):
     assert spec.environment.to_json() == {"requirements": "req.txt", "packages": ["a>=1", "b"], "python": "3.11"}
     plain = parser.parse_args(["--", "python", "x.py"])
     assert JobSpec.from_json(spec_settings(plain, command_of(plain))).environment is None
+    from jupyter_remote_compute.magics import build_train_parser
+
+    magic = build_train_parser().parse_args(["--same-env", "--package", "c", "--", "python", "x.py"])
+    asked = JobSpec.from_json(spec_settings(magic, command_of(magic))).environment
+    assert asked is not None and asked.to_json() == {"packages": ["c"], "same_as_here": True}
     with pytest.raises(InvalidSettings, match=r"environment\.python"):
         JobSpec.from_json({"command": "true", "environment": {"python": "three"}})
 

@@ -106,13 +106,19 @@ rc_env_build() {
   : > "$rc_env_dir/complete"
 }
 
-# An environment is in use while a job whose marker it holds has a folder and no exit code yet.
+# An environment is in use while a job whose marker it holds has a folder and no exit code yet; the
+# markers of jobs that ended are dropped on the way, so the list stays as long as the jobs running.
 rc_env_in_use() { # DIR
+  used=1
   for user in "$1"/.users/*; do
     [ -e "$user" ] || continue
-    [ -d "$rc_env_jobs/${user##*/}" ] && [ ! -f "$rc_env_jobs/${user##*/}/exit_code" ] && return 0
+    if [ -d "$rc_env_jobs/${user##*/}" ] && [ ! -f "$rc_env_jobs/${user##*/}/exit_code" ]; then
+      used=0
+    else
+      rm -f -- "$user"
+    fi
   done
-  return 1
+  return $used
 }
 
 # Unused for the age, then least recently used first beyond the size; never one in use, never this one.
@@ -150,6 +156,7 @@ while :; do
   rc_env_unlock
   rc_env_lock use || { echo "environment: cannot lock $rc_env_root" >&2; exit 96; }
   if [ -f "$rc_env_dir/complete" ]; then
+    rc_env_in_use "$rc_env_dir"
     mkdir -p -- "$rc_env_dir/.users" && : > "$rc_env_dir/.users/$rc_env_job" && touch -- "$rc_env_dir/last-used"
     rc_env_evict
     rc_env_unlock
