@@ -19,6 +19,8 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import agent_fixture
+import jupyter_server_fixture
 import pytest
 import slurm_fixture
 import sshd_fixture
@@ -30,6 +32,8 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 slurm_bed = slurm_fixture.slurm_bed
+remote_server = jupyter_server_fixture.remote_server
+agent_bed = agent_fixture.agent_bed
 
 #: Imports the package only the environment holds and prints what it found.
 SCRIPT = "import rcdemo_a, sys\nprint('value', rcdemo_a.VALUE, 'prefix', sys.prefix)\n"
@@ -418,7 +422,7 @@ def test_the_machines_environment_is_the_default_and_the_jobs_own_wins_and_uv_is
     assert "building with uv " in _log(service, default.id) and "building with uv " in _log(service, own.id)
     assert own.transfer["bytes_sent"] < 1_000_000 < os.path.getsize(find_uv_bin())
     assert [p.stat().st_size for p in envs.parent.joinpath("tools").glob("uv-*")] == [os.path.getsize(find_uv_bin())]
-    assert not (Path(own.handle["dir"]) / "work" / ".remote-compute").exists()
+    assert not (Path(own.handle["dir"]) / "work" / "_remote_compute_tools").exists()
     with pytest.raises(InvalidSettings, match=r"options\.environment"):
         service.machines.update(machine, options={"environment": {"python": "three"}})
         service.submit(JobSpec.from_json({"machine": machine, "command": "true"}))
@@ -462,3 +466,49 @@ def test_a_slurm_job_builds_its_environment_on_the_shared_file_system_once(
     again = service.wait(service.submit(_spec("hpc", {"requirements": req}), new=True).job.id, timeout=300)
     assert again.state == "succeeded", again.reason
     assert ": cached (" in _log(service, again.id) and "value a1" in _log(service, again.id)
+
+
+@pytest.fixture
+def far_kind(request, make_service, quickstart: Path, index: Index):  # type: ignore[no-untyped-def]
+    """(service, machine) of the kinds whose far side the tests reach only through the product: a remote
+    Jupyter Server, or a pull agent run as another user (no uv there: venv + pip, as it says)."""
+    if request.param == "jupyter":
+        server = request.getfixturevalue("remote_server")
+        service = make_service(quickstart)
+        service.machines.add("far", "jupyter", server.url, {"token_secret": "compute/remote"})
+        return service, "far"
+    bed = request.getfixturevalue("agent_bed")
+    bed.add_machine("lab")
+    bed.start_agent("lab")
+    return make_service(quickstart), "lab"
+
+
+@pytest.mark.parametrize("far_kind", ["jupyter", "agent"], indirect=True)
+def test_jupyter_and_agent_jobs_build_their_environment_once_too(far_kind, quickstart: Path, index: Index):
+    service, machine = far_kind
+    (quickstart / "fit.py").write_text(SCRIPT)
+    env = {"UV_DEFAULT_INDEX": index.url, "PIP_INDEX_URL": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+    environment = {"packages": ["rcdemo-b"], "requirements": _requirements(quickstart, "rcdemo-c")}
+    first = service.wait(service.submit(_spec(machine, environment, env=env)).job.id, timeout=300)
+    assert first.state == "succeeded", first.reason
+    assert "value a1" in _log(service, first.id) and ": built in " in _log(service, first.id)
+    again = service.wait(service.submit(_spec(machine, environment, env=env), new=True).job.id, timeout=300)
+    assert again.state == "succeeded", again.reason
+    assert ": cached (" in _log(service, again.id) and "value a1" in _log(service, again.id)
+
+
+def test_a_pipeline_step_takes_an_environment_that_its_schema_describes():
+    import jsonschema
+
+    from jupyter_remote_compute.pipelines.notebook import notebook_spec
+    from jupyter_remote_compute.steps import TRAIN_ON_REMOTE_MACHINE
+    from jupyter_remote_compute.steps.executor import parse_settings
+
+    settings = {"command": "python fit.py", "environment": {"requirements": "requirements.txt", "python": "3.11"}}
+    jsonschema.validate(settings, TRAIN_ON_REMOTE_MACHINE["settings"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**settings, "environment": {"python": "three"}}, TRAIN_ON_REMOTE_MACHINE["settings"])
+    spec, _ = parse_settings(settings)
+    assert spec.environment is not None and spec.environment.python == "3.11"
+    notebook, _ = notebook_spec({"notebook": "train.ipynb", "environment": {"packages": ["nbclient"]}})
+    assert notebook.environment is not None and notebook.environment.packages == ("nbclient",)

@@ -249,7 +249,8 @@ def _this_sides_uv() -> Path | None:
 
 
 #: Where this side's uv lands in a job's work tree; env.sh moves it out to <base>/tools/ at once.
-SENT_UV = ".remote-compute/uv"
+#: Not a dot-name: a Jupyter Server's Contents API refuses hidden paths.
+SENT_UV = "_remote_compute_tools/uv"
 #: Kinds that get no uv sent: the built-in machine runs this side's in place; an agent fetches only
 #: the workspace's inputs.
 _NO_SENT_UV = frozenset({"local", "agent"})

@@ -51,13 +51,13 @@ rc_env_unlock() {
 
 # A uv this side sent (jobs/environment.py tool_inputs) leaves the work tree at once for
 # <base>/tools/uv-<its digest>, kept for the next jobs; the work tree's link goes.
-if [ -n "${rc_env_sent_uv-}" ] && [ -f .remote-compute/uv ]; then
+if [ -n "${rc_env_sent_uv-}" ] && [ -f _remote_compute_tools/uv ]; then
   rc_env_tool=$rc_env_base/tools/uv-$rc_env_sent_uv
   if [ ! -x "$rc_env_tool" ]; then
-    mkdir -p -- "$rc_env_base/tools" && cp -- .remote-compute/uv "$rc_env_tool.$$" &&
+    mkdir -p -- "$rc_env_base/tools" && cp -- _remote_compute_tools/uv "$rc_env_tool.$$" &&
       chmod 0755 -- "$rc_env_tool.$$" && mv -f -- "$rc_env_tool.$$" "$rc_env_tool"
   fi
-  rm -rf -- .remote-compute
+  rm -rf -- _remote_compute_tools
 fi
 
 rc_env_find_uv() {
