@@ -34,6 +34,9 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     "env_max_age_days": OptionField(int, "Days an unused Python environment stays on the machine (default 30)"),
     "env_max_bytes": OptionField(int, "Most bytes the machine's Python environments take together (default 20 GiB)"),
 }
+#: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
+#: bare ``git@`` names a user, not a secret).
+URL_CREDENTIALS = re.compile(r"(?:\bhttps?://[^/@\s]+@|://[^/@\s:]+:[^/@\s]+@)")
 #: Option names that would put a secret in the file.
 _SECRET_KEYS = frozenset({"token", "password", "passwd", "passphrase", "secret", "api_key", "apikey"})
 _SECRET_SUFFIXES = ("_token", "_password", "_passphrase", "_api_key")
@@ -159,6 +162,12 @@ def check_options(
         merged[key] = _coerce(key, declared[key], value)
         if key == "price_per_hour" and merged[key] < 0:
             raise InvalidSettings(f"{where} must not be negative", field=where)
+        if key == "index_url" and URL_CREDENTIALS.search(merged[key]):
+            raise InvalidSettings(
+                f"{where} holds a user name or password: give the index's credentials to the job as secrets "
+                "(env UV_INDEX_<NAME>_PASSWORD=secret:NAME, or PIP_INDEX_URL=secret:NAME), not in compute.yaml",
+                field=where,
+            )
     for key, field in declared.items():
         if field.required and key not in merged:
             raise InvalidSettings(f"options.{key} is required for {cls.kind} machines", field=f"options.{key}")

@@ -297,6 +297,10 @@ def test_a_requirements_file_outside_the_workspace_is_refused_at_submit(box, tmp
         service.submit(_spec(machine, {"requirements": "linked.txt"}))
     with pytest.raises(InvalidSettings, match=r"missing\.txt is not a file"):
         service.submit(_spec(machine, {"requirements": "missing.txt"}))
+    (workspace / "private.txt").write_text("--index-url https://me:hunter2@pypi.example/simple\nrcdemo-a\n")
+    with pytest.raises(InvalidSettings, match=r"private\.txt has a URL with a user name or password") as refused:
+        service.submit(_spec(machine, {"requirements": "private.txt"}))
+    assert "hunter2" not in str(refused.value)
     with pytest.raises(InvalidSettings, match="leads out of the workspace"):
         _spec(machine, {"requirements": "../elsewhere.txt"})
     assert service.list_jobs() == []
@@ -512,3 +516,14 @@ def test_a_pipeline_step_takes_an_environment_that_its_schema_describes():
     assert spec.environment is not None and spec.environment.python == "3.11"
     notebook, _ = notebook_spec({"notebook": "train.ipynb", "environment": {"packages": ["nbclient"]}})
     assert notebook.environment is not None and notebook.environment.packages == ("nbclient",)
+
+
+def test_an_index_url_with_credentials_is_refused_for_compute_yaml(workspace, make_service):
+    service = make_service(workspace)
+    with pytest.raises(InvalidSettings, match=r"options\.index_url holds a user name or password") as refused:
+        service.machines.add("box", "ssh", "127.0.0.1", {"index_url": "https://me:hunter2@pypi.example/simple"})
+    assert "hunter2" not in str(refused.value)
+    assert (
+        not (workspace / ".punica/compute.yaml").exists()
+        or "hunter2" not in (workspace / ".punica/compute.yaml").read_text()
+    )

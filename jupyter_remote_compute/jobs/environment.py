@@ -30,6 +30,7 @@ from ..engines.base import InputFile
 from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write
+from ..machine_options import URL_CREDENTIALS
 
 FIELDS = ("requirements", "packages", "python", "same_as_here")
 #: The name each kind of requirements file takes on the far side (a pyproject's uv.lock goes beside it).
@@ -167,6 +168,14 @@ def resolve(env: Environment, root: Path, field: str = "environment") -> Resolve
             )
         else:
             files["requirements.txt"] = text
+    for text in files.values():
+        if URL_CREDENTIALS.search(text):
+            where = f"{field}.requirements"
+            raise InvalidSettings(
+                f"{where}: {env.requirements} has a URL with a user name or password in it; it would be written "
+                "on the machine and in the job's records: give the credentials to the job as secrets instead",
+                field=where,
+            )
     packages = list(env.packages)
     if env.same_as_here:
         pinned, left_out = here_distributions()
