@@ -527,3 +527,13 @@ def test_an_index_url_with_credentials_is_refused_for_compute_yaml(workspace, ma
         not (workspace / ".punica/compute.yaml").exists()
         or "hunter2" not in (workspace / ".punica/compute.yaml").read_text()
     )
+
+
+def test_a_python_the_machine_cannot_have_fails_the_job_naming_the_pythons_it_has(box):
+    service, _, machine, _ = box
+    spec = _spec(machine, {"packages": ["rcdemo-a"], "python": "3.99"})
+    # the built-in machine's uv would otherwise look for a 3.99 to download
+    spec = dataclasses.replace(spec, env={**spec.env, "UV_PYTHON_DOWNLOADS": "never"})
+    job = service.wait(service.submit(spec).job.id)
+    assert job.state == "failed"
+    assert "Python 3.99 was asked for; this machine has: " in job.reason and "python3.11" in job.reason

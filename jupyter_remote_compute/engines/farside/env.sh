@@ -148,6 +148,11 @@ while :; do
   elif rc_env_build 2>&1; then
     rc_env_how="built in $(sed -n 's/^seconds=//p' "$rc_env_dir/info") s"
   else
+    if [ -n "$rc_env_python" ] && ! [ -x "$rc_env_dir/bin/python" ]; then
+      # no interpreter came of it: say which ones the machine has, on its PATH
+      echo "environment: Python $rc_env_python was asked for; this machine has: $(
+        IFS=:; for d in $PATH; do ls -- "$d" 2> /dev/null; done | grep -E '^python3(\.[0-9]+)?$' | sort -u | tr '\n' ' ')"
+    fi
     echo "environment $rc_env_short: could not be built; the installer's message is above"
     rm -rf -- "$rc_env_dir"
     rc_env_unlock
