@@ -537,3 +537,43 @@ def test_a_python_the_machine_cannot_have_fails_the_job_naming_the_pythons_it_ha
     job = service.wait(service.submit(spec).job.id)
     assert job.state == "failed"
     assert "Python 3.99 was asked for; this machine has: " in job.reason and "python3.11" in job.reason
+
+
+def test_a_server_sigkilled_during_a_build_ends_the_job_once_with_the_environment_complete(
+    workspace, scratch_dir, tracking_uri, index, tmp_path
+):
+    """The build is the job's own far-side process: the server that started it may die and come back."""
+    from server_process import Server
+
+    (workspace / "fit.py").write_text(SCRIPT)
+    server = Server(workspace, scratch_dir, tracking_uri, tmp_path / "server.log")
+    env = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+    body = {"command": ["python", "fit.py"], "send": ["fit.py"], "env": env}
+    body["environment"] = {"packages": ["rcdemo-slow", "rcdemo-a==2.0"], "python": "3.11"}
+    index.hold("rcdemo-slow")
+    try:
+        server.start()
+        job_id = server.request("POST", "jobs", body)["job"]["id"]
+        assert index.asked.wait(120), "the build never asked the index"
+        server.kill()
+        index.release()
+        server.start()
+
+        def ended() -> dict | None:  # type: ignore[type-arg]
+            job = server.request("GET", f"jobs/{job_id}")
+            return job if job["state"] in ("succeeded", "failed", "lost", "cancelled") else None
+
+        job = wait_for(ended, 180, "the job to end after the restart")
+    finally:
+        index.release()
+        server.stop()
+    assert job["state"] == "succeeded", job["reason"]
+    far_log = _far_log(scratch_dir, job_id)  # the built-in machine's job folder keeps the whole log
+    assert far_log.count(": built in ") == 1 and far_log.count("value a2") == 1  # built once, ran once
+    complete = [d for d in (scratch_dir / "envs").iterdir() if (d / "complete").is_file()]
+    assert len(complete) == 1 and (complete[0] / ".users" / job_id).exists()
+
+
+def _far_log(scratch: Path, job_id: str) -> str:
+    found = list(scratch.glob(f"**/{job_id}/log"))
+    return found[0].read_text(errors="replace") if found else ""
