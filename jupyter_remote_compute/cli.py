@@ -226,12 +226,14 @@ def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
 
     if command:
         raise RemoteComputeError("run: give either --notebook or a command after --, not both")
+    # --python is the environment's version (3.11, see run_options), else the python that runs the notebook
+    python = None if is_python_version(args.python) else args.python
+    if python is not None:
+        args.python = None
     settings = spec_settings(args, ["-"])
     del settings["command"]
     if not settings["name"]:
         del settings["name"]
-    # --python is the environment's version (3.11, see run_options), else the python that runs the notebook
-    python = None if is_python_version(args.python) else args.python
     settings.update(notebook=args.notebook, parameters=parse_parameters(args.parameter), python=python)
     return notebook_spec(settings)[0]
 

@@ -67,7 +67,7 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
     environment = {
         "requirements": getattr(args, "requirements", None),
         "packages": list(getattr(args, "packages", None) or []),
-        "python": python if is_python_version(python := getattr(args, "python", None)) else None,
+        "python": getattr(args, "python", None),  # JobSpec says what a version looks like
         "same_as_here": bool(getattr(args, "same_env", False)),
     }
     settings = {

@@ -367,6 +367,9 @@ def test_the_cli_run_takes_the_environment_options(workspace):
     magic = build_train_parser().parse_args(["--same-env", "--package", "c", "--", "python", "x.py"])
     asked = JobSpec.from_json(spec_settings(magic, command_of(magic))).environment
     assert asked is not None and asked.to_json() == {"packages": ["c"], "same_as_here": True}
+    wrong = parser.parse_args(["--python", "python3", "--", "python", "x.py"])
+    with pytest.raises(InvalidSettings, match=r"environment\.python: expected a version"):
+        JobSpec.from_json(spec_settings(wrong, command_of(wrong)))
     with pytest.raises(InvalidSettings, match=r"environment\.python"):
         JobSpec.from_json({"command": "true", "environment": {"python": "three"}})
 
