@@ -34,8 +34,8 @@ from bench_job_list import Server, _line, _timed  # noqa: E402
 from bench_store import _fill  # noqa: E402
 from sshd_fixture import build_testbed  # noqa: E402
 
+from jupyter_remote_compute.jobs.job import parse_time  # noqa: E402
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings  # noqa: E402
-from jupyter_remote_compute.jobs.store import parse_time  # noqa: E402
 from jupyter_remote_compute.workspace import Workspace  # noqa: E402
 
 LIST_GOAL_MS = 50.0

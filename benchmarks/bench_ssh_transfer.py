@@ -49,7 +49,7 @@ from wan_relay import WanRelay  # noqa: E402
 
 from jupyter_remote_compute.engines.base import EngineContext, InputFile, RemoteJob  # noqa: E402
 from jupyter_remote_compute.engines.ssh import SSHEngine  # noqa: E402
-from jupyter_remote_compute.engines.ssh_connection import quote, sh_script  # noqa: E402
+from jupyter_remote_compute.engines.transport import quote, sh_script  # noqa: E402
 
 CIPHER = "aes128-gcm@openssh.com"
 MiB = 1 << 20

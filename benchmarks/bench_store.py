@@ -21,9 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from jupyter_remote_compute.jobs.job import Job, new_job_id
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.jobs.store import Job, JobStore, new_job_id
+from jupyter_remote_compute.jobs.store import JobStore
 from jupyter_remote_compute.workspace import Workspace
 
 

@@ -354,13 +354,7 @@ class AgentTokenHandler(RemoteComputeHandler):
             await self.call(AgentHub(punica).machine(name).revoke_token)
             self.reply({"name": name, "revoked": True})
             return
-        self.reply({"name": name, **await self.call(welcome, punica, name, server_url(self))})
-
-
-def server_url(handler: tornado.web.RequestHandler) -> str:
-    """This server's address as the request reached it, base URL included (for the agent command)."""
-    base = handler.settings.get("base_url", "/").rstrip("/")
-    return f"{handler.request.protocol}://{handler.request.host}{base}"
+        self.reply({"name": name, **await self.call(welcome, punica, name, self.server_url())})
 
 
 @functools.cache

@@ -18,14 +18,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .engines.agent_hub import AgentHub, welcome
+from .engines.faces import CliCommand, all_faces, faces_of
 from .errors import RemoteComputeError
 from .jobs.admin import HostKeyNotConfirmed
+from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.logs import waiting_line
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
-from .jobs.store import Job
 from .jobs.transitions import TERMINAL_STATES
 from .run_options import add_run_options, command_of, is_python_version, spec_settings
 from .workspace import Workspace
@@ -104,28 +104,20 @@ def cmd_machines(args: argparse.Namespace) -> int:
             if getattr(args, name, None) is not None:
                 options[name] = getattr(args, name)
         token = _read_secret(f"Token for {args.name}: ") if args.token_stdin else None
+        faces = faces_of(args.kind)
         address = args.address
         if address is None:
-            if args.kind != "agent":
-                raise RemoteComputeError("machines add: --address is required (only an agent machine may leave it out)")
-            address = args.name  # nothing dials an agent machine: the address only describes it
+            if not faces.address_optional:
+                raise RemoteComputeError(f"machines add: --address is required for a {args.kind} machine")
+            address = args.name  # nothing dials such a machine: the address only describes it
         machine = admin.add(args.name, args.kind, address, options, enabled=not args.disabled, token=token)
         data = machine.to_json()
         text = f"added {machine.name} ({machine.kind}, {machine.address})"
-        if machine.kind == "agent":
-            data.update(_agent_welcome(args, machine.name))
-            text += _agent_welcome_text(data)
+        added = admin.introduce(machine, args.server_url or "SERVER_URL")
+        if added:
+            data.update(added)
+            text += faces.added_text(data) if faces.added_text else ""
         return _done(args, data, text)
-    if action == "agent-token":
-        if admin.get(args.name).kind != "agent":
-            raise RemoteComputeError(f"{args.name} is not an agent machine: it has no agent token")
-        if args.revoke:
-            AgentHub(Workspace.find(args.workspace, fallback=args.workspace).punica_dir).machine(
-                args.name
-            ).revoke_token()
-            return _done(args, {"name": args.name, "revoked": True}, f"revoked the agent token of {args.name}")
-        data = {"name": args.name, **_agent_welcome(args, args.name)}
-        return _done(args, data, f"new agent token for {args.name}" + _agent_welcome_text(data))
     if action == "edit":
         token = _read_secret(f"Token for {args.name}: ") if args.token_stdin else None
         machine = admin.update(args.name, address=args.address, options=_options(args.option), token=token)
@@ -159,18 +151,6 @@ def cmd_machines(args: argparse.Namespace) -> int:
         result = admin.trust(args.name, args.fingerprint)
         return _done(args, result, f"trusted {args.name}: {result['fingerprint']}")
     raise AssertionError(action)
-
-
-def _agent_welcome(args: argparse.Namespace, name: str) -> dict[str, str]:
-    punica = Workspace.find(args.workspace, fallback=args.workspace).punica_dir
-    return welcome(punica, name, args.server_url or "SERVER_URL")
-
-
-def _agent_welcome_text(data: dict[str, Any]) -> str:
-    return (
-        f"\nagent token (shown once; the old one, if any, no longer works):\n  {data['agent_token']}\n"
-        f"save it on the machine in ~/.config/jrc-agent.token (chmod 600), then run there:\n  {data['agent_command']}"
-    )
 
 
 # -- run and jobs -------------------------------------------------------------
@@ -312,7 +292,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         else:
             print(_summary(job))
             if job.started and job.ended:
-                from .jobs.store import parse_time
+                from .jobs.job import parse_time
 
                 print("duration: " + format_duration(parse_time(job.ended) - parse_time(job.started)))
         return 0
@@ -412,7 +392,8 @@ def _print_store_note(status: dict[str, Any]) -> None:
 
 
 # -- the parser ---------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
+    """The whole CLI; ``plugins=False`` leaves out the commands of kinds other packages add."""
     parser = argparse.ArgumentParser(
         prog="jupyter remote-compute", description="Run training jobs on machines you name; bring back their outputs."
     )
@@ -430,8 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = msub.add_parser("add", help="add a machine; a token is read from stdin or a prompt")
     p.add_argument("name")
     p.add_argument("--kind", required=True)
-    p.add_argument("--address", help="host or URL (an agent machine may leave it out)")
-    p.add_argument("--server-url", help="agent machines: this server's URL, for the command shown")
+    p.add_argument("--address", help="host or URL (a kind nothing dials may leave it out)")
+    p.add_argument("--server-url", help="this server's URL, for a command the kind shows to run on the machine")
     p.add_argument("--user")
     p.add_argument("--port", type=int)
     p.add_argument("--identity-file", dest="identity_file")
@@ -446,13 +427,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", metavar="KEY=VALUE")
     p.add_argument("--token-stdin", action="store_true")
     p.add_argument("--json", action="store_true")
-    p = msub.add_parser("agent-token", help="an agent machine's token: --rotate (a new one, shown once) or --revoke")
-    p.add_argument("name")
-    group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--rotate", action="store_true")
-    group.add_argument("--revoke", action="store_true")
-    p.add_argument("--server-url", help="this server's URL, for the command shown")
-    p.add_argument("--json", action="store_true")
     p = msub.add_parser("trust", help="trust an SSH machine's host key, after comparing its fingerprint")
     p.add_argument("name")
     p.add_argument(
@@ -461,9 +435,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the fingerprint you compared with the machine's own; without it, the presented key is only shown",
     )
     p.add_argument("--json", action="store_true")
-
-    agent = sub.add_parser("agent", help="run the pull agent of an agent machine (its options: agent --help)")
-    agent.add_argument("rest", nargs=argparse.REMAINDER)
 
     run = sub.add_parser("run", help="submit a job (or attach to the same one running) and follow its log")
     add_run_options(run)
@@ -530,7 +501,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     for action in ("set", "delete"):
         ssub.add_parser(action).add_argument("name")
+
+    # The kinds' own commands: top-level ones, and actions of the groups above.
+    groups = {None: sub, "machines": msub}
+    for command in _kind_commands(plugins):
+        p = groups[command.group].add_parser(command.name, help=command.help)
+        p.set_defaults(kind_command=command.run)
+        if command.raw:
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+        elif command.add_arguments is not None:
+            command.add_arguments(p)
     return parser
+
+
+def _kind_commands(plugins: bool) -> list[CliCommand]:
+    return [command for faces in all_faces(plugins=plugins).values() for command in faces.cli]
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
@@ -539,33 +524,30 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     return pipeline_command(_service(args), args)
 
 
-def cmd_agent(args: argparse.Namespace) -> int:
-    from .agent.client import main as agent_main
-
-    return agent_main(args.rest)
-
-
 COMMANDS = {
     "machines": cmd_machines,
     "run": cmd_run,
     "jobs": cmd_jobs,
     "usage": cmd_usage,
     "secrets": cmd_secrets,
-    "agent": cmd_agent,
     "pipeline": cmd_pipeline,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["agent"]:
-        # The pull agent has its own options (and reads no workspace): hand it the rest as it is.
-        return cmd_agent(argparse.Namespace(rest=argv[1:]))
-    args = build_parser().parse_args(argv)
+    # This package's own commands need no plugin's: the scan of installed packages is spared them.
+    plugins = not argv or argv[0] not in COMMANDS or argv[0] == "machines"
+    for command in _kind_commands(plugins):
+        if command.raw and command.group is None and argv[:1] == [command.name]:
+            # Its own options (and no workspace read): hand it the rest as it is.
+            return command.run(argparse.Namespace(rest=argv[1:]))
+    args = build_parser(plugins).parse_args(argv)
     if args.workspace is None:
         args.workspace = os.getcwd()
     try:
-        return COMMANDS[args.group](args)
+        run = getattr(args, "kind_command", None) or COMMANDS[args.group]
+        return run(args)
     except RemoteComputeError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return EXIT_FAILED

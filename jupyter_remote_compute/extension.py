@@ -12,15 +12,15 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import IOLoop
-from traitlets import Float, Int, Unicode
+from traitlets import Float, HasTraits, Int, Unicode
 
 from . import secret_sources
-from .agent_handlers import AGENT_HANDLERS
-from .engines.agent_hub import DEFAULT_LEASE, AgentHub
+from .engines.faces import ServerView, all_faces
 from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
+from .jobs.job import Job
 from .jobs.listing import index_of
 from .jobs.service import JobService, ServiceSettings
-from .jobs.store import Job, Snapshot
+from .jobs.snapshot import Snapshot
 from .mlflow_ui import MlflowUI
 from .mlflow_ui_handlers import MLFLOW_UI_PROXY
 from .pipelines.events import publish_runs
@@ -34,7 +34,20 @@ RETENTION_EVERY = 60.0  # seconds between automatic prunes when keep_finished_jo
 WATCH_INTERVAL = 0.2  # seconds between looks at the state file for other processes' changes
 
 
-class RemoteComputeApp(ExtensionApp):
+def _kind_settings() -> dict[str, Any]:
+    """Every kind's server settings (config traits), from its faces."""
+    traits: dict[str, Any] = {}
+    for faces in all_faces().values():
+        traits.update(faces.server_settings())
+    return traits
+
+
+#: The kinds' settings as a base class: traitlets reads config traits from the class, so they are
+#: declared before RemoteComputeApp is (``--RemoteComputeApp.<name>``, like its own).
+KindSettings = type("KindSettings", (HasTraits,), _kind_settings())
+
+
+class RemoteComputeApp(ExtensionApp, KindSettings):
     name = "jupyter_remote_compute"
 
     workspace = Unicode(
@@ -95,12 +108,6 @@ class RemoteComputeApp(ExtensionApp):
     max_transfers = Int(
         4, config=True, help="Threads for sending jobs, and as many again for collecting them (long transfers)."
     )
-    agent_lease = Float(
-        DEFAULT_LEASE,
-        config=True,
-        help="Seconds an agent's claim on a job lives without a heartbeat: then a job that started is lost, "
-        "one that did not is queued again. Counted from this server's start at the earliest.",
-    )
 
     def initialize_settings(self) -> None:
         self._export_secret_settings()
@@ -123,7 +130,9 @@ class RemoteComputeApp(ExtensionApp):
         self.transfers = TransferPool(self.service, self.max_transfers)
         self.context = RemoteComputeContext(self.service, self.executor, self.transfers)
         self.settings["remote_compute"] = self.context
-        self.settings["remote_compute_agent_lease"] = self.agent_lease
+        kind_settings = {name: getattr(self, name) for name in KindSettings.class_trait_names()}
+        # A kind's handlers read its settings from tornado's settings.
+        self.settings.update({f"remote_compute_{name}": value for name, value in kind_settings.items()})
         # MLflow's UI for the workspace's runs: the tracking server's, or a process started on first use.
         self.mlflow_ui = MlflowUI(
             tracking_uri(workspace.root, settings.tracking),
@@ -136,7 +145,7 @@ class RemoteComputeApp(ExtensionApp):
         # Pipeline runs block in threads of their own (pipelines/runner.py), never on the IOLoop.
         self.pipelines = PipelineRunner(self.service)
         self.settings["remote_compute_pipelines"] = self.pipelines
-        self._started_at = time.time()
+        self._server_view = ServerView(workspace.punica_dir, kind_settings, time.time(), self.log)
         self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         self._emitted: dict[str, tuple[str, str, int]] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -159,7 +168,8 @@ class RemoteComputeApp(ExtensionApp):
                 os.environ[variable] = value
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend([*HANDLERS, *AGENT_HANDLERS, MLFLOW_UI_PROXY, FALLBACK_HANDLER])
+        kind_routes = [route for faces in all_faces().values() for route in faces.routes()]
+        self.handlers.extend([*HANDLERS, *kind_routes, MLFLOW_UI_PROXY, FALLBACK_HANDLER])
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self._start_poller()
@@ -211,11 +221,6 @@ class RemoteComputeApp(ExtensionApp):
                 "log_size": job.log_size,
             },
         )
-
-    def _expire_agent_leases(self) -> None:
-        for machine in AgentHub(self.service.workspace.punica_dir).machines():
-            for job_id in machine.expire(self.agent_lease, self._started_at):
-                self.log.warning("remote-compute: job %s: the agent of %s let its lease run out", job_id, machine.name)
 
     def _retain(self) -> None:
         result = self.service.prune(keep_newest=self.keep_finished_jobs)
@@ -284,15 +289,16 @@ class RemoteComputeApp(ExtensionApp):
         loop = asyncio.get_running_loop()
         reconciled = False
         next_retention = 0.0
+        periodic = [task for faces in all_faces().values() for task in faces.periodic]
         while True:
-            try:
-                # Only the server talks to agents, so only it decides that a silent agent's lease ran out.
-                await loop.run_in_executor(self.executor, self._expire_agent_leases)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A damaged agent file must not stop every other machine's jobs from being driven.
-                self.log.exception("remote-compute: checking agent leases failed")
+            for task in periodic:
+                try:
+                    await loop.run_in_executor(self.executor, task.run, self._server_view)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # One kind's damaged files must not stop every other machine's jobs from being driven.
+                    self.log.exception("remote-compute: %s failed", task.what)
             try:
                 await loop.run_in_executor(self.executor, self.service.poll_active, self.transfers.advance)
                 snapshot = await loop.run_in_executor(self.executor, self.service.store.snapshot)

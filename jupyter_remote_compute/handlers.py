@@ -24,12 +24,11 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
-from .engines.agent_hub import welcome, with_presence
 from .errors import InvalidSettings, RemoteComputeError
+from .jobs.job import Job
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
 from .jobs.spec import JobSpec
-from .jobs.store import Job
 
 T = TypeVar("T")
 PREFIX = r"/remote-compute"
@@ -162,6 +161,11 @@ class RemoteComputeHandler(APIHandler):
     def fail(self, error: RemoteComputeError) -> None:
         self.reply(error.to_json(), error.status)
 
+    def server_url(self) -> str:
+        """This server's address as the request reached it, base URL included (for a command shown to run)."""
+        base = self.settings.get("base_url", "/").rstrip("/")
+        return f"{self.request.protocol}://{self.request.host}{base}"
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Every error tornado or jupyter_server raises here (403, 404, 405, 500) as the documented ``Error``."""
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -248,9 +252,8 @@ class MachinesHandler(RemoteComputeHandler):
         # Read the version first: a write carrying it fails if the file changed after this read.
         version = await self.call(admin.version)
         machines = await self.call(admin.list)
-        punica = self.service.workspace.punica_dir
-        # Presence reads each agent machine's files: off the IOLoop.
-        shown = await self.call(lambda: [with_presence(punica, m.to_json()) for m in machines])
+        # What a kind adds may read files (a machine's presence): off the IOLoop.
+        shown = await self.call(lambda: [admin.describe(m) for m in machines])
         self.reply({"machines": shown, "version": version, "kinds": kinds_json()})
 
     @api
@@ -267,11 +270,8 @@ class MachinesHandler(RemoteComputeHandler):
             expected_version=body.get("version"),
         )
         data = machine.to_json()
-        if machine.kind == "agent":
-            # The agent's token, shown this once with the command to run on the machine; only its hash stays.
-            base = self.settings.get("base_url", "/").rstrip("/")
-            url = f"{self.request.protocol}://{self.request.host}{base}"
-            data.update(await self.call(welcome, self.service.workspace.punica_dir, machine.name, url))
+        # What the kind shows this once (a token and the command to run on the machine, say).
+        data.update(await self.call(self.service.admin.introduce, machine, self.server_url()))
         self.reply(data, 201)
 
 

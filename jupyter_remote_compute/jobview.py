@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .jobs.job import Job, parse_time
 from .jobs.logs import waiting_line
 from .jobs.metrics import MetricsPage
 from .jobs.service import JobService, require_trained
 from .jobs.spec import format_duration
-from .jobs.store import Job, parse_time
 from .jobs.transitions import TERMINAL_STATES
 
 # How long the main thread blocks between checks: short, so an interrupt is answered at once.

@@ -8,6 +8,7 @@ import * as React from 'react';
 
 import { IMachine, requestAPI } from './api';
 import { relativeTime } from './format';
+import { IKindFaces } from './kindFaces';
 import { asAPIError, ComputeModel } from './model';
 
 export const ROTATE_AGENT_TOKEN = 'remote-compute:rotate-agent-token';
@@ -194,3 +195,19 @@ export function registerAgentCommands(
     }
   });
 }
+
+/**
+ * The agent kind's part of the panel: its token commands in the machine's menu, its presence after
+ * the address, the token shown once after an add.
+ */
+export const AGENT_FACES: IKindFaces = {
+  machineCommands: [ROTATE_AGENT_TOKEN, REVOKE_AGENT_TOKEN],
+  Beside: AgentPresence,
+  afterAdd: (name, saved, trans) => {
+    const welcome = welcomeOf(saved);
+    if (welcome) {
+      void showAgentWelcome(name, welcome, trans);
+    }
+  },
+  registerCommands: registerAgentCommands
+};

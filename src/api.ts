@@ -654,47 +654,14 @@ export async function deleteSecret(
 }
 
 /**
+ * The sums of `GET /usage`: one row per group, grouped by `group_by`.
+ */
+export type IUsage = Schemas['Usage'];
+
+/**
  * One group's sums (GET /usage `rows`): the grouping values, then the figures.
  */
-export interface IUsageRow {
-  machine?: string;
-  user?: string;
-  month?: string;
-  kind?: string;
-  state?: string;
-  attempts: number;
-  jobs: number;
-  /**
-   * Attempts still under way, counted up to `generated`.
-   */
-  running: number;
-  /**
-   * Wall time.
-   */
-  job_hours: number;
-  /**
-   * Allocated: wall time × GPUs held.
-   */
-  gpu_hours: number;
-  queue_hours: number;
-  bytes_sent: number;
-  bytes_fetched: number;
-  /**
-   * An estimate from the machines' `price_per_hour`; null where none is set.
-   */
-  cost_estimate: number | null;
-  priced_hours: number;
-  estimated_attempts: number;
-}
-
-export interface IUsage {
-  group_by: string[];
-  since: number | null;
-  until: number | null;
-  generated: number;
-  rows: IUsageRow[];
-  note: string;
-}
+export type IUsageRow = IUsage['rows'][number];
 
 export interface IUsageQuery {
   groupBy?: string[];

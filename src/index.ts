@@ -18,10 +18,12 @@ import {
 } from '@jupyterlab/translation';
 import * as React from 'react';
 
+import { AGENT_FACES } from './agent';
 import { APIError, IJob, SERVER_EXTENSION } from './api';
 import { CommandIDs, registerCommands } from './commands';
 import { ComputePanel } from './components/ComputePanel';
 import { EventSocket } from './eventsocket';
+import { registerKindFaces } from './kindFaces';
 import { ComputeModel, IComputeSettings } from './model';
 
 export { APIError, listJobs, listMachines, requestAPI } from './api';
@@ -160,6 +162,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     fileBrowser: IDefaultFileBrowser | null
   ): void => {
     const trans = (translator ?? nullTranslator).load('jupyter_remote_compute');
+    // The kinds that add to the panel (the server's engines/faces.py BUILT_IN_FACES, this side).
+    registerKindFaces('agent', AGENT_FACES);
 
     // A socket of our own: the panel polls only while it is down, which JupyterLab's shared
     // event manager does not tell.

@@ -1472,16 +1472,18 @@ export interface components {
                 jobs: number;
                 /** @description attempts still under way, counted up to now */
                 running: number;
+                /** @description wall time */
                 job_hours: number;
+                /** @description allocated: wall time × GPUs held */
                 gpu_hours: number;
                 queue_hours: number;
                 bytes_sent: number;
                 bytes_fetched: number;
                 /** @description an estimate; null where no price_per_hour is set */
                 cost_estimate: number | null;
-                priced_hours?: number;
+                priced_hours: number;
                 /** @description lost attempts whose end is estimated */
-                estimated_attempts?: number;
+                estimated_attempts: number;
             }[];
         };
         Job: {

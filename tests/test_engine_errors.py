@@ -34,16 +34,17 @@ def test_local_scratch_under_a_regular_file_is_a_permanent_fault(tmp_path: Path)
     with pytest.raises(EngineError) as err:
         engine.prepare(new_job())
     assert err.value.transient is False
-    assert "cannot create the job folder" in str(err.value) and "Not a directory" in str(err.value)
+    assert "cannot create the base folder" in str(err.value) and "Not a directory" in str(err.value)
+    assert "scratch_dir" in str(err.value)  # the setting to change
 
 
 def test_a_stray_error_inside_an_engine_leaves_as_a_permanent_engine_error(tmp_path: Path):
     engine = LocalEngine("local", "", {}, EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path))
-    # A handle without its directory: a KeyError inside the engine, never let out as such.
+    # An offset that is no number: a TypeError inside the engine, never let out as such.
     with pytest.raises(EngineError, match="local: read log failed") as err:
-        engine.read_log(new_job(), 0, 10)
+        engine.read_log(RemoteJob("j", "k", {"dir": str(tmp_path)}), "0", 10)  # type: ignore[arg-type]
     assert err.value.transient is False
-    assert isinstance(err.value.__cause__, KeyError)
+    assert isinstance(err.value.__cause__, TypeError)
 
 
 def test_ssh_base_dir_under_a_regular_file_is_a_permanent_fault(

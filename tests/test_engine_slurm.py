@@ -16,9 +16,9 @@ from slurm_fixture import SlurmBed
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.jobs.job import Job
 from jupyter_remote_compute.jobs.service import JobService, require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.jobs.store import Job
 
 sshd_bed = sshd_fixture.sshd_bed
 slurm_bed = slurm_fixture.slurm_bed

@@ -14,6 +14,7 @@ import subprocess
 import tarfile
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,15 +32,17 @@ from jupyter_remote_compute.engines.ssh import (
     SSHEngine,
     input_set_digest,
 )
-from jupyter_remote_compute.engines.ssh_connection import dropped_under, sh_script
-from jupyter_remote_compute.engines.ssh_openssh import OpenSSHChannel, _Master
+from jupyter_remote_compute.engines.ssh_openssh import _Master
 from jupyter_remote_compute.engines.ssh_transfer import (
+    SafeExtractor,
+    TarReader,
     UnsafeArchive,
     check_digests,
     check_relpaths,
     parse_sha256sum,
     tar_header,
 )
+from jupyter_remote_compute.engines.transport import ProcessChannel, dropped_under, sh_script
 
 # the shared fixtures, by name
 sshd_bed = sshd_fixture.sshd_bed
@@ -392,7 +395,7 @@ def test_a_session_that_sees_its_master_go_before_the_master_has_exited_is_lost(
     session = subprocess.Popen(
         ["sh", "-c", "exit 255"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    ch = OpenSSHChannel(session, _Master(master, str(tmp_path / "master")), timeout=10)
+    ch = ProcessChannel(session, _Master(master, str(tmp_path / "master")), timeout=10)
     try:
         assert ch.recv_exit_status() == -1  # "no exit status": the connection went away
         assert not ch.get_transport().is_active()
@@ -570,6 +573,18 @@ def _evil_tar(kind: str) -> bytes:
     return buf.getvalue()
 
 
+def extract_command(engine: SSHEngine, command: str, dest: Path, allowed: Callable[[str], bool]) -> list[str]:
+    """Extract the tar stream a far-side command prints under the policy every fetch goes through."""
+    extractor = SafeExtractor(Path(dest), allowed, engine.name)
+    with engine.transport.channel(sh_script(command), 120) as ch:
+        ch.shutdown_write()
+        reader = TarReader(ch.recv)
+        for info in reader.members():
+            extractor.extract(reader, info)
+        engine.transport.finish(ch, bytearray(), 120)
+    return sorted(extractor.files)
+
+
 @DEFAULT_ONLY
 @pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink", "hardlink", "device", "unrequested"])
 def test_escaping_tar_entries_are_refused(engine: SSHEngine, tmp_path: Path, kind: str):
@@ -579,8 +594,8 @@ def test_escaping_tar_entries_are_refused(engine: SSHEngine, tmp_path: Path, kin
     dest.mkdir()
     wanted = ("work/out",)
     with pytest.raises(UnsafeArchive, match="refused"):
-        engine._extract_command(
-            f"cat {job.handle['dir']}/work/evil.tar", dest, lambda n: n.startswith(wanted) or n == "work"
+        extract_command(
+            engine, f"cat {job.handle['dir']}/work/evil.tar", dest, lambda n: n.startswith(wanted) or n == "work"
         )
     assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/jrc-escaped.txt").exists()
     outside = [p for p in dest.rglob("*") if not str(p.resolve()).startswith(str(dest.resolve()))]

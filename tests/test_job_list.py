@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from jupyter_remote_compute.jobs.job import Job
 from jupyter_remote_compute.jobs.listing import JobQuery, decode_cursor, list_page
-from jupyter_remote_compute.jobs.store import Job, JobStore
+from jupyter_remote_compute.jobs.store import JobStore
 
 
 def _job(i: int, *, created: str, state: str = "succeeded", machine: str = "local", name: str = "") -> Job:

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_remote_compute.jobs.job import Job
 from jupyter_remote_compute.jobs.listing import index_of
-from jupyter_remote_compute.jobs.store import Job, JobStore
+
+# Another process adds one finished job (the poller never drives it, so only the watch can tell),
+from jupyter_remote_compute.jobs.store import JobStore
 
 # Another process adds one finished job (the poller never drives it, so only the watch can tell),
 # optionally compacting right after its commit, as a writer whose journal outgrew the file does.
@@ -25,7 +28,8 @@ _WRITER = """
 import sys
 from pathlib import Path
 from jupyter_remote_compute.jobs import store as store_module
-from jupyter_remote_compute.jobs.store import Job, JobStore
+from jupyter_remote_compute.jobs.job import Job
+from jupyter_remote_compute.jobs.store import JobStore
 path, job_id, compact = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "compact"
 if compact:
     store_module.COMPACT_MIN_BYTES = 0

@@ -162,7 +162,7 @@ def test_a_replay_cut_short_and_run_again_makes_one_model_and_one_version(
 
 
 def job_ended(job: Any) -> float:
-    from jupyter_remote_compute.jobs.store import parse_time
+    from jupyter_remote_compute.jobs.job import parse_time
 
     return parse_time(job.ended)
 

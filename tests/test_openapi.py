@@ -44,7 +44,7 @@ def test_the_job_spec_schema_lists_every_setting_the_server_accepts() -> None:
 def test_the_job_schema_lists_every_field_the_api_shows() -> None:
     import dataclasses
 
-    from jupyter_remote_compute.jobs.store import Job
+    from jupyter_remote_compute.jobs.job import Job
 
     shown = {f.name for f in dataclasses.fields(Job)} - {"lease"} | {"name", "progress"}
     assert set(_spec()["components"]["schemas"]["Job"]["properties"]) == shown

@@ -14,7 +14,8 @@ import pytest
 from conftest import job_runs
 from test_job_list import _job, _seed, _stamp
 
-from jupyter_remote_compute.jobs.store import Job, JobStore
+from jupyter_remote_compute.jobs.job import Job
+from jupyter_remote_compute.jobs.store import JobStore
 
 OLD = "2025-01-01T00:00:00.000Z"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
-from jupyter_remote_compute.jobs.store import Job, JobStore, StoreUnreadable
+from jupyter_remote_compute.jobs.job import Job
+from jupyter_remote_compute.jobs.store import JobStore, StoreUnreadable
 from jupyter_remote_compute.jobs.transitions import move
 
 WRITER = textwrap.dedent(

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
+from jupyter_remote_compute.jobs import snapshot as snapshot_module
 from jupyter_remote_compute.jobs import store as store_module
-from jupyter_remote_compute.jobs.store import Job, JobStore
+from jupyter_remote_compute.jobs.job import Job
+from jupyter_remote_compute.jobs.store import JobStore
 
 
 def _job(job_id: str, state: str = "queued") -> Job:
@@ -87,7 +89,8 @@ CONCURRENT = textwrap.dedent(
     import dataclasses, sys, time
     from pathlib import Path
     from jupyter_remote_compute.jobs import store as store_module
-    from jupyter_remote_compute.jobs.store import Job, JobStore
+    from jupyter_remote_compute.jobs.job import Job
+    from jupyter_remote_compute.jobs.store import JobStore
 
     path, tag, gate, n = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     store_module.COMPACT_MIN_BYTES = 4096  # compact every few changes: readers meet compactions often
@@ -216,7 +219,7 @@ def test_changes_since_an_older_snapshot_span_commits_and_replays(path: Path) ->
     now = store.snapshot()
     delta = now.changes_since(start)
     assert delta is not None and delta.touched == {"b", "c", "d"} and delta.removed == {"a"}
-    assert now.changes_since(now.generation) == store_module.Delta(now.generation, frozenset(), frozenset())
+    assert now.changes_since(now.generation) == snapshot_module.Delta(now.generation, frozenset(), frozenset())
     assert now.changes_since(-1) is None  # from before any snapshot it knows: rebuild
 
 
@@ -251,7 +254,7 @@ def test_changes_kept_over_a_shared_map_read_the_same_as_the_file_across_folds(p
     """A commit adds its change to the snapshot's layers instead of copying every job; every FOLD_AT changes
     they are folded into a new map. Whatever the layers, each snapshot reads as the file does, and one
     taken earlier keeps reading as it did then."""
-    monkeypatch.setattr(store_module, "FOLD_AT", 5)
+    monkeypatch.setattr(snapshot_module, "FOLD_AT", 5)
     writer, reader = JobStore(path), JobStore(path)  # the reader follows by replaying the journal
     expected: dict[str, str] = {}
     kept: list[tuple[object, dict[str, str]]] = []

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_remote_compute.jobs.job import Job
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.jobs.store import Job
 from jupyter_remote_compute.jobs.transitions import (
     ACTIVE_STATES,
     EDGES,

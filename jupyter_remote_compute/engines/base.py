@@ -103,17 +103,38 @@ class SendStats:
     files_reused: int = 0  # already present on the far side, not sent again
 
 
+class Handle(TypedDict, total=False):
+    """An engine's JSON-able record of where its job is, kept in the state file across restarts.
+
+    Every key any kind writes is here, with the kind that writes it. The lifecycle reads only
+    ``dir`` (through ``Engine.is_prepared``); the rest is the kind's own, handed back unchanged.
+    """
+
+    dir: str  #: the job's folder on the machine, once prepared (every kind)
+    pid: int  #: the detached launcher's process group (local, ssh, jupyter, skypilot's head)
+    abs_dir: str  #: jupyter: the folder as the kernel sees it (``dir`` is relative to the server's root)
+    transport: str  #: jupyter: "contents" or "kernel", how the job's bytes move
+    slurm_job_id: str  #: slurm: the batch job's id
+    queued: bool  #: agent: on the machine's queue, not claimed yet
+    launch_request: str  #: skypilot: the SDK request launching the cluster
+    launch_submitted: float  #: skypilot: when that request was made
+    cluster: str  #: skypilot: the cluster the job runs on
+    cluster_ready: bool  #: skypilot: the launch finished
+    exec_request: str  #: skypilot: the SDK request of the job's exec
+    resources: dict[str, Any]  #: skypilot: what the launch asked for
+
+
 @dataclasses.dataclass(frozen=True)
 class RemoteJob:
     """What an engine needs to find a job again, across restarts of this side.
 
-    ``handle`` is the engine's own JSON-able record (a job directory, a pid, a
-    batch id); the lifecycle stores it and hands it back unchanged.
+    ``handle`` is the engine's own record (``Handle``: a job directory, a pid, a batch id); the
+    lifecycle stores it and hands it back unchanged.
     """
 
     job_id: str
     key: str
-    handle: Mapping[str, Any]
+    handle: Handle
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,6 +108,14 @@ def _decode(value: str) -> Any:
 
 
 class JupyterEngine(Engine):
+    """A remote Jupyter Server: the far side's program runs in a kernel kept per engine, bytes move
+    through the Contents API where it sees the job's folder, else through that kernel.
+
+    Over 400 lines for a reason: it is its own transport (kernel messages, not a byte stream, so not
+    a ``ShellEngine``) and each transfer has those two paths, chosen per job; splitting them would
+    pass the kernel, the client and the job's transport between two classes on every call.
+    """
+
     kind = "jupyter"
     label = "Jupyter Server"
     options: Mapping[str, OptionField] = {
@@ -277,6 +285,7 @@ class JupyterEngine(Engine):
             "kernel_name": self._python_kernel(),
             "kernelspecs": sorted((specs.get("kernelspecs") or {}).keys()),
             "base_dir": self.base_dir,
+            "transport": "kernel",  # how its far-side scripts run, as every kind reports
             "transfer": "contents" if self._contents_visible(self.base_dir) else "kernel",
         }
         return farside.parse_facts(found, rtt_ms, **extras).to_json()

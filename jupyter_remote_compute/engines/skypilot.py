@@ -67,7 +67,7 @@ from .base import (
 from .launcher import command_script, launch_input
 from .resources import Resources
 from .ssh import SSHEngine
-from .ssh_connection import quote
+from .transport import quote
 
 INSTALL_HINT = 'install jupyter-remote-compute[skypilot] (pip install "jupyter-remote-compute[skypilot]")'
 DEFAULT_AUTOSTOP = 30
@@ -503,7 +503,7 @@ class SkyPilotEngine(Engine):
 
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
         head = self.head()
-        d = head._dir(job)
+        d = head.job_dir(job)
         if job.handle.get("exec_request"):
             return job  # started already; the SkyPilot job finds the launcher's pid
         # The job runs with the head's login environment, like an ssh job (not SkyPilot's runtime env).
@@ -513,11 +513,10 @@ umask 077
 if [ -f pid ]; then echo started; exit 0; fi
 printf '%s' {quote(command_script(launch.command))} > command.sh
 printf '%s' {quote(_START_SH)} > {START_SCRIPT}
-{{ printf 'PATH=%s\\n' "$(printf '%s' "$PATH" | base64 | tr -d '\\n')"; cat; }} > {ENV_FILE}.tmp
-mv -f {ENV_FILE}.tmp {ENV_FILE}
+{farside.command_line("envfile", ENV_FILE, "--login-path")}
 echo written
 """
-        res = head._run(body, payload, timeout=60, retry=False)
+        res = head.transport.run(body, payload, timeout=60, retry=False)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: writing job {job.job_id} on the head node"))
         sky = _sky()

@@ -1,12 +1,13 @@
-"""A Slurm cluster: the login node is reached like an ssh machine, and Slurm places the job.
+"""A Slurm cluster: the ssh transport to its login node, and a launcher that places jobs through Slurm.
 
-Everything that moves files or signs in is the ssh engine's (``SSHEngine``: route, host keys,
-the content-addressed input cache, the verified fetch of outputs, the job folder on the shared
-filesystem under ``base_dir``). What differs is how a job starts, is watched and stops:
+``SlurmEngine`` is the ssh kind (``SSHEngine``: route, host keys, the content-addressed input
+cache, the verified fetch, the job folder on the shared filesystem under ``base_dir``) with
+``SlurmLauncher`` in place of the detached process. It overrides nothing of ssh's; what differs is
+how a job starts, is watched and stops, all in the launcher:
 
 - ``start`` writes ``batch.sh`` beside ``command.sh`` and submits it with ``sbatch`` (through
   ``slurm_commands.SUBMIT_SH``, so a second submission finds the first). The plain environment
-  reaches sbatch on stdin; secrets go to a 0600 file batch.sh reads and removes as it starts, so
+  reaches sbatch on stdin; secrets go to a 0600 file (farside/envfile.sh) batch.sh reads and removes as it starts, so
   they are in neither argv, nor sbatch's exported environment (which slurmctld keeps in its state).
 - ``poll`` asks ``squeue`` once for every job of the machine, and reads the exit codes the batch
   scripts wrote with the shared status script, in the same round trip. A controller that does not
@@ -30,7 +31,6 @@ from ..errors import InvalidSettings
 from . import farside
 from .base import (
     RESOURCE_NAMES,
-    EngineContext,
     EngineError,
     Features,
     LaunchSpec,
@@ -42,6 +42,7 @@ from .base import (
 )
 from .launcher import command_script, launch_input
 from .resources import Resources
+from .shell import Launcher, ShellEngine
 from .slurm_commands import (
     BATCH_SCRIPT,
     CHECK_SH,
@@ -64,7 +65,7 @@ from .slurm_commands import (
     squeue_argv,
 )
 from .ssh import SSHEngine
-from .ssh_connection import quote
+from .transport import quote
 
 #: The longest a busy controller is left alone between polls.
 MAX_BACKOFF = 300.0
@@ -78,27 +79,13 @@ _LIVE_STATES = "PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED|STOPPED|SIGNALI
 _BUSY_SIGNS = ("Socket timed out", "Unable to contact slurm controller", "slurm_load_jobs error", "Zero Bytes")
 
 
-class SlurmEngine(SSHEngine):
-    """A Slurm cluster's login node over SSH; jobs go through sbatch to the cluster's nodes."""
+class SlurmLauncher(Launcher):
+    """Jobs placed by Slurm: ``sbatch`` to start, ``squeue`` (with the far side's status) to watch, ``scancel``."""
 
-    kind = "slurm"
-    label = "Slurm cluster"
-    features = Features(host_keys=True, pending=True, resources=frozenset(RESOURCE_NAMES))
-    options = {
-        **SSHEngine.options,
-        "base_dir": OptionField(
-            str, "Directory for jobs and the input cache on the cluster's shared filesystem (~/.jupyter-remote-compute)"
-        ),
-        "partition": OptionField(str, "Partition jobs go to unless they name one (default: the cluster's)"),
-        "account": OptionField(str, "Account jobs are charged to (sbatch --account)"),
-        "qos": OptionField(str, "Quality of service (sbatch --qos)"),
-        "resources": OptionField(dict, "Default resources: {gpus, cpus, memory, nodes, partition}"),
-        "sbatch_args": OptionField(list, "Extra sbatch arguments, e.g. ['--constraint=a100']"),
-    }
-
-    def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
-        super().__init__(name, address, options, context)
-        self.settings = SlurmSettings.from_options(self.machine_options)
+    def __init__(self, engine: ShellEngine) -> None:
+        super().__init__(engine)
+        self.name = engine.name
+        self.settings = SlurmSettings.from_options(engine.machine_options)
         self._lock = threading.Lock()
         self._facts: tuple[float, SlurmFacts] | None = None
         self._backoff = 0.0
@@ -111,7 +98,7 @@ class SlurmEngine(SSHEngine):
             cached = self._facts
         if cached is not None and not fresh and time.monotonic() - cached[0] < FACTS_TTL:
             return cached[1]
-        res = self._run(CHECK_SH, timeout=60)
+        res = self.engine.transport.run(CHECK_SH, timeout=60)
         try:
             facts = parse_check(res.text())
         except SlurmMissing as e:
@@ -120,10 +107,8 @@ class SlurmEngine(SSHEngine):
             self._facts = (time.monotonic(), facts)
         return facts
 
-    def check(self) -> dict[str, Any]:
-        common = super().check()  # the login node's own facts, the same shape as every kind's
-        cluster = self._slurm_facts(fresh=True).to_json()
-        return {**{k: v for k, v in cluster.items() if k not in common}, **common}
+    def facts(self) -> dict[str, Any]:
+        return self._slurm_facts(fresh=True).to_json()  # beside the login node's own facts
 
     def admit(self, resources: Resources) -> None:
         """Refuse at submit what no node of the partition can give: Slurm would queue it for ever."""
@@ -134,14 +119,12 @@ class SlurmEngine(SSHEngine):
             field = f"resources.{e.field}" if e.field else "resources"
             raise InvalidSettings(f"resources.{e}", field=field) from None
 
-    # -- the job's life -------------------------------------------------------------
-
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
-        d = self._dir(job)
+        d = self.engine.job_dir(job)
         resources = (launch.resources or Resources()).over(self.settings.defaults)
         argv = sbatch_argv(job.job_id, d, launch.resources or Resources(), self.settings, launch.timeout)
         # stdin: the plain environment (for sbatch's --export=ALL), a marker, then the secrets,
-        # which this script splits off into a file only the user can read.
+        # which this script splits off into a file only the user can read (farside/envfile.sh).
         payload = launch_input(launch.env, {}) + b"@@secrets\n" + launch_input({}, launch.secret_env)
         body = f"""cd -- {quote(d)} || exit 97
 umask 077
@@ -150,31 +133,26 @@ printf '%s' {quote(command_script(launch.command))} > command.sh
 printf '%s' {quote(batch_script(d, resources.nodes or 1))} > {BATCH_SCRIPT}
 printf '%s' {quote(SUBMIT_SH)} > submit.sh
 plain=
-rm -f {SECRETS_FILE}.tmp
-: > {SECRETS_FILE}.tmp
+secrets=
 part=plain
 while IFS= read -r line; do
   if [ "$line" = @@secrets ]; then part=secrets; continue; fi
   if [ $part = plain ]; then plain="$plain$line
-"; else printf '%s\\n' "$line" >> {SECRETS_FILE}.tmp; fi
+"; else secrets="$secrets$line
+"; fi
 done
-mv -f {SECRETS_FILE}.tmp {SECRETS_FILE}
+printf '%s' "$secrets" | {farside.command_line("envfile", SECRETS_FILE)}
 printf '%s' "$plain" | sh submit.sh {quote(d)} {" ".join(quote(a) for a in argv)}
 """
-        res = self._run(body, payload, timeout=120, retry=False)
+        res = self.engine.transport.run(body, payload, timeout=120, retry=False)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: submitting job {job.job_id} (sbatch)"))
         slurm_id = parse_sbatch_output(res.text())
         return dataclasses.replace(job, handle={**job.handle, "slurm_job_id": slurm_id})
 
-    def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
-        return self.poll_watched(jobs, {})[0]
-
     def poll_watched(
         self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
     ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
-        if not jobs:
-            return {}, {}
         now = time.monotonic()
         if now < self._quiet_until:
             raise EngineError(
@@ -184,7 +162,7 @@ printf '%s' "$plain" | sh submit.sh {quote(d)} {" ".join(quote(a) for a in argv)
         ids = [self._slurm_id(job) for job in jobs]
         squeue = " ".join(quote(a) for a in squeue_argv(sorted(set(ids))))
         status = farside.command_line(
-            "status", *farside.status_words([quote(self._dir(job)) for job in jobs], bool(watched))
+            "status", *farside.status_words([quote(self.engine.job_dir(job)) for job in jobs], bool(watched))
         )
         body = f"""e=$(mktemp) || exit 3
 {squeue} >"$e.out" 2>"$e" </dev/null
@@ -194,7 +172,7 @@ rm -f "$e" "$e.out"
 {status}
 """
         # squeue reads /dev/null: the watched jobs on stdin are status.sh's (live metrics).
-        res = self._run(body, farside.watch_input(jobs, watched) if watched else b"", timeout=60)
+        res = self.engine.transport.run(body, farside.watch_input(jobs, watched) if watched else b"", timeout=60)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: poll"))
         text = res.text()
@@ -225,12 +203,12 @@ rm -f "$e" "$e.out"
     def _log_tail(self, job: RemoteJob) -> str:
         try:
             size = 4096
-            return self.read_log(job, 0, 1 << 30)[-size:].decode("utf-8", "replace")
+            return self.engine.read_log(job, 0, 1 << 30)[-size:].decode("utf-8", "replace")
         except EngineError:
             return ""
 
     def cancel(self, job: RemoteJob, grace: float) -> None:
-        d = self._dir(job)
+        d = self.engine.job_dir(job)
         slurm_id = job.handle.get(SLURM_JOB_ID_FILE)
         if not slurm_id:
             return  # never submitted: there is nothing in Slurm to stop
@@ -250,7 +228,7 @@ while :; do
   sleep 0.5
 done
 """
-        res = self._run(body, timeout=grace + CANCEL_SETTLE + 30, retry=True)
+        res = self.engine.transport.run(body, timeout=grace + CANCEL_SETTLE + 30, retry=True)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: cancelling job {job.job_id} (Slurm job {slurm_id})"))
 
@@ -260,6 +238,27 @@ done
         if not isinstance(slurm_id, str) or not slurm_id.isdigit():
             raise EngineError(f"job {job.job_id}: no Slurm job id recorded (it was not submitted)")
         return slurm_id
+
+
+class SlurmEngine(SSHEngine):
+    """A Slurm cluster: the ssh transport to its login node, and the Slurm launcher (sbatch) for its jobs."""
+
+    launcher_class = SlurmLauncher
+
+    kind = "slurm"
+    label = "Slurm cluster"
+    features = Features(host_keys=True, pending=True, resources=frozenset(RESOURCE_NAMES))
+    options = {
+        **SSHEngine.options,
+        "base_dir": OptionField(
+            str, "Directory for jobs and the input cache on the cluster's shared filesystem (~/.jupyter-remote-compute)"
+        ),
+        "partition": OptionField(str, "Partition jobs go to unless they name one (default: the cluster's)"),
+        "account": OptionField(str, "Account jobs are charged to (sbatch --account)"),
+        "qos": OptionField(str, "Quality of service (sbatch --qos)"),
+        "resources": OptionField(dict, "Default resources: {gpus, cpus, memory, nodes, partition}"),
+        "sbatch_args": OptionField(list, "Extra sbatch arguments, e.g. ['--constraint=a100']"),
+    }
 
 
 def _status(outcome: Outcome, log_size: int | None, slurm: SlurmJob | None = None) -> RemoteStatus:

@@ -1,11 +1,10 @@
-"""The ssh engine's connection: one small interface, two transports.
+"""ssh as a transport (``transport.Transport``): two of them, one ssh-level base.
 
-``Connection`` is what the engine uses: ``channel`` (one far-side command with
-its stdin, stdout, stderr and exit status, shaped like a paramiko channel),
-``run`` on top of it, the host-key flow (``host_key``, ``trust_host``) and
-``close``. ``ssh_openssh.OpenSSHConnection`` runs the user's own ``ssh`` over a
-master connection this process owns; ``ParamikoConnection`` (here) speaks SSH
-itself, for machines where no ssh client is installed.
+``Connection`` adds to a transport what only ssh has: the route (ssh config,
+ProxyJump hops), the host-key flow (``host_key``, ``trust_host``) and a cap on
+calls at once. ``ssh_openssh.OpenSSHConnection`` runs the user's own ``ssh``
+over a master connection this process owns; ``ParamikoConnection`` (here)
+speaks SSH itself, for machines where no ssh client is installed.
 
 The paramiko transport: one authenticated connection (through any ProxyJump
 hops) carries every call as its own exec channel; at most ``MAX_CHANNELS``
@@ -22,7 +21,6 @@ import abc
 import base64
 import contextlib
 import dataclasses
-import shlex
 import socket
 import threading
 import time
@@ -34,7 +32,7 @@ import paramiko
 
 from . import ssh_config
 from .base import EngineError
-from .ssh_transfer import CHUNK
+from .transport import Dropped, Transport
 
 MAX_CHANNELS = 4
 # paramiko's default receive window (2 MiB). Larger windows made downloads several times slower here
@@ -52,10 +50,6 @@ PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes128-ctr", "aes256-gcm@openssh
 # trigger is moved out of reach and the server decides.
 REKEY_NEVER = 1 << 62
 CONNECT_TIMEOUT = 15.0
-CALL_TIMEOUT = 120.0  # seconds without progress on one channel
-# How long a channel that ended without an exit status waits for its connection to be seen gone: a
-# connection that drops ends its channels first and is marked inactive (or its process exits) after.
-GONE_WAIT = 5.0
 
 
 class HostKeyUnknown(EngineError):
@@ -76,24 +70,6 @@ class AuthenticationFailed(EngineError):
     """No key was accepted (the message lists what was tried)."""
 
 
-class Dropped(Exception):
-    """The connection went away under a call; the call may be retried on a new one."""
-
-
-@dataclasses.dataclass
-class Result:
-    code: int
-    out: bytes
-    err: bytes
-
-    def text(self) -> str:
-        return self.out.decode("utf-8", "replace")
-
-    def error(self, what: str) -> str:
-        detail = (self.err or self.out).decode("utf-8", "replace").strip()
-        return f"{what} failed (exit code {self.code}): {detail[-1500:] or 'no message'}"
-
-
 @dataclasses.dataclass
 class Link:
     """An authenticated connection: jump transports first, the target last."""
@@ -111,29 +87,6 @@ class Link:
         for t in reversed(self.transports):
             with contextlib.suppress(Exception):
                 t.close()
-
-
-def dropped_under(ch: Any, code: int) -> bool:
-    """Whether a channel that ended with ``code`` lost its connection: no exit status, and the
-    connection is gone or goes within ``GONE_WAIT``. The far side did not fail; the call may be retried."""
-    if code != -1:
-        return False
-    transport = ch.get_transport()
-    deadline = time.monotonic() + GONE_WAIT
-    while transport.is_active():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def quote(value: str) -> str:
-    return shlex.quote(value)
-
-
-def sh_script(body: str) -> str:
-    """Run ``body`` under /bin/sh whatever the login shell is, so its syntax is POSIX sh's."""
-    return "sh -c " + quote(body)
 
 
 def host_key_error(hop: ssh_config.Hop, blob: bytes, is_target: bool) -> EngineError | None:
@@ -166,32 +119,23 @@ def host_key_error(hop: ssh_config.Hop, blob: bytes, is_target: bool) -> EngineE
     )
 
 
-class Connection(abc.ABC):
-    """The engine's way to one machine: made on first use, re-made after a drop, closed by ``close``.
+class Connection(Transport):
+    """The ssh transport to one machine: made on first use, re-made after a drop, closed by ``close``.
 
-    ``channel`` yields an object with the part of paramiko's ``Channel`` the
-    engine uses: ``recv``, ``send``, ``shutdown_write``, ``recv_stderr_ready``,
-    ``recv_stderr``, ``status_event``, ``recv_exit_status`` (-1: the
-    connection went away before the command ended), ``exit_status_ready``,
-    ``closed`` and ``get_transport().is_active()``.
+    What is ssh's own lives here and nowhere else: the route (``hop``: ssh config, ProxyJump), the
+    host-key flow (``host_key``, ``trust_host``) and at most ``MAX_CHANNELS`` calls at once. ``channel``
+    and ``run`` are a ``Transport``'s.
     """
 
-    #: the name ``check`` reports (facts: ``transport``)
-    transport_name: ClassVar[str]
     #: whether this transport can run a ProxyCommand from the ssh config
     runs_proxy_command: ClassVar[bool] = False
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any]) -> None:
-        self.name = name
+        super().__init__(name)
         self.address = address
         self.machine_options = options
-        self._lock = threading.Lock()  # guards the connection and the counters
         self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
         self._hop: ssh_config.Hop | None = None
-        #: exec channels opened so far (tests count round trips with it)
-        self.channels_opened = 0
-        #: connections made so far (1 + reconnects)
-        self.connections_made = 0
 
     def hop(self) -> ssh_config.Hop:
         """The resolved route to the machine (read from the ssh config once per connection)."""
@@ -212,22 +156,6 @@ class Connection(abc.ABC):
     def config_path(self) -> str:
         """The user's ssh config file as this process sees it (``~`` from $HOME)."""
         return str(Path(self.machine_options.get("ssh_config") or "~/.ssh/config").expanduser())
-
-    @abc.abstractmethod
-    def channel(self, command: str, timeout: float) -> contextlib.AbstractContextManager[Any]:
-        """Run ``command`` (a shell command line) on the machine; raises ``Dropped`` if the connection died."""
-
-    @abc.abstractmethod
-    def active(self) -> bool:
-        """Whether a connection is open now (no call is made)."""
-
-    @abc.abstractmethod
-    def round_trip(self) -> float:
-        """Seconds for one request the far side answers (connecting first if needed)."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """End the connection and everything it started; the next call connects again."""
 
     @abc.abstractmethod
     def _target_key(self) -> bytes:
@@ -269,66 +197,6 @@ class Connection(abc.ABC):
             )
         ssh_config.append_known_host(hop, blob)
         return fp
-
-    # -- running commands -------------------------------------------------------------
-
-    def lost(self, error: object) -> EngineError:
-        return EngineError(f"connection to {self.name} lost: {error}", transient=True)
-
-    @staticmethod
-    def drain_stderr(ch: Any, err: bytearray) -> None:
-        # stdout and stderr share the channel window: unread stderr would stall stdout.
-        while ch.recv_stderr_ready():
-            data = ch.recv_stderr(65536)
-            if len(err) < 65536:
-                err += data
-
-    @staticmethod
-    def finish(ch: Any, err: bytearray, timeout: float) -> int:
-        while True:
-            data = ch.recv_stderr(65536)
-            if not data:
-                break
-            if len(err) < 65536:
-                err += data
-        if not ch.status_event.wait(timeout):
-            raise TimeoutError("no exit status")
-        return ch.recv_exit_status()
-
-    def run(self, body: str, stdin: bytes = b"", *, timeout: float = CALL_TIMEOUT, retry: bool = True) -> Result:
-        """Run a sh script; ``retry`` once on a new connection if the old one died (read-only calls)."""
-        for attempt in (0, 1):
-            try:
-                with self.channel(sh_script(body), timeout) as ch:
-                    writer = None
-                    if len(stdin) > WINDOW_SIZE // 2:
-                        # Feed a long stdin from a thread: the far side may answer while it reads, and an
-                        # unread answer would fill the window and stop it reading.
-                        writer = threading.Thread(target=feed, args=(ch, stdin), daemon=True)
-                        writer.start()
-                    else:
-                        if stdin:
-                            send_view(ch, memoryview(stdin))
-                        ch.shutdown_write()
-                    out = bytearray()
-                    err = bytearray()
-                    while True:
-                        data = ch.recv(CHUNK)
-                        if not data:
-                            break
-                        out += data
-                        self.drain_stderr(ch, err)
-                    code = self.finish(ch, err, timeout)
-                    if writer is not None:
-                        writer.join(timeout)
-                    if dropped_under(ch, code):
-                        raise Dropped("the connection closed before the command ended")
-                    return Result(code, bytes(out), bytes(err))
-            except Dropped as e:
-                if retry and attempt == 0:
-                    continue
-                raise self.lost(e) from None
-        raise AssertionError("unreachable")
 
 
 class ParamikoConnection(Connection):
@@ -596,19 +464,3 @@ class ParamikoConnection(Connection):
 
 
 SSHConnection = ParamikoConnection  # the name it had before the OpenSSH transport
-
-
-def feed(ch: paramiko.Channel, data: bytes, close: bool = True) -> None:
-    with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-        send_view(ch, memoryview(data))
-        if close:
-            ch.shutdown_write()
-
-
-def send_view(ch: paramiko.Channel, view: memoryview) -> None:
-    # Channel.sendall re-slices a bytes object after every packet (a copy each time); a memoryview does not.
-    while view:
-        n = ch.send(view)
-        if n <= 0:
-            raise OSError("channel closed while sending")
-        view = view[n:]

@@ -26,14 +26,12 @@ no ``SSH_ASKPASS``, no controlling terminal.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import select
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -42,20 +40,10 @@ from typing import Any
 
 from . import ssh_config
 from .base import EngineError
-from .ssh_connection import (
-    CONNECT_TIMEOUT,
-    GONE_WAIT,
-    AuthenticationFailed,
-    Connection,
-    Dropped,
-    HostKeyChanged,
-    host_key_error,
-    sh_script,
-)
+from .ssh_connection import CONNECT_TIMEOUT, AuthenticationFailed, Connection, HostKeyChanged, host_key_error
+from .transport import Dropped, ProcessChannel, popen, sh_script, wait_fd
 
 SSH = "ssh"
-# Bigger pipes than Linux's 64 KiB default: fewer wake-ups between this process and ssh for bulk data.
-PIPE_SIZE = 1 << 20
 MASTER_READY = b"JRC-MASTER-READY"
 # Variables that could make ssh ask for something, or reach for a display: never passed on.
 _DROPPED_ENV = ("SSH_ASKPASS", "SSH_ASKPASS_REQUIRE", "DISPLAY", "WAYLAND_DISPLAY")
@@ -75,32 +63,6 @@ def _option_value(value: str) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
-def _wait(fd: int, event: int, timeout: float | None) -> bool:
-    """Whether ``fd`` is ready (or at its end) within ``timeout`` seconds; poll, not select: any fd number works."""
-    poller = select.poll()
-    poller.register(fd, event)
-    return bool(poller.poll(None if timeout is None else timeout * 1000))
-
-
-def _widen(fd: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-
-
-class _Exit:
-    """paramiko's ``status_event``: ``wait(timeout)`` says whether the command's exit status is in."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self._proc = proc
-
-    def wait(self, timeout: float | None = None) -> bool:
-        try:
-            self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-
 class _Master:
     """The master ssh process: ``is_active`` is what paramiko's ``Transport.is_active`` says."""
 
@@ -118,116 +80,6 @@ class _Master:
         except subprocess.TimeoutExpired:
             return False
         return True
-
-
-class OpenSSHChannel:
-    """One far-side command over the master: an ``ssh`` mux client with pipes for its three streams."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], master: _Master, timeout: float) -> None:
-        self.proc = proc
-        self.master = master
-        self.timeout = timeout
-        assert proc.stdin and proc.stdout and proc.stderr
-        self._in: int | None = proc.stdin.fileno()
-        self._out = proc.stdout.fileno()
-        os.set_blocking(self._in, False)  # writes wait in select, so a far side that stops reading times out
-        for fd in (self._in, self._out):
-            _widen(fd)
-        self._err = bytearray()  # not yet taken by recv_stderr
-        self._err_done = False
-        self._err_ready = threading.Condition()
-        self._err_thread = threading.Thread(target=self._read_stderr, name="jrc-ssh-stderr", daemon=True)
-        self._err_thread.start()
-        self.status_event = _Exit(proc)
-        self.closed = False
-
-    def _read_stderr(self) -> None:
-        # Read stderr all along: an ssh client blocked on a full stderr pipe would stop stdout too.
-        assert self.proc.stderr is not None
-        fd = self.proc.stderr.fileno()
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                data = b""
-            with self._err_ready:
-                if not data:
-                    self._err_done = True
-                    self._err_ready.notify_all()
-                    return
-                if len(self._err) < 1 << 20:
-                    self._err += data
-                self._err_ready.notify_all()
-
-    def settimeout(self, timeout: float) -> None:
-        self.timeout = timeout
-
-    def get_transport(self) -> _Master:
-        return self.master
-
-    def send(self, data: bytes | memoryview) -> int:
-        if self._in is None:
-            raise OSError("the channel's input is already closed")
-        while True:
-            if not _wait(self._in, select.POLLOUT, self.timeout):
-                raise TimeoutError(f"the far side read nothing for {self.timeout:.0f}s")
-            try:
-                return os.write(self._in, data)
-            except BlockingIOError:
-                continue
-
-    def shutdown_write(self) -> None:
-        if self._in is not None:
-            self._in = None
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-
-    def recv(self, n: int) -> bytes:
-        if not _wait(self._out, select.POLLIN, self.timeout):
-            raise TimeoutError(f"no answer for {self.timeout:.0f}s")
-        return os.read(self._out, n)
-
-    def recv_stderr_ready(self) -> bool:
-        return bool(self._err)
-
-    def recv_stderr(self, n: int) -> bytes:
-        with self._err_ready:
-            if not self._err and not self._err_done:
-                self._err_ready.wait(self.timeout)
-            data = bytes(self._err[:n])
-            del self._err[:n]
-            return data
-
-    def exit_status_ready(self) -> bool:
-        return self.proc.poll() is not None
-
-    def recv_exit_status(self) -> int:
-        code = self.proc.wait()
-        # 255 is also the ssh client's own failure: the connection went away under the command.
-        # paramiko says -1 then ("no exit status"), so the engine sees one meaning for both. Only the
-        # master's end tells them apart: what a session prints may be the command's own words, and the
-        # session can see its master go a moment before the master has exited.
-        if code == 255 and self.master.ends_within(GONE_WAIT):
-            return -1
-        return code
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.shutdown_write()
-        if self.proc.poll() is None:
-            # Ended early (an error on this side): the mux client's end closes the session on the far side.
-            self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(10)
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        self._err_thread.join(10)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 class OpenSSHConnection(Connection):
@@ -344,7 +196,7 @@ class OpenSSHConnection(Connection):
         try:
             while not line.endswith(b"\n"):
                 left = deadline - time.monotonic()
-                if left <= 0 or not _wait(proc.stdout.fileno(), select.POLLIN, left):
+                if left <= 0 or not wait_fd(proc.stdout.fileno(), select.POLLIN, left):
                     raise EngineError(
                         f"timed out after {2 * hop.connect_timeout + 30:.0f}s signing in to {hop.label}",
                         transient=True,
@@ -416,7 +268,7 @@ class OpenSSHConnection(Connection):
     # -- sessions -----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def channel(self, command: str, timeout: float) -> Iterator[OpenSSHChannel]:
+    def channel(self, command: str, timeout: float) -> Iterator[ProcessChannel]:
         with self._channels:
             master = self.master()
             argv = [
@@ -433,19 +285,12 @@ class OpenSSHConnection(Connection):
                 "--", "jrc-master", command,
             ]  # fmt: skip
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=_env(),
-                    start_new_session=True,
-                )
+                proc = popen(argv, _env())
             except OSError as e:
                 raise EngineError(f"{self.name}: cannot run ssh: {e}") from None
             with self._lock:
                 self.channels_opened += 1
-            ch = OpenSSHChannel(proc, master, timeout)
+            ch = ProcessChannel(proc, master, timeout)
             try:
                 yield ch
             except (OSError, EOFError) as e:
@@ -613,4 +458,4 @@ def _end_master(proc: subprocess.Popen[bytes]) -> None:
             proc.stdout.close()
 
 
-__all__ = ["OpenSSHChannel", "OpenSSHConnection", "available"]
+__all__ = ["OpenSSHConnection", "available"]

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..engines import engine_class, engine_kinds
-from ..engines.agent_hub import AgentHub
 from ..engines.base import Engine, EngineContext, EngineError
+from ..engines.faces import faces_of
 from ..errors import InvalidSettings, MachineError, RemoteComputeError
 from ..machines import Machine, MachineRegistry
 from ..secrets import SecretStore
@@ -155,8 +155,20 @@ class MachineAdmin:
     def remove(self, name: str, *, expected_version: str | None = None) -> None:
         kind = self.registry.get(name).kind
         self.registry.remove(name, expected_version=expected_version)
-        if kind == "agent":  # a removed machine's agent is let in no more
-            AgentHub(self.registry.path.parent).machine(name).revoke_token()
+        on_removed = faces_of(kind).on_removed
+        if on_removed is not None:
+            on_removed(self.registry.path.parent, name)
+
+    def introduce(self, machine: Machine, server_url: str) -> dict[str, Any]:
+        """What a face that just added ``machine`` shows once with it (its kind's ``on_added``)."""
+        on_added = faces_of(machine.kind).on_added
+        return {} if on_added is None else on_added(self.registry.path.parent, machine.name, server_url)
+
+    def describe(self, machine: Machine) -> dict[str, Any]:
+        """A machine's JSON as the machine list shows it, with what its kind adds (``describe``)."""
+        data = machine.to_json()
+        describe = faces_of(machine.kind).describe
+        return data if describe is None else describe(self.registry.path.parent, data)
 
     def set_enabled(self, name: str, enabled: bool, *, expected_version: str | None = None) -> Machine:
         return self.registry.set_enabled(name, enabled, expected_version=expected_version)

@@ -23,10 +23,10 @@ from ..secrets import mask
 from ..tracking import JobRecord, record_job, without_far_records
 from . import record as record_later
 from .context import JobContext, remote_of
+from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
-from .store import Job, Outcome, parse_time, utcnow
 from .usage import job_metrics, meter
 
 log = logging.getLogger(__name__)

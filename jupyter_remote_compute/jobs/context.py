@@ -11,8 +11,9 @@ from ..secrets import SecretStore
 from ..tracking import TrackingSettings
 from ..workspace import Workspace
 from .admin import MachineAdmin
+from .job import Job
 from .metrics import MetricWatch
-from .store import Job, JobStore
+from .store import JobStore
 from .usage import UsageRecord
 
 

@@ -16,7 +16,8 @@ from typing import Any
 from ..engines.base import ProgressCallback
 from ..errors import NotFound
 from .context import JobContext
-from .store import Job, Outcome, holder_alive, process_identity, utcnow
+from .job import Job, Outcome, utcnow
+from .liveness import holder_alive, process_identity
 from .transitions import State, move
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,11 @@ from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
 from .environment import launch_command, tool_inputs
+from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
+from .liveness import holder_alive
 from .logs import secret_env
 from .spec import format_duration
-from .store import Job, Outcome, holder_alive, parse_time, utcnow
 from .transitions import ON_MACHINE_STATES, State, move
 from .usage import REQUEUED, meter
 

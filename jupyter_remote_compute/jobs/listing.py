@@ -21,7 +21,9 @@ from datetime import timezone
 from typing import Any
 
 from ..errors import InvalidSettings
-from .store import Job, JobStore, Snapshot, parse_given_time
+from .job import Job, parse_given_time
+from .snapshot import Snapshot
+from .store import JobStore
 from .transitions import ACTIVE_STATES, TERMINAL_STATES
 
 DEFAULT_LIMIT = 100

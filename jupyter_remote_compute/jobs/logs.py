@@ -17,8 +17,8 @@ from ..engines.base import Engine, EngineError, ProgressCallback, RemoteJob
 from ..errors import InvalidSettings, RemoteComputeError, SecretStoreUnavailable
 from ..secrets import SecretStore, mask
 from .context import JobContext, remote_of
+from .job import Job
 from .metrics import MetricsPage
-from .store import Job
 from .transitions import TERMINAL_STATES
 
 LOG_CHUNK = 1 << 20

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..engines.base import EngineError, RemoteJob
 from ..errors import InvalidSettings, RemoteComputeError
+from .job import Job, parse_time
 from .listing import parse_states
 from .spec import parse_duration
-from .store import Job, parse_time
 from .transitions import TERMINAL_STATES
 
 if TYPE_CHECKING:

@@ -47,6 +47,7 @@ from . import record as record_later
 from .admin import MachineAdmin, snapshot_of
 from .collect import Collector
 from .context import JobContext, ServiceSettings, remote_of
+from .job import Job, new_job_id, utcnow
 from .key import job_key
 from .leases import Leases
 from .lifecycle import Driver
@@ -55,7 +56,7 @@ from .logs import LOG_CHUNK, LogChunk
 from .metrics import MetricsPage
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
-from .store import Job, JobStore, new_job_id, utcnow
+from .store import JobStore
 from .transitions import ACTIVE_STATES, TERMINAL_STATES
 from .usage import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
 

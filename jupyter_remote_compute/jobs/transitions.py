@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
-    from .store import Job
+    from .job import Job
 
 State = Literal["queued", "sending", "pending", "running", "collecting", "succeeded", "failed", "cancelled", "lost"]
 STATES: tuple[State, ...] = get_args(State)
@@ -75,7 +75,7 @@ JOB_STATE = StateField()
 
 def move(job: Job, to: State, *, now: str | None = None) -> None:
     """Move ``job`` (read inside a store transaction) to ``to``, or raise ``IllegalTransition``."""
-    from .store import utcnow
+    from .job import utcnow
 
     if to not in EDGES.get(job.state, frozenset()):
         raise IllegalTransition(f"job {job.id}: {job.state} → {to} is not an edge of a job's life")

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import InvalidSettings
 from ..fsutil import SharedFileLock, atomic_write
-from .store import Job, parse_given_time, parse_time
+from .job import Job, parse_given_time, parse_time
 from .transitions import ACTIVE_STATES
 
 log = logging.getLogger(__name__)

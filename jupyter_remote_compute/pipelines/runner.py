@@ -28,9 +28,10 @@ from typing import Any
 from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError, SecretStoreUnavailable
 from ..fsutil import SharedFileLock, atomic_write
 from ..guards import screen_settings
+from ..jobs.job import Job, new_job_id, utcnow
+from ..jobs.liveness import holder_alive, process_identity
 from ..jobs.service import JobService
 from ..jobs.spec import JobSpec, check_relative_path
-from ..jobs.store import Job, holder_alive, new_job_id, process_identity, utcnow
 from ..steps import describe_steps, parse_settings
 from ..steps.executor import StepContext, run_spec
 from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs, load_pipeline, order, validate

@@ -30,8 +30,8 @@ from ..jobs.spec import JobSpec, parse_duration
 from ..workspace import Workspace
 
 if TYPE_CHECKING:
+    from ..jobs.job import Job
     from ..jobs.service import JobService
-    from ..jobs.store import Job
 
 #: The settings a step takes; ``wait`` is the step's own, the rest make the job's spec.
 SETTINGS = ("machine", "command", "send", "bring_back", "env", "timeout", "wait", "name", "resources", "environment")

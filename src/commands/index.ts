@@ -1,16 +1,16 @@
 /**
  * Commands of the extension: the panel, the palette, menus and shortcuts share them.
  *
- * Each area registers its own (machines.ts, jobs.ts; the agent kind's in agent.tsx); what they
+ * Each area registers its own (machines.ts, jobs.ts; a kind's own through its faces, kindFaces.ts); what they
  * ask a person is in dialogs.ts, the widgets they open in openers.ts.
  */
 import { refreshIcon } from '@jupyterlab/ui-components';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
-import { registerAgentCommands } from '../agent';
 import { UsageWidget } from '../components/UsageView';
 import { showError } from '../dialogs';
 import { computeIcon } from '../icons';
+import { allKindFaces } from '../kindFaces';
 import { openMlflow } from '../mlflow';
 import { CommandIDs, ICommandContext, stringArg } from './context';
 import { registerJobCommands } from './jobs';
@@ -23,7 +23,9 @@ export type { ICommandContext } from './context';
 export function registerCommands(context: ICommandContext): void {
   const { app, model, panel, trans, palette } = context;
   const { commands } = app;
-  registerAgentCommands(commands, model, trans);
+  for (const faces of allKindFaces()) {
+    faces.registerCommands?.(commands, model, trans);
+  }
   const category = trans.__('Compute');
   const openers = new Openers(context);
 

@@ -27,13 +27,9 @@ import {
   isActive,
   SERVER_EXTENSION
 } from '../api';
-import {
-  AgentPresence,
-  REVOKE_AGENT_TOKEN,
-  ROTATE_AGENT_TOKEN
-} from '../agent';
 import { jobDuration, relativeTime } from '../format';
 import { computeIcon } from '../icons';
+import { facesOf } from '../kindFaces';
 import { ComputeModel } from '../model';
 import { KindIcon, StateBadge, stateLabel, useNow, useSignal } from './common';
 import { Secrets } from './Secrets';
@@ -124,7 +120,7 @@ function openMachineMenu(
   for (const command of [
     'remote-compute:edit-machine',
     'remote-compute:duplicate-machine',
-    ...(kind === 'agent' ? [ROTATE_AGENT_TOKEN, REVOKE_AGENT_TOKEN] : []),
+    ...(facesOf(kind).machineCommands ?? []),
     'remote-compute:remove-machine'
   ]) {
     menu.addItem({ command, args: { name } });
@@ -150,6 +146,7 @@ function MachineRow(props: {
     model.kinds.find(k => k.kind === machine.kind)?.label || machine.kind;
   const displayName = machine.builtin ? trans.__('This machine') : machine.name;
   const args = { name: machine.name };
+  const Beside = facesOf(machine.kind).Beside;
   return (
     <li
       className="jp-RemoteCompute-machine"
@@ -209,7 +206,7 @@ function MachineRow(props: {
               ? trans.__('built in, always there')
               : machine.address}
           </span>
-          <AgentPresence machine={machine} trans={trans} now={now} />
+          {Beside && <Beside machine={machine} trans={trans} now={now} />}
           {machine.created && (
             <>
               {' · '}

@@ -25,8 +25,8 @@ import {
   ISecrets,
   updateMachine
 } from '../api';
-import { showAgentWelcome, welcomeOf } from '../agent';
 import { computeIcon } from '../icons';
+import { facesOf } from '../kindFaces';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, useSignal } from './common';
 
@@ -218,10 +218,7 @@ function MachineForm(props: {
           input.token = values.token;
         }
         saved = await addMachine(input);
-        const welcome = welcomeOf(saved);
-        if (welcome) {
-          void showAgentWelcome(saved.name, welcome, trans);
-        }
+        facesOf(values.kind).afterAdd?.(saved.name, saved, trans);
       } else {
         const patch: IMachinePatch = {
           address: values.address.trim(),

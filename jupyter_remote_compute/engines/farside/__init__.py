@@ -12,6 +12,8 @@ an exec channel, jupyter from its kernel), and its answer is read here, once:
 ``cache.sh``    the content-addressed input cache: have, link, adopt, evict
 ``facts.sh``    OS, kernel, Python, CPUs, memory, GPUs (nvidia-smi), free disk
 ``prepare.sh``  make a job's folder and mark it (job.json); another job's folder is refused
+``log.sh``      a window of a job's log (a removed job folder is an error, not an empty log)
+``envfile.sh``  a job's environment as a 0600 file, for a job another program starts (sbatch)
 ``cleanup.sh``  remove a job's folder, only the one whose job.json names that job
 ==============  =====================================================================
 
@@ -52,7 +54,7 @@ from ..base import (
 from ..launcher import LAUNCH_SH, RUN_SH
 from ..ssh_transfer import ArchiveCut, SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
 
-SCRIPTS = ("status", "cancel", "manifest", "cache", "facts", "prepare", "cleanup")
+SCRIPTS = ("status", "cancel", "manifest", "cache", "facts", "prepare", "log", "envfile", "cleanup")
 #: A job id as the far side's scripts take it: one plain name, so it is a folder name and a word in sh.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -73,7 +75,7 @@ CACHE_OPTIONS: Mapping[str, OptionField] = {
 
 @functools.cache
 def script(name: str) -> str:
-    """The text of one far-side script (``status``, ``cancel``, ``manifest``, ``cache``, ``facts``)."""
+    """The text of one far-side script (one of ``SCRIPTS``)."""
     if name not in SCRIPTS:
         raise KeyError(f"no far-side script {name!r}")
     return resources.files(__package__).joinpath(f"{name}.sh").read_text(encoding="utf-8")
