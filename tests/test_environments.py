@@ -226,8 +226,11 @@ def test_a_build_killed_half_way_is_redone_by_the_next_job(box, index):
     service, workspace, machine, envs = box
     req = _requirements(workspace, "rcdemo-slow", "rcdemo-a")
     index.hold("rcdemo-slow")
+    spec = _spec(machine, {"requirements": req})
+    # no uv cache: an earlier test's answer for the held project would spare uv from asking again
+    spec = dataclasses.replace(spec, env={**spec.env, "UV_NO_CACHE": "1"})
     try:
-        job = service.submit(_spec(machine, {"requirements": req})).job
+        job = service.submit(spec).job
         driver = threading.Thread(target=service.wait, args=(job.id,), daemon=True)  # sends and starts it
         driver.start()
         assert index.asked.wait(120), "the build never asked the index"
@@ -550,7 +553,8 @@ def test_a_server_sigkilled_during_a_build_ends_the_job_once_with_the_environmen
 
     (workspace / "fit.py").write_text(SCRIPT)
     server = Server(workspace, scratch_dir, tracking_uri, tmp_path / "server.log")
-    env = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+    # no uv cache: an earlier test's answer for the held project would spare uv from asking again
+    env = {"UV_DEFAULT_INDEX": index.url, "UV_NO_CACHE": "1"}
     body = {"command": ["python", "fit.py"], "send": ["fit.py"], "env": env}
     body["environment"] = {"packages": ["rcdemo-slow", "rcdemo-a==2.0"], "python": "3.11"}
     index.hold("rcdemo-slow")
