@@ -27,7 +27,7 @@ from .jobs.logs import waiting_line
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.transitions import TERMINAL_STATES
-from .run_options import add_run_options, command_of, spec_settings
+from .run_options import add_run_options, command_of, is_python_version, spec_settings
 from .workspace import Workspace
 
 _DECIMAL = re.compile(r"\d+\.\d*|\.\d+")
@@ -206,11 +206,15 @@ def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
 
     if command:
         raise RemoteComputeError("run: give either --notebook or a command after --, not both")
+    # --python is the environment's version (3.11, see run_options), else the python that runs the notebook
+    python = None if is_python_version(args.python) else args.python
+    if python is not None:
+        args.python = None
     settings = spec_settings(args, ["-"])
     del settings["command"]
     if not settings["name"]:
         del settings["name"]
-    settings.update(notebook=args.notebook, parameters=parse_parameters(args.parameter), python=args.python)
+    settings.update(notebook=args.notebook, parameters=parse_parameters(args.parameter), python=python)
     return notebook_spec(settings)[0]
 
 
@@ -444,9 +448,6 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=VALUE",
         help="a notebook parameter, typed as papermill types it (7 int, 0.01 float, true bool, else a string)",
-    )
-    run.add_argument(
-        "--python", default="python3", help="the machine's python that runs the notebook (default: python3)"
     )
 
     pipeline = sub.add_parser("pipeline", help="validate and run a pipeline (*.rcpipeline) of steps")

@@ -28,7 +28,15 @@ FIELDS = ("kind", "address", "enabled", "created")
 #: Options every kind takes, beside its own.
 COMMON_OPTIONS: Mapping[str, OptionField] = {
     "price_per_hour": OptionField(float, "What an hour of this machine costs, for usage cost estimates"),
+    # The Python environment of jobs (jobs/environment.py): a default, where packages come from, eviction.
+    "environment": OptionField(dict, "The Python environment jobs run in unless they ask for their own"),
+    "index_url": OptionField(str, "The package index environments are installed from (default: the installer's)"),
+    "env_max_age_days": OptionField(int, "Days an unused Python environment stays on the machine (default 30)"),
+    "env_max_bytes": OptionField(int, "Most bytes the machine's Python environments take together (default 20 GiB)"),
 }
+#: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
+#: bare ``git@`` names a user, not a secret).
+URL_CREDENTIALS = re.compile(r"(?:\bhttps?://[^/@\s]+@|://[^/@\s:]+:[^/@\s]+@)")
 #: Option names that would put a secret in the file.
 _SECRET_KEYS = frozenset({"token", "password", "passwd", "passphrase", "secret", "api_key", "apikey"})
 _SECRET_SUFFIXES = ("_token", "_password", "_passphrase", "_api_key")
@@ -154,6 +162,12 @@ def check_options(
         merged[key] = _coerce(key, declared[key], value)
         if key == "price_per_hour" and merged[key] < 0:
             raise InvalidSettings(f"{where} must not be negative", field=where)
+        if key == "index_url" and URL_CREDENTIALS.search(merged[key]):
+            raise InvalidSettings(
+                f"{where} holds a user name or password: give the index's credentials to the job as secrets "
+                "(env UV_INDEX_<NAME>_PASSWORD=secret:NAME, or PIP_INDEX_URL=secret:NAME), not in compute.yaml",
+                field=where,
+            )
     for key, field in declared.items():
         if field.required and key not in merged:
             raise InvalidSettings(f"options.{key} is required for {cls.kind} machines", field=f"options.{key}")

@@ -12,7 +12,8 @@ RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, the resources
-    (--gpus, --cpus, --memory, --nodes, --partition), then ``--`` and the command."""
+    (--gpus, --cpus, --memory, --nodes, --partition), the Python environment (--requirements,
+    --package, --python, --same-env), then ``--`` and the command."""
     parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
     parser.add_argument(
@@ -31,7 +32,22 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     wanted.add_argument("--memory", help="memory per node, e.g. 32G or 512M")
     wanted.add_argument("--nodes", help="nodes (a scheduler's machines)")
     wanted.add_argument("--partition", help="the scheduler's partition (queue)")
+    env = parser.add_argument_group("environment", "the Python environment the command runs in, built on the machine")
+    env.add_argument(
+        "--requirements", metavar="FILE", help="requirements.txt, pyproject.toml (+ uv.lock) or pylock.toml"
+    )
+    env.add_argument("--package", dest="packages", action="append", default=[], metavar="SPEC", help="a package to add")
+    env.add_argument(
+        "--python",
+        help="the environment's Python version, e.g. 3.11 (with --notebook, a command such as python3.11 that runs it)",
+    )
+    env.add_argument("--same-env", dest="same_env", action="store_true", help="the packages of this Python, pinned")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+
+
+def is_python_version(value: str | None) -> bool:
+    """``3.11`` is a Python version for the environment; ``python3``, a path, is a command (``--notebook``)."""
+    return bool(value) and all(part.isdigit() for part in str(value).split("."))
 
 
 def command_of(args: argparse.Namespace) -> list[str]:
@@ -48,7 +64,13 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         if not sep:
             raise InvalidSettings(f"env: {pair!r}: write NAME=VALUE or NAME=secret:SECRET_NAME", field="env")
         env[name] = value
-    return {
+    environment = {
+        "requirements": getattr(args, "requirements", None),
+        "packages": list(getattr(args, "packages", None) or []),
+        "python": getattr(args, "python", None),  # JobSpec says what a version looks like
+        "same_as_here": bool(getattr(args, "same_env", False)),
+    }
+    settings = {
         "machine": args.machine,
         "command": command[0] if len(command) == 1 else command,
         "send": list(args.send),
@@ -59,3 +81,6 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         # Checked with the rest of the spec (JobSpec.from_json), so errors name resources.<field>.
         "resources": {name: value for name in RESOURCE_OPTIONS if (value := getattr(args, name, None)) is not None},
     }
+    if any(environment.values()):  # none asked: the machine's default environment, if it has one
+        settings["environment"] = environment
+    return settings

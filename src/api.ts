@@ -293,11 +293,21 @@ export interface IJobSpec {
    * What the job asks of its machine (`resources` in openapi.yaml); memory as `32G`, `512M`.
    */
   resources?: IResources | null;
+  /**
+   * The Python environment the command runs in, built on the machine (`environment` in openapi.yaml).
+   */
+  environment?: IEnvironment | null;
   timeout?: number | string | null;
   name?: string | null;
   key?: string | null;
   new?: boolean;
 }
+
+/**
+ * A job's Python environment: a workspace requirements file, packages, a Python version, or the
+ * packages of the server's own Python.
+ */
+export type IEnvironment = Schemas['Environment'];
 
 /**
  * Resources a job asks for; a field left out is not asked for.

@@ -1478,6 +1478,18 @@ export interface components {
             /** @description start a new job even if the same work is under way */
             new?: boolean | null;
             resources?: components["schemas"]["Resources"] | null;
+            environment?: components["schemas"]["Environment"] | null;
+        };
+        /** @description the Python environment the command runs in, built once per machine and content on the machine (null: the machine's `environment` option, else the machine's own Python) */
+        Environment: {
+            /** @description a workspace file: requirements.txt, pyproject.toml (with its uv.lock), or pylock.toml */
+            requirements?: string | null;
+            /** @description requirements added on top */
+            packages?: string[] | null;
+            /** @description e.g. 3.11 */
+            python?: string | null;
+            /** @description the submitting Python's distributions, pinned */
+            same_as_here?: boolean | null;
         };
         /** @description what the job asks its machine for; omitted (or null) fields take the machine's defaults */
         Resources: {

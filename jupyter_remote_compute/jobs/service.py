@@ -41,6 +41,7 @@ from ..machines import Machine, MachineRegistry
 from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..workspace import Workspace
+from . import environment as environments
 from . import logs
 from . import record as record_later
 from .admin import MachineAdmin, snapshot_of
@@ -217,7 +218,8 @@ class JobService:
                     field=f"env.{env_name}",
                 )
 
-        files, key = self._inputs_and_key(spec)
+        spec = environments.with_machine_default(spec, machine.options)
+        files, key, resolved = self._inputs_and_key(spec)
         experiment = self.settings.tracking.experiment
         if experiment and "MLFLOW_EXPERIMENT_NAME" not in spec.env:
             # The far side's script sees the experiment a local run would use; after the key, so the
@@ -231,6 +233,8 @@ class JobService:
         jobdir = self.workspace.job_dir(job_id)
         manifest = json.dumps({"files": manifest_json(files)}, indent=1).encode()
         atomic_write(jobdir / "inputs.json", manifest)
+        if resolved:
+            environments.save(jobdir, resolved)
 
         with self.store.transaction() as jobs:
             if not new:
@@ -262,14 +266,16 @@ class JobService:
                 f"resources: could not learn what {machine.name} can give ({e}); try again", field="resources"
             ) from None
 
-    def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str]:
-        """The inputs, hashed, and the idempotency key: the one place both are derived."""
+    def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
+        """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""
         files = build_manifest(self.workspace.root, spec.send, self.digests)
-        return files, spec.key or job_key(spec, files)
+        resolved = environments.resolve(spec.environment, self.workspace.root) if spec.environment else None
+        return files, spec.key or job_key(spec, files, resolved.digest if resolved else None), resolved
 
     def latest_same_work(self, spec: JobSpec) -> Job | None:
         """The newest job doing the same work as ``spec`` (same key), whatever its state."""
-        _, key = self._inputs_and_key(spec)
+        spec = environments.with_machine_default(spec, self.machines.get(spec.machine).options)
+        _, key, _ = self._inputs_and_key(spec)
         same = [j for j in self.list_jobs(machine=spec.machine) if j.key == key]
         return same[0] if same else None
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..engines.resources import Resources
 from ..errors import InvalidSettings
 from ..secrets import resolve_reference
+from .environment import Environment
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
@@ -111,6 +112,8 @@ class JobSpec:
     key: str | None = None  # an explicit idempotency key; otherwise derived from the content
     # What the job asks its machine for (gpus, cpus, memory, nodes, partition); empty: the machine's defaults.
     resources: Resources = dataclasses.field(default_factory=Resources)
+    # The Python environment the command runs in (jobs/environment.py); None: the machine's own Python.
+    environment: Environment | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -178,6 +181,7 @@ class JobSpec:
             name=name,
             key=key,
             resources=Resources.from_json(data.get("resources"), "resources."),
+            environment=Environment.from_json(data.get("environment")),
         )
 
     @classmethod
@@ -195,6 +199,7 @@ class JobSpec:
             key=data.get("key"),
             # Most jobs ask for nothing: one shared (frozen) value, not a validation per job read.
             resources=Resources.from_json(resources) if (resources := data.get("resources")) else NO_RESOURCES,
+            environment=Environment.from_json(data.get("environment")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -211,6 +216,8 @@ class JobSpec:
         resources = self.resources.to_json()
         if resources:  # absent when nothing is asked: a job stored before resources existed reads back the same
             data["resources"] = resources
+        if self.environment:  # likewise absent when none is asked for
+            data["environment"] = self.environment.to_json()
         return data
 
     @property
@@ -241,4 +248,6 @@ class JobSpec:
         settings.update({f"bring_back[{i}]": p for i, p in enumerate(self.bring_back)})
         if self.resources.partition:
             settings["resources.partition"] = self.resources.partition
+        if self.environment:
+            settings.update({f"environment.packages[{i}]": p for i, p in enumerate(self.environment.packages)})
         return settings

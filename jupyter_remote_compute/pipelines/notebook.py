@@ -34,6 +34,7 @@ SETTINGS = (
     "wait",
     "name",
     "resources",
+    "environment",
 )
 
 
@@ -117,6 +118,7 @@ def notebook_spec(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
             "timeout": settings.get("timeout"),
             "name": settings.get("name") or f"notebook {posixpath.basename(notebook)}",
             "resources": settings.get("resources") or {},
+            "environment": settings.get("environment"),
         }
     )
     return spec, parse_duration(settings.get("wait"), "wait")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..jobs.service import JobService
 
 #: The settings a step takes; ``wait`` is the step's own, the rest make the job's spec.
-SETTINGS = ("machine", "command", "send", "bring_back", "env", "timeout", "wait", "name", "resources")
+SETTINGS = ("machine", "command", "send", "bring_back", "env", "timeout", "wait", "name", "resources", "environment")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ import {
   APIError,
   getSecrets,
   IJob,
+  IEnvironment,
   IJobSpec,
   IResources,
   submitJob
@@ -37,6 +38,10 @@ type Values = {
   memory: string;
   nodes: string;
   partition: string;
+  requirements: string;
+  packages: string;
+  python: string;
+  sameEnv: boolean;
 };
 
 const RESOURCE_FIELDS = [
@@ -94,8 +99,37 @@ function fromSpec(spec: IJobSpec | undefined): Values {
     cpus: text(spec?.resources?.cpus),
     memory: text(spec?.resources?.memory),
     nodes: text(spec?.resources?.nodes),
-    partition: text(spec?.resources?.partition)
+    partition: text(spec?.resources?.partition),
+    requirements: spec?.environment?.requirements ?? '',
+    packages: (spec?.environment?.packages ?? []).join('\n'),
+    python: spec?.environment?.python ?? '',
+    sameEnv: spec?.environment?.same_as_here ?? false
   };
+}
+
+/**
+ * The Python environment as the server reads it; nothing asked: undefined (the machine's default).
+ */
+function environmentOf(values: Values): IEnvironment | undefined {
+  const out: IEnvironment = {};
+  if (values.requirements.trim()) {
+    out.requirements = values.requirements.trim();
+  }
+  // one a line: a requirement may hold commas (numpy>=1.26,<3)
+  const packages = values.packages
+    .split('\n')
+    .map(line => line.trim())
+    .filter(line => line.length > 0);
+  if (packages.length) {
+    out.packages = packages;
+  }
+  if (values.python.trim()) {
+    out.python = values.python.trim();
+  }
+  if (values.sameEnv) {
+    out.same_as_here = true;
+  }
+  return Object.keys(out).length ? out : undefined;
 }
 
 /**
@@ -106,6 +140,14 @@ function fieldOf(field: string | null): keyof Values | 'env' | null {
     return null;
   }
   const head = field.split(/[.[]/)[0];
+  if (head === 'environment') {
+    const sub = field.slice('environment.'.length).split(/[.[]/)[0];
+    return sub === 'same_as_here'
+      ? 'sameEnv'
+      : ['requirements', 'packages', 'python'].includes(sub)
+        ? (sub as keyof Values)
+        : 'requirements';
+  }
   if (head === 'resources') {
     const sub = field.slice('resources.'.length);
     return (RESOURCE_FIELDS as readonly string[]).includes(sub)
@@ -200,6 +242,10 @@ function JobForm(props: {
     const resources = resourcesOf(values);
     if (resources) {
       spec.resources = resources;
+    }
+    const environment = environmentOf(values);
+    if (environment) {
+      spec.environment = environment;
     }
     const typedEnv: Record<string, string> = {};
     for (const row of envRows) {
@@ -408,6 +454,83 @@ function JobForm(props: {
             )}
           </Field>
         ))}
+      </fieldset>
+      <fieldset className="jp-RemoteCompute-fieldset">
+        <legend>{trans.__('Python environment (optional)')}</legend>
+        <p className="jp-RemoteCompute-fieldHelp">
+          {trans.__(
+            'Built once on the machine and reused while its content stays the same. Leave it empty for the machine’s default.'
+          )}
+        </p>
+        <Field
+          id={`${prefix}-requirements`}
+          label={trans.__('Requirements file')}
+          help={trans.__(
+            'A workspace file: requirements.txt, pyproject.toml (with its uv.lock) or pylock.toml.'
+          )}
+          error={errors.requirements}
+        >
+          {aria => (
+            <input
+              {...aria}
+              className="jp-mod-styled"
+              type="text"
+              value={values.requirements}
+              autoComplete="off"
+              spellCheck={false}
+              onChange={e => set({ requirements: e.target.value })}
+            />
+          )}
+        </Field>
+        <Field
+          id={`${prefix}-packages`}
+          label={trans.__('Packages')}
+          help={trans.__('One requirement a line, e.g. scikit-learn>=1.5.')}
+          error={errors.packages}
+        >
+          {aria => (
+            <textarea
+              {...aria}
+              className="jp-mod-styled"
+              rows={2}
+              value={values.packages}
+              spellCheck={false}
+              onChange={e => set({ packages: e.target.value })}
+            />
+          )}
+        </Field>
+        <Field
+          id={`${prefix}-python`}
+          label={trans.__('Python version')}
+          help={trans.__('e.g. 3.11; empty: the machine’s python3.')}
+          error={errors.python}
+        >
+          {aria => (
+            <input
+              {...aria}
+              className="jp-mod-styled"
+              type="text"
+              value={values.python}
+              autoComplete="off"
+              spellCheck={false}
+              onChange={e => set({ python: e.target.value })}
+            />
+          )}
+        </Field>
+        <Field
+          id={`${prefix}-same-env`}
+          label={trans.__('The same packages as this server’s Python')}
+          error={errors.sameEnv}
+        >
+          {aria => (
+            <input
+              {...aria}
+              type="checkbox"
+              checked={values.sameEnv}
+              onChange={e => set({ sameEnv: e.target.checked })}
+            />
+          )}
+        </Field>
       </fieldset>
       <fieldset className="jp-RemoteCompute-fieldset">
         <legend>{trans.__('Environment (optional)')}</legend>

@@ -1,0 +1,291 @@
+"""The job's Python environment: asked for in the spec, resolved to content here, built on the far side.
+
+A job may ask for ``requirements`` (a workspace file: requirements.txt, a pyproject.toml with the
+uv.lock beside it, or a pylock.toml), ``packages`` added on top, a ``python`` version, and
+``same_as_here`` (the distributions of the interpreter it is submitted from). At submit the request
+is resolved to content (``resolve``): the texts of those files and the pinned list, whose digest is
+part of the job's key and names the environment on the machine.
+
+The content travels inside the job's own ``command.sh`` (``far_command``), ahead of the command, with
+the far-side script ``engines/farside/env.sh``: so every kind (they all end in ``sh command.sh``)
+makes the environment ready itself, in the job's process, with nothing to reach on this side.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..engines.base import InputFile
+from ..engines.launcher import command_script
+from ..errors import InvalidSettings
+from ..fsutil import atomic_write
+from ..machine_options import URL_CREDENTIALS
+
+FIELDS = ("requirements", "packages", "python", "same_as_here")
+#: The name each kind of requirements file takes on the far side (a pyproject's uv.lock goes beside it).
+_PYLOCK = re.compile(r"^pylock(\.[A-Za-z0-9_-]+)?\.toml$")
+_PYTHON = re.compile(r"^\d+(\.\d+){0,2}$")
+#: Where a job's resolved environment waits between submit and start, in its ``.punica/jobs/<id>/``.
+RESOLVED_FILE = "environment.json"
+DEFAULT_MAX_AGE_DAYS = 30
+DEFAULT_MAX_BYTES = 20 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """What a job asks its environment to hold."""
+
+    requirements: str | None = None
+    packages: tuple[str, ...] = ()
+    python: str | None = None
+    same_as_here: bool = False
+
+    @classmethod
+    def from_json(cls, data: Any, field: str = "environment") -> Environment | None:
+        """Check the shape of a request; None (or {}) asks for no environment."""
+        from .spec import check_relative_path  # spec imports this module
+
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise InvalidSettings(f"{field}: expected requirements, packages, python or same_as_here", field=field)
+        unknown = sorted(set(data) - set(FIELDS))
+        if unknown:
+            raise InvalidSettings(f"{field}.{unknown[0]}: unknown setting (known: {', '.join(FIELDS)})", field=field)
+        requirements = data.get("requirements") or None
+        if requirements is not None:
+            requirements = check_relative_path(requirements, f"{field}.requirements")
+        packages = data.get("packages") or []
+        if isinstance(packages, str) or not all(isinstance(p, str) and p.strip() for p in packages):
+            raise InvalidSettings(f"{field}.packages: expected a list of requirements such as 'numpy>=2'", field=field)
+        for p in packages:
+            if "\n" in p or p.strip().startswith("-"):
+                raise InvalidSettings(f"{field}.packages: {p!r} is not one requirement", field=f"{field}.packages")
+        python = data.get("python") or None
+        if python is not None and (not isinstance(python, str) or not _PYTHON.match(python)):
+            raise InvalidSettings(f"{field}.python: expected a version such as '3.11'", field=f"{field}.python")
+        same = data.get("same_as_here", False)
+        if not isinstance(same, bool):
+            raise InvalidSettings(f"{field}.same_as_here: expected true or false", field=f"{field}.same_as_here")
+        env = cls(requirements, tuple(p.strip() for p in packages), python, same)
+        return env if env != cls() else None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if self.requirements:
+            data["requirements"] = self.requirements
+        if self.packages:
+            data["packages"] = list(self.packages)
+        if self.python:
+            data["python"] = self.python
+        if self.same_as_here:
+            data["same_as_here"] = True
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedEnvironment:
+    """An environment as content: what the far side installs, and the digest that names it there."""
+
+    digest: str
+    python: str | None
+    files: Mapping[str, str]  # far-side name → text
+    left_out: tuple[str, ...] = ()  # same_as_here's editable and local installs, named in the log
+
+    def to_json(self) -> dict[str, Any]:
+        files, left_out = dict(self.files), list(self.left_out)
+        return {"digest": self.digest, "python": self.python, "files": files, "left_out": left_out}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ResolvedEnvironment:
+        return cls(data["digest"], data.get("python"), dict(data["files"]), tuple(data.get("left_out") or ()))
+
+
+def _read_workspace_file(root: Path, rel: str, field: str) -> str:
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise InvalidSettings(f"{field}: {rel} leads out of the workspace; put the file inside it", field=field)
+    if not path.is_file():
+        raise InvalidSettings(f"{field}: {rel} is not a file in the workspace", field=field)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidSettings(f"{field}: {rel} cannot be read as text ({e})", field=field) from None
+
+
+def here_distributions() -> tuple[list[str], list[str]]:
+    """The submitting interpreter's distributions pinned (``name==version``), and those left out:
+    editable and local-path installs, which no index holds."""
+    pinned: dict[str, str] = {}
+    left_out: set[str] = set()
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        direct = dist.read_text("direct_url.json")
+        if direct:
+            try:
+                origin = json.loads(direct)
+            except ValueError:
+                origin = {}
+            if "dir_info" in origin or str(origin.get("url", "")).startswith("file:"):
+                left_out.add(name)
+                continue
+        pinned.setdefault(key, f"{name}=={dist.version}")
+    return sorted(pinned.values(), key=str.lower), sorted(left_out, key=str.lower)
+
+
+def resolve(env: Environment, root: Path, field: str = "environment") -> ResolvedEnvironment:
+    """The request as content; a requirements file missing or outside the workspace is refused, named."""
+    files: dict[str, str] = {}
+    left_out: list[str] = []
+    if env.requirements:
+        where = f"{field}.requirements"
+        text = _read_workspace_file(root, env.requirements, where)
+        name = Path(env.requirements).name
+        if name == "pyproject.toml":
+            files["pyproject.toml"] = text
+            lock = Path(env.requirements).parent / "uv.lock"
+            if (root / lock).is_file():
+                files["uv.lock"] = _read_workspace_file(root, str(lock), where)
+        elif _PYLOCK.match(name):
+            files["pylock.toml"] = text
+        elif name.endswith(".toml"):
+            raise InvalidSettings(
+                f"{where}: {env.requirements} is neither a pyproject.toml nor a pylock.toml", field=where
+            )
+        else:
+            files["requirements.txt"] = text
+    for text in files.values():
+        if URL_CREDENTIALS.search(text):
+            where = f"{field}.requirements"
+            raise InvalidSettings(
+                f"{where}: {env.requirements} has a URL with a user name or password in it; it would be written "
+                "on the machine and in the job's records: give the credentials to the job as secrets instead",
+                field=where,
+            )
+    packages = list(env.packages)
+    if env.same_as_here:
+        pinned, left_out = here_distributions()
+        packages = pinned + packages
+    if packages:
+        files["packages.txt"] = "".join(p + "\n" for p in packages)
+    material = json.dumps({"python": env.python, "files": files}, sort_keys=True)
+    digest = hashlib.sha256(material.encode()).hexdigest()[:32]
+    return ResolvedEnvironment(digest, env.python, files, tuple(left_out))
+
+
+def save(jobdir: Path, resolved: ResolvedEnvironment) -> None:
+    """Keep the resolved content beside the job until it starts (the state file keeps the digest only)."""
+    atomic_write(jobdir / RESOLVED_FILE, json.dumps(resolved.to_json()).encode())
+
+
+def load(jobdir: Path) -> ResolvedEnvironment:
+    return ResolvedEnvironment.from_json(json.loads((jobdir / RESOLVED_FILE).read_text(encoding="utf-8")))
+
+
+def _limit(options: Mapping[str, Any], name: str, default: int) -> int:
+    value = options.get(name)
+    return default if value in (None, "") else max(0, int(value))
+
+
+def env_script() -> str:
+    """The far side's env.sh (package data beside the other far-side scripts)."""
+    return resources.files("jupyter_remote_compute.engines.farside").joinpath("env.sh").read_text(encoding="utf-8")
+
+
+def far_command(
+    command: str | Sequence[str],
+    resolved: ResolvedEnvironment,
+    options: Mapping[str, Any],
+    uv: str | None = None,
+    sent_uv: str | None = None,
+) -> str:
+    """The job's command with its environment made ready first: the content and env.sh ahead of it.
+
+    ``options`` are the machine's (``index_url``, ``env_max_age_days``, ``env_max_bytes``); ``uv``
+    a uv binary the far side can run, when this side knows one (the built-in machine shares it);
+    ``sent_uv`` the digest of the uv sent with the job (``tool_inputs``).
+    """
+    q = shlex.quote
+    lines = [
+        "# The job's environment (jupyter-remote-compute): made ready by env.sh below, then the command.",
+        f"rc_env_digest={resolved.digest}",
+        f"rc_env_python={q(resolved.python or '')}",
+        f"rc_env_index={q(str(options.get('index_url') or ''))}",
+        f"rc_env_uv={q(uv or '')}",
+        f"rc_env_sent_uv={sent_uv or ''}",
+        f"rc_env_days={_limit(options, 'env_max_age_days', DEFAULT_MAX_AGE_DAYS)}",
+        f"rc_env_max_bytes={_limit(options, 'env_max_bytes', DEFAULT_MAX_BYTES)}",
+        'rc_env_spec="$(cd .. && pwd -P)/environment"',
+        'rm -rf -- "$rc_env_spec" && mkdir -p -- "$rc_env_spec" || exit 96',
+    ]
+    for name, text in sorted(resolved.files.items()):
+        b64 = base64.b64encode(text.encode()).decode("ascii")
+        lines.append(f"printf '%s' {b64} | base64 -d > \"$rc_env_spec/{name}\" || exit 96")
+    for name in resolved.left_out:
+        lines.append(f"echo {q(f'environment: {name} is installed here from a local path; left out')}")
+    body = command_script(command).removeprefix("#!/bin/sh\n")
+    return "\n".join(lines) + "\n" + env_script() + body
+
+
+def with_machine_default(spec: Any, options: Mapping[str, Any]) -> Any:
+    """``spec`` with the machine's ``environment`` option when it asks for none itself (the job's own wins)."""
+    if spec.environment is not None or not options.get("environment"):
+        return spec
+    return dataclasses.replace(spec, environment=Environment.from_json(options["environment"], "options.environment"))
+
+
+def _this_sides_uv() -> Path | None:
+    try:
+        from uv import find_uv_bin
+
+        return Path(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+#: Where this side's uv lands in a job's work tree; env.sh moves it out to <base>/tools/ at once.
+#: Not a dot-name: a Jupyter Server's Contents API refuses hidden paths.
+SENT_UV = "_remote_compute_tools/uv"
+#: Kinds that get no uv sent: the built-in machine runs this side's in place; an agent fetches only
+#: the workspace's inputs.
+_NO_SENT_UV = frozenset({"local", "agent"})
+
+
+def tool_inputs(job: Any, digests: Any) -> list[InputFile]:
+    """This side's uv as one more input of a job that has an environment, sent through the machine's
+    content cache: once per machine (later jobs find it cached), not executable (so the cache links
+    it rather than copies it), used only where the machine has no uv of its own. A uv for another
+    OS or architecture fails its ``--version`` there and the build falls back to venv + pip."""
+    if job.spec.environment is None or job.kind in _NO_SENT_UV or not sys.platform.startswith("linux"):
+        return []
+    uv = _this_sides_uv()
+    if uv is None:
+        return []
+    st = uv.stat()
+    return [InputFile(SENT_UV, uv.resolve(), st.st_size, digests.digest(uv.resolve(), st), 0o644)]
+
+
+def launch_command(job: Any, jobdir: Path, files: Sequence[InputFile] = ()) -> str | Sequence[str]:
+    """What the far side runs for ``job``: its command, behind its environment when it has one.
+    ``files``: what was sent, a uv from ``tool_inputs`` among them."""
+    if job.spec.environment is None or not (jobdir / RESOLVED_FILE).is_file():
+        return job.spec.command
+    options = job.machine_snapshot.get("options") or {}
+    # the built-in machine is this one: this side's uv runs there as it is
+    uv = _this_sides_uv() if job.kind == "local" else None
+    sent = next((f.sha256 for f in files if f.relpath == SENT_UV), None)
+    return far_command(job.spec.command, load(jobdir), options, str(uv) if uv else None, sent)
