@@ -85,7 +85,7 @@ def main() -> None:
         for name, median in medians.items():
             print(f"  {name:20s} {median:6.2f} s   (min {min(times[name]):.2f} s)")
         extra = medians["cached environment"] - medians["no environment"]
-        print(f"  the cached environment adds {extra:+.2f} s; goal ≤ {GOAL_S} s ({extra / GOAL_S:.2f}× the goal)")
+        print(f"  the cached environment adds {extra:+.2f} s; goal ≤ {GOAL_S} s ({extra / GOAL_S:.2f}x the goal)")
     finally:
         service.close()
         index.stop()
