@@ -24,9 +24,9 @@ rt=$runtime
 uid=$(id -u)
 if [ "$rt" = podman ] && [ "$uid" != 0 ]; then who=--userns=keep-id mode=rootless
 else who="--user=$uid:$(id -g)" mode=rootful; fi
-version=$("$rt" --version 2>/dev/null | sed -n 's/.*[Vv]ersion \([^ ,]*\).*/\1/p')
 
-# The pin: "<id> <repo digest or ->", one file per runtime and reference.
+# The pin: "<id> <repo digest or -> <runtime version>", one file per runtime and reference. A pinned
+# job asks the runtime nothing before its run: every call costs a tenth of a second or more.
 (umask 077 && mkdir -p -- "$pins") || fail "cannot create $pins"
 pin="$pins/$(printf '%s %s' "$rt" "$image" | sha256sum | cut -c1-32)"
 image_id() { "$rt" image inspect --format '{{.Id}}' "$1" 2>/dev/null; }
@@ -34,24 +34,26 @@ pull() {
   printf 'container: pulling %s\n' "$1"
   "$rt" pull "$1" || fail "pulling $1 failed (the runtime's words are above)"
 }
-id=
+# Make the pinned id present again (removed, pruned): pulled by its registry digest, never by the tag.
+repin() {
+  image_id "$id" >/dev/null && return
+  [ "$repo" != - ] || fail "image $image (pinned as $id) is gone from $rt's store and has no registry digest: remove $pin to pin it again"
+  pull "$repo"
+  image_id "$id" >/dev/null || fail "image $repo is no longer $id: remove $pin to pin it again"
+}
+id= repo=- version=
 if [ -s "$pin" ]; then
-  read -r id repo < "$pin"
-  if ! image_id "$id" >/dev/null; then
-    # Gone from the runtime's store (removed, pruned): the pinned digest again, not whatever the tag is now.
-    [ "$repo" != - ] || fail "image $image (pinned as $id) is gone from $rt's store and has no registry digest: remove $pin to pin it again"
-    pull "$repo"
-    image_id "$id" >/dev/null || fail "image $repo is no longer $id: remove $pin to pin it again"
-  fi
+  read -r id repo version < "$pin"
 else
   image_id "$image" >/dev/null || pull "$image"
   id=$(image_id "$image") || fail "image $image is not in $rt's store after pulling it"
   repo=$("$rt" image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' "$image" 2>/dev/null | cut -d' ' -f1)
-  printf '%s %s\n' "$id" "${repo:--}" > "$pin.$$" && mv -f -- "$pin.$$" "$pin"
+  version=$("$rt" --version 2>/dev/null | sed -n 's/.*[Vv]ersion \([^ ,]*\).*/\1/p')
+  printf '%s %s %s\n' "$id" "${repo:--}" "${version:-unknown}" > "$pin.$$" && mv -f -- "$pin.$$" "$pin"
 fi
 case $id in sha256:*) digest=$id ;; *) digest=sha256:$id ;; esac
 # jobs/image.py reads this line back from the log (the MLflow run's image tags).
-printf 'image %s %s (%s %s, %s)\n' "$image" "$digest" "$rt" "$version" "$mode"
+printf 'image %s %s (%s %s, %s)\n' "$image" "$digest" "$rt" "${version:-unknown}" "$mode"
 
 name="jrc-$(basename -- "$jobdir")"
 envfile="$jobdir/.container-env"
@@ -65,24 +67,31 @@ envfile="$jobdir/.container-env"
   done > "$envfile"
 ) || fail "cannot write the job's environment file"
 printf '%s' "$entry" > "$jobdir/.container-entry"
-"$rt" rm -f -- "$name" >/dev/null 2>&1  # an earlier start of this same job that never ran
 printf '%s %s\n' "$rt" "$name" > "$jobdir/container"
-stop() { "$rt" stop -t 10 -- "$name" >/dev/null 2>&1; }
+stopped=
+stop() { stopped=1; "$rt" stop -t 10 -- "$name" >/dev/null 2>&1; }
 trap stop TERM INT HUP
-"$rt" run -d --name "$name" --label "jrc.job=$(basename -- "$jobdir")" --init --network "$network" "$who" \
-  --log-driver=none -v "$jobdir:$jobdir" -w "$jobdir/work" "$@" --entrypoint /bin/sh "$id" \
-  "$jobdir/.container-entry" "$envfile" "$jobdir/command.inner.sh" "$jobdir/log" >/dev/null
-started=$?
-if [ "$started" -ne 0 ]; then
-  rm -f -- "$envfile"
+start() {
+  "$rt" run -d --name "$name" --label "jrc.job=$(basename -- "$jobdir")" --init --network "$network" "$who" \
+    --log-driver=none -v "$jobdir:$jobdir" -w "$jobdir/work" "$@" --entrypoint /bin/sh "$id" \
+    "$jobdir/.container-entry" "$envfile" "$jobdir/command.inner.sh" "$jobdir/log" >/dev/null
+}
+if ! start "$@" 2>"$jobdir/.container-err"; then
+  # An earlier start of this same job that never ran holds the name, or the pinned id is gone.
   "$rt" rm -f -- "$name" >/dev/null 2>&1
-  rm -f -- "$jobdir/container"
-  fail "$rt could not start image $image (its words are above)"
+  repin
+  if ! start "$@"; then
+    cat -- "$jobdir/.container-err" >&2
+    rm -f -- "$envfile" "$jobdir/.container-err" "$jobdir/container"
+    "$rt" rm -f -- "$name" >/dev/null 2>&1
+    fail "$rt could not start image $image (its words are above)"
+  fi
 fi
-"$rt" wait -- "$name" >/dev/null 2>&1
-# A TERM ends the wait early: the trap has stopped the container by now; read what it ended with.
-"$rt" wait -- "$name" >/dev/null 2>&1
-code=$("$rt" inspect --format '{{.State.ExitCode}}' -- "$name" 2>/dev/null)
+rm -f -- "$jobdir/.container-err"
+# wait prints the exit code (the container is kept until then: -d --rm would lose it). A TERM ends
+# the wait early: the trap has stopped the container, and a second wait reads what it ended with.
+code=$("$rt" wait -- "$name" 2>/dev/null)
+if [ -n "$stopped" ]; then code=$("$rt" wait -- "$name" 2>/dev/null); fi
 "$rt" rm -f -- "$name" >/dev/null 2>&1
 rm -f -- "$envfile" "$jobdir/container"
 case $code in ''|*[!0-9]*) fail "the container of this job vanished before its exit code was read" ;; esac
