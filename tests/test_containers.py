@@ -72,16 +72,19 @@ class BuiltImage:
             _podman("import", str(self.rootfs), self.ref, user=user)
             self.users.append(user)
 
+    def remove(self) -> None:
+        """Out of every store it was imported into; the rootless users' pause processes ended."""
+        _podman("rmi", "-f", self.ref, check=False)
+        for user in self.users:
+            _podman("rmi", "-f", self.ref, user=user, check=False)
+            _stop_pause_process(user)
 
-@pytest.fixture(scope="session")
-def test_image() -> Iterator[BuiltImage]:
-    require(shutil.which("podman") is not None, "podman (apt-get install podman runc uidmap slirp4netns)")
-    require(shutil.which("mmdebstrap") is not None, "mmdebstrap (apt-get install mmdebstrap)")
-    work = Path(tempfile.mkdtemp(prefix="jrc-image-"))
-    os.chmod(work, 0o755)  # the rootless user imports the same rootfs
+
+def build_image(work: Path) -> BuiltImage:
+    """The marked image, built offline in ``work`` and imported into root's store; podman's settings
+    for this machine in ``work/containers.conf``, named by CONTAINERS_CONF for this process."""
     conf = work / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
-    before = os.environ.get("CONTAINERS_CONF")
     os.environ["CONTAINERS_CONF"] = str(conf)
     marker = f"jrc-{uuid.uuid4().hex[:8]}"
     rootfs = work / "rootfs.tar"
@@ -91,18 +94,24 @@ def test_image() -> Iterator[BuiltImage]:
          "bookworm", str(rootfs), "/etc/apt/sources.list.d/debian.sources"],
         check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=600,
     )  # fmt: skip
-    os.chmod(rootfs, 0o644)
+    os.chmod(rootfs, 0o644)  # the rootless user imports the same rootfs
     image = BuiltImage(f"localhost/jrc-test-{marker}:1", marker, rootfs)
     _podman("import", "--change", 'CMD ["/usr/bin/python3"]', str(rootfs), image.ref)
+    return image
+
+
+@pytest.fixture(scope="session")
+def test_image() -> Iterator[BuiltImage]:
+    require(shutil.which("podman") is not None, "podman (apt-get install podman runc uidmap slirp4netns)")
+    require(shutil.which("mmdebstrap") is not None, "mmdebstrap (apt-get install mmdebstrap)")
+    work = Path(tempfile.mkdtemp(prefix="jrc-image-"))
+    os.chmod(work, 0o755)
+    before = os.environ.get("CONTAINERS_CONF")
     try:
+        image = build_image(work)
         yield image
+        image.remove()
     finally:
-        with contextlib.suppress(Exception):
-            _podman("rmi", "-f", image.ref, check=False)
-        for user in image.users:
-            with contextlib.suppress(Exception):
-                _podman("rmi", "-f", image.ref, user=user, check=False)
-                _stop_pause_process(user)
         if before is None:
             os.environ.pop("CONTAINERS_CONF", None)
         else:
@@ -251,6 +260,38 @@ def test_run_image_from_the_cli(test_image, workspace, scratch_dir, tracking_uri
     assert test_image.marker in done.stdout
 
 
+def test_a_container_outlives_the_process_that_started_it(
+    test_image, workspace, make_service, scratch_dir, tracking_uri
+):
+    """The CLI that submitted the job is SIGKILLed while its container runs; another process ends the job once."""
+    from conftest import job_runs
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_remote_compute.cli", "run", "--image", test_image.ref, "--",
+         "sh", "-c", f"echo waiting; while [ ! -f go ]; do sleep 0.05; done; cat {MARKER}"],
+        cwd=workspace, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    service = make_service(workspace)
+    try:
+        job = wait_for(
+            lambda: next((j for j in service.list_jobs() if j.state == "running" and _containers(j.id)), None),
+            timeout=180,
+            message="the CLI's job to run in its container",
+        )
+        cli.send_signal(signal.SIGKILL)
+        cli.wait(timeout=30)
+    finally:
+        cli.kill()
+    assert _containers(job.id) == [f"jrc-{job.id}"], "the container runs on without the process that started it"
+    (_far_dir(job) / "work/go").touch()
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "succeeded", done.reason
+    assert test_image.marker in service.read_log(job.id).data.decode()
+    assert len(job_runs(tracking_uri, job.id)) == 1
+    assert not _containers(job.id)
+
+
 def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_service):
     service = make_service(workspace)
     service.machines.add("lab", "agent", "lab.lab")
@@ -263,23 +304,28 @@ def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_
 # -- ssh: rootless podman for the test user ----------------------------------------------------------
 
 
+def configure_rootless(user: str) -> Path | None:
+    """Podman's settings for this machine in ``user``'s own config; the file made (None: it was there)."""
+    home = Path(pwd.getpwnam(user).pw_dir)
+    conf = home / ".config/containers/containers.conf"
+    if conf.exists():
+        return None
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(CONTAINERS_CONF)
+    for path in (home / ".config", conf.parent, conf):
+        shutil.chown(path, user, user)
+    return conf
+
+
 @pytest.fixture
 def rootless_user(test_image, sshd_bed) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """The ssh test user with podman's settings for this machine in its own config, and the image."""
     user = sshd_bed.user
-    home = Path(pwd.getpwnam(user).pw_dir)
-    conf = home / ".config/containers/containers.conf"
-    made = not conf.exists()
-    if made:
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        conf.write_text(CONTAINERS_CONF)
-        shutil.chown(home / ".config", user, user)
-        shutil.chown(conf.parent, user, user)
-        shutil.chown(conf, user, user)
+    made = configure_rootless(user)
     test_image.import_for(user)
     yield user
     if made:
-        conf.unlink(missing_ok=True)
+        made.unlink(missing_ok=True)
 
 
 def test_an_ssh_job_runs_rootless_and_its_files_are_the_users(
