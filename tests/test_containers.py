@@ -128,6 +128,11 @@ def _stop_pause_process(user: str) -> None:
             os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
 
 
+def _digest_of(ref: str) -> str:
+    found = _podman("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+    return found if found.startswith("sha256:") else "sha256:" + found
+
+
 def _containers(label: str, user: str | None = None) -> list[str]:
     out = _podman("ps", "-a", "--filter", f"label=jrc.job={label}", "--format", "{{.Names}}", user=user).stdout
     return out.split()
@@ -187,6 +192,45 @@ def test_a_missing_image_fails_the_job_with_the_runtimes_words(test_image, works
     log = service.read_log(job.id).data.decode()
     assert "pulling localhost/jrc-no-such-image:1" in log and "container: pulling" in log
     assert "the runtime's words are above" in log
+
+
+def test_a_moved_tag_does_not_move_the_pin(test_image, workspace, make_service):
+    """The pinned id is gone and the tag names other content now: the job fails naming the pin, not
+    running whatever the tag is; removing the pin, as the error says, pins the new content."""
+    ref = test_image.ref.replace(":1", "-moved:1")
+    _podman("import", str(test_image.rootfs), ref)
+    try:
+        service = make_service(workspace)
+        spec = JobSpec.from_json({"command": f"cat {MARKER}", "image": ref})
+        first = service.wait(service.submit(spec).job.id, 180)
+        assert first.state == "succeeded", first.reason
+        pinned = _digest_of(ref)
+        _podman("rmi", "-f", ref)
+        _podman("import", "--change", "LABEL moved=1", str(test_image.rootfs), ref)
+        assert _digest_of(ref) != pinned
+        second = service.wait(service.submit(spec, new=True).job.id, 180)
+        assert second.state == "failed", second.state
+        log = service.read_log(second.id).data.decode()
+        assert f"pinned as {pinned.removeprefix('sha256:')}" in log and "remove " in log
+        pin = Path(log.split("remove ", 1)[1].split(" to pin it again")[0])
+        assert pin.parent == _far_dir(second).parent / "images"
+        pin.unlink()
+        third = service.wait(service.submit(spec, new=True).job.id, 180)
+        assert third.state == "succeeded", third.reason
+        assert f"image {ref} {_digest_of(ref)} " in service.read_log(third.id).data.decode()
+    finally:
+        _podman("rmi", "-f", ref, check=False)
+
+
+def test_a_leftover_container_of_the_same_job_is_replaced(test_image, workspace, make_service):
+    """A start that made its container but died before it ran leaves the name taken: the next start runs."""
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": "echo fresh", "image": test_image.ref})).job
+    _podman("create", "--name", f"jrc-{job.id}", "--label", f"jrc.job={job.id}", test_image.ref, "true")
+    done = service.wait(job.id, 180)
+    assert done.state == "succeeded", done.reason
+    assert "fresh" in service.read_log(job.id).data.decode()
+    assert not _containers(job.id)
 
 
 def test_a_secret_reaches_the_command_and_no_inspect_output(test_image, workspace, make_service):

@@ -37,8 +37,10 @@ pull() {
 # Make the pinned id present again (removed, pruned): pulled by its registry digest, never by the tag.
 repin() {
   image_id "$id" >/dev/null && return
-  [ "$repo" != - ] || fail "image $image (pinned as $id) is gone from $rt's store and has no registry digest: remove $pin to pin it again"
-  pull "$repo"
+  gone="image $image (pinned as $id) is gone from $rt's store"
+  [ "$repo" != - ] || fail "$gone and has no registry digest: remove $pin to pin it again"
+  printf 'container: pulling %s\n' "$repo"
+  "$rt" pull "$repo" || fail "$gone and pulling $repo failed (the runtime's words are above): remove $pin to pin it again"
   image_id "$id" >/dev/null || fail "image $repo is no longer $id: remove $pin to pin it again"
 }
 id= repo=- version=
