@@ -17,8 +17,9 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt_packages+=(munge slurmctld slurmd slurm-client)
   # Podman (root, and rootless for the ssh test user: uidmap, slirp4netns, fuse-overlayfs; catatonit
   # is its --init) and mmdebstrap, which makes the container tests' image offline. The tests write
-  # podman's settings for this kind of machine into a private containers.conf, not /etc.
-  apt_packages+=(podman runc catatonit uidmap slirp4netns fuse-overlayfs containers-storage mmdebstrap)
+  # podman's settings for this kind of machine into a private containers.conf, not /etc. docker.io:
+  # the tests start their own dockerd on a private socket (no bridge, no firewall rules).
+  apt_packages+=(podman runc catatonit uidmap slirp4netns fuse-overlayfs containers-storage mmdebstrap docker.io)
   # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
   command -v node >/dev/null 2>&1 || apt_packages+=(nodejs npm)
   missing=()

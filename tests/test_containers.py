@@ -345,6 +345,77 @@ def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_
     assert service.list_jobs() == [], "nothing is stored for a refused job"
 
 
+# -- docker: its own daemon on a private socket ----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def docker_image(test_image) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """A dockerd of the tests' own (no bridge, no firewall rules: the host's network is left as it is)
+    with the same rootfs imported; DOCKER_HOST names its socket for this process and its far sides."""
+    require(shutil.which("dockerd") is not None, "dockerd (apt-get install docker.io)")
+    root = Path(tempfile.mkdtemp(prefix="jrc-docker-"))
+    sock = root / "docker.sock"
+    daemon = subprocess.Popen(
+        ["dockerd", "--iptables=false", "--ip-forward=false", "--bridge=none", "--data-root", str(root / "data"),
+         "--exec-root", str(root / "exec"), "-H", f"unix://{sock}", "--pidfile", str(root / "docker.pid")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(root / "dockerd.log").open("wb"),
+    )  # fmt: skip
+    before = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = f"unix://{sock}"
+    try:
+
+        def answers() -> bool:
+            return subprocess.run(["docker", "version"], capture_output=True).returncode == 0
+
+        wait_for(answers, timeout=60, message="dockerd to answer")
+        ref = test_image.ref.replace("localhost/", "localhost/docker-")
+        subprocess.run(["docker", "import", str(test_image.rootfs), ref], check=True, capture_output=True)
+        yield ref
+    finally:
+        sshd_fixture.terminate(daemon)
+        if before is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = before
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _docker_containers(label: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label=jrc.job={label}", "--format", "{{.Names}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return out.split()
+
+
+def test_a_job_runs_in_docker_keeps_its_exit_code_and_cancel_removes_it(
+    docker_image, test_image, workspace, make_service, tracking_uri
+):
+    service = make_service(workspace)
+    image = {"ref": docker_image, "runtime": "docker"}
+    job = service.wait(
+        service.submit(JobSpec.from_json({"command": f"cat {MARKER}; id -u; exit 3", "image": image})).job.id, 180
+    )
+    assert job.state == "failed" and job.exit_code == 3, (job.state, job.exit_code, job.reason)
+    log = service.read_log(job.id).data.decode()
+    assert test_image.marker in log and f"\n{os.getuid()}\n" in log
+    digest = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", docker_image], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert f"image {docker_image} {digest} (docker " in log and ", rootful)" in log
+    assert MlflowClient(tracking_uri).get_run(job.mlflow_run_id).data.tags[images.TAG_DIGEST] == digest
+    assert not _docker_containers(job.id)
+
+    running = service.advance(
+        service.submit(JobSpec.from_json({"command": "echo started; sleep 600", "image": image})).job.id
+    )
+    wait_for(lambda: b"started" in service.read_log(running.id).data, timeout=180, message="the docker job to start")
+    assert _docker_containers(running.id) == [f"jrc-{running.id}"]
+    service.cancel(running.id)
+    assert service.wait(running.id, timeout=120).state == "cancelled"
+    assert not _docker_containers(running.id), "cancel leaves no container behind"
+
+
 # -- ssh: rootless podman for the test user ----------------------------------------------------------
 
 
