@@ -373,6 +373,11 @@ def docker_image(test_image) -> Iterator[str]:  # type: ignore[no-untyped-def]
         yield ref
     finally:
         sshd_fixture.terminate(daemon)
+        # dockerd leaves its network namespace mounted under its exec root
+        for mount in reversed(Path("/proc/mounts").read_text().splitlines()):
+            point = mount.split()[1]
+            if point.startswith(f"{root}/"):
+                subprocess.run(["umount", point], capture_output=True)
         if before is None:
             os.environ.pop("DOCKER_HOST", None)
         else:
