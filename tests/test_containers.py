@@ -345,6 +345,15 @@ def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_
     assert service.list_jobs() == [], "nothing is stored for a refused job"
 
 
+def test_an_image_with_a_python_environment_is_refused_for_now(workspace, make_service):
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "true", "image": "python:3.12", "environment": {"packages": ["numpy"]}})
+    with pytest.raises(InvalidSettings) as e:
+        service.submit(spec)
+    assert e.value.field == "image" and "environment" in str(e.value)
+    assert service.list_jobs() == []
+
+
 # -- docker: its own daemon on a private socket ----------------------------------------------------
 
 
