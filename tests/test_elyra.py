@@ -25,8 +25,9 @@ from server_process import Server
 from waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
-#: What the venv holds besides this package: the smallest package with Elyra's processor API and its server.
-ELYRA_REQUIREMENTS = ["elyra-server==4.1.1"]
+#: What the venv holds besides this package: the smallest package with Elyra's processor API and its server,
+#: and the file keyring the tests' servers use (conftest.py).
+ELYRA_REQUIREMENTS = ["elyra-server==4.1.1", "keyrings.alt>=5"]
 BUILD_TIMEOUT = 40 * 60
 
 #: The first node waits for a file the test writes (given by its absolute path: the job runs elsewhere).
@@ -120,7 +121,7 @@ def node(node_id: str, filename: str, *, parents: list[str], **parameters: Any) 
         "app_data": {
             "component_parameters": {
                 "filename": filename,
-                "runtime_image": "python:3.11",  # Elyra's validation needs one; Remote Compute ignores it
+                "runtime_image": "library/python:3.11",  # Elyra's validation needs one; Remote Compute ignores it
                 "dependencies": [],
                 "include_subdirectories": False,
                 "outputs": [],
@@ -185,11 +186,11 @@ def test_machines_are_runtime_configurations_kept_in_step(elyra_server: Server) 
     assert runtimes(elyra_server)["rc-local"]["metadata"]["machine"] == "local"
     assert runtimes(elyra_server)["rc-local"]["metadata"]["runtime_type"] == "LOCAL"
 
-    elyra_server.request("POST", "machines", {"name": "GPU.Box", "kind": "agent", "address": "gpu-box.lab"})
+    elyra_server.request("POST", "machines", {"name": "gpu-box", "kind": "agent", "address": "gpu-box.lab"})
     wait_for(lambda: "rc-gpu-box" in runtimes(elyra_server), timeout=60, interval=0.2, message="rc-gpu-box")
-    assert runtimes(elyra_server)["rc-gpu-box"]["metadata"]["machine"] == "GPU.Box"
+    assert runtimes(elyra_server)["rc-gpu-box"]["metadata"]["machine"] == "gpu-box"
 
-    elyra_server.request("DELETE", "machines/GPU.Box")
+    elyra_server.request("DELETE", "machines/gpu-box")
     wait_for(lambda: "rc-gpu-box" not in runtimes(elyra_server), timeout=60, interval=0.2, message="removal")
     assert "rc-local" in runtimes(elyra_server)
 

@@ -1,6 +1,6 @@
 """Each machine of compute.yaml as an Elyra runtime configuration, kept in step with the file.
 
-A configuration is named ``rc-<machine>`` (Elyra's names are lower-case), holds the machine's name and
+A configuration is named ``rc-<machine>`` (machine names already fit Elyra's), holds the machine's name and
 is created, updated or removed when the machine list changes: ``RuntimeSync`` runs before each poll
 pass of the server and does work only when compute.yaml's content changed. Configurations of this
 runtime whose machine is gone (or disabled) are removed; others' configurations are never touched.
@@ -9,7 +9,6 @@ runtime whose machine is gone (or disabled) are removed; others' configurations 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 
 from ..machines import Machine, MachineRegistry
@@ -17,12 +16,10 @@ from . import RUNTIME_NAME, RUNTIME_TITLE
 
 log = logging.getLogger(__name__)
 
-_NOT_IN_NAME = re.compile(r"[^a-z0-9_-]+")
-
 
 def runtime_config_name(machine: str) -> str:
-    """The configuration's name for a machine: ``rc-`` and the name lower-cased, other characters as ``-``."""
-    return "rc-" + (_NOT_IN_NAME.sub("-", machine.lower()).strip("-_") or "machine")
+    """The configuration's name for a machine: lower-case letters, digits and '-' are Elyra's names too."""
+    return f"rc-{machine}"
 
 
 def _wanted(machines: list[Machine]) -> dict[str, dict[str, object]]:
@@ -76,7 +73,8 @@ class RuntimeSync:
         version = self.registry.version()
         if version == self._synced:
             return
-        changes = sync_runtimes(self.registry)
+        # Taken as seen before the sync: a failure is logged once per content of the file, not every pass.
         self._synced = version
+        changes = sync_runtimes(self.registry)
         if any(changes.values()):
             log.info("remote-compute: Elyra runtime configurations %s", changes)
