@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -226,3 +227,60 @@ def test_an_elyra_pipeline_runs_each_node_as_a_job(elyra_server: Server) -> None
         assert job["state"] == "succeeded" and job["machine"] == "local", job
     # The second node got the first's output (and its own env var), and its output came back.
     assert (root / "result.txt").read_text() == "42!"
+
+
+class Operation:
+    """What Elyra's parser hands ``process`` for a generic node (its ``GenericOperation``'s attributes)."""
+
+    is_generic = True
+    classifier = "execute-python-node"
+
+    def __init__(self, name: str, filename: str, parents: list[str], **props: Any) -> None:
+        self.name, self.filename, self.parent_operation_ids = name, filename, parents
+        self.dependencies, self.outputs = props.get("dependencies", []), props.get("outputs", [])
+        self.env_vars = props.get("env_vars", [])
+
+
+class EnvVar:
+    def __init__(self, env_var: str, value: str) -> None:
+        self.env_var, self.value = env_var, value
+
+
+class ElyraPipeline:
+    def __init__(self, **operations: Operation) -> None:
+        self.operations = operations
+
+
+def test_nodes_keep_elyra_s_paths_relative_to_their_file(tmp_path: Path) -> None:
+    from jupyter_remote_compute.elyra.convert import to_document
+    from jupyter_remote_compute.pipelines.document import Pipeline
+
+    pipeline = ElyraPipeline(
+        a=Operation("prep", "work/prep/clean.ipynb", [], dependencies=["raw.csv"], outputs=["clean.csv"]),
+        b=Operation("fit", "work/fit/fit.py", ["a"], outputs=["out/model.pkl"], env_vars=[EnvVar("SEED", "7")]),
+    )
+    # Elyra's root is the server's; the workspace may be a folder below it.
+    document = to_document(pipeline, "gpu-box", tmp_path, tmp_path / "work")
+    a, b = document["nodes"]
+    assert a["step"] == "run-notebook-on-remote-machine"
+    assert a["settings"] == {
+        "machine": "gpu-box", "name": "prep", "notebook": "prep/clean.ipynb",
+        "send": ["prep/raw.csv"], "bring_back": ["prep/clean.csv"],
+    }  # fmt: skip
+    assert b["step"] == "train-on-remote-machine"
+    assert b["settings"]["command"] == "cd fit && python3 fit.py"
+    assert b["settings"]["send"] == ["fit/fit.py"] and b["settings"]["bring_back"] == ["fit/out/model.pkl"]
+    assert b["settings"]["env"] == {"SEED": "7"}
+    assert document["edges"] == [{"from": "a", "to": "b"}]
+    Pipeline.from_json(document)  # the product's own reading of it
+
+
+def test_a_node_the_product_cannot_run_is_named(tmp_path: Path) -> None:
+    from jupyter_remote_compute.elyra.convert import to_document
+    from jupyter_remote_compute.errors import InvalidSettings
+
+    with pytest.raises(InvalidSettings, match=re.escape("node 'query'.filename: q.sql is neither a notebook nor")):
+        to_document(ElyraPipeline(a=Operation("query", "q.sql", [])), "local", tmp_path, tmp_path)
+    with pytest.raises(InvalidSettings, match=re.escape("node 'up'.dependencies: ../secret.txt is not inside")):
+        to_document(ElyraPipeline(a=Operation("up", "up.py", [], dependencies=["../secret.txt"])), "local",
+                    tmp_path / "ws", tmp_path / "ws")  # fmt: skip
