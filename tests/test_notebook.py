@@ -89,6 +89,17 @@ def test_run_notebook_executes_it_with_typed_parameters_and_brings_it_back(works
     assert outputs_text(executed.cells[-1]).strip() == "int float bool adam"
 
 
+def test_run_notebook_with_an_image_is_refused_naming_the_option(workspace, scratch_dir, tracking_uri):
+    make_notebook(workspace / "train.ipynb")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_remote_compute.cli", "run", "--notebook", "train.ipynb", "--image", "x:1"],
+        cwd=workspace, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "--image: a notebook job does not run in an image yet" in done.stderr
+    assert not (workspace / ".punica" / "jobs.json").exists()  # nothing was submitted
+
+
 def test_a_failing_third_cell_fails_the_job_with_that_cell_and_the_notebook_comes_back(
     workspace, make_service, tracking_uri
 ):
