@@ -584,3 +584,50 @@ def test_a_server_sigkilled_during_a_build_ends_the_job_once_with_the_environmen
 def _far_log(scratch: Path, job_id: str) -> str:
     found = list(scratch.glob(f"**/{job_id}/log"))
     return found[0].read_text(errors="replace") if found else ""
+
+
+def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wheel_once(
+    workspace, make_service, index, ssh_agent_env, monkeypatch
+):
+    """A machine whose index points nowhere: this side resolves against its own index (here the test's,
+    as a user's UV_DEFAULT_INDEX), sends the wheels, and the far side installs offline."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the far side has no way out
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{s.getsockname()[1]}/simple/"
+    monkeypatch.setenv("UV_DEFAULT_INDEX", index.url)
+    monkeypatch.setenv("UV_NO_CACHE", "1")
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    options = ssh_agent_env.options(ssh_transport="openssh", index_url=nowhere, wheels="from_here")
+    service.machines.add("island", "ssh", "127.0.0.1", options)
+    req = _requirements(workspace, "rcdemo-b")
+    first = service.wait(service.submit(_spec("island", {"requirements": req})).job.id, timeout=300)
+    assert first.state == "succeeded", first.reason
+    log = _log(service, first.id)
+    assert "value a1" in log and ": built in " in log  # rcdemo-b and the rcdemo-a it needs, both sent
+    sent = sorted(p.name for p in (workspace / ".punica" / "wheels").glob("*/*.whl"))
+    assert sent == ["rcdemo_a-1.0-py3-none-any.whl", "rcdemo_b-1.0-py3-none-any.whl"]
+    assert not (Path(first.handle["dir"]) / "work" / "_remote_compute_wheels").exists()
+    # Another environment with the same wheels: built again, offline, and no wheel crosses again.
+    again = service.wait(service.submit(_spec("island", {"requirements": req, "packages": ["rcdemo-a"]})).job.id)
+    assert again.state == "succeeded", again.reason
+    assert ": built in " in _log(service, again.id) and "value a1" in _log(service, again.id)
+    assert again.transfer["files_sent"] == 0 and again.transfer["files_reused"] >= 2, again.transfer
+    with pytest.raises(InvalidSettings, match=r"options\.wheels"):
+        service.machines.update("island", options={"wheels": "yes"})
+
+
+def test_an_agent_machine_with_wheels_from_here_needs_no_index(agent_bed, make_service, quickstart, index, monkeypatch):
+    """The agent fetches the wheels by digest from the server like any input; its job env names no index."""
+    monkeypatch.setenv("UV_DEFAULT_INDEX", index.url)
+    monkeypatch.setenv("UV_NO_CACHE", "1")
+    agent_bed.add_machine("lab")
+    agent_bed.start_agent("lab")
+    service = make_service(quickstart)
+    service.machines.update("lab", options={"wheels": "from_here"})
+    (quickstart / "fit.py").write_text(SCRIPT)
+    job = service.wait(service.submit(_spec("lab", {"packages": ["rcdemo-b"]})).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    assert "value a1" in _log(service, job.id) and ": built in " in _log(service, job.id)

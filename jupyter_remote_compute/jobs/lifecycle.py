@@ -29,7 +29,7 @@ from ..transfer.manifest import DigestCache
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
-from .environment import launch_command, tool_inputs
+from .environment import launch_command, tool_inputs, wheel_inputs
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
@@ -153,7 +153,9 @@ class Driver:
             job = self.leases.update(job.id, to="sending")
             remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
-            files = self._inputs(job) + tool_inputs(job, self.digests)
+            jobdir = self.ctx.workspace.job_dir(job.id)
+            wheels = wheel_inputs(job, jobdir, self.digests, self.ctx.workspace.punica_dir / "wheels")
+            files = self._inputs(job) + tool_inputs(job, self.digests) + wheels
 
             def report(done: int, total: int) -> None:
                 self.progress[job.id] = (done, total)
@@ -164,7 +166,7 @@ class Driver:
 
             stats = engine.send(remote, files, report)
             launch = LaunchSpec(
-                command=launch_command(job, self.ctx.workspace.job_dir(job.id), files),
+                command=launch_command(job, jobdir, files),
                 env=job.spec.plain_env(),
                 secret_env=secret_env(self.ctx.secrets, job),
                 resources=job.spec.resources,

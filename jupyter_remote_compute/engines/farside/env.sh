@@ -7,6 +7,8 @@
 #                  pylock.toml, and packages.txt (one requirement a line)
 #   rc_env_python  a Python version, or empty for the machine's python3
 #   rc_env_index   a package index URL, or empty for the installer's default
+#   rc_env_find_links  a folder or page of wheels beside the index, or empty
+#   rc_env_offline 1 for wheels: from_here: install only from the wheels sent in _remote_compute_wheels/
 #   rc_env_uv      a uv binary this side knows of (the built-in machine), or empty
 #   rc_env_days rc_env_max_bytes   eviction: unused for longer than this, or beyond this size together
 # An environment is built in place under a lock and marked `complete` last: a venv's scripts name
@@ -73,6 +75,9 @@ rc_env_build() {
   req=
   for f in requirements.txt pyproject.toml pylock.toml; do [ -f "$rc_env_spec/$f" ] && req=$rc_env_spec/$f; done
   [ -s "$rc_env_spec/packages.txt" ] && pkgs=$rc_env_spec/packages.txt || pkgs=
+  set --
+  [ -n "$rc_env_find_links" ] && set -- --find-links "$rc_env_find_links"
+  [ -n "$rc_env_offline" ] && set -- --no-index --find-links "$rc_env_jobdir/work/_remote_compute_wheels"
   if uv=$(rc_env_find_uv); then
     tool="uv $("$uv" --version | cut -d' ' -f2)"
     echo "environment $rc_env_short: building with $tool"
@@ -83,8 +88,8 @@ rc_env_build() {
     fi
     "$uv" venv -q ${rc_env_python:+--python "$rc_env_python"} -- "$rc_env_dir" || return
     if [ -n "$req$pkgs" ]; then
-      "$uv" pip install --python "$rc_env_dir/bin/python" ${rc_env_index:+--default-index "$rc_env_index"} \
-        ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
+      [ -n "$rc_env_offline" ] && set -- --offline "$@" || set -- ${rc_env_index:+--default-index "$rc_env_index"} "$@"
+      "$uv" pip install --python "$rc_env_dir/bin/python" "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
     fi
     "$uv" pip freeze --python "$rc_env_dir/bin/python" > "$rc_env_dir/environment.txt" || return
   else
@@ -94,8 +99,8 @@ rc_env_build() {
     case $req in *.toml) echo "environment: ${req##*/} needs uv, which this machine has not" >&2; return 2 ;; esac
     "$py" -m venv -- "$rc_env_dir" || return
     if [ -n "$req$pkgs" ]; then
-      "$rc_env_dir/bin/python" -m pip install -q --disable-pip-version-check ${rc_env_index:+--index-url "$rc_env_index"} \
-        ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
+      [ -n "$rc_env_offline" ] || set -- ${rc_env_index:+--index-url "$rc_env_index"} "$@"
+      "$rc_env_dir/bin/python" -m pip install -q --disable-pip-version-check "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
     fi
     "$rc_env_dir/bin/python" -m pip freeze > "$rc_env_dir/environment.txt" || return
   fi
@@ -169,6 +174,7 @@ while :; do
   fi
   rc_env_unlock # evicted between the two locks: make it again
 done
+rm -rf -- _remote_compute_wheels # installed (or already there): the job's work tree does not keep them
 echo "environment $rc_env_short: $rc_env_how ($(sed -n 's/^tool=//p' "$rc_env_dir/info"), Python $(sed -n 's/^python=//p' "$rc_env_dir/info"))"
 # What the recorder puts on the MLflow run (environment_record.py): which environment, what it holds.
 echo "environment $rc_env_digest: installed $(tr '\n' ' ' < "$rc_env_dir/environment.txt")"
