@@ -631,3 +631,27 @@ def test_an_agent_machine_with_wheels_from_here_needs_no_index(agent_bed, make_s
     job = service.wait(service.submit(_spec("lab", {"packages": ["rcdemo-b"]})).job.id, timeout=300)
     assert job.state == "succeeded", job.reason
     assert "value a1" in _log(service, job.id) and ": built in " in _log(service, job.id)
+
+
+def test_while_the_far_side_builds_the_jobs_reason_says_so_and_after_it_does_not(workspace, make_service, index):
+    """The built-in machine: the build waits on the index; the job's reason reads the build meanwhile."""
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    req = _requirements(workspace, "rcdemo-slow", "rcdemo-a")
+    index.hold("rcdemo-slow")
+    spec = _spec("local", {"requirements": req, "packages": ["rcdemo-c"]})
+    spec = dataclasses.replace(spec, env={"UV_DEFAULT_INDEX": index.url, "UV_NO_CACHE": "1"})
+    try:
+        job = service.submit(spec).job
+        driver = threading.Thread(target=service.wait, args=(job.id,), daemon=True)  # sends, starts, polls it
+        driver.start()
+        assert index.asked.wait(120), "the build never asked the index"
+        building = wait_for(lambda: service.get(job.id).reason, message="the job's reason while it builds")
+        assert building == "building the environment (uv, 3 packages)"
+        assert service.get(job.id).state == "running"
+    finally:
+        index.release()
+    driver.join(180)
+    done = service.wait(job.id)
+    assert done.state == "succeeded" and done.reason is None, done.reason
+    assert not (Path(done.handle["dir"]) / "env.state").exists()

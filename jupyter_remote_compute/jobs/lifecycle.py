@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, NotReady, ProgressCallback, RemoteStatus
+from ..engines.farside import BUILDING
 from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
 from . import record as record_later
@@ -261,6 +262,8 @@ class Driver:
         changes: dict[str, Any] = {"times": times} if times is not None else {}
         if status.state == "pending" and (status.detail or None) != job.reason:
             changes["reason"] = status.detail or None
+        elif status.state == "running" and (status.detail or None) != job.reason and _building(status, job):
+            changes["reason"] = status.detail or None  # the environment's build, while it lasts
         if status.state == "exited":
             outcome = "succeeded" if status.exit_code == 0 else "failed"
             self._to_collecting(job, outcome, None, exit_code=status.exit_code, times=times)
@@ -290,7 +293,8 @@ class Driver:
             if status.state == "pending":
                 current.reason = status.detail or "waiting"
             else:
-                current.reason, current.started = None, utcnow()
+                current.reason = status.detail if (status.detail or "").startswith(BUILDING) else None
+                current.started = utcnow()
             if status.log_size is not None:
                 current.log_size = status.log_size
             if requeued:
@@ -343,3 +347,9 @@ def scheduler_times(job: Job, status: RemoteStatus) -> dict[str, float] | None:
     reported = {name: value for name in SCHEDULER_TIMES if (value := getattr(status, name)) is not None}
     merged = {**job.times, **reported}
     return merged if merged != job.times else None
+
+
+def _building(status: RemoteStatus, job: Job) -> bool:
+    """Whether a running job's reason is the far side's environment build, starting or ended: the only
+    reason a running job takes from its status."""
+    return (status.detail or "").startswith(BUILDING) or (job.reason or "").startswith(BUILDING)

@@ -78,8 +78,11 @@ rc_env_build() {
   set --
   [ -n "$rc_env_find_links" ] && set -- --find-links "$rc_env_find_links"
   [ -n "$rc_env_offline" ] && set -- --no-index --find-links "$rc_env_jobdir/work/_remote_compute_wheels"
+  # What status.sh reports while the build lasts: the tool and how many requirements were asked for.
+  rc_env_count=$(cat -- ${req:+"$req"} ${pkgs:+"$pkgs"} < /dev/null 2> /dev/null | grep -cE '^[A-Za-z0-9]')
   if uv=$(rc_env_find_uv); then
     tool="uv $("$uv" --version | cut -d' ' -f2)"
+    printf 'uv %s\n' "$rc_env_count" > "$rc_env_jobdir/env.state"
     echo "environment $rc_env_short: building with $tool"
     if [ -f "$rc_env_spec/uv.lock" ] && [ "${req##*/}" = pyproject.toml ]; then
       # The lock, not a fresh resolution: exactly the versions the project pinned.
@@ -95,6 +98,7 @@ rc_env_build() {
   else
     py=python${rc_env_python:-3}
     tool="venv+pip (no uv on this machine)"
+    printf 'pip %s\n' "$rc_env_count" > "$rc_env_jobdir/env.state"
     echo "environment $rc_env_short: building with $tool"
     case $req in *.toml) echo "environment: ${req##*/} needs uv, which this machine has not" >&2; return 2 ;; esac
     "$py" -m venv -- "$rc_env_dir" || return
@@ -150,7 +154,7 @@ while :; do
   rc_env_lock "$rc_env_digest" || { echo "environment: cannot lock $rc_env_root" >&2; exit 96; }
   if [ -f "$rc_env_dir/complete" ]; then
     rc_env_how=cached
-  elif rc_env_build 2>&1; then
+  elif rc_env_build 2>&1; rc_env_built=$?; rm -f -- "$rc_env_jobdir/env.state"; [ "$rc_env_built" = 0 ]; then
     rc_env_how="built in $(sed -n 's/^seconds=//p' "$rc_env_dir/info") s"
   else
     if [ -n "$rc_env_python" ] && ! [ -x "$rc_env_dir/bin/python" ]; then
