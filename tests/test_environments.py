@@ -117,7 +117,11 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     _wheel(files, "rcdemo-b", "1.0", "from rcdemo_a import VALUE as A\n", requires=("rcdemo-a==1.0",))
     _wheel(files, "rcdemo-c", "1.0", "")
     _wheel(files, "rcdemo-slow", "1.0", "")
-    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow"):
+    # a compiled package's only wheel: this side's platform, no other
+    _wheel(files, "rcdemo-native", "1.0", "")
+    native = files / "rcdemo_native-1.0-py3-none-any.whl"
+    native.rename(files / "rcdemo_native-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native"):
         (root / "simple" / project).mkdir(parents=True)
         links = "".join(
             f'<a href="../../files/{w.name}">{w.name}</a>\n'
@@ -620,6 +624,10 @@ def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wh
     assert again.transfer["files_sent"] == 0 and again.transfer["files_reused"] >= 2, again.transfer
     with pytest.raises(InvalidSettings, match=r"options\.wheels"):
         service.machines.update("island", options={"wheels": "yes"})
+    # A machine of another platform: a package with no wheel for it fails the job, named, before anything is sent
+    service.machines.update("island", options={"wheels_platform": "aarch64-manylinux_2_28"})
+    other = service.wait(service.submit(_spec("island", {"packages": ["rcdemo-native"], "python": "3.11"})).job.id)
+    assert other.state == "failed" and "rcdemo-native" in (other.reason or ""), other.reason
 
 
 def test_an_agent_machine_with_wheels_from_here_needs_no_index(agent_bed, make_service, quickstart, index, monkeypatch):
