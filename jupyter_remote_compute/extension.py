@@ -15,12 +15,13 @@ from tornado.ioloop import IOLoop
 from traitlets import Float, HasTraits, Int, Unicode
 
 from . import secret_sources
-from .engines.faces import ServerView, all_faces
+from .engines.faces import PeriodicTask, ServerView, all_faces
 from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
 from .jobs.job import Job
 from .jobs.listing import index_of
 from .jobs.service import JobService, ServiceSettings
 from .jobs.snapshot import Snapshot
+from .machines import MachineRegistry
 from .mlflow_ui import MlflowUI
 from .mlflow_ui_handlers import MLFLOW_UI_PROXY
 from .pipelines.events import publish_runs
@@ -144,6 +145,7 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
         # Pipeline runs block in threads of their own (pipelines/runner.py), never on the IOLoop.
         self.pipelines = PipelineRunner(self.service)
         self.settings["remote_compute_pipelines"] = self.pipelines
+        self._server_tasks = self._elyra_tasks(workspace)
         self._server_view = ServerView(workspace.punica_dir, kind_settings, time.time(), self.log)
         self.serverapp.event_logger.register_event_schema(EVENT_SCHEMA)
         self._emitted: dict[str, tuple[str, str, int]] = {}
@@ -154,6 +156,18 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
         # still gets its poller once the loop runs. Starting is idempotent.
         IOLoop.current().add_callback(self._start_poller)
         self.log.info("remote-compute: workspace %s", workspace.root)
+
+    def _elyra_tasks(self, workspace: Workspace) -> list[PeriodicTask]:
+        """With Elyra installed: its runtime processor finds the runner, and each machine is a runtime configuration."""
+        from .elyra import bind_server, elyra_installed
+
+        if not elyra_installed():
+            return []
+        from .elyra.runtimes import RuntimeSync
+
+        bind_server(self.pipelines, self.serverapp.base_url)
+        sync = RuntimeSync(MachineRegistry(workspace.compute_yaml))
+        return [PeriodicTask("keeping the machines as Elyra runtime configurations", sync.run)]
 
     def _export_secret_settings(self) -> None:
         """Secret settings become this process's environment, so kernels and terminals it starts agree."""
@@ -288,7 +302,7 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
         loop = asyncio.get_running_loop()
         reconciled = False
         next_retention = 0.0
-        periodic = [task for faces in all_faces().values() for task in faces.periodic]
+        periodic = [*(task for faces in all_faces().values() for task in faces.periodic), *self._server_tasks]
         while True:
             for task in periodic:
                 try:

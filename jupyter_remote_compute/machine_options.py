@@ -40,6 +40,10 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     ),
     "env_max_age_days": OptionField(int, "Days an unused Python environment stays on the machine (default 30)"),
     "env_max_bytes": OptionField(int, "Most bytes the machine's Python environments take together (default 20 GiB)"),
+    # Container images (jobs/image.py): run on local and ssh machines, refused at submit elsewhere.
+    "image": OptionField(str, "The container image jobs run in unless they name their own"),
+    "container_runtime": OptionField(str, "auto (podman, else docker), podman or docker"),
+    "container_network": OptionField(str, "host (default) or none: the containers' network"),
 }
 #: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
 #: bare ``git@`` names a user, not a secret).

@@ -11,8 +11,8 @@ RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, the resources
-    (--gpus, --cpus, --memory, --nodes, --partition), the Python environment (--requirements,
+    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, --image, --runtime, the
+    resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment (--requirements,
     --package, --python, --same-env), then ``--`` and the command."""
     parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
@@ -26,6 +26,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", help="the longest the job may run, e.g. 3600, 30m, 2h")
     parser.add_argument("--detach", action="store_true", help="start the job and return at once")
     parser.add_argument("--new", action="store_true", help="start a new job even if the same work is running")
+    parser.add_argument("--image", help="a container image to run the command in (default: the machine's)")
+    parser.add_argument(
+        "--runtime", choices=("auto", "podman", "docker"), help="the container runtime for --image (default: auto)"
+    )
     wanted = parser.add_argument_group("resources", "what the job asks its machine for (default: the machine's)")
     wanted.add_argument("--gpus", help="GPUs per node")
     wanted.add_argument("--cpus", help="CPUs per node")
@@ -80,6 +84,9 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         "timeout": args.timeout,
         # Checked with the rest of the spec (JobSpec.from_json), so errors name resources.<field>.
         "resources": {name: value for name in RESOURCE_OPTIONS if (value := getattr(args, name, None)) is not None},
+        "image": {"ref": args.image, "runtime": getattr(args, "runtime", None)}
+        if getattr(args, "image", None)
+        else None,
     }
     if any(environment.values()):  # none asked: the machine's default environment, if it has one
         settings["environment"] = environment

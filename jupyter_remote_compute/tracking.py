@@ -34,6 +34,7 @@ from typing import Any
 
 from .environment_record import log_environment
 from .fsutil import SharedFileLock
+from .jobs.image import log_image
 from .mlflow_replay import far_runs, find_tagged_run, hide, main_run, replay
 
 log = logging.getLogger(__name__)
@@ -301,6 +302,7 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
         _attach_artifacts(client, run_id, job, settings.artifact_size_cap)
         _log_usage(client, run_id, job)
         log_environment(client, run_id, job.log_path, int(job.ended * 1000))
+        log_image(client, run_id, job.log_path)
         client.set_tag(run_id, TAG_REPLAYED, "true")
     if job.reason:
         client.set_tag(run_id, "remote_compute.reason", hide(job.reason, job.mask_values)[:5000])

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh clone: system packages the tests use (sshd for SSH machines, Debian's python3 and
 # venv for the far side's MLflow, Chromium for the UI tests, gnome-keyring for a real Secret Service,
-# munge and Slurm for the single-node cluster tests/slurm_fixture.py starts), a virtualenv in .venv,
+# munge and Slurm for the single-node cluster tests/slurm_fixture.py starts, podman and mmdebstrap for
+# the container tests), a virtualenv in .venv,
 # and the extension installed into it in editable mode (this builds the JupyterLab front end). Only
 # what the product needs goes into .venv: scripts/test.sh adds the test extras itself.
 set -euo pipefail
@@ -14,6 +15,11 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt_packages+=(gnome-keyring libsecret-tools dbus)
   # Slurm's controller, node daemon and user commands; no systemd needed (the tests start them).
   apt_packages+=(munge slurmctld slurmd slurm-client)
+  # Podman (root, and rootless for the ssh test user: uidmap, slirp4netns, fuse-overlayfs; catatonit
+  # is its --init) and mmdebstrap, which makes the container tests' image offline. The tests write
+  # podman's settings for this kind of machine into a private containers.conf, not /etc. docker.io:
+  # the tests start their own dockerd on a private socket (no bridge, no firewall rules).
+  apt_packages+=(podman runc catatonit uidmap slirp4netns fuse-overlayfs containers-storage mmdebstrap docker.io)
   # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
   command -v node >/dev/null 2>&1 || apt_packages+=(nodejs npm)
   missing=()

@@ -1479,6 +1479,8 @@ export interface components {
             new?: boolean | null;
             resources?: components["schemas"]["Resources"] | null;
             environment?: components["schemas"]["Environment"] | null;
+            /** @description a container image to run the command in (local and ssh machines); null: the machine's default */
+            image?: (string | components["schemas"]["Image"]) | null;
         };
         /** @description the Python environment the command runs in, built once per machine and content on the machine (null: the machine's `environment` option, else the machine's own Python) */
         Environment: {
@@ -1490,6 +1492,15 @@ export interface components {
             python?: string | null;
             /** @description the submitting Python's distributions, pinned */
             same_as_here?: boolean | null;
+        };
+        Image: {
+            /** @description registry/name:tag or name@sha256:… */
+            ref: string;
+            /**
+             * @description auto: podman, else docker
+             * @enum {string|null}
+             */
+            runtime?: "auto" | "podman" | "docker" | null;
         };
         /** @description what the job asks its machine for; omitted (or null) fields take the machine's defaults */
         Resources: {

@@ -47,9 +47,10 @@ class Server:
         *,
         env: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
+        python: str = sys.executable,
     ) -> None:
         self.root, self.scratch, self.tracking_uri, self.log = root, scratch, tracking_uri, log
-        self.env, self.extra_args = env, extra_args
+        self.env, self.extra_args, self.python = env, extra_args, python
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -62,7 +63,7 @@ class Server:
 
     def start(self) -> None:
         args = [
-            sys.executable, "-m", "jupyter_server",
+            self.python, "-m", "jupyter_server",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}", "--ServerApp.allow_root=True", "--ServerApp.open_browser=False",
             f"--ServerApp.root_dir={self.root}",
@@ -91,8 +92,13 @@ class Server:
         return self.log.read_text(errors="replace").count("reconciled") >= self.starts
 
     def request(self, method: str, path: str, body: dict | None = None) -> Any:
+        """A call of this product's API: ``path`` is relative to ``/remote-compute/``."""
+        return self.request_at(method, f"/remote-compute/{path}", body)
+
+    def request_at(self, method: str, path: str, body: dict | None = None) -> Any:
+        """A call of any route of the server (another extension's, too): ``path`` from the server's root."""
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/remote-compute/{path}",
+            f"http://127.0.0.1:{self.port}{path}",
             method=method,
             data=json.dumps(body).encode() if body is not None else None,
             headers={"Authorization": f"token {self.token}"},

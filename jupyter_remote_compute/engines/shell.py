@@ -63,6 +63,9 @@ class Launcher:
     reaches the machine only through its engine's transport and far-side folders.
     """
 
+    #: Whether a job's command may run in a container image here (jobs/image.py, farside/container.sh).
+    runs_images: ClassVar[bool] = False
+
     def __init__(self, engine: ShellEngine) -> None:
         self.engine = engine
 
@@ -91,6 +94,8 @@ class Launcher:
 
 class DetachedLauncher(Launcher):
     """The job as a detached process group on the machine (``launch.sh``): it outlives every connection."""
+
+    runs_images = True
 
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
         engine = self.engine

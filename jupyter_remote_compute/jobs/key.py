@@ -30,4 +30,6 @@ def job_key(spec: JobSpec, inputs: Sequence[InputFile], environment: str | None 
         material["resources"] = resources
     if environment:  # likewise
         material["environment"] = environment
+    if spec.image:  # likewise
+        material["image"] = spec.image.key_part()
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]

@@ -27,6 +27,7 @@ from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, NotReady,
 from ..engines.farside import BUILDING
 from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
+from . import image as images
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
@@ -166,10 +167,13 @@ class Driver:
             report = self.leases.renewer(job.id, report)
 
             stats = engine.send(remote, files, report)
+            env, secrets = job.spec.plain_env(), secret_env(self.ctx.secrets, job)
             launch = LaunchSpec(
-                command=launch_command(job, jobdir, files),
-                env=job.spec.plain_env(),
-                secret_env=secret_env(self.ctx.secrets, job),
+                command=launch_command(job, jobdir, files)
+                if job.spec.environment
+                else images.launch_command(job.spec, [*env, *secrets], engine),
+                env=env,
+                secret_env=secrets,
                 resources=job.spec.resources,
                 timeout=job.spec.timeout,
             )

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
+from ..engines.shell import ShellEngine
 from ..errors import (
     Conflict,
     InvalidSettings,
@@ -42,6 +43,7 @@ from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..workspace import Workspace
 from . import environment as environments
+from . import image as images
 from . import logs
 from . import record as record_later
 from .admin import MachineAdmin, snapshot_of
@@ -219,6 +221,14 @@ class JobService:
                 )
 
         spec = environments.with_machine_default(spec, machine.options)
+        spec = images.with_machine_default(spec, machine.options)
+        if spec.image:
+            if spec.environment:
+                raise InvalidSettings(
+                    "image: a Python environment inside an image is not built yet; leave one of them out",
+                    field="image",
+                )
+            self._admit_image(machine, spec.image)
         files, key, resolved = self._inputs_and_key(spec)
         experiment = self.settings.tracking.experiment
         if experiment and "MLFLOW_EXPERIMENT_NAME" not in spec.env:
@@ -266,6 +276,18 @@ class JobService:
                 f"resources: could not learn what {machine.name} can give ({e}); try again", field="resources"
             ) from None
 
+    def _admit_image(self, machine: Machine, image: images.Image) -> None:
+        """The machine refuses, before anything is stored, an image it has no runtime for."""
+        engine = self.engine(machine.name)
+        runs = isinstance(engine, ShellEngine) and engine.launcher.runs_images
+        try:
+            facts = engine.check() if runs else None
+        except EngineError as e:
+            raise InvalidSettings(
+                f"image: could not learn whether {machine.name} runs images ({e}); try again", field="image"
+            ) from None
+        images.admit(image, machine.name, machine.kind, runs, facts)
+
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
         """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""
         files = build_manifest(self.workspace.root, spec.send, self.digests)
@@ -274,7 +296,8 @@ class JobService:
 
     def latest_same_work(self, spec: JobSpec) -> Job | None:
         """The newest job doing the same work as ``spec`` (same key), whatever its state."""
-        spec = environments.with_machine_default(spec, self.machines.get(spec.machine).options)
+        options = self.machines.get(spec.machine).options
+        spec = images.with_machine_default(environments.with_machine_default(spec, options), options)
         _, key, _ = self._inputs_and_key(spec)
         same = [j for j in self.list_jobs(machine=spec.machine) if j.key == key]
         return same[0] if same else None

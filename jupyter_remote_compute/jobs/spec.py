@@ -20,6 +20,7 @@ from ..engines.resources import Resources
 from ..errors import InvalidSettings
 from ..secrets import resolve_reference
 from .environment import Environment
+from .image import Image
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
@@ -114,6 +115,8 @@ class JobSpec:
     resources: Resources = dataclasses.field(default_factory=Resources)
     # The Python environment the command runs in (jobs/environment.py); None: the machine's own Python.
     environment: Environment | None = None
+    # The container image the command runs in (jobs/image.py); None: the machine's own shell.
+    image: Image | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -182,6 +185,7 @@ class JobSpec:
             key=key,
             resources=Resources.from_json(data.get("resources"), "resources."),
             environment=Environment.from_json(data.get("environment")),
+            image=Image.from_json(data.get("image")),
         )
 
     @classmethod
@@ -200,6 +204,7 @@ class JobSpec:
             # Most jobs ask for nothing: one shared (frozen) value, not a validation per job read.
             resources=Resources.from_json(resources) if (resources := data.get("resources")) else NO_RESOURCES,
             environment=Environment.from_json(data.get("environment")),
+            image=Image.from_json(data.get("image")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -218,6 +223,8 @@ class JobSpec:
             data["resources"] = resources
         if self.environment:  # likewise absent when none is asked for
             data["environment"] = self.environment.to_json()
+        if self.image:  # likewise absent without one
+            data["image"] = self.image.to_json()
         return data
 
     @property
@@ -250,4 +257,6 @@ class JobSpec:
             settings["resources.partition"] = self.resources.partition
         if self.environment:
             settings.update({f"environment.packages[{i}]": p for i, p in enumerate(self.environment.packages)})
+        if self.image:
+            settings["image.ref"] = self.image.ref
         return settings

@@ -54,7 +54,7 @@ from ..base import (
 from ..launcher import LAUNCH_SH, RUN_SH
 from ..ssh_transfer import ArchiveCut, SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
 
-SCRIPTS = ("status", "cancel", "manifest", "cache", "facts", "prepare", "log", "envfile", "cleanup")
+SCRIPTS = ("status", "cancel", "manifest", "cache", "facts", "prepare", "log", "envfile", "cleanup", "container")
 #: A job id as the far side's scripts take it: one plain name, so it is a folder name and a word in sh.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -266,9 +266,12 @@ def parse_facts(out: str, rtt_ms: float, **extras: Any) -> Facts:
     """facts.sh's lines as the one facts shape every kind returns."""
     facts: dict[str, str] = {}
     gpus: list[dict[str, Any]] = []
+    containers: list[dict[str, Any]] = []
     for line in out.splitlines():
         key, _, value = line.partition("=")
-        if key == "gpu":
+        if key == "container" and len(words := value.split()) == 3:
+            containers.append({"runtime": words[0], "version": words[1], "rootless": words[2] == "rootless"})
+        elif key == "gpu":
             name, _, mem = value.rpartition(",")
             gpus.append({"name": name.strip(), "memory_bytes": _int(mem) * (1 << 20) if _int(mem) else None})
         elif key:
@@ -284,7 +287,7 @@ def parse_facts(out: str, rtt_ms: float, **extras: Any) -> Facts:
         gpus=gpus,
         disk_free_bytes=_int(facts.get("disk_kb")) * 1024,
         rtt_ms=round(rtt_ms, 2),
-        extras=extras,
+        extras={**extras, "containers": containers} if containers else extras,
     )
 
 

@@ -27,4 +27,6 @@ i=0
 while [ -n "$(group_pids)" ] && [ $i -lt 50 ]; do nap; i=$((i+1)); done
 left=$(group_pids)
 if [ -n "$left" ]; then echo "processes of group $target_pg survived SIGKILL:$left" >&2; exit 4; fi
+# A job in a container (container.sh) that was KILLed before it removed its container: remove it here.
+if [ -f "$d/container" ]; then read -r rt name < "$d/container" && "$rt" rm -f -- "$name" >/dev/null 2>&1; rm -f -- "$d/container"; fi
 echo done

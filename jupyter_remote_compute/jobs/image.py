@@ -1,0 +1,219 @@
+"""A job's container image: the reference, the runtime that runs it, and how its command is wrapped.
+
+A job with an ``image`` runs its command inside it (``engines/farside/container.sh``), on the machines
+whose jobs are detached processes (local, ssh): the job folder mounted at its own path, so the
+launcher, the log, the outputs and the job's MLflow store are the same as outside. The machine option
+``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker) and
+``container_network`` (host, none) are the machine's.
+
+The reference is pinned on the machine the first time it runs there (``<base>/images/``); the far side
+opens the job's log with the line ``image <ref> <digest> (<runtime> <version>, <rootless|rootful>)``,
+which comes back with the log and tags the MLflow run (``log_image``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..engines import farside
+from ..engines.base import Engine, EngineError
+from ..engines.launcher import JOB_ENV_SH, READ_ENV_SH, command_script
+from ..engines.shell import ShellEngine
+from ..errors import InvalidSettings
+
+RUNTIMES = ("auto", "podman", "docker")
+NETWORKS = ("host", "none")
+#: What to install, named in the refusal when a machine has no runtime.
+INSTALL_HINT = {"podman": "apt-get install podman", "docker": "apt-get install docker.io"}
+# A registry reference: [host[:port]/]path[:tag][@sha256:hex]; no spaces, no shell metacharacters.
+_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
+
+TAG_IMAGE = "remote_compute.image"
+TAG_DIGEST = "remote_compute.image_digest"
+_LOG_LINE = re.compile(r"^image (\S+) (sha256:[0-9a-f]{64}) \((\S+) (\S*), (rootless|rootful)\)$", re.MULTILINE)
+#: container.sh prints its line before the command starts: it is among the first of the log.
+_HEAD_BYTES = 64 << 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    """An image reference and the runtime asked to run it (``auto``: podman where installed, else docker)."""
+
+    ref: str
+    runtime: str = "auto"
+
+    @classmethod
+    def from_json(cls, value: Any, field: str = "image") -> Image | None:
+        """``"REF"`` or ``{"ref": REF, "runtime": …}``; null or "" is no image. Errors name the field."""
+        if value is None or value == "":
+            return None
+        if isinstance(value, str):
+            value = {"ref": value}
+        if not isinstance(value, Mapping):
+            raise InvalidSettings(f"{field}: expected an image reference such as 'python:3.12-slim'", field=field)
+        unknown = set(value) - {"ref", "runtime"}
+        if unknown:
+            name = f"{field}.{sorted(unknown)[0]}"
+            raise InvalidSettings(f"{name}: unknown setting (an image has ref and runtime)", field=name)
+        ref, runtime = value.get("ref"), value.get("runtime") or "auto"
+        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
+            raise InvalidSettings(
+                f"{field}.ref: {ref!r} is not an image reference (registry/name:tag or name@sha256:…)",
+                field=f"{field}.ref",
+            )
+        if runtime not in RUNTIMES:
+            raise InvalidSettings(
+                f"{field}.runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}", field=f"{field}.runtime"
+            )
+        return cls(ref, runtime)
+
+    def to_json(self) -> dict[str, str]:
+        return {"ref": self.ref, "runtime": self.runtime}
+
+    def key_part(self) -> dict[str, str]:
+        """What the job's key holds of the image. The digest is pinned per machine (the key holds the
+        machine), so the same reference on the same machine is the same content."""
+        return self.to_json()
+
+
+def machine_default(options: Mapping[str, Any]) -> Image | None:
+    """The image the machine's jobs run in unless they name their own (options ``image``, ``container_runtime``)."""
+    ref = options.get("image")
+    if not ref:
+        return None
+    return Image.from_json({"ref": ref, "runtime": options.get("container_runtime") or "auto"}, "options.image")
+
+
+def network_of(options: Mapping[str, Any]) -> str:
+    """The container's network: the host's own (default) or none; never the runtime's bridge."""
+    network = options.get("container_network") or "host"
+    if network not in NETWORKS:
+        raise InvalidSettings(
+            f"options.container_network: {network!r} is not one of {', '.join(NETWORKS)}",
+            field="options.container_network",
+        )
+    return network
+
+
+def admit(image: Image, machine: str, kind: str, runs_images: bool, facts: Mapping[str, Any] | None) -> None:
+    """Refuse, at submit, an image on a machine that cannot run it, naming what to install."""
+    if not runs_images:
+        raise InvalidSettings(
+            f"image: {machine} is a {kind} machine, which does not run container images; use a local or ssh machine",
+            field="image",
+        )
+    have = {c["runtime"] for c in (facts or {}).get("containers") or ()}
+    wanted = [image.runtime] if image.runtime != "auto" else ["podman", "docker"]
+    if not have.intersection(wanted):
+        hint = " or ".join(f"{w} ({INSTALL_HINT[w]})" for w in wanted)
+        raise InvalidSettings(
+            f"image: {machine} has no container runtime to run {image.ref}: install {hint}", field="image"
+        )
+
+
+def env_names(env: Sequence[str]) -> list[str]:
+    """The variables the container gets: the job's own, then those every job has (``JOB_ENV_SH``)."""
+    common = re.findall(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", JOB_ENV_SH, re.MULTILINE)
+    return list(dict.fromkeys([*env, *common]))
+
+
+# Run by the image's sh as `sh .container-entry ENVFILE COMMAND LOG`: the job's variables from the
+# 0600 file (the launcher's format), which is removed before the command starts; the command's output
+# goes straight to the job's log (mounted), as it does outside.
+ENTRY_SH = f"""exec < "$1"
+{READ_ENV_SH}exec < /dev/null >> "$3" 2>&1
+rm -f -- "$1"
+exec sh "$2"
+"""
+
+
+def container_command(
+    image: Image,
+    command: str | Sequence[str],
+    env: Sequence[str],
+    options: Mapping[str, Any],
+    pins: str,
+    gpu_args: Sequence[str] = (),
+) -> str:
+    """The job's command.sh body for a job in ``image``: write the command beside it, then container.sh.
+
+    ``pins`` is the machine's folder of image pins, as a sh word (``ShellEngine.base_expr``'s).
+    """
+    inner = command_script(command)
+    words = [
+        '"$jobdir"',
+        pins,
+        shlex.quote(image.ref),
+        shlex.quote(image.runtime),
+        shlex.quote(network_of(options)),
+        shlex.quote(" ".join(env_names(env))),
+        shlex.quote(ENTRY_SH),
+        *(shlex.quote(a) for a in gpu_args),
+    ]
+    return (
+        "jobdir=$(cd .. && pwd -P) || exit 97\n"
+        f"printf '%s' {shlex.quote(inner)} > \"$jobdir/command.inner.sh\" || exit 97\n"
+        f"exec {farside.command_line('container', *words)}"
+    )
+
+
+def with_machine_default(spec: Any, options: Mapping[str, Any]) -> Any:
+    """``spec`` (a JobSpec) with the machine's image where it names none of its own."""
+    if spec.image is None and (default := machine_default(options)):
+        return dataclasses.replace(spec, image=default)
+    return spec
+
+
+def launch_command(spec: Any, env: Sequence[str], engine: Engine) -> str | Sequence[str]:
+    """What the launcher runs for ``spec`` (a JobSpec): its command, inside its image if it has one."""
+    if not spec.image:
+        return spec.command
+    if not (isinstance(engine, ShellEngine) and engine.launcher.runs_images):
+        raise EngineError(f"{engine.name} is a {engine.kind} machine, which does not run container images")
+    return container_command(spec.image, spec.command, env, engine.machine_options, engine.base_expr() + "/images")
+
+
+def gpu_args(runtime: str, gpus: int | None, visible: str | None = None) -> list[str]:
+    """The runtime's arguments that give the container GPUs: docker's --gpus, podman's CDI devices.
+
+    ``visible`` (the agent's CUDA_VISIBLE_DEVICES) names the devices; else ``gpus`` of them, or none.
+    """
+    if not gpus and not visible:
+        return []
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else None
+    if runtime == "docker":
+        return ["--gpus", f'"device={",".join(devices)}"' if devices else (str(gpus) if gpus else "all")]
+    if devices:
+        return [f"--device=nvidia.com/gpu={d}" for d in devices]
+    if gpus:
+        return [f"--device=nvidia.com/gpu={i}" for i in range(gpus)]
+    return ["--device=nvidia.com/gpu=all"]
+
+
+def parse_log_head(head: str) -> dict[str, str] | None:
+    """The image's reference, digest, runtime and mode from container.sh's line, if the job had one."""
+    m = _LOG_LINE.search(head)
+    if not m:
+        return None
+    return {"image": m.group(1), "digest": m.group(2), "runtime": m.group(3), "version": m.group(4), "mode": m.group(5)}
+
+
+def read_log_head(log_path: Path | None) -> dict[str, str] | None:
+    """``parse_log_head`` of a job's log on this side (None without a log or an image)."""
+    if log_path is None or not log_path.is_file():
+        return None
+    with open(log_path, "rb") as f:
+        return parse_log_head(f.read(_HEAD_BYTES).decode("utf-8", "replace"))
+
+
+def log_image(client: Any, run_id: str, log_path: Path | None) -> None:
+    """Tag the job's MLflow run with its image and the digest it ran (if it ran in one)."""
+    found = read_log_head(log_path)
+    if found:
+        client.set_tag(run_id, TAG_IMAGE, found["image"])
+        client.set_tag(run_id, TAG_DIGEST, found["digest"])

@@ -1,0 +1,541 @@
+"""Jobs in a container image: real podman (root here, rootless for the ssh test user), an image made offline.
+
+The image is a Debian rootfs from mmdebstrap, imported with ``podman import`` once per session and
+marked with /etc/jrc-image-marker, so a job that reads the marker ran inside it. Podman's own
+settings for this machine (runc, cgroupfs, ulimits it may set; ../shared/TESTBED.md "Containers") go
+into a private containers.conf: CONTAINERS_CONF for root, the test user's ~/.config/containers/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sshd_fixture
+from mlflow.tracking import MlflowClient
+from required import require
+from waiting import wait_for
+
+from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.jobs import image as images
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+
+MARKER = "/etc/jrc-image-marker"
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+
+
+def _podman(*args: str, user: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """podman as root, or as ``user`` with only that user's own environment (their rootless store)."""
+    cmd = ["podman", *args]
+    if user is not None:
+        home = pwd.getpwnam(user).pw_dir
+        cmd = ["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
+    return done
+
+
+class BuiltImage:
+    def __init__(self, ref: str, marker: str, rootfs: Path) -> None:
+        self.ref, self.marker, self.rootfs = ref, marker, rootfs
+        self.users: list[str] = []
+
+    def digest(self, user: str | None = None) -> str:
+        found = _podman("image", "inspect", "--format", "{{.Id}}", self.ref, user=user).stdout.strip()
+        return found if found.startswith("sha256:") else "sha256:" + found
+
+    def import_for(self, user: str) -> None:
+        """The same image in ``user``'s rootless store (each user has a store of their own)."""
+        if user not in self.users:
+            _podman("import", str(self.rootfs), self.ref, user=user)
+            self.users.append(user)
+
+    def remove(self) -> None:
+        """Out of every store it was imported into; the rootless users' pause processes ended."""
+        _podman("rmi", "-f", self.ref, check=False)
+        for user in self.users:
+            _podman("rmi", "-f", self.ref, user=user, check=False)
+            _stop_pause_process(user)
+
+
+def build_image(work: Path) -> BuiltImage:
+    """The marked image, built offline in ``work`` and imported into root's store; podman's settings
+    for this machine in ``work/containers.conf``, named by CONTAINERS_CONF for this process."""
+    conf = work / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    os.environ["CONTAINERS_CONF"] = str(conf)
+    marker = f"jrc-{uuid.uuid4().hex[:8]}"
+    rootfs = work / "rootfs.tar"
+    subprocess.run(
+        ["mmdebstrap", "--quiet", "--variant=apt", "--include=python3",
+         f"--customize-hook=echo {marker} > \"$1{MARKER}\"",
+         "bookworm", str(rootfs), "/etc/apt/sources.list.d/debian.sources"],
+        check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=600,
+    )  # fmt: skip
+    os.chmod(rootfs, 0o644)  # the rootless user imports the same rootfs
+    image = BuiltImage(f"localhost/jrc-test-{marker}:1", marker, rootfs)
+    _podman("import", "--change", 'CMD ["/usr/bin/python3"]', str(rootfs), image.ref)
+    return image
+
+
+@pytest.fixture(scope="session")
+def test_image() -> Iterator[BuiltImage]:
+    require(shutil.which("podman") is not None, "podman (apt-get install podman runc uidmap slirp4netns)")
+    require(shutil.which("mmdebstrap") is not None, "mmdebstrap (apt-get install mmdebstrap)")
+    work = Path(tempfile.mkdtemp(prefix="jrc-image-"))
+    os.chmod(work, 0o755)
+    before = os.environ.get("CONTAINERS_CONF")
+    try:
+        image = build_image(work)
+        yield image
+        image.remove()
+    finally:
+        if before is None:
+            os.environ.pop("CONTAINERS_CONF", None)
+        else:
+            os.environ["CONTAINERS_CONF"] = before
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _stop_pause_process(user: str) -> None:
+    """Rootless podman leaves a pause process holding the user's namespaces: end it (its pid file names it)."""
+    runroot = _podman("info", "--format", "{{.Store.RunRoot}}", user=user).stdout.strip()
+    pid_file = Path(runroot).parent / "libpod/tmp/pause.pid"
+    if pid_file.is_file():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+
+
+def _digest_of(ref: str) -> str:
+    found = _podman("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+    return found if found.startswith("sha256:") else "sha256:" + found
+
+
+def _containers(label: str, user: str | None = None) -> list[str]:
+    out = _podman("ps", "-a", "--filter", f"label=jrc.job={label}", "--format", "{{.Names}}", user=user).stdout
+    return out.split()
+
+
+def _far_dir(job) -> Path:  # type: ignore[no-untyped-def]
+    return Path(job.handle["dir"])
+
+
+# -- local: root podman -------------------------------------------------------------------------
+
+
+def test_a_local_job_runs_in_its_image_and_records_the_digest(test_image, workspace, make_service, tracking_uri):
+    (workspace / "job.sh").write_text(
+        f'mkdir -p out; cat {MARKER} > out/marker.txt; id -u > out/uid.txt; echo "in $PWD"; exit 0\n'
+    )
+    service = make_service(workspace)
+    spec = JobSpec.from_json(
+        {"command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"], "image": test_image.ref}
+    )
+    job = service.wait(service.submit(spec).job.id, timeout=180)
+    assert job.state == "succeeded", job.reason
+    assert (workspace / "out/marker.txt").read_text().strip() == test_image.marker
+    assert (workspace / "out/uid.txt").read_text().strip() == str(os.getuid())
+    log = service.read_log(job.id).data.decode()
+    digest = test_image.digest()
+    assert f"image {test_image.ref} {digest} (podman " in log
+    # the work folder is the working directory, at the path it has outside
+    assert f"in {_far_dir(job)}/work" in log
+    run = MlflowClient(tracking_uri).get_run(job.mlflow_run_id)
+    assert run.data.tags[images.TAG_IMAGE] == test_image.ref
+    assert run.data.tags[images.TAG_DIGEST] == digest
+    assert not _containers(job.id), "the container is removed once its outcome is read"
+    assert not (_far_dir(job) / ".container-env").exists()
+
+    # The image was pinned on first use: the next job runs the pinned id, pulling nothing.
+    again = service.wait(service.submit(spec, new=True).job.id, timeout=180)
+    assert again.state == "succeeded", again.reason
+    later = service.read_log(again.id).data.decode()
+    assert f"image {test_image.ref} {digest} " in later and "pulling" not in later
+    pins = list((_far_dir(again).parent / "images").iterdir())  # the local machine's base: its scratch folder
+    assert len(pins) == 1 and pins[0].read_text().split()[0] in (digest, digest.removeprefix("sha256:"))
+
+
+def test_the_exit_code_is_the_commands(test_image, workspace, make_service):
+    service = make_service(workspace)
+    job = service.wait(service.submit(JobSpec.from_json({"command": "exit 7", "image": test_image.ref})).job.id, 180)
+    assert job.state == "failed" and job.exit_code == 7, (job.state, job.exit_code, job.reason)
+    assert not _containers(job.id)
+
+
+def test_a_missing_image_fails_the_job_with_the_runtimes_words(test_image, workspace, make_service):
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "true", "image": "localhost/jrc-no-such-image:1"})
+    job = service.wait(service.submit(spec).job.id, 180)
+    assert job.state == "failed", job.state
+    log = service.read_log(job.id).data.decode()
+    assert "pulling localhost/jrc-no-such-image:1" in log and "container: pulling" in log
+    assert "the runtime's words are above" in log
+
+
+def test_a_moved_tag_does_not_move_the_pin(test_image, workspace, make_service):
+    """The pinned id is gone and the tag names other content now: the job fails naming the pin, not
+    running whatever the tag is; removing the pin, as the error says, pins the new content."""
+    ref = test_image.ref.replace(":1", "-moved:1")
+    _podman("import", str(test_image.rootfs), ref)
+    try:
+        service = make_service(workspace)
+        spec = JobSpec.from_json({"command": f"cat {MARKER}", "image": ref})
+        first = service.wait(service.submit(spec).job.id, 180)
+        assert first.state == "succeeded", first.reason
+        pinned = _digest_of(ref)
+        _podman("rmi", "-f", ref)
+        _podman("import", "--change", "LABEL moved=1", str(test_image.rootfs), ref)
+        assert _digest_of(ref) != pinned
+        second = service.wait(service.submit(spec, new=True).job.id, 180)
+        assert second.state == "failed", second.state
+        log = service.read_log(second.id).data.decode()
+        assert f"pinned as {pinned.removeprefix('sha256:')}" in log and "remove " in log
+        pin = Path(log.split("remove ", 1)[1].split(" to pin it again")[0])
+        assert pin.parent == _far_dir(second).parent / "images"
+        pin.unlink()
+        third = service.wait(service.submit(spec, new=True).job.id, 180)
+        assert third.state == "succeeded", third.reason
+        assert f"image {ref} {_digest_of(ref)} " in service.read_log(third.id).data.decode()
+    finally:
+        _podman("rmi", "-f", ref, check=False)
+
+
+def test_a_leftover_container_of_the_same_job_is_replaced(test_image, workspace, make_service):
+    """A start that made its container but died before it ran leaves the name taken: the next start runs."""
+    service = make_service(workspace)
+    job = service.submit(JobSpec.from_json({"command": "echo fresh", "image": test_image.ref})).job
+    _podman("create", "--name", f"jrc-{job.id}", "--label", f"jrc.job={job.id}", test_image.ref, "true")
+    done = service.wait(job.id, 180)
+    assert done.state == "succeeded", done.reason
+    assert "fresh" in service.read_log(job.id).data.decode()
+    assert not _containers(job.id)
+
+
+def test_a_secret_reaches_the_command_and_no_inspect_output(test_image, workspace, make_service):
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    (workspace / "job.sh").write_text(
+        'mkdir -p out; printf %s "$API_KEY" | sha256sum | cut -d" " -f1 > out/key.sha\n'
+        "echo waiting; while [ ! -f go ]; do sleep 0.05; done\n"
+    )
+    service = make_service(workspace)
+    service.secrets.set("test/api", secret)
+    spec = JobSpec.from_json(
+        {"command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/key.sha"],
+         "env": {"API_KEY": "secret:test/api", "PLAIN": "visible"}, "image": test_image.ref}
+    )  # fmt: skip
+    job = service.advance(service.submit(spec).job.id)
+    running = wait_for(
+        lambda: (j := service.get(job.id)).state == "running" and _containers(job.id) and j,
+        timeout=180,
+        message="the job's container to run",
+    )
+    far = _far_dir(running)
+    wait_for(lambda: (far / "work/out/key.sha").exists(), timeout=60, message="the command to start")
+    inspect = _podman("inspect", f"jrc-{job.id}").stdout
+    assert secret not in inspect
+    assert json.loads(inspect)[0]["State"]["Running"] is True
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert secret not in ps
+    assert not (far / ".container-env").exists(), "the environment file is removed before the command runs"
+    (far / "work/go").touch()
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "succeeded", done.reason
+    import hashlib
+
+    assert (workspace / "out/key.sha").read_text().strip() == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret not in service.read_log(job.id).data.decode()
+
+
+def test_cancel_stops_and_removes_the_container(test_image, workspace, make_service):
+    service = make_service(workspace)
+    job = service.advance(
+        service.submit(JobSpec.from_json({"command": "echo started; sleep 600", "image": test_image.ref})).job.id
+    )
+    wait_for(
+        lambda: service.get(job.id).state == "running" and b"started" in service.read_log(job.id).data,
+        timeout=180,
+        message="the job to run in its container",
+    )
+    assert _containers(job.id) == [f"jrc-{job.id}"]
+    service.cancel(job.id)
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "cancelled", done.state
+    assert not _containers(job.id), "cancel leaves no container behind"
+    assert not (_far_dir(done) / "container").exists()
+
+
+def test_check_names_the_container_runtimes(test_image, workspace, make_service):
+    facts = make_service(workspace).engine("local").check()
+    podman = next(c for c in facts["containers"] if c["runtime"] == "podman")
+    version = subprocess.run(["podman", "--version"], capture_output=True, text=True, check=True).stdout
+    assert podman["rootless"] is False and podman["version"] in version
+
+
+def test_run_image_from_the_cli(test_image, workspace, scratch_dir, tracking_uri):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_remote_compute.cli", "run", "--image", test_image.ref, "--runtime", "podman",
+         "--", "cat", MARKER],
+        cwd=workspace, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert test_image.marker in done.stdout
+
+
+def test_a_container_outlives_the_process_that_started_it(
+    test_image, workspace, make_service, scratch_dir, tracking_uri
+):
+    """The CLI that submitted the job is SIGKILLed while its container runs; another process ends the job once."""
+    from conftest import job_runs
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_remote_compute.cli", "run", "--image", test_image.ref, "--",
+         "sh", "-c", f"echo waiting; while [ ! -f go ]; do sleep 0.05; done; cat {MARKER}"],
+        cwd=workspace, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    service = make_service(workspace)
+    try:
+        job = wait_for(
+            lambda: next((j for j in service.list_jobs() if j.state == "running" and _containers(j.id)), None),
+            timeout=180,
+            message="the CLI's job to run in its container",
+        )
+        cli.send_signal(signal.SIGKILL)
+        cli.wait(timeout=30)
+    finally:
+        cli.kill()
+    assert _containers(job.id) == [f"jrc-{job.id}"], "the container runs on without the process that started it"
+    (_far_dir(job) / "work/go").touch()
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "succeeded", done.reason
+    assert test_image.marker in service.read_log(job.id).data.decode()
+    assert len(job_runs(tracking_uri, job.id)) == 1
+    assert not _containers(job.id)
+
+
+def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_service):
+    service = make_service(workspace)
+    service.machines.add("lab", "agent", "lab.lab")
+    with pytest.raises(InvalidSettings) as e:
+        service.submit(JobSpec.from_json({"machine": "lab", "command": "true", "image": "python:3.12"}))
+    assert e.value.field == "image" and "agent machine" in str(e.value)
+    assert service.list_jobs() == [], "nothing is stored for a refused job"
+
+
+def test_an_image_with_a_python_environment_is_refused_for_now(workspace, make_service):
+    service = make_service(workspace)
+    spec = JobSpec.from_json({"command": "true", "image": "python:3.12", "environment": {"packages": ["numpy"]}})
+    with pytest.raises(InvalidSettings) as e:
+        service.submit(spec)
+    assert e.value.field == "image" and "environment" in str(e.value)
+    assert service.list_jobs() == []
+
+
+# -- docker: its own daemon on a private socket ----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def docker_image(test_image) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """A dockerd of the tests' own (no bridge, no firewall rules: the host's network is left as it is)
+    with the same rootfs imported; DOCKER_HOST names its socket for this process and its far sides."""
+    require(shutil.which("dockerd") is not None, "dockerd (apt-get install docker.io)")
+    root = Path(tempfile.mkdtemp(prefix="jrc-docker-"))
+    sock = root / "docker.sock"
+    daemon = subprocess.Popen(
+        ["dockerd", "--iptables=false", "--ip-forward=false", "--bridge=none", "--data-root", str(root / "data"),
+         "--exec-root", str(root / "exec"), "-H", f"unix://{sock}", "--pidfile", str(root / "docker.pid")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(root / "dockerd.log").open("wb"),
+    )  # fmt: skip
+    before = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = f"unix://{sock}"
+    try:
+
+        def answers() -> bool:
+            return subprocess.run(["docker", "version"], capture_output=True).returncode == 0
+
+        wait_for(answers, timeout=60, message="dockerd to answer")
+        ref = test_image.ref.replace("localhost/", "localhost/docker-")
+        subprocess.run(["docker", "import", str(test_image.rootfs), ref], check=True, capture_output=True)
+        yield ref
+    finally:
+        sshd_fixture.terminate(daemon)
+        # dockerd leaves its network namespace mounted under its exec root
+        for mount in reversed(Path("/proc/mounts").read_text().splitlines()):
+            point = mount.split()[1]
+            if point.startswith(f"{root}/"):
+                subprocess.run(["umount", point], capture_output=True)
+        if before is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = before
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _docker_containers(label: str) -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label=jrc.job={label}", "--format", "{{.Names}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return out.split()
+
+
+def test_a_job_runs_in_docker_keeps_its_exit_code_and_cancel_removes_it(
+    docker_image, test_image, workspace, make_service, tracking_uri
+):
+    service = make_service(workspace)
+    image = {"ref": docker_image, "runtime": "docker"}
+    job = service.wait(
+        service.submit(JobSpec.from_json({"command": f"cat {MARKER}; id -u; exit 3", "image": image})).job.id, 180
+    )
+    assert job.state == "failed" and job.exit_code == 3, (job.state, job.exit_code, job.reason)
+    log = service.read_log(job.id).data.decode()
+    assert test_image.marker in log and f"\n{os.getuid()}\n" in log
+    digest = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", docker_image], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert f"image {docker_image} {digest} (docker " in log and ", rootful)" in log
+    assert MlflowClient(tracking_uri).get_run(job.mlflow_run_id).data.tags[images.TAG_DIGEST] == digest
+    assert not _docker_containers(job.id)
+
+    running = service.advance(
+        service.submit(JobSpec.from_json({"command": "echo started; sleep 600", "image": image})).job.id
+    )
+    wait_for(lambda: b"started" in service.read_log(running.id).data, timeout=180, message="the docker job to start")
+    assert _docker_containers(running.id) == [f"jrc-{running.id}"]
+    service.cancel(running.id)
+    assert service.wait(running.id, timeout=120).state == "cancelled"
+    assert not _docker_containers(running.id), "cancel leaves no container behind"
+
+
+# -- ssh: rootless podman for the test user ----------------------------------------------------------
+
+
+def configure_rootless(user: str) -> Path | None:
+    """Podman's settings for this machine in ``user``'s own config; the file made (None: it was there)."""
+    home = Path(pwd.getpwnam(user).pw_dir)
+    conf = home / ".config/containers/containers.conf"
+    if conf.exists():
+        return None
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(CONTAINERS_CONF)
+    for path in (home / ".config", conf.parent, conf):
+        shutil.chown(path, user, user)
+    return conf
+
+
+@pytest.fixture
+def rootless_user(test_image, sshd_bed) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """The ssh test user with podman's settings for this machine in its own config, and the image."""
+    user = sshd_bed.user
+    made = configure_rootless(user)
+    test_image.import_for(user)
+    yield user
+    if made:
+        made.unlink(missing_ok=True)
+
+
+def test_an_ssh_job_runs_rootless_and_its_files_are_the_users(
+    rootless_user, test_image, ssh_agent_env, workspace, make_service, tracking_uri
+):
+    (workspace / "job.sh").write_text(f"mkdir -p out; cat {MARKER} > out/marker.txt; id -u > out/uid.txt\n")
+    service = make_service(workspace)
+    # The machine's default image, runtime and network: the job names none of them.
+    options = {"image": test_image.ref, "container_runtime": "podman", "container_network": "none"}
+    service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options(**options))
+    podman = next(c for c in service.engine("box").check()["containers"] if c["runtime"] == "podman")
+    assert podman["rootless"] is True
+    spec = JobSpec.from_json({"machine": "box", "command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"]})
+    job = service.wait(service.submit(spec).job.id, timeout=180)
+    assert job.state == "succeeded", job.reason
+    assert job.spec.image == images.Image(test_image.ref, "podman")
+    uid = pwd.getpwnam(rootless_user).pw_uid
+    assert (workspace / "out/marker.txt").read_text().strip() == test_image.marker
+    assert (workspace / "out/uid.txt").read_text().strip() == str(uid)
+    far = _far_dir(job) / "work/out/marker.txt"
+    assert far.stat().st_uid == uid, "a file the job wrote belongs to the user, not to a mapped id"
+    digest = test_image.digest(user=rootless_user)
+    assert (
+        f"image {test_image.ref} {digest} (podman {podman['version']}, rootless)"
+        in service.read_log(job.id).data.decode()
+    )
+    run = MlflowClient(tracking_uri).get_run(job.mlflow_run_id)
+    assert run.data.tags[images.TAG_DIGEST] == digest
+    assert not _containers(job.id, user=rootless_user)
+
+
+# -- what is refused at submit, and the arguments built ---------------------------------------------
+
+
+def test_an_image_is_refused_where_no_runtime_runs_it():
+    with pytest.raises(InvalidSettings) as e:
+        images.admit(images.Image("python:3.12"), "gpu1", "ssh", True, {"containers": []})
+    assert e.value.field == "image" and "apt-get install podman" in str(e.value) and "gpu1" in str(e.value)
+    with pytest.raises(InvalidSettings, match=r"docker\.io"):
+        images.admit(
+            images.Image("python:3.12", "docker"), "gpu1", "ssh", True,
+            {"containers": [{"runtime": "podman", "version": "4.3.1", "rootless": False}]},
+        )  # fmt: skip
+    with pytest.raises(InvalidSettings, match="slurm machine"):
+        images.admit(images.Image("python:3.12"), "hpc", "slurm", False, None)
+    images.admit(
+        images.Image("python:3.12"), "gpu1", "ssh", True,
+        {"containers": [{"runtime": "docker", "version": "20.10", "rootless": False}]},
+    )  # fmt: skip
+
+
+def test_bad_image_settings_name_the_field():
+    for bad, field in (
+        ({"image": "has space"}, "image.ref"),
+        ({"image": "x; rm -rf /"}, "image.ref"),
+        ({"image": {"ref": "python:3", "runtime": "lxc"}}, "image.runtime"),
+        ({"image": {"ref": "python:3", "pull": "always"}}, "image.pull"),
+        ({"image": 3}, "image"),
+    ):
+        with pytest.raises(InvalidSettings) as e:
+            JobSpec.from_json({"command": "true", **bad})
+        assert e.value.field == field, (bad, e.value.field)
+    with pytest.raises(InvalidSettings) as e:
+        images.network_of({"container_network": "bridge"})
+    assert e.value.field == "options.container_network"
+
+
+def test_the_gpu_arguments_each_runtime_takes():
+    assert images.gpu_args("docker", 2) == ["--gpus", "2"]
+    assert images.gpu_args("docker", None, "1,3") == ["--gpus", '"device=1,3"']
+    assert images.gpu_args("podman", 2) == ["--device=nvidia.com/gpu=0", "--device=nvidia.com/gpu=1"]
+    assert images.gpu_args("podman", 1, "2") == ["--device=nvidia.com/gpu=2"]
+    assert images.gpu_args("podman", 0) == [] and images.gpu_args("docker", None) == []
+
+
+def test_the_image_is_part_of_the_key():
+    from jupyter_remote_compute.jobs.key import job_key
+
+    plain = JobSpec.from_json({"command": "true"})
+    boxed = JobSpec.from_json({"command": "true", "image": "python:3.12"})
+    other = JobSpec.from_json({"command": "true", "image": {"ref": "python:3.12", "runtime": "docker"}})
+    keys = {job_key(s, []) for s in (plain, boxed, other)}
+    assert len(keys) == 3
+    assert JobSpec.from_stored(boxed.to_json()) == boxed and "image" not in plain.to_json()
