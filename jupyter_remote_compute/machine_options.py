@@ -31,6 +31,13 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     # The Python environment of jobs (jobs/environment.py): a default, where packages come from, eviction.
     "environment": OptionField(dict, "The Python environment jobs run in unless they ask for their own"),
     "index_url": OptionField(str, "The package index environments are installed from (default: the installer's)"),
+    "find_links": OptionField(str, "A folder or page of wheels environments may be installed from, beside the index"),
+    "wheels": OptionField(
+        str, "'from_here': this side resolves and sends the wheels, the machine installs offline (no index there)"
+    ),
+    "wheels_platform": OptionField(
+        str, "The machine's platform for wheels: from_here (default: this side's arch on manylinux_2_28)"
+    ),
     "env_max_age_days": OptionField(int, "Days an unused Python environment stays on the machine (default 30)"),
     "env_max_bytes": OptionField(int, "Most bytes the machine's Python environments take together (default 20 GiB)"),
     # Container images (jobs/image.py): run on local and ssh machines, refused at submit elsewhere.
@@ -166,7 +173,9 @@ def check_options(
         merged[key] = _coerce(key, declared[key], value)
         if key == "price_per_hour" and merged[key] < 0:
             raise InvalidSettings(f"{where} must not be negative", field=where)
-        if key == "index_url" and URL_CREDENTIALS.search(merged[key]):
+        if key == "wheels" and merged[key] != "from_here":
+            raise InvalidSettings(f"{where}: the only value is 'from_here' (leave it out for the index)", field=where)
+        if key in ("index_url", "find_links") and URL_CREDENTIALS.search(merged[key]):
             raise InvalidSettings(
                 f"{where} holds a user name or password: give the index's credentials to the job as secrets "
                 "(env UV_INDEX_<NAME>_PASSWORD=secret:NAME, or PIP_INDEX_URL=secret:NAME), not in compute.yaml",

@@ -11,7 +11,9 @@ import base64
 import dataclasses
 import hashlib
 import http.server
+import importlib.metadata
 import os
+import re
 import signal
 import threading
 import uuid
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import agent_fixture
 import jupyter_server_fixture
+import nbformat
 import pytest
 import slurm_fixture
 import sshd_fixture
@@ -114,7 +117,11 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     _wheel(files, "rcdemo-b", "1.0", "from rcdemo_a import VALUE as A\n", requires=("rcdemo-a==1.0",))
     _wheel(files, "rcdemo-c", "1.0", "")
     _wheel(files, "rcdemo-slow", "1.0", "")
-    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow"):
+    # a compiled package's only wheel: this side's platform, no other
+    _wheel(files, "rcdemo-native", "1.0", "")
+    native = files / "rcdemo_native-1.0-py3-none-any.whl"
+    native.rename(files / "rcdemo_native-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native"):
         (root / "simple" / project).mkdir(parents=True)
         links = "".join(
             f'<a href="../../files/{w.name}">{w.name}</a>\n'
@@ -521,7 +528,7 @@ def test_a_pipeline_step_takes_an_environment_that_its_schema_describes():
     spec, _ = parse_settings(settings)
     assert spec.environment is not None and spec.environment.python == "3.11"
     notebook, _ = notebook_spec({"notebook": "train.ipynb", "environment": {"packages": ["nbclient"]}})
-    assert notebook.environment is not None and notebook.environment.packages == ("nbclient",)
+    assert notebook.environment is not None and notebook.environment.packages == ("nbclient", "ipykernel")
 
 
 def test_an_index_url_with_credentials_is_refused_for_compute_yaml(workspace, make_service):
@@ -584,3 +591,162 @@ def test_a_server_sigkilled_during_a_build_ends_the_job_once_with_the_environmen
 def _far_log(scratch: Path, job_id: str) -> str:
     found = list(scratch.glob(f"**/{job_id}/log"))
     return found[0].read_text(errors="replace") if found else ""
+
+
+def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wheel_once(
+    workspace, make_service, index, ssh_agent_env, monkeypatch
+):
+    """A machine whose index points nowhere: this side resolves against its own index (here the test's,
+    as a user's UV_DEFAULT_INDEX), sends the wheels, and the far side installs offline."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the far side has no way out
+        s.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{s.getsockname()[1]}/simple/"
+    monkeypatch.setenv("UV_DEFAULT_INDEX", index.url)
+    monkeypatch.setenv("UV_NO_CACHE", "1")
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    options = ssh_agent_env.options(ssh_transport="openssh", index_url=nowhere, wheels="from_here")
+    service.machines.add("island", "ssh", "127.0.0.1", options)
+    req = _requirements(workspace, "rcdemo-b")
+    first = service.wait(service.submit(_spec("island", {"requirements": req})).job.id, timeout=300)
+    assert first.state == "succeeded", first.reason
+    log = _log(service, first.id)
+    assert "value a1" in log and ": built in " in log  # rcdemo-b and the rcdemo-a it needs, both sent
+    sent = sorted(p.name for p in (workspace / ".punica" / "wheels").glob("*/*.whl"))
+    assert sent == ["rcdemo_a-1.0-py3-none-any.whl", "rcdemo_b-1.0-py3-none-any.whl"]
+    assert not (Path(first.handle["dir"]) / "work" / "_remote_compute_wheels").exists()
+    # Another environment with the same wheels: built again, offline, and no wheel crosses again.
+    again = service.wait(service.submit(_spec("island", {"requirements": req, "packages": ["rcdemo-a"]})).job.id)
+    assert again.state == "succeeded", again.reason
+    assert ": built in " in _log(service, again.id) and "value a1" in _log(service, again.id)
+    assert again.transfer["files_sent"] == 0 and again.transfer["files_reused"] >= 2, again.transfer
+    with pytest.raises(InvalidSettings, match=r"options\.wheels"):
+        service.machines.update("island", options={"wheels": "yes"})
+    # A machine of another platform: a package with no wheel for it fails the job, named, before anything is sent
+    service.machines.update("island", options={"wheels_platform": "aarch64-manylinux_2_28"})
+    other = service.wait(service.submit(_spec("island", {"packages": ["rcdemo-native"], "python": "3.11"})).job.id)
+    assert other.state == "failed" and "rcdemo-native" in (other.reason or ""), other.reason
+
+
+def test_an_agent_machine_with_wheels_from_here_needs_no_index(agent_bed, make_service, quickstart, index, monkeypatch):
+    """The agent fetches the wheels by digest from the server like any input; its job env names no index."""
+    monkeypatch.setenv("UV_DEFAULT_INDEX", index.url)
+    monkeypatch.setenv("UV_NO_CACHE", "1")
+    agent_bed.add_machine("lab")
+    agent_bed.start_agent("lab")
+    service = make_service(quickstart)
+    service.machines.update("lab", options={"wheels": "from_here"})
+    (quickstart / "fit.py").write_text(SCRIPT)
+    job = service.wait(service.submit(_spec("lab", {"packages": ["rcdemo-b"]})).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    assert "value a1" in _log(service, job.id) and ": built in " in _log(service, job.id)
+
+
+def test_while_the_far_side_builds_the_jobs_reason_says_so_and_after_it_does_not(workspace, make_service, index):
+    """The built-in machine: the build waits on the index; the job's reason reads the build meanwhile."""
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    req = _requirements(workspace, "rcdemo-slow", "rcdemo-a")
+    index.hold("rcdemo-slow")
+    spec = _spec("local", {"requirements": req, "packages": ["rcdemo-c"]})
+    spec = dataclasses.replace(spec, env={"UV_DEFAULT_INDEX": index.url, "UV_NO_CACHE": "1"})
+    try:
+        job = service.submit(spec).job
+        driver = threading.Thread(target=service.wait, args=(job.id,), daemon=True)  # sends, starts, polls it
+        driver.start()
+        assert index.asked.wait(120), "the build never asked the index"
+        building = wait_for(lambda: service.get(job.id).reason, message="the job's reason while it builds")
+        assert building == "building the environment (uv, 3 packages)"
+        assert service.get(job.id).state == "running"
+    finally:
+        index.release()
+    driver.join(180)
+    done = service.wait(job.id)
+    assert done.state == "succeeded" and done.reason is None, done.reason
+    assert not (Path(done.handle["dir"]) / "env.state").exists()
+
+
+def _installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:
+    """A wheel of an installed distribution, written back from its RECORD: the files it installed into
+    site-packages (not its scripts), with the tag its WHEEL file names for this Python."""
+    wheel_text = dist.read_text("WHEEL") or ""
+    tags = [t.split(":", 1)[1].strip() for t in wheel_text.splitlines() if t.startswith("Tag:")]
+    tag = next(t for t in tags if t.startswith(("py3", "cp3")))
+    name, version = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower(), dist.version
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-{tag}.whl", "w", zipfile.ZIP_DEFLATED) as z:
+        record = []
+        for f in dist.files or []:
+            rel = str(f)
+            if rel.startswith("..") or "__pycache__" in rel or rel.endswith(("RECORD", "INSTALLER", "direct_url.json")):
+                continue
+            data = Path(dist.locate_file(f)).read_bytes()
+            if ".dist-info/" in rel:
+                rel = f"{info}/{rel.split('.dist-info/', 1)[1]}"
+            z.writestr(rel, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{rel},sha256={digest},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+
+
+def _closure(names: list[str]) -> list[importlib.metadata.Distribution]:
+    """The installed distributions ``names`` need, with what they need, markers taken as this Python's."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        key = canonicalize_name(todo.pop())
+        if key in seen:
+            continue
+        seen[key] = dist = importlib.metadata.distribution(key)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(seen.values())
+
+
+@pytest.fixture(scope="module")
+def notebook_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
+    """An index holding the notebook runner's packages, made from this interpreter's installed ones."""
+    root = tmp_path_factory.mktemp("nb-index")
+    files = root / "files"
+    files.mkdir()
+    for dist in _closure(["nbclient", "ipykernel"]):
+        _installed_wheel(dist, files)
+    projects: dict[str, list[str]] = {}
+    for w in files.glob("*.whl"):
+        projects.setdefault(w.name.split("-", 1)[0].replace("_", "-"), []).append(w.name)
+    for project, wheels in projects.items():
+        (root / "simple" / project).mkdir(parents=True)
+        links = "".join(f'<a href="../../files/{w}">{w}</a>\n' for w in wheels)
+        (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    served = Index(root)
+    yield served
+    served.stop()
+
+
+def test_a_notebook_job_with_an_environment_gets_nbclient_and_ipykernel_in_it(workspace, make_service, notebook_index):
+    """The environment asks for neither; the notebook runs in it, with its kernel from it."""
+    from jupyter_remote_compute.pipelines.notebook import notebook_spec
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import sys; print('kernel', sys.prefix)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, workspace / "nb.ipynb")
+    env = {"UV_DEFAULT_INDEX": notebook_index.url, "UV_NO_CACHE": "1"}
+    spec, _ = notebook_spec({"notebook": "nb.ipynb", "environment": {"packages": ["traitlets"]}, "env": env})
+    assert spec.environment is not None and spec.environment.packages == ("traitlets", "nbclient", "ipykernel")
+    service = make_service(workspace)
+    job = service.wait(service.submit(spec).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    executed = nbformat.read(workspace / "nb.executed.ipynb", as_version=4)
+    kernel = "".join(o.get("text", "") for o in executed.cells[-1].outputs).split()
+    assert kernel[0] == "kernel" and "/envs/" in kernel[1]  # the kernel ran in the job's environment
+    # the job's own packages win: one named already is not asked for twice
+    again, _ = notebook_spec({"notebook": "nb.ipynb", "environment": {"packages": ["ipykernel>=6"]}})
+    assert again.environment is not None and again.environment.packages == ("ipykernel>=6", "nbclient")

@@ -21,6 +21,7 @@ import json
 import re
 import shlex
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -215,7 +216,8 @@ def far_command(
 ) -> str:
     """The job's command with its environment made ready first: the content and env.sh ahead of it.
 
-    ``options`` are the machine's (``index_url``, ``env_max_age_days``, ``env_max_bytes``); ``uv``
+    ``options`` are the machine's (``index_url``, ``find_links``, ``wheels``, ``env_max_age_days``,
+    ``env_max_bytes``); ``uv``
     a uv binary the far side can run, when this side knows one (the built-in machine shares it);
     ``sent_uv`` the digest of the uv sent with the job (``tool_inputs``).
     """
@@ -225,6 +227,8 @@ def far_command(
         f"rc_env_digest={resolved.digest}",
         f"rc_env_python={q(resolved.python or '')}",
         f"rc_env_index={q(str(options.get('index_url') or ''))}",
+        f"rc_env_find_links={q(str(options.get('find_links') or ''))}",
+        f"rc_env_offline={'1' if options.get('wheels') == 'from_here' else ''}",
         f"rc_env_uv={q(uv or '')}",
         f"rc_env_sent_uv={sent_uv or ''}",
         f"rc_env_days={_limit(options, 'env_max_age_days', DEFAULT_MAX_AGE_DAYS)}",
@@ -289,3 +293,131 @@ def launch_command(job: Any, jobdir: Path, files: Sequence[InputFile] = ()) -> s
     uv = _this_sides_uv() if job.kind == "local" else None
     sent = next((f.sha256 for f in files if f.relpath == SENT_UV), None)
     return far_command(job.spec.command, load(jobdir), options, str(uv) if uv else None, sent)
+
+
+#: Where the wheels of a ``wheels: from_here`` machine land in a job's work tree (env.sh installs from it).
+SENT_WHEELS = "_remote_compute_wheels"
+_WHEEL_NAME = re.compile(
+    r"^(?P<dist>.+?)-(?P<ver>[^-]+)(?:-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
+)
+
+
+def _wheel_fits(filename: str, python: str, platform: str) -> bool:
+    """Whether a wheel's tags can install on ``platform`` (uv's ``<arch>-manylinux_…`` form) with ``python``."""
+    m = _WHEEL_NAME.match(filename)
+    if not m:
+        return False
+    major, minor = [*python.split("."), "0"][:2]
+    pys = {f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"}
+    abis = {"none", "abi3", f"cp{major}{minor}"}
+    arch = platform.split("-", 1)[0]
+    plat_ok = any(
+        p == "any" or (p.endswith(arch) and ("linux" in p) == ("linux" in platform)) for p in m["plat"].split(".")
+    )
+    abi3_ok = m["abi"] != "abi3" or any(
+        p.startswith("cp3") and int(p[3:] or 0) <= int(minor) for p in m["py"].split(".")
+    )
+    return plat_ok and abi3_ok and bool(pys & set(m["py"].split("."))) and bool(abis & set(m["abi"].split(".")))
+
+
+def _locked_wheels(resolved: ResolvedEnvironment, python: str, platform: str, uv: Path, work: Path) -> list[dict]:
+    """Resolve the environment here, against this side's index, for the far side's Python and platform:
+    the pylock's wheels that fit it, one a package. An unresolvable set fails naming uv's message."""
+    import subprocess
+
+    import tomllib
+
+    for name, text in resolved.files.items():
+        (work / name).write_text(text, encoding="utf-8")
+    sources: list[str] = []
+    if "uv.lock" in resolved.files and "pyproject.toml" in resolved.files:
+        run = subprocess.run(
+            [str(uv), "export", "--frozen", "--no-emit-project", "--no-header", "-q", "-o", "locked.txt"],
+            cwd=work,
+            capture_output=True,
+            text=True,
+        )
+        if run.returncode:
+            raise InvalidSettings(
+                f"environment: the uv.lock cannot be exported here for wheels: from_here: {run.stderr.strip()}"
+            )
+        sources.append("locked.txt")
+    else:
+        sources += [n for n in ("requirements.txt", "pyproject.toml", "pylock.toml") if n in resolved.files]
+    if "packages.txt" in resolved.files:
+        sources.append("packages.txt")
+    if not sources:
+        return []
+    (work / "out").mkdir()
+    cmd = [str(uv), "pip", "compile", "-q", "--format", "pylock.toml", "--python-platform", platform]
+    run = subprocess.run(
+        [*cmd, "--python-version", python, *sources, "-o", "out/pylock.toml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode:
+        raise InvalidSettings(
+            f"environment: wheels: from_here could not resolve it here for Python {python} on {platform}: "
+            + run.stderr.strip()
+        )
+    wheels: list[dict] = []
+    for package in tomllib.loads((work / "out" / "pylock.toml").read_text(encoding="utf-8")).get("packages", []):
+        fitting = [w for w in package.get("wheels", []) if _wheel_fits(w["url"].rsplit("/", 1)[-1], python, platform)]
+        if not fitting:
+            raise InvalidSettings(
+                f"environment: {package.get('name')} {package.get('version')} has no wheel for Python {python} "
+                f"on {platform} in this side's index (wheels: from_here sends wheels only)"
+            )
+        wheels.append(fitting[0])
+    return wheels
+
+
+def _fetched(wheel: Mapping[str, Any], cache: Path) -> Path:
+    """A wheel in this side's content cache (``<cache>/<sha256>/<file name>``): fetched once, its hash checked."""
+    import urllib.request
+
+    url, name = wheel["url"], wheel["url"].rsplit("/", 1)[-1]
+    sha = (wheel.get("hashes") or {}).get("sha256")
+    if sha and (cache / sha / name).is_file():
+        return cache / sha / name
+    tmp = cache / f".{name}.{uuid.uuid4().hex}"
+    cache.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=120) as got, tmp.open("wb") as out:
+        while chunk := got.read(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    if sha and h.hexdigest() != sha:
+        tmp.unlink()
+        raise InvalidSettings(f"environment: {name} from this side's index does not match its hash in the resolution")
+    (cache / h.hexdigest()).mkdir(exist_ok=True)
+    tmp.replace(cache / h.hexdigest() / name)
+    return cache / h.hexdigest() / name
+
+
+def wheel_inputs(job: Any, jobdir: Path, digests: Any, cache: Path) -> list[InputFile]:
+    """The wheels of a job's environment, for a machine with ``wheels: from_here``: resolved here for
+    the far side's Python (the environment's own, else this side's) and platform (``wheels_platform``,
+    else this side's architecture on manylinux), fetched once into ``cache`` and sent as inputs through
+    the machine's content cache, so each wheel crosses once per machine; env.sh installs offline."""
+    import platform as host
+    import tempfile
+
+    options = job.machine_snapshot.get("options") or {}
+    if job.spec.environment is None or options.get("wheels") != "from_here" or not (jobdir / RESOLVED_FILE).is_file():
+        return []
+    uv = _this_sides_uv()
+    if uv is None:
+        raise InvalidSettings("wheels: from_here needs uv on this side (the uv package)", field="options.wheels")
+    resolved = load(jobdir)
+    python = resolved.python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = str(options.get("wheels_platform") or f"{host.machine()}-manylinux_2_28")
+    with tempfile.TemporaryDirectory(prefix="rc-wheels-") as work:
+        wheels = _locked_wheels(resolved, python, target, uv, Path(work))
+    files = []
+    for wheel in wheels:
+        path = _fetched(wheel, cache)
+        st = path.stat()
+        files.append(InputFile(f"{SENT_WHEELS}/{path.name}", path, st.st_size, digests.digest(path, st), 0o644))
+    return files

@@ -24,13 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, NotReady, ProgressCallback, RemoteStatus
+from ..engines.farside import BUILDING
 from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
 from . import image as images
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
-from .environment import launch_command, tool_inputs
+from .environment import launch_command, tool_inputs, wheel_inputs
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
@@ -154,7 +155,9 @@ class Driver:
             job = self.leases.update(job.id, to="sending")
             remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
-            files = self._inputs(job) + tool_inputs(job, self.digests)
+            jobdir = self.ctx.workspace.job_dir(job.id)
+            wheels = wheel_inputs(job, jobdir, self.digests, self.ctx.workspace.punica_dir / "wheels")
+            files = self._inputs(job) + tool_inputs(job, self.digests) + wheels
 
             def report(done: int, total: int) -> None:
                 self.progress[job.id] = (done, total)
@@ -166,7 +169,7 @@ class Driver:
             stats = engine.send(remote, files, report)
             env, secrets = job.spec.plain_env(), secret_env(self.ctx.secrets, job)
             launch = LaunchSpec(
-                command=launch_command(job, self.ctx.workspace.job_dir(job.id), files)
+                command=launch_command(job, jobdir, files)
                 if job.spec.environment
                 else images.launch_command(job.spec, [*env, *secrets], engine),
                 env=env,
@@ -263,6 +266,8 @@ class Driver:
         changes: dict[str, Any] = {"times": times} if times is not None else {}
         if status.state == "pending" and (status.detail or None) != job.reason:
             changes["reason"] = status.detail or None
+        elif status.state == "running" and (status.detail or None) != job.reason and _building(status, job):
+            changes["reason"] = status.detail or None  # the environment's build, while it lasts
         if status.state == "exited":
             outcome = "succeeded" if status.exit_code == 0 else "failed"
             self._to_collecting(job, outcome, None, exit_code=status.exit_code, times=times)
@@ -292,7 +297,8 @@ class Driver:
             if status.state == "pending":
                 current.reason = status.detail or "waiting"
             else:
-                current.reason, current.started = None, utcnow()
+                current.reason = status.detail if (status.detail or "").startswith(BUILDING) else None
+                current.started = utcnow()
             if status.log_size is not None:
                 current.log_size = status.log_size
             if requeued:
@@ -345,3 +351,9 @@ def scheduler_times(job: Job, status: RemoteStatus) -> dict[str, float] | None:
     reported = {name: value for name in SCHEDULER_TIMES if (value := getattr(status, name)) is not None}
     merged = {**job.times, **reported}
     return merged if merged != job.times else None
+
+
+def _building(status: RemoteStatus, job: Job) -> bool:
+    """Whether a running job's reason is the far side's environment build, starting or ended: the only
+    reason a running job takes from its status."""
+    return (status.detail or "").startswith(BUILDING) or (job.reason or "").startswith(BUILDING)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections.abc import Mapping, Sequence
 from importlib.resources import files
 from typing import Any
@@ -81,6 +82,24 @@ def executed_path(settings: Mapping[str, Any]) -> str:
     return stem + ".executed.ipynb"
 
 
+#: What the runner needs beside the notebook's own imports: added to a notebook job's environment, so
+#: a notebook runs on a machine that has neither (nbformat comes with nbclient).
+RUNNER_PACKAGES = ("nbclient", "ipykernel")
+
+
+def with_runner_packages(environment: Any) -> Any:
+    """``environment`` with the runner's packages added to its ``packages``, but for one it names
+    already (the job's own requirement wins). No environment, or one of a wrong shape, is left as it
+    is: the spec refuses the latter naming the field."""
+    if not isinstance(environment, Mapping) or not environment:
+        return environment
+    packages = environment.get("packages") or []
+    if not isinstance(packages, list) or not all(isinstance(p, str) for p in packages):
+        return environment
+    named = {re.split(r"[\s\[<>=!~;@]", p.strip(), maxsplit=1)[0].lower().replace("_", "-") for p in packages}
+    return {**environment, "packages": [*packages, *(p for p in RUNNER_PACKAGES if p not in named)]}
+
+
 def notebook_spec(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
     """The job that runs ``settings['notebook']`` with its parameters, and how long a step waits for it."""
     from ..steps.executor import check_setting_names
@@ -118,7 +137,7 @@ def notebook_spec(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
             "timeout": settings.get("timeout"),
             "name": settings.get("name") or f"notebook {posixpath.basename(notebook)}",
             "resources": settings.get("resources") or {},
-            "environment": settings.get("environment"),
+            "environment": with_runner_packages(settings.get("environment")),
         }
     )
     return spec, parse_duration(settings.get("wait"), "wait")

@@ -123,14 +123,22 @@ def cache_limits(options: Mapping[str, Any]) -> tuple[int, int]:
 # -- reading the answers -----------------------------------------------------------------------
 
 
+#: A running job's reason while env.sh builds its environment (status.sh's "building" line).
+BUILDING = "building the environment"
+
+
 def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str, RemoteStatus]:
     """status.sh's lines, one per job in the order given, as RemoteStatus by job id."""
     states: dict[int, tuple[str, str]] = {}
     sizes: dict[int, int] = {}
+    building: dict[int, str] = {}
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == "size" and parts[1].isdigit() and parts[2].isdigit():
             sizes[int(parts[1])] = int(parts[2])
+        elif len(parts) == 4 and parts[0] == "building" and parts[1].isdigit() and parts[3].isdigit():
+            count = int(parts[3])
+            building[int(parts[1])] = f"{BUILDING} ({parts[2]}, {count} package{'' if count == 1 else 's'})"
         elif len(parts) == 3 and parts[0].isdigit() and int(parts[0]) < len(jobs):
             states[int(parts[0])] = (parts[1], parts[2])
     result: dict[str, RemoteStatus] = {}
@@ -140,7 +148,7 @@ def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str,
             exit_code = int(code) if code.lstrip("-").isdigit() else None
             result[job.job_id] = RemoteStatus("exited", exit_code=exit_code, log_size=log_size)
         elif state == "running":
-            result[job.job_id] = RemoteStatus("running", log_size=log_size)
+            result[job.job_id] = RemoteStatus("running", log_size=log_size, detail=building.get(index, ""))
         elif state == "cancelled":
             result[job.job_id] = RemoteStatus("gone", log_size=log_size, detail="cancelled")
         elif state == "notstarted":

@@ -7,6 +7,8 @@
 #                  pylock.toml, and packages.txt (one requirement a line)
 #   rc_env_python  a Python version, or empty for the machine's python3
 #   rc_env_index   a package index URL, or empty for the installer's default
+#   rc_env_find_links  a folder or page of wheels beside the index, or empty
+#   rc_env_offline 1 for wheels: from_here: install only from the wheels sent in _remote_compute_wheels/
 #   rc_env_uv      a uv binary this side knows of (the built-in machine), or empty
 #   rc_env_days rc_env_max_bytes   eviction: unused for longer than this, or beyond this size together
 # An environment is built in place under a lock and marked `complete` last: a venv's scripts name
@@ -73,8 +75,14 @@ rc_env_build() {
   req=
   for f in requirements.txt pyproject.toml pylock.toml; do [ -f "$rc_env_spec/$f" ] && req=$rc_env_spec/$f; done
   [ -s "$rc_env_spec/packages.txt" ] && pkgs=$rc_env_spec/packages.txt || pkgs=
+  set --
+  [ -n "$rc_env_find_links" ] && set -- --find-links "$rc_env_find_links"
+  [ -n "$rc_env_offline" ] && set -- --no-index --find-links "$rc_env_jobdir/work/_remote_compute_wheels"
+  # What status.sh reports while the build lasts: the tool and how many requirements were asked for.
+  rc_env_count=$(cat -- ${req:+"$req"} ${pkgs:+"$pkgs"} < /dev/null 2> /dev/null | grep -cE '^[A-Za-z0-9]')
   if uv=$(rc_env_find_uv); then
     tool="uv $("$uv" --version | cut -d' ' -f2)"
+    printf 'uv %s\n' "$rc_env_count" > "$rc_env_jobdir/env.state"
     echo "environment $rc_env_short: building with $tool"
     if [ -f "$rc_env_spec/uv.lock" ] && [ "${req##*/}" = pyproject.toml ]; then
       # The lock, not a fresh resolution: exactly the versions the project pinned.
@@ -83,19 +91,20 @@ rc_env_build() {
     fi
     "$uv" venv -q ${rc_env_python:+--python "$rc_env_python"} -- "$rc_env_dir" || return
     if [ -n "$req$pkgs" ]; then
-      "$uv" pip install --python "$rc_env_dir/bin/python" ${rc_env_index:+--default-index "$rc_env_index"} \
-        ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
+      [ -n "$rc_env_offline" ] && set -- --offline "$@" || set -- ${rc_env_index:+--default-index "$rc_env_index"} "$@"
+      "$uv" pip install --python "$rc_env_dir/bin/python" "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
     fi
     "$uv" pip freeze --python "$rc_env_dir/bin/python" > "$rc_env_dir/environment.txt" || return
   else
     py=python${rc_env_python:-3}
     tool="venv+pip (no uv on this machine)"
+    printf 'pip %s\n' "$rc_env_count" > "$rc_env_jobdir/env.state"
     echo "environment $rc_env_short: building with $tool"
     case $req in *.toml) echo "environment: ${req##*/} needs uv, which this machine has not" >&2; return 2 ;; esac
     "$py" -m venv -- "$rc_env_dir" || return
     if [ -n "$req$pkgs" ]; then
-      "$rc_env_dir/bin/python" -m pip install -q --disable-pip-version-check ${rc_env_index:+--index-url "$rc_env_index"} \
-        ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
+      [ -n "$rc_env_offline" ] || set -- ${rc_env_index:+--index-url "$rc_env_index"} "$@"
+      "$rc_env_dir/bin/python" -m pip install -q --disable-pip-version-check "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
     fi
     "$rc_env_dir/bin/python" -m pip freeze > "$rc_env_dir/environment.txt" || return
   fi
@@ -145,7 +154,7 @@ while :; do
   rc_env_lock "$rc_env_digest" || { echo "environment: cannot lock $rc_env_root" >&2; exit 96; }
   if [ -f "$rc_env_dir/complete" ]; then
     rc_env_how=cached
-  elif rc_env_build 2>&1; then
+  elif rc_env_build 2>&1; rc_env_built=$?; rm -f -- "$rc_env_jobdir/env.state"; [ "$rc_env_built" = 0 ]; then
     rc_env_how="built in $(sed -n 's/^seconds=//p' "$rc_env_dir/info") s"
   else
     if [ -n "$rc_env_python" ] && ! [ -x "$rc_env_dir/bin/python" ]; then
@@ -169,6 +178,7 @@ while :; do
   fi
   rc_env_unlock # evicted between the two locks: make it again
 done
+rm -rf -- _remote_compute_wheels # installed (or already there): the job's work tree does not keep them
 echo "environment $rc_env_short: $rc_env_how ($(sed -n 's/^tool=//p' "$rc_env_dir/info"), Python $(sed -n 's/^python=//p' "$rc_env_dir/info"))"
 # What the recorder puts on the MLflow run (environment_record.py): which environment, what it holds.
 echo "environment $rc_env_digest: installed $(tr '\n' ' ' < "$rc_env_dir/environment.txt")"

@@ -1,6 +1,7 @@
 #!/bin/sh
 # status.sh [--metrics] DIR...: the state of many jobs in one look, one line per DIR, in order:
 #   <index> <running|exited|gone|cancelled|notstarted|missing> <exit code or ->
+# and, for a running job whose environment is being built, "building <index> <tool> <requirements>";
 # then "size <index> <bytes>" for every job that has a log.
 # With --metrics, standard input names the jobs someone watches ("watch <index>") and the bytes of
 # their MLflow metric files already read ("at <index> <offset> <path under mlruns/>"); after a line
@@ -37,7 +38,12 @@ one() {
   if [ ! -f "$d/pid" ]; then echo "$1 notstarted -"; return; fi
   read -r pg < "$d/pid"
   if [ -z "$scanned" ]; then live=" $(alive_groups) "; scanned=1; fi
-  case "$live" in *" $pg "*) echo "$1 running -"; return ;; esac
+  case "$live" in *" $pg "*)
+    echo "$1 running -"
+    # env.sh's build under way: "building <index> <tool> <requirements>"
+    if [ -f "$d/env.state" ]; then read -r b < "$d/env.state" && echo "building $1 $b"; fi
+    return ;;
+  esac
   # the group is gone; it writes exit_code before it ends, so look again
   if [ -f "$d/exit_code" ]; then read -r c < "$d/exit_code"; echo "$1 exited ${c:--}"
   elif [ -f "$d/cancelled" ]; then echo "$1 cancelled -"
