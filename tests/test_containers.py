@@ -511,6 +511,8 @@ def test_bad_image_settings_name_the_field():
         ({"image": "has space"}, "image.ref"),
         ({"image": "x; rm -rf /"}, "image.ref"),
         ({"image": {"ref": "python:3", "runtime": "lxc"}}, "image.runtime"),
+        ({"image": {"ref": "python:3", "runtime": {}}}, "image.runtime"),  # not taken for "auto"
+        ({"image": {"ref": "python:3", "runtime": 0}}, "image.runtime"),
         ({"image": {"ref": "python:3", "pull": "always"}}, "image.pull"),
         ({"image": 3}, "image"),
     ):

@@ -60,13 +60,14 @@ class Image:
         if unknown:
             name = f"{field}.{sorted(unknown)[0]}"
             raise InvalidSettings(f"{name}: unknown setting (an image has ref and runtime)", field=name)
-        ref, runtime = value.get("ref"), value.get("runtime") or "auto"
+        ref, runtime = value.get("ref"), value.get("runtime")
+        runtime = "auto" if runtime is None or runtime == "" else runtime  # {} or 0 are no runtime's name
         if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
             raise InvalidSettings(
                 f"{field}.ref: {ref!r} is not an image reference (registry/name:tag or name@sha256:…)",
                 field=f"{field}.ref",
             )
-        if runtime not in RUNTIMES:
+        if not isinstance(runtime, str) or runtime not in RUNTIMES:
             raise InvalidSettings(
                 f"{field}.runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}", field=f"{field}.runtime"
             )
