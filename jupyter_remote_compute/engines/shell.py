@@ -113,7 +113,7 @@ class DetachedLauncher(Launcher):
         body = f"""cd -- {quote(d)} || exit 97
 if [ -f pid ]; then read -r p < pid; echo "already $p"; exit 0; fi
 {write}
-exec sh launch.sh {quote(d)}
+exec sh {quote(d + "/launch.sh")} {quote(d)}
 """
         res = engine.transport.run(body, payload, timeout=60, retry=False)
         if res.code != 0:
