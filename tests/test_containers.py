@@ -515,6 +515,7 @@ def test_bad_image_settings_name_the_field():
         ({"image": {"ref": "python:3", "runtime": 0}}, "image.runtime"),
         ({"image": {"ref": "python:3", "pull": "always"}}, "image.pull"),
         ({"image": 3}, "image"),
+        ({"image": ""}, "image.ref"),  # as the API says (minLength 1): leave it out for no image
     ):
         with pytest.raises(InvalidSettings) as e:
             JobSpec.from_json({"command": "true", **bad})

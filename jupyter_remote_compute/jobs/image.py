@@ -49,8 +49,8 @@ class Image:
 
     @classmethod
     def from_json(cls, value: Any, field: str = "image") -> Image | None:
-        """``"REF"`` or ``{"ref": REF, "runtime": …}``; null or "" is no image. Errors name the field."""
-        if value is None or value == "":
+        """``"REF"`` or ``{"ref": REF, "runtime": …}``; null is no image. Errors name the field."""
+        if value is None:
             return None
         if isinstance(value, str):
             value = {"ref": value}
