@@ -2,17 +2,16 @@
 
 The transport below reaches "a machine" that is this computer under another home folder, through
 ``env`` as its client program (as a ``kubectl exec`` or ``docker exec`` transport would start its
-client): nothing of ssh, nothing of the local kind. If ``ShellEngine`` leaned on either, the job
-below could not be prepared, sent, run, watched, read, fetched and removed.
+client: only ``argv`` differs from the local transport): nothing of ssh, nothing of the local kind's
+engine. If ``ShellEngine`` leaned on either, the job below could not be prepared, sent, run,
+watched, read, fetched and removed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,22 +23,11 @@ from jupyter_remote_compute.engines.shell import ShellEngine
 from jupyter_remote_compute.engines.transport import (
     FEED_IN_THREAD,
     LocalTransport,
-    ProcessChannel,
     Transport,
-    env_with_python,
-    popen,
 )
 
 
-class _Up:
-    def is_active(self) -> bool:
-        return True
-
-    def ends_within(self, seconds: float) -> bool:
-        return False
-
-
-class OtherHomeTransport(Transport):
+class OtherHomeTransport(LocalTransport):
     """Every call is ``env HOME=<home> sh -c <command>``: a client program in front of the shell."""
 
     transport_name = "other-home"
@@ -48,25 +36,8 @@ class OtherHomeTransport(Transport):
         super().__init__(name)
         self.home = home
 
-    @contextlib.contextmanager
-    def channel(self, command: str, timeout: float) -> Iterator[ProcessChannel]:
-        proc = popen(["env", f"HOME={self.home}", "sh", "-c", command], env_with_python())
-        with self._lock:
-            self.channels_opened += 1
-        ch = ProcessChannel(proc, _Up(), timeout)
-        try:
-            yield ch
-        finally:
-            ch.close()
-
-    def active(self) -> bool:
-        return True
-
-    def round_trip(self) -> float:
-        return 0.001
-
-    def close(self) -> None:
-        pass
+    def argv(self, command: str) -> list[str]:
+        return ["env", f"HOME={self.home}", "sh", "-c", command]
 
 
 class OtherHomeEngine(ShellEngine):

@@ -408,12 +408,18 @@ class LocalTransport(Transport):
 
     transport_name = "local"
 
+    def argv(self, command: str) -> list[str]:
+        """The child that runs one command line; a transport through a client program (``env``,
+        ``kubectl exec -i POD --``) puts that program in front."""
+        return ["/bin/sh", "-c", command]
+
     @contextlib.contextmanager
     def channel(self, command: str, timeout: float) -> Iterator[ProcessChannel]:
+        argv = self.argv(command)
         try:
-            proc = popen(["/bin/sh", "-c", command], env_with_python())
+            proc = popen(argv, env_with_python())
         except OSError as e:
-            raise EngineError(f"{self.name}: cannot run sh: {e}") from None
+            raise EngineError(f"{self.name}: cannot run {argv[0]}: {e}") from None
         with self._lock:
             self.channels_opened += 1
         ch = ProcessChannel(proc, _Here(), timeout)
