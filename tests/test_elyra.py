@@ -1,35 +1,21 @@
-"""Elyra's pipelines on the machines: real Elyra in a venv of its own, a real `jupyter server` from it.
-
-Elyra pins jupyter-ai<3 and downgrades packages, so it never goes into the shared environment: the session
-fixture builds a venv (Elyra and this package, editable) under a cache folder, keyed by the content of what
-it installs, and reuses it while that stays the same. A half-built venv is never reused (its ``.complete``
-marker is written last).
-"""
+"""Elyra's pipelines on the machines: real Elyra in a venv of its own (tests/elyra_venv.py), a real
+`jupyter server` from it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from elyra_venv import build_elyra_venv, venv_folder
 from required import require
 from server_process import Server
 from waiting import wait_for
-
-REPO = Path(__file__).resolve().parent.parent
-#: What the venv holds besides this package: the smallest package with Elyra's processor API and its server,
-#: and the file keyring the tests' servers use (conftest.py).
-ELYRA_REQUIREMENTS = ["elyra-server==4.1.1", "keyrings.alt>=5"]
-BUILD_TIMEOUT = 40 * 60
 
 #: The first node waits for a file the test writes (given by its absolute path: the job runs elsewhere).
 FIRST = (
@@ -43,39 +29,9 @@ SECOND = (
 )
 
 
-def _venv_key() -> str:
-    """Changes when what the venv installs changes: Elyra's pin, this package's dependencies, the Python."""
-    digest = hashlib.sha256()
-    for part in (*ELYRA_REQUIREMENTS, (REPO / "pyproject.toml").read_text(), sys.version, str(REPO)):
-        digest.update(part.encode() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def build_elyra_venv(folder: Path) -> tuple[Path | None, str]:
-    """The venv's python (built now unless cached) and what happened; None when it cannot be built."""
-    python = folder / "bin" / "python"
-    if (folder / ".complete").exists():
-        return python, "cached"
-    if folder.exists():
-        subprocess.run(["rm", "-rf", str(folder)], check=True)
-    t0 = time.monotonic()
-    steps = [
-        [sys.executable, "-m", "venv", str(folder)],
-        [str(python), "-m", "pip", "install", "-q", *ELYRA_REQUIREMENTS],
-        [str(python), "-m", "pip", "install", "-q", "-e", str(REPO)],
-    ]
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-        if done.returncode != 0:
-            return None, f"{' '.join(step[:5])} failed: {(done.stderr or done.stdout)[-2000:]}"
-    (folder / ".complete").write_text(f"built in {time.monotonic() - t0:.0f} s\n")
-    return python, f"built in {time.monotonic() - t0:.0f} s"
-
-
 @pytest.fixture(scope="session")
 def elyra_python() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jupyter-remote-compute"
-    python, how = build_elyra_venv(cache / f"elyra-venv-{_venv_key()}")
+    python, how = build_elyra_venv(venv_folder())
     require(python is not None, f"a venv with Elyra ({how})")
     assert python is not None
     print(f"Elyra venv: {how}")
@@ -118,7 +74,7 @@ def node(node_id: str, filename: str, *, parents: list[str], **parameters: Any) 
     return {
         "id": node_id,
         "type": "execution_node",
-        "op": "execute-python-node",
+        "op": "execute-notebook-node" if filename.endswith(".ipynb") else "execute-python-node",
         "app_data": {
             "component_parameters": {
                 "filename": filename,
@@ -145,7 +101,7 @@ def node(node_id: str, filename: str, *, parents: list[str], **parameters: Any) 
     }
 
 
-def two_node_pipeline(first: str, second: str) -> dict[str, Any]:
+def two_node_pipeline(first: str, second: str, second_file: str = "second.py") -> dict[str, Any]:
     return {
         "doc_type": "pipeline",
         "version": "3.0",
@@ -159,7 +115,7 @@ def two_node_pipeline(first: str, second: str) -> dict[str, Any]:
                     node(first, "first.py", parents=[], outputs=["data.txt"]),
                     node(
                         second,
-                        "second.py",
+                        second_file,
                         parents=[first],
                         outputs=["result.txt"],
                         env_vars=[{"env_var": "SUFFIX", "value": "!"}],
@@ -227,6 +183,49 @@ def test_an_elyra_pipeline_runs_each_node_as_a_job(elyra_server: Server) -> None
         assert job["state"] == "succeeded" and job["machine"] == "local", job
     # The second node got the first's output (and its own env var), and its output came back.
     assert (root / "result.txt").read_text() == "42!"
+
+
+def notebook(*sources: str) -> str:
+    cells = [
+        {"cell_type": "code", "metadata": {}, "source": s, "outputs": [], "execution_count": None} for s in sources
+    ]
+    return json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+def test_an_elyra_notebook_node_runs_as_a_notebook_job_and_its_executed_copy_comes_back(elyra_server: Server) -> None:
+    root = elyra_server.root
+    (root / "second.ipynb").write_text(
+        notebook(
+            "import os, pathlib\ndata = pathlib.Path('data.txt').read_text()",
+            "pathlib.Path('result.txt').write_text(data + os.environ['SUFFIX'])\nprint('wrote', data)",
+        )
+    )
+    (root.parent / "release").write_text("")  # the first node need not wait here
+    wait_for(lambda: "rc-local" in runtimes(elyra_server), timeout=60, interval=0.2, message="rc-local")
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    answer = elyra_server.request_at(
+        "POST", "/elyra/pipeline/schedule", two_node_pipeline(first, second, "second.ipynb")
+    )
+    run_id = answer["run_url"].rsplit("/", 1)[1]
+    document = json.loads((root / "flow.elyra.rcpipeline").read_text())
+    assert document["nodes"][1]["step"] == "run-notebook-on-remote-machine"
+    wait_for(
+        lambda: elyra_server.request("GET", f"pipelines/runs/{run_id}")["state"] != "running",
+        timeout=300,
+        interval=0.2,
+        message="the pipeline run to end",
+    )
+    run = elyra_server.request("GET", f"pipelines/runs/{run_id}")
+    assert run["state"] == "succeeded", run
+    job = elyra_server.request("GET", f"jobs/{run['nodes'][second]['job_id']}")
+    assert job["state"] == "succeeded" and job["machine"] == "local", job
+    assert (root / "result.txt").read_text() == "42!"
+    # The executed notebook came back beside it, its cells run in order, the print in its outputs.
+    executed = json.loads((root / "second.executed.ipynb").read_text())
+    cells = executed["cells"]
+    assert [c["execution_count"] for c in cells if c["cell_type"] == "code"] == [1, 2]
+    printed = "".join("".join(o.get("text", "")) for o in cells[-1]["outputs"])  # a str or nbformat's lines
+    assert "wrote 42" in printed, cells[-1]
 
 
 class Operation:
