@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import agent_fixture
 import pytest
 import slurm_fixture
 import sshd_fixture
@@ -35,6 +36,7 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 slurm_bed = slurm_fixture.slurm_bed
+agent_bed = agent_fixture.agent_bed
 
 MARKER = "/etc/jrc-image-marker"
 CONTAINERS_CONF = """\
@@ -556,6 +558,70 @@ def test_a_slurm_machine_refuses_docker_at_submit(hpc, workspace):
         hpc.submit(JobSpec.from_json(spec))
     assert e.value.field == "image.runtime" and "podman" in str(e.value)
     assert hpc.list_jobs() == []
+
+
+# -- agent: the agent runs command.sh, container.sh for an image ----------------------------------
+
+
+def agent_podman(home: Path, user: str) -> None:
+    """Podman's settings for this machine under the agent's HOME, with a store and run folder of its own
+    (the user's other stores share /tmp/podman-run-UID otherwise)."""
+    conf = home / ".config/containers"
+    conf.mkdir(parents=True, exist_ok=True)
+    run = home / ".run"
+    run.mkdir(mode=0o700, exist_ok=True)
+    (conf / "containers.conf").write_text(CONTAINERS_CONF + f'tmp_dir = "{run}/libpod"\n')
+    (conf / "storage.conf").write_text(
+        f'[storage]\ndriver = "overlay"\nrunroot = "{run}/containers"\n'
+        f'graphroot = "{home}/.local/share/containers/storage"\n'
+    )
+    for path in (home / ".config", conf, conf / "containers.conf", conf / "storage.conf", run):
+        shutil.chown(path, user, user)
+
+
+def test_an_agent_job_runs_in_its_image_and_cancel_removes_its_container(agent_bed, test_image, quickstart):
+    server, user, home = agent_bed.server, agent_bed.user, agent_bed.home
+    agent_podman(home, user)
+    _podman("import", str(test_image.rootfs), test_image.ref, user=user, home=home)
+    try:
+        agent_bed.add_machine("lab")
+        agent = agent_bed.start_agent("lab")
+        (quickstart / "job.sh").write_text(f"mkdir -p out; cat {MARKER} > out/marker.txt; id -u > out/uid.txt\n")
+        body = {"machine": "lab", "command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"]}
+        job = server.request("POST", "jobs", {**body, "image": test_image.ref})["job"]
+        done = wait_for(
+            lambda: (j := server.request("GET", f"jobs/{job['id']}"))["state"] in ("succeeded", "failed") and j,
+            timeout=240,
+            message="the agent's job in its image to end",
+        )
+        assert done["state"] == "succeeded", done["reason"]
+        assert (quickstart / "out/marker.txt").read_text().strip() == test_image.marker
+        assert (quickstart / "out/uid.txt").read_text().strip() == str(agent_bed.uid)
+        log = server.request("GET", f"jobs/{job['id']}/log")["data"]
+        digest = _podman("image", "inspect", "--format", "{{.Id}}", test_image.ref, user=user, home=home).stdout
+        assert f"image {test_image.ref} sha256:{digest.strip().removeprefix('sha256:')} (podman " in log
+        assert ", rootless)" in log
+        pins = list((agent.state / "images").iterdir())  # pinned in the agent's own state folder
+        assert len(pins) == 1
+
+        running = server.request("POST", "jobs", {"machine": "lab", "command": "echo started; sleep 600",
+                                                  "image": test_image.ref})["job"]  # fmt: skip
+        wait_for(
+            lambda: "started" in server.request("GET", f"jobs/{running['id']}/log")["data"],
+            timeout=240,
+            message="the agent's container to run",
+        )
+        assert _containers(running["id"], user=user, home=home) == [f"jrc-{running['id']}"]
+        server.request("POST", f"jobs/{running['id']}/cancel")
+        ended = wait_for(
+            lambda: (j := server.request("GET", f"jobs/{running['id']}"))["state"] in ("cancelled", "failed") and j,
+            timeout=120,
+            message="the cancel to end the job",
+        )
+        assert ended["state"] == "cancelled", ended["reason"]
+        assert not _containers(running["id"], user=user, home=home), "cancel leaves no container behind"
+    finally:
+        _podman("system", "reset", "--force", user=user, home=home, check=False)
 
 
 # -- what is refused at submit, and the arguments built ---------------------------------------------
