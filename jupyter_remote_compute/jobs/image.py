@@ -3,9 +3,9 @@
 A job with an ``image`` runs its command inside it (``engines/farside/container.sh``, the body of its
 ``command.sh``) on the kinds whose engine names runtimes (``Engine.image_runtimes``): local and ssh
 (detached processes), slurm (in the batch job, podman only) and agent: the job folder mounted at its
-own path, so the launcher, the log, the outputs and the job's MLflow store are the same as outside. The machine option
-``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker) and
-``container_network`` (host, none) are the machine's.
+own path, so the launcher, the log, the outputs and the job's MLflow store are the same as outside.
+The machine option ``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker)
+and ``container_network`` (host, none) are the machine's.
 
 The reference is pinned on the machine the first time it runs there (``<base>/images/``); the far side
 opens the job's log with the line ``image <ref> <digest> (<runtime> <version>, <rootless|rootful>)``,
