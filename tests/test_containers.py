@@ -21,7 +21,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import agent_fixture
 import pytest
+import slurm_fixture
 import sshd_fixture
 from mlflow.tracking import MlflowClient
 from required import require
@@ -33,6 +35,8 @@ from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
+slurm_bed = slurm_fixture.slurm_bed
+agent_bed = agent_fixture.agent_bed
 
 MARKER = "/etc/jrc-image-marker"
 CONTAINERS_CONF = """\
@@ -45,11 +49,14 @@ events_logger = "file"
 """
 
 
-def _podman(*args: str, user: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """podman as root, or as ``user`` with only that user's own environment (their rootless store)."""
+def _podman(
+    *args: str, user: str | None = None, check: bool = True, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """podman as root, or as ``user`` with only that user's own environment (their rootless store;
+    ``home``: the one under that folder, as the user's processes with that HOME see it)."""
     cmd = ["podman", *args]
     if user is not None:
-        home = pwd.getpwnam(user).pw_dir
+        home = home or Path(pwd.getpwnam(user).pw_dir)
         cmd = ["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", *cmd]
     done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     if check and done.returncode != 0:
@@ -133,8 +140,10 @@ def _digest_of(ref: str) -> str:
     return found if found.startswith("sha256:") else "sha256:" + found
 
 
-def _containers(label: str, user: str | None = None) -> list[str]:
-    out = _podman("ps", "-a", "--filter", f"label=jrc.job={label}", "--format", "{{.Names}}", user=user).stdout
+def _containers(label: str, user: str | None = None, home: Path | None = None) -> list[str]:
+    out = _podman(
+        "ps", "-a", "--filter", f"label=jrc.job={label}", "--format", "{{.Names}}", user=user, home=home
+    ).stdout
     return out.split()
 
 
@@ -338,10 +347,10 @@ def test_a_container_outlives_the_process_that_started_it(
 
 def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_service):
     service = make_service(workspace)
-    service.machines.add("lab", "agent", "lab.lab")
+    service.machines.add("nb", "jupyter", "http://127.0.0.1:9", {"token_secret": "compute/remote"})
     with pytest.raises(InvalidSettings) as e:
-        service.submit(JobSpec.from_json({"machine": "lab", "command": "true", "image": "python:3.12"}))
-    assert e.value.field == "image" and "agent machine" in str(e.value)
+        service.submit(JobSpec.from_json({"machine": "nb", "command": "true", "image": "python:3.12"}))
+    assert e.value.field == "image" and "jupyter machine" in str(e.value)
     assert service.list_jobs() == [], "nothing is stored for a refused job"
 
 
@@ -486,24 +495,170 @@ def test_an_ssh_job_runs_rootless_and_its_files_are_the_users(
     assert not _containers(job.id, user=rootless_user)
 
 
+# -- slurm: rootless podman in the batch job --------------------------------------------------------
+
+
+@pytest.fixture
+def hpc(rootless_user, slurm_bed, workspace, make_service):  # type: ignore[no-untyped-def]
+    """A service with the test cluster as machine ``hpc``; the cluster's jobs are cancelled after."""
+    service = make_service(workspace)
+    service.machines.add("hpc", "slurm", "127.0.0.1", slurm_bed.machine_options())
+    yield service
+    service.close()
+    slurm_bed.cancel_all()
+
+
+def test_a_slurm_job_runs_in_its_image_inside_the_batch_job(
+    hpc, slurm_bed, rootless_user, test_image, workspace, tracking_uri
+):
+    (workspace / "job.sh").write_text(
+        f"mkdir -p out; cat {MARKER} > out/marker.txt; id -u > out/uid.txt\n"
+        'echo "node=$SLURMD_NODENAME world=$WORLD_SIZE rank=$NODE_RANK job=$SLURM_JOB_ID"\n'
+    )
+    podman = next(c for c in hpc.engine("hpc").check()["containers"] if c["runtime"] == "podman")
+    assert podman["rootless"] is True, "the login node's facts name the runtime the job's user has"
+    spec = JobSpec.from_json(
+        {"machine": "hpc", "command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"], "image": test_image.ref}
+    )
+    job = hpc.wait(hpc.submit(spec).job.id, timeout=240)
+    assert job.state == "succeeded", job.reason
+    slurm_id = job.handle["slurm_job_id"]
+    uid = pwd.getpwnam(rootless_user).pw_uid
+    assert (workspace / "out/marker.txt").read_text().strip() == test_image.marker
+    assert (workspace / "out/uid.txt").read_text().strip() == str(uid)
+    assert (_far_dir(job) / "work/out/marker.txt").stat().st_uid == uid, "the job's files are the user's"
+    log = hpc.read_log(job.id).data.decode()
+    digest = test_image.digest(user=rootless_user)
+    assert f"Slurm job {slurm_id} on {slurm_bed.node}" in log  # the batch script ran it...
+    assert f"image {test_image.ref} {digest} (podman {podman['version']}, rootless)" in log  # ...in the image,
+    # which sees the variables Slurm and the batch script give the job
+    assert f"node={slurm_bed.node} world=1 rank=0 job={slurm_id}" in log
+    assert MlflowClient(tracking_uri).get_run(job.mlflow_run_id).data.tags[images.TAG_DIGEST] == digest
+    assert not _containers(job.id, user=rootless_user)
+
+
+def test_scancel_stops_and_removes_the_slurm_jobs_container(hpc, rootless_user, test_image):
+    job = hpc.advance(
+        hpc.submit(
+            JobSpec.from_json({"machine": "hpc", "command": "echo started; sleep 600", "image": test_image.ref})
+        ).job.id
+    )
+    wait_for(lambda: b"started" in hpc.read_log(job.id).data, timeout=240, message="the Slurm job's container to run")
+    assert _containers(job.id, user=rootless_user) == [f"jrc-{job.id}"]
+    hpc.cancel(job.id)
+    done = hpc.wait(job.id, timeout=120)
+    assert done.state == "cancelled", (done.state, done.reason)
+    assert not _containers(job.id, user=rootless_user), "scancel leaves no container behind"
+    assert not (_far_dir(done) / "container").exists()
+
+
+def test_a_slurm_machine_refuses_docker_at_submit(hpc, workspace):
+    spec = {"machine": "hpc", "command": "true", "image": {"ref": "python:3.12", "runtime": "docker"}}
+    with pytest.raises(InvalidSettings) as e:
+        hpc.submit(JobSpec.from_json(spec))
+    assert e.value.field == "image.runtime" and "podman" in str(e.value)
+    assert hpc.list_jobs() == []
+
+
+# -- agent: the agent runs command.sh, container.sh for an image ----------------------------------
+
+
+def agent_podman(home: Path, user: str) -> None:
+    """Podman's settings for this machine under the agent's HOME, with a store and run folder of its own
+    (the user's other stores share /tmp/podman-run-UID otherwise)."""
+    conf = home / ".config/containers"
+    conf.mkdir(parents=True, exist_ok=True)
+    run = home / ".run"
+    run.mkdir(mode=0o700, exist_ok=True)
+    (conf / "containers.conf").write_text(CONTAINERS_CONF + f'tmp_dir = "{run}/libpod"\n')
+    (conf / "storage.conf").write_text(
+        f'[storage]\ndriver = "overlay"\nrunroot = "{run}/containers"\n'
+        f'graphroot = "{home}/.local/share/containers/storage"\n'
+    )
+    for path in (home / ".config", conf, conf / "containers.conf", conf / "storage.conf", run):
+        shutil.chown(path, user, user)
+
+
+def test_an_agent_job_runs_in_its_image_and_cancel_removes_its_container(agent_bed, test_image, quickstart):
+    server, user, home = agent_bed.server, agent_bed.user, agent_bed.home
+    agent_podman(home, user)
+    _podman("import", str(test_image.rootfs), test_image.ref, user=user, home=home)
+    try:
+        agent_bed.add_machine("lab")
+        agent = agent_bed.start_agent("lab")
+        (quickstart / "job.sh").write_text(f"mkdir -p out; cat {MARKER} > out/marker.txt; id -u > out/uid.txt\n")
+        body = {"machine": "lab", "command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"]}
+        job = server.request("POST", "jobs", {**body, "image": test_image.ref})["job"]
+        done = wait_for(
+            lambda: (j := server.request("GET", f"jobs/{job['id']}"))["state"] in ("succeeded", "failed") and j,
+            timeout=240,
+            message="the agent's job in its image to end",
+        )
+        assert done["state"] == "succeeded", done["reason"]
+        assert (quickstart / "out/marker.txt").read_text().strip() == test_image.marker
+        assert (quickstart / "out/uid.txt").read_text().strip() == str(agent_bed.uid)
+        log = server.request("GET", f"jobs/{job['id']}/log")["data"]
+        digest = _podman("image", "inspect", "--format", "{{.Id}}", test_image.ref, user=user, home=home).stdout
+        assert f"image {test_image.ref} sha256:{digest.strip().removeprefix('sha256:')} (podman " in log
+        assert ", rootless)" in log
+        pins = list((agent.state / "images").iterdir())  # pinned in the agent's own state folder
+        assert len(pins) == 1
+
+        running = server.request("POST", "jobs", {"machine": "lab", "command": "echo started; sleep 600",
+                                                  "image": test_image.ref})["job"]  # fmt: skip
+        wait_for(
+            lambda: "started" in server.request("GET", f"jobs/{running['id']}/log")["data"],
+            timeout=240,
+            message="the agent's container to run",
+        )
+        assert _containers(running["id"], user=user, home=home) == [f"jrc-{running['id']}"]
+        server.request("POST", f"jobs/{running['id']}/cancel")
+        ended = wait_for(
+            lambda: (j := server.request("GET", f"jobs/{running['id']}"))["state"] in ("cancelled", "failed") and j,
+            timeout=120,
+            message="the cancel to end the job",
+        )
+        assert ended["state"] == "cancelled", ended["reason"]
+        assert not _containers(running["id"], user=user, home=home), "cancel leaves no container behind"
+    finally:
+        _podman("system", "reset", "--force", user=user, home=home, check=False)
+
+
 # -- what is refused at submit, and the arguments built ---------------------------------------------
 
 
 def test_an_image_is_refused_where_no_runtime_runs_it():
+    both = ("podman", "docker")
     with pytest.raises(InvalidSettings) as e:
-        images.admit(images.Image("python:3.12"), "gpu1", "ssh", True, {"containers": []})
+        images.admit(images.Image("python:3.12"), "gpu1", "ssh", both, {"containers": []})
     assert e.value.field == "image" and "apt-get install podman" in str(e.value) and "gpu1" in str(e.value)
     with pytest.raises(InvalidSettings, match=r"docker\.io"):
         images.admit(
-            images.Image("python:3.12", "docker"), "gpu1", "ssh", True,
+            images.Image("python:3.12", "docker"), "gpu1", "ssh", both,
             {"containers": [{"runtime": "podman", "version": "4.3.1", "rootless": False}]},
         )  # fmt: skip
-    with pytest.raises(InvalidSettings, match="slurm machine"):
-        images.admit(images.Image("python:3.12"), "hpc", "slurm", False, None)
+    with pytest.raises(InvalidSettings, match="jupyter machine"):
+        images.admit(images.Image("python:3.12"), "nb", "jupyter", (), None)
     images.admit(
-        images.Image("python:3.12"), "gpu1", "ssh", True,
+        images.Image("python:3.12"), "gpu1", "ssh", both,
         {"containers": [{"runtime": "docker", "version": "20.10", "rootless": False}]},
     )  # fmt: skip
+
+
+def test_a_slurm_machine_runs_images_in_podman_only_and_names_what_it_lacks():
+    """Docker's containers are its daemon's, outside the job's allocation: on Slurm only podman runs them."""
+    apptainer = {"containers": [{"runtime": "apptainer", "version": "1.2.5", "rootless": True}]}
+    with pytest.raises(InvalidSettings) as e:
+        images.admit(images.Image("python:3.12"), "hpc", "slurm", ("podman",), apptainer)
+    assert e.value.field == "image"
+    assert "it has apptainer" in str(e.value) and "install podman (apt-get install podman)" in str(e.value)
+    assert "docker" not in str(e.value)
+    docker = {"containers": [{"runtime": "docker", "version": "20.10", "rootless": False}]}
+    with pytest.raises(InvalidSettings) as e:
+        images.admit(images.Image("python:3.12", "docker"), "hpc", "slurm", ("podman",), docker)
+    assert e.value.field == "image.runtime" and "podman" in str(e.value)
+    with pytest.raises(InvalidSettings, match="install podman"):
+        images.admit(images.Image("python:3.12"), "hpc", "slurm", ("podman",), docker)
 
 
 def test_bad_image_settings_name_the_field():

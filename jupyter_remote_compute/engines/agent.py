@@ -72,6 +72,13 @@ class AgentEngine(Engine):
         facts = farside.parse_facts(text, 0.0, online=presence["online"], last_seen=presence["last_seen"])
         return facts.to_json()
 
+    def image_runtimes(self) -> tuple[str, ...]:
+        return ("podman", "docker")  # the agent runs command.sh (container.sh for an image) like the others
+
+    def image_pins(self) -> str:
+        # The agent's state folder (<state>/jobs/<id>/ is the job's, container_command's $jobdir).
+        return '"${jobdir%/*/*}"/images'
+
     def admit(self, resources: Any) -> None:
         if self.hub.facts_text() is None and not resources.partition and not (resources.nodes or 0) > 1:
             return  # nothing known of the machine yet: the agent refuses what it cannot give

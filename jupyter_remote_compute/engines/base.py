@@ -410,6 +410,14 @@ class Engine(abc.ABC):
         temporary directory, so nothing partial reaches the workspace.
         """
 
+    def image_runtimes(self) -> tuple[str, ...]:
+        """The container runtimes a job's image may run in here (``jobs/image.py``); none: no images."""
+        return ()
+
+    def image_pins(self) -> str:
+        """The far-side folder of image pins (``farside/container.sh``'s PINS), as a sh word."""
+        raise EngineError(f"{self.name} is a {self.kind} machine, which does not run container images")
+
     def admit(self, resources: Resources) -> None:
         """Refuse, at submit, resources this machine cannot give (InvalidSettings naming the field).
 

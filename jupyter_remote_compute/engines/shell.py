@@ -63,8 +63,8 @@ class Launcher:
     reaches the machine only through its engine's transport and far-side folders.
     """
 
-    #: Whether a job's command may run in a container image here (jobs/image.py, farside/container.sh).
-    runs_images: ClassVar[bool] = False
+    #: The container runtimes a job's image may run in here (jobs/image.py, farside/container.sh).
+    image_runtimes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, engine: ShellEngine) -> None:
         self.engine = engine
@@ -95,7 +95,7 @@ class Launcher:
 class DetachedLauncher(Launcher):
     """The job as a detached process group on the machine (``launch.sh``): it outlives every connection."""
 
-    runs_images = True
+    image_runtimes = ("podman", "docker")
 
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
         engine = self.engine
@@ -210,6 +210,12 @@ class ShellEngine(Engine):
 
     def admit(self, resources: Resources) -> None:
         self.launcher.admit(resources)
+
+    def image_runtimes(self) -> tuple[str, ...]:
+        return self.launcher.image_runtimes
+
+    def image_pins(self) -> str:
+        return self.base_expr() + "/images"
 
     def prepare(self, job: RemoteJob) -> RemoteJob:
         args = farside.prepare_args("", job.job_id, job.key)  # a job id that is no plain name stops here

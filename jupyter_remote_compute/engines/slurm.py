@@ -82,6 +82,10 @@ _BUSY_SIGNS = ("Socket timed out", "Unable to contact slurm controller", "slurm_
 class SlurmLauncher(Launcher):
     """Jobs placed by Slurm: ``sbatch`` to start, ``squeue`` (with the far side's status) to watch, ``scancel``."""
 
+    # A job's image runs in the batch job (command.sh is container.sh). Podman only: its containers are
+    # the job's own processes, inside the allocation; docker's are its daemon's, out of Slurm's reach.
+    image_runtimes = ("podman",)
+
     def __init__(self, engine: ShellEngine) -> None:
         super().__init__(engine)
         self.name = engine.name

@@ -1,10 +1,11 @@
 """A job's container image: the reference, the runtime that runs it, and how its command is wrapped.
 
-A job with an ``image`` runs its command inside it (``engines/farside/container.sh``), on the machines
-whose jobs are detached processes (local, ssh): the job folder mounted at its own path, so the
-launcher, the log, the outputs and the job's MLflow store are the same as outside. The machine option
-``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker) and
-``container_network`` (host, none) are the machine's.
+A job with an ``image`` runs its command inside it (``engines/farside/container.sh``, the body of its
+``command.sh``) on the kinds whose engine names runtimes (``Engine.image_runtimes``): local and ssh
+(detached processes), slurm (in the batch job, podman only) and agent: the job folder mounted at its
+own path, so the launcher, the log, the outputs and the job's MLflow store are the same as outside.
+The machine option ``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker)
+and ``container_network`` (host, none) are the machine's.
 
 The reference is pinned on the machine the first time it runs there (``<base>/images/``); the far side
 opens the job's log with the line ``image <ref> <digest> (<runtime> <version>, <rootless|rootful>)``,
@@ -23,7 +24,6 @@ from typing import Any
 from ..engines import farside
 from ..engines.base import Engine, EngineError
 from ..engines.launcher import JOB_ENV_SH, READ_ENV_SH, command_script
-from ..engines.shell import ShellEngine
 from ..errors import InvalidSettings
 
 RUNTIMES = ("auto", "podman", "docker")
@@ -101,26 +101,63 @@ def network_of(options: Mapping[str, Any]) -> str:
     return network
 
 
-def admit(image: Image, machine: str, kind: str, runs_images: bool, facts: Mapping[str, Any] | None) -> None:
-    """Refuse, at submit, an image on a machine that cannot run it, naming what to install."""
-    if not runs_images:
+def admit(image: Image, machine: str, kind: str, runtimes: Sequence[str], facts: Mapping[str, Any] | None) -> None:
+    """Refuse, at submit, an image on a machine that cannot run it, naming what to install.
+
+    ``runtimes`` are those the machine's kind runs images in (``Engine.image_runtimes``), ``facts``
+    its ``check`` (``containers``: the runtimes installed, from facts.sh).
+    """
+    if not runtimes:
         raise InvalidSettings(
-            f"image: {machine} is a {kind} machine, which does not run container images; use a local or ssh machine",
+            f"image: {machine} is a {kind} machine, which does not run container images; "
+            "use a local, ssh, slurm or agent machine",
             field="image",
         )
-    have = {c["runtime"] for c in (facts or {}).get("containers") or ()}
-    wanted = [image.runtime] if image.runtime != "auto" else ["podman", "docker"]
-    if not have.intersection(wanted):
-        hint = " or ".join(f"{w} ({INSTALL_HINT[w]})" for w in wanted)
+    if image.runtime != "auto" and image.runtime not in runtimes:
         raise InvalidSettings(
-            f"image: {machine} has no container runtime to run {image.ref}: install {hint}", field="image"
+            f"image.runtime: {machine} is a {kind} machine, whose jobs run images in {' or '.join(runtimes)}, "
+            f"not {image.runtime}",
+            field="image.runtime",
         )
+    installed = {c["runtime"] for c in (facts or {}).get("containers") or ()}
+    wanted = [image.runtime] if image.runtime != "auto" else list(runtimes)
+    if not installed.intersection(wanted):
+        hint = " or ".join(f"{w} ({INSTALL_HINT[w]})" for w in wanted)
+        unused = sorted(installed - set(wanted))
+        has = f" (it has {', '.join(unused)}, which jobs' images do not run in)" if unused else ""
+        raise InvalidSettings(
+            f"image: {machine} has no container runtime to run {image.ref}{has}: install {hint}", field="image"
+        )
+
+
+#: What the machine gives a job where it has it (container.sh passes those that are set): the GPUs an
+#: agent chose, the rendezvous of Slurm's batch script (slurm_commands.batch_script), Slurm's own.
+MACHINE_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_JOB_PARTITION",
+    "SLURM_NODEID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+    "SLURM_CPUS_ON_NODE",
+    "SLURM_RESTART_COUNT",
+    "SLURMD_NODENAME",
+)
 
 
 def env_names(env: Sequence[str]) -> list[str]:
-    """The variables the container gets: the job's own, then those every job has (``JOB_ENV_SH``)."""
+    """The variables the container gets: the job's own, those every job has (``JOB_ENV_SH``), and
+    the machine's own job variables where it sets them (``MACHINE_ENV``)."""
     common = re.findall(r"^export ([A-Za-z_][A-Za-z0-9_]*)=", JOB_ENV_SH, re.MULTILINE)
-    return list(dict.fromkeys([*env, *common]))
+    return list(dict.fromkeys([*env, *common, *MACHINE_ENV]))
 
 
 # Run by the image's sh as `sh .container-entry ENVFILE COMMAND LOG`: the job's variables from the
@@ -143,7 +180,7 @@ def container_command(
 ) -> str:
     """The job's command.sh body for a job in ``image``: write the command beside it, then container.sh.
 
-    ``pins`` is the machine's folder of image pins, as a sh word (``ShellEngine.base_expr``'s).
+    ``pins`` is the machine's folder of image pins, as a sh word (``Engine.image_pins``).
     """
     inner = command_script(command)
     words = [
@@ -174,9 +211,13 @@ def launch_command(spec: Any, env: Sequence[str], engine: Engine) -> str | Seque
     """What the launcher runs for ``spec`` (a JobSpec): its command, inside its image if it has one."""
     if not spec.image:
         return spec.command
-    if not (isinstance(engine, ShellEngine) and engine.launcher.runs_images):
+    runtimes = engine.image_runtimes()
+    if not runtimes:
         raise EngineError(f"{engine.name} is a {engine.kind} machine, which does not run container images")
-    return container_command(spec.image, spec.command, env, engine.machine_options, engine.base_expr() + "/images")
+    image = spec.image
+    if image.runtime == "auto" and len(runtimes) == 1:
+        image = dataclasses.replace(image, runtime=runtimes[0])  # "auto" never picks one the kind refuses
+    return container_command(image, spec.command, env, engine.machine_options, engine.image_pins())
 
 
 def gpu_args(runtime: str, gpus: int | None, visible: str | None = None) -> list[str]:

@@ -26,7 +26,6 @@ from typing import Any
 
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
-from ..engines.shell import ShellEngine
 from ..errors import (
     Conflict,
     InvalidSettings,
@@ -279,14 +278,14 @@ class JobService:
     def _admit_image(self, machine: Machine, image: images.Image) -> None:
         """The machine refuses, before anything is stored, an image it has no runtime for."""
         engine = self.engine(machine.name)
-        runs = isinstance(engine, ShellEngine) and engine.launcher.runs_images
+        runtimes = engine.image_runtimes()
         try:
-            facts = engine.check() if runs else None
+            facts = engine.check() if runtimes else None
         except EngineError as e:
             raise InvalidSettings(
                 f"image: could not learn whether {machine.name} runs images ({e}); try again", field="image"
             ) from None
-        images.admit(image, machine.name, machine.kind, runs, facts)
+        images.admit(image, machine.name, machine.kind, runtimes, facts)
 
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
         """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""

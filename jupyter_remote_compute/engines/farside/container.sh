@@ -8,8 +8,8 @@
 # work/ is the working directory, and files written there belong to this user (rootless podman:
 # --userns=keep-id; otherwise --user UID:GID). The image is pinned on first use: PINS (<base>/images)
 # keeps the id it had, and later jobs run that id. The container is run detached and waited for, so its exit
-# code is the job's; a TERM (cancel.sh) stops it, and it is removed before this script ends (cancel.sh
-# removes one left behind by a KILL, named in JOBDIR/container).
+# code is the job's; a TERM (cancel.sh, scancel) stops it, and it is removed before this script ends
+# (cancel.sh removes one left behind by a KILL, named in JOBDIR/container).
 set -u
 jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7
 shift 7
@@ -70,26 +70,40 @@ envfile="$jobdir/.container-env"
 ) || fail "cannot write the job's environment file"
 printf '%s' "$entry" > "$jobdir/.container-entry"
 printf '%s %s\n' "$rt" "$name" > "$jobdir/container"
+# A TERM (cancel.sh; in a Slurm batch job scancel or the time limit, which send CONT then TERM to
+# every process of the job) stops the container. Its processes are conmon's, which no one else
+# signals: the stop ends within Slurm's KillWait, as the KILL that follows it would leave them running.
+grace=10
+if [ -n "${SLURM_JOB_ID:-}" ]; then
+  kill_wait=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
+  if [ -n "$kill_wait" ] && [ "$kill_wait" -lt 12 ]; then grace=$((kill_wait > 2 ? kill_wait - 2 : 1)); fi
+fi
 stopped=
-stop() { stopped=1; "$rt" stop -t 10 -- "$name" >/dev/null 2>&1; }
+stop() { stopped=1; "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
 trap stop TERM INT HUP
 start() {
   "$rt" run -d --name "$name" --label "jrc.job=$(basename -- "$jobdir")" --init --network "$network" "$who" \
     --log-driver=none -v "$jobdir:$jobdir" -w "$jobdir/work" "$@" --entrypoint /bin/sh "$id" \
     "$jobdir/.container-entry" "$envfile" "$jobdir/command.inner.sh" "$jobdir/log" >/dev/null
 }
+gone() {
+  "$rt" rm -f -- "$name" >/dev/null 2>&1
+  rm -f -- "$envfile" "$jobdir/.container-err" "$jobdir/container"
+}
 if ! start "$@" 2>"$jobdir/.container-err"; then
+  # Stopped while it started (the TERM reached the runtime too): not started again.
+  [ -z "$stopped" ] || { gone; exit 143; }
   # An earlier start of this same job that never ran holds the name, or the pinned id is gone.
   "$rt" rm -f -- "$name" >/dev/null 2>&1
   repin
   if ! start "$@"; then
     cat -- "$jobdir/.container-err" >&2
-    rm -f -- "$envfile" "$jobdir/.container-err" "$jobdir/container"
-    "$rt" rm -f -- "$name" >/dev/null 2>&1
+    gone
     fail "$rt could not start image $image (its words are above)"
   fi
 fi
 rm -f -- "$jobdir/.container-err"
+[ -z "$stopped" ] || stop  # the TERM came while it started: the trap found no container yet
 # wait prints the exit code (the container is kept until then: -d --rm would lose it). A TERM ends
 # the wait early: the trap has stopped the container, and a second wait reads what it ended with.
 code=$("$rt" wait -- "$name" 2>/dev/null)

@@ -19,10 +19,11 @@ fi
 d=${1:-.}
 while [ ! -d "$d" ]; do d=$(dirname -- "$d"); done
 printf 'disk_kb=%s\n' "$(df -Pk -- "$d" | tail -n 1 | awk '{print $4}')"
-# container=<runtime> <version> <rootless|rootful>, once per container runtime installed (jobs/image.py)
-for rt in podman docker; do
+# container=<runtime> <version> <rootless|rootful>, once per container runtime installed (jobs/image.py;
+# apptainer and singularity are named so a refusal can say the machine has one jobs do not run in yet)
+for rt in podman docker apptainer singularity; do
   command -v "$rt" >/dev/null 2>&1 || continue
   v=$("$rt" --version 2>/dev/null | sed -n 's/.*[Vv]ersion \([^ ,]*\).*/\1/p')
-  if [ "$rt" = podman ] && [ "$(id -u)" != 0 ]; then m=rootless; else m=rootful; fi
+  if [ "$rt" != docker ] && [ "$(id -u)" != 0 ]; then m=rootless; else m=rootful; fi
   printf 'container=%s %s %s\n' "$rt" "${v:-unknown}" "$m"
 done
