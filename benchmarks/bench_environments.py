@@ -223,7 +223,7 @@ def same_as_here(service: JobService, bed, tmp: Path, base: dict, runs: int) -> 
             bed,
             f"export {exports} && "
             f"printf %s {shlex.quote(pins)} > {far}/req.txt && {uv} venv -q --python {python} {far}/venv && "
-            f"{uv} pip {how} -q --python {far}/venv/bin/python {far}/req.txt",
+            f"{uv} pip {how} {far}/req.txt -q --python {far}/venv/bin/python",
         )
 
     envs = bed.far_path(bed.base_dir.removeprefix("~/")) / "envs"
