@@ -240,6 +240,7 @@ def same_as_here(service: JobService, bed, tmp: Path, base: dict, runs: int) -> 
         before.append(_before_start(job))
         hand_times.append(by_hand(uv))
         install_times.append(by_hand(uv, "install -r"))
+    _far_run(bed, f"rm -rf {far}")  # the by-hand venv: 1 GB
     job_median, hand = statistics.median(job_times), statistics.median(hand_times)
     print(f"same_as_here of this interpreter ({len(pinned)} distributions pinned, left out: {', '.join(left_out)})")
     print(f"  on ssh, far uv cache warm, {runs} runs, median (load average {os.getloadavg()[0]:.1f})")
@@ -327,6 +328,7 @@ def from_here(service: JobService, bed, index, tmp: Path, base: dict, runs: int)
         _far_run(bed, install_script(uv, "venv", BIG_PACKAGES))
         rows["hand1"].append(time.perf_counter() - start)
         rows["hand2"].append(_far_run(bed, install_script(uv, "venv2", BIG_PACKAGES[:-1])))
+    _far_run(bed, f"rm -rf {far}")
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"wheels: from_here on ssh, {len(BIG_PACKAGES)} wheels of {size / len(BIG_PACKAGES) / 1e6:.2f} MB")
     print(f"  a new machine each run, {runs} runs, median (load average {os.getloadavg()[0]:.1f})")
