@@ -23,6 +23,7 @@ import * as React from 'react';
 import { IStep } from '../api';
 import { stateLabel, useSignal } from '../components/common';
 import { declaredOutputs } from './document';
+import { PickFiles } from './fileFields';
 import { PipelineModel } from './model';
 import { StepCard, StepCardNode } from './StepCard';
 import { SettingsForm } from './SettingsForm';
@@ -37,6 +38,10 @@ export interface IPipelineCanvasProps {
   model: PipelineModel;
   trans: TranslationBundle;
   showJob: (jobId: string) => void;
+  /**
+   * Pick workspace files in the settings form; null when there is no file browser to pick from.
+   */
+  pickFiles: PickFiles | null;
 }
 
 export function PipelineCanvas(props: IPipelineCanvasProps): JSX.Element {
@@ -322,6 +327,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
             step={model.steps.get(selectedNode.step)}
             problems={model.problems.filter(p => p.node === selectedNode.id)}
             readOnly={readOnly}
+            pickFiles={props.pickFiles}
             trans={trans}
             onChange={settings => model.setSettings(selectedNode.id, settings)}
           />

@@ -47,9 +47,9 @@ async function addListItem(
   const list = form
     .locator('div')
     .filter({ has: page.getByText(title, { exact: true }) })
-    .filter({ has: page.getByRole('button', { name: 'Add' }) })
+    .filter({ has: page.getByRole('button', { name: 'Add', exact: true }) })
     .last();
-  await list.getByRole('button', { name: 'Add' }).click();
+  await list.getByRole('button', { name: 'Add', exact: true }).click();
   await field(page, node, `${name}_0`).fill(value);
 }
 
@@ -224,6 +224,57 @@ test.describe('Pipeline canvas', () => {
 
     await prepare.getByRole('button', { name: 'Show the log of prepare' }).click();
     await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('no data here');
+  });
+
+  test('files picked from the workspace: what a node sends, and its requirements file', async ({ page, tmpPath }) => {
+    const file = `${tmpPath}/picked.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [{ id: 'train', step: 'train-on-remote-machine', settings: { command: 'true' }, position: { x: 0, y: 0 } }],
+      edges: []
+    };
+    await page.contents.uploadContent('1,2\n', 'text', `${tmpPath}/data.csv`);
+    await page.contents.uploadContent('x = 1\n', 'text', `${tmpPath}/train.py`);
+    await page.contents.uploadContent('numpy\n', 'text', `${tmpPath}/requirements.txt`);
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+    await page.getByRole('group', { name: 'Node train' }).click();
+    const form = page.getByRole('region', { name: 'Settings of train' });
+
+    // Two files at once, from the dialog that opens at the pipeline's folder.
+    await form.getByRole('button', { name: 'Add files to Files to send' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    const listing = dialog.locator('.jp-DirListing-content');
+    await listing.getByText('data.csv', { exact: true }).click();
+    await listing.getByText('train.py', { exact: true }).click({ modifiers: ['Control'] });
+    await dialog.getByRole('button', { name: 'Select' }).click();
+    await expect(dialog).toHaveCount(0);
+    await expect(field(page, 'train', 'send_0')).toHaveValue(`${tmpPath}/data.csv`);
+    await expect(field(page, 'train', 'send_1')).toHaveValue(`${tmpPath}/train.py`);
+
+    // The requirements file's dialog shows only what can be one (no .csv, no .py).
+    await form.getByRole('button', { name: 'Choose Requirements file' }).click();
+    await expect(listing.getByText('requirements.txt', { exact: true })).toBeVisible();
+    await expect(listing.getByText('data.csv', { exact: true })).toHaveCount(0);
+    await listing.getByText('requirements.txt', { exact: true }).click();
+    await dialog.getByRole('button', { name: 'Select' }).click();
+    await expect(field(page, 'train', 'environment_requirements')).toHaveValue(`${tmpPath}/requirements.txt`);
+
+    await page.keyboard.press('Control+s');
+    await expect
+      .poll(() => {
+        try {
+          return JSON.parse(fs.readFileSync(path.join(WORKSPACE, file), 'utf-8')).nodes[0].settings;
+        } catch {
+          return null;
+        }
+      })
+      .toEqual({
+        command: 'true',
+        environment: { requirements: `${tmpPath}/requirements.txt` },
+        send: [`${tmpPath}/data.csv`, `${tmpPath}/train.py`]
+      });
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
   });
 
   test('a malformed file opens with a clear error and is never written', async ({ page, tmpPath }) => {
