@@ -12,6 +12,7 @@ import * as React from 'react';
 import { IPipelineProblem, IStep } from '../api';
 import { IPipelineNode } from './document';
 import { fileUiSchema, PickFiles } from './fileFields';
+import { CollapsedSection } from './FormSection';
 
 /**
  * What a variant of a `oneOf` is, by its type, for the form's choice between them (rjsf would
@@ -115,15 +116,26 @@ function withoutFilledDefaults(
 }
 
 /**
- * How the form draws the schema: pickers on the settings naming workspace files.
+ * How the form draws the schema: pickers on the settings naming workspace files, and the Python
+ * environment as a collapsed section of whatever fields the step's schema gives it.
  */
 function formUiSchema(
   schema: RJSFSchema | null
 ): IFormComponentProps['uiSchema'] {
-  return {
+  const ui: NonNullable<IFormComponentProps['uiSchema']> = {
     ...(schema ? fileUiSchema(schema as Record<string, unknown>) : {}),
     'ui:submitButtonOptions': { norender: true }
   };
+  const environment = (
+    schema?.properties as Record<string, RJSFSchema> | undefined
+  )?.environment;
+  if (environment?.type === 'object') {
+    ui.environment = {
+      ...(ui.environment ?? {}),
+      'ui:ObjectFieldTemplate': CollapsedSection
+    };
+  }
+  return ui;
 }
 
 function fieldErrors(problems: IPipelineProblem[]): ErrorSchema {
