@@ -22,6 +22,7 @@ import {
   validatePipeline
 } from '../api';
 import { IJobEvents } from '../eventsocket';
+import { applyRunEvent, PIPELINE_EVENT_SCHEMA } from '../pipelineRuns';
 import {
   emptyPipeline,
   IPipelineDocument,
@@ -32,12 +33,6 @@ import {
   PipelineFormatError,
   serializePipeline
 } from './document';
-
-/**
- * The schema id of the server's pipeline run events (jupyter_remote_compute/pipelines/run_event.yaml).
- */
-export const PIPELINE_EVENT_SCHEMA =
-  'https://events.jupyter.org/jupyter_remote_compute/pipeline_run';
 
 const HISTORY_LIMIT = 200;
 const VALIDATE_DELAY = 300;
@@ -428,24 +423,10 @@ export class PipelineModel implements IDisposable {
       return;
     }
     const id = emission.id as string;
-    const nodes = (emission.nodes ?? {}) as IPipelineRun['nodes'];
-    const known = this._run?.id === id ? this._run : null;
-    const merged: IPipelineRun['nodes'] = {};
-    for (const [nodeId, node] of Object.entries(nodes)) {
-      merged[nodeId] = { ...(known?.nodes[nodeId] ?? {}), ...node };
-    }
-    this._run = {
-      ...(known ?? {
-        id,
-        file: this.path,
-        pipeline: {},
-        created: (emission.updated as string) ?? ''
-      }),
-      state: emission.state as IPipelineRun['state'],
-      reason: (emission.reason as string | null | undefined) ?? null,
-      updated: (emission.updated as string) ?? known?.updated ?? '',
-      nodes: merged
-    };
+    this._run = applyRunEvent(
+      this._run?.id === id ? this._run : null,
+      emission
+    );
     this._changed.emit();
     if (this._run.state !== 'running') {
       this._reload(id);

@@ -12,14 +12,13 @@ const OUT = path.resolve(__dirname, '..', '..', 'docs', 'screenshots');
 const TRAIN = 'Train on a Remote Machine';
 
 async function openPipeline(page: IJupyterLabPageFixture, file: string): Promise<void> {
-  await page.evaluate(
-    async path =>
-      (window as any).jupyterapp.commands.execute('docmanager:open', {
-        path,
-        factory: 'Remote Compute Pipeline'
-      }),
-    file
-  );
+  // The widget is not returned: it does not serialize.
+  await page.evaluate(async path => {
+    await (window as any).jupyterapp.commands.execute('docmanager:open', {
+      path,
+      factory: 'Remote Compute Pipeline'
+    });
+  }, file);
 }
 
 /**
@@ -279,6 +278,55 @@ test.describe('Pipeline canvas', () => {
         send: [`${tmpPath}/data.csv`, `${tmpPath}/train.py`]
       });
     await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+  });
+
+  test("the panel lists a pipeline run live, expandable to its nodes' jobs", async ({ page, tmpPath }) => {
+    const file = `${tmpPath}/listed.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        {
+          id: 'make',
+          step: 'train-on-remote-machine',
+          settings: { command: `python -c "print('made it'); open('m.txt', 'w').write('1')"`, bring_back: ['m.txt'] },
+          position: { x: 0, y: 0 }
+        },
+        {
+          id: 'use',
+          step: 'train-on-remote-machine',
+          settings: { command: 'cat m.txt', send: ['m.txt'] },
+          position: { x: 320, y: 0 }
+        }
+      ],
+      edges: [{ from: 'make', to: 'use' }]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    // The panel is open and has read the runs before this one starts: the row comes from events.
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    const panel = page.locator('#jp-remote-compute-panel');
+    await expect(panel.getByRole('heading', { name: /Jobs/ })).toBeVisible();
+    await openPipeline(page, file);
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+    const status = page.getByRole('status').filter({ hasText: /^Run / });
+    await expect(status).toContainText(/Run \S+:/);
+    const runId = /Run (\S+):/.exec(await status.innerText())![1];
+
+    const row = panel.getByRole('listitem', { name: `Pipeline run ${runId}` });
+    await expect(row).toBeVisible();
+    await expect(row).toContainText('listed.rcpipeline');
+    await expect(row).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
+    await expect(row).toContainText('2 of 2 nodes done');
+
+    const toggle = row.getByRole('button', { name: /listed\.rcpipeline/ });
+    await expect(toggle).toHaveAttribute('aria-expanded', 'false');
+    await toggle.click();
+    await expect(toggle).toHaveAttribute('aria-expanded', 'true');
+    const make = row.getByRole('listitem', { name: 'Node make' });
+    await expect(make).toHaveAttribute('data-state', 'succeeded');
+    await expect(row.getByRole('listitem', { name: 'Node use' })).toHaveAttribute('data-state', 'succeeded');
+    await make.getByRole('button', { name: /^Show job .* of make$/ }).click();
+    await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('made it');
   });
 
   test('a malformed file opens with a clear error and is never written', async ({ page, tmpPath }) => {
