@@ -182,6 +182,35 @@ export class PipelineModel implements IDisposable {
     });
   }
 
+  /**
+   * Give a node another id (its edges follow), as one step of the history; what is wrong with
+   * the new id (`empty`, or `taken` by another node), else null.
+   */
+  renameNode(nodeId: string, newId: string): 'empty' | 'taken' | null {
+    const id = newId.trim();
+    if (!id) {
+      return 'empty';
+    }
+    if (id !== nodeId && this._node(id)) {
+      return 'taken';
+    }
+    if (id === nodeId || !this._node(nodeId)) {
+      return null;
+    }
+    this._edit(doc => {
+      for (const node of doc.nodes) {
+        if (node.id === nodeId) {
+          node.id = id;
+        }
+      }
+      for (const edge of doc.edges) {
+        edge.from = edge.from === nodeId ? id : edge.from;
+        edge.to = edge.to === nodeId ? id : edge.to;
+      }
+    });
+    return null;
+  }
+
   setSettings(nodeId: string, settings: Record<string, unknown>): void {
     const node = this._node(nodeId);
     if (!node) {

@@ -329,6 +329,68 @@ test.describe('Pipeline canvas', () => {
     await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('made it');
   });
 
+  test('a node renamed by a double-click on its title or F2 keeps its edges, and is saved', async ({
+    page,
+    tmpPath
+  }) => {
+    const file = `${tmpPath}/renamed.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        { id: 'a', step: 'train-on-remote-machine', settings: { command: 'true', bring_back: ['x.txt'] }, position: { x: 0, y: 0 } },
+        { id: 'b', step: 'train-on-remote-machine', settings: { command: 'true', send: ['x.txt'] }, position: { x: 320, y: 0 } }
+      ],
+      edges: [{ from: 'a', to: 'b' }]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+
+    await page.getByRole('group', { name: 'Node a', exact: true }).getByText('a', { exact: true }).dblclick();
+    const box = page.getByLabel('New id of a');
+    await expect(box).toBeFocused();
+    await box.fill('prepare');
+    await box.press('Enter');
+    await expect(page.getByRole('group', { name: 'Node prepare' })).toBeVisible();
+    await expect(page.getByRole('group', { name: 'Node a', exact: true })).toHaveCount(0);
+
+    // F2 on the selected node; an id another node has is refused, and Escape leaves it as it was.
+    await page.getByRole('group', { name: 'Node b' }).click();
+    await expect(page.getByRole('region', { name: 'Settings of b' })).toBeVisible();
+    await page.keyboard.press('F2');
+    const second = page.getByLabel('New id of b');
+    await second.fill('prepare');
+    await second.press('Enter');
+    await expect(page.getByRole('group', { name: 'Node b' }).getByRole('alert')).toContainText(
+      'prepare is the id of another node'
+    );
+    await second.press('Escape');
+    await expect(second).toHaveCount(0);
+    await page.keyboard.press('F2');
+    await page.getByLabel('New id of b').fill('train');
+    await page.getByLabel('New id of b').press('Enter');
+    await expect(page.getByRole('region', { name: 'Settings of train' })).toBeVisible();
+    // The edge followed: nothing is missing upstream.
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+
+    await page.keyboard.press('Control+s');
+    await expect
+      .poll(() => {
+        try {
+          const saved = JSON.parse(fs.readFileSync(path.join(WORKSPACE, file), 'utf-8'));
+          return { nodes: saved.nodes.map((n: any) => n.id), edges: saved.edges };
+        } catch {
+          return null;
+        }
+      })
+      .toEqual({ nodes: ['prepare', 'train'], edges: [{ from: 'prepare', to: 'train' }] });
+
+    // A rename is one step of the history.
+    await page.getByLabel('Pipeline canvas').click({ position: { x: 5, y: 5 } });
+    await page.keyboard.press('Control+z');
+    await expect(page.getByRole('group', { name: 'Node b' })).toBeVisible();
+  });
+
   test('a malformed file opens with a clear error and is never written', async ({ page, tmpPath }) => {
     const file = `${tmpPath}/broken.rcpipeline`;
     const text = '{"version": 1, "nodes": [';
