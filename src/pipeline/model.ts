@@ -36,6 +36,10 @@ import {
 
 const HISTORY_LIMIT = 200;
 const VALIDATE_DELAY = 300;
+/**
+ * Milliseconds between reads of a running run while the event socket is down.
+ */
+export const RUN_POLL_INTERVAL = 3000;
 
 export class PipelineModel implements IDisposable {
   constructor(options: PipelineModel.IOptions) {
@@ -44,6 +48,8 @@ export class PipelineModel implements IDisposable {
     this._context.model.contentChanged.connect(this._onContent, this);
     this._events?.stream.connect(this._onEvent, this);
     this._events?.connectionChanged?.connect(this._onConnection, this);
+    // Whatever changes the run (its start, an event, a read) decides whether to poll it.
+    this._changed.connect(this._schedulePoll, this);
     void this._context.ready.then(() => {
       this._onContent();
       void this._loadSteps();
@@ -115,6 +121,7 @@ export class PipelineModel implements IDisposable {
     }
     this._isDisposed = true;
     window.clearTimeout(this._validateTimer);
+    window.clearTimeout(this._pollTimer);
     Signal.clearData(this);
   }
 
@@ -427,6 +434,47 @@ export class PipelineModel implements IDisposable {
     if (connected && this._run?.state === 'running') {
       this._reload(this._run.id);
     }
+    this._schedulePoll();
+  }
+
+  /**
+   * While the run is running and no event can say how it goes (the socket is down, or the event
+   * source cannot tell), read it every few seconds; once the socket is back, stop.
+   */
+  private _schedulePoll(): void {
+    const wanted =
+      !this._isDisposed &&
+      this._run?.state === 'running' &&
+      this._events?.connected !== true;
+    if (!wanted) {
+      window.clearTimeout(this._pollTimer);
+      this._pollTimer = 0;
+      return;
+    }
+    if (this._pollTimer) {
+      return; // one read is already due
+    }
+    this._pollTimer = window.setTimeout(() => {
+      this._pollTimer = 0;
+      void this._poll();
+    }, RUN_POLL_INTERVAL);
+  }
+
+  private async _poll(): Promise<void> {
+    const id = this._run?.id;
+    if (!id || this._events?.connected === true) {
+      return;
+    }
+    try {
+      const run = await getPipelineRun(id);
+      if (this._run?.id === run.id && !this._isDisposed) {
+        this._run = run;
+        this._changed.emit();
+      }
+    } catch {
+      // The server may be the thing that is down: try again at the next interval.
+    }
+    this._schedulePoll();
   }
 
   /**
@@ -469,6 +517,7 @@ export class PipelineModel implements IDisposable {
   private _events: IJobEvents | null;
   private _formatError: string | null = null;
   private _isDisposed = false;
+  private _pollTimer = 0;
   private _problems: IPipelineProblem[] = [];
   private _redo: string[] = [];
   private _run: IPipelineRun | null = null;
