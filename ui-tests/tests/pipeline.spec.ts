@@ -344,6 +344,7 @@ test.describe('Pipeline canvas', () => {
     };
     await page.contents.uploadContent(JSON.stringify(document), 'text', file);
     await openPipeline(page, file);
+    await page.sidebar.close('left'); // room for both nodes beside the form
     await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
 
     await page.getByRole('group', { name: 'Node a', exact: true }).getByText('a', { exact: true }).dblclick();
@@ -355,7 +356,8 @@ test.describe('Pipeline canvas', () => {
     await expect(page.getByRole('group', { name: 'Node a', exact: true })).toHaveCount(0);
 
     // F2 on the selected node; an id another node has is refused, and Escape leaves it as it was.
-    await page.getByRole('group', { name: 'Node b' }).click();
+    await page.getByRole('button', { name: 'Fit View' }).click(); // the form took part of the canvas
+    await page.getByRole('group', { name: 'Node b' }).getByText('b', { exact: true }).click();
     await expect(page.getByRole('region', { name: 'Settings of b' })).toBeVisible();
     await page.keyboard.press('F2');
     const second = page.getByLabel('New id of b');
