@@ -25,6 +25,7 @@ import { APIError, IJob, SERVER_EXTENSION } from './api';
 import { CommandIDs, registerCommands } from './commands';
 import { ComputePanel } from './components/ComputePanel';
 import { EventSocket } from './eventsocket';
+import { PipelineRuns } from './pipelineRuns';
 import { registerKindFaces } from './kindFaces';
 import { ComputeModel, IComputeSettings } from './model';
 import { registerPipelines } from './pipeline/commands';
@@ -178,7 +179,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       serverSettings: app.serviceManager.serverSettings
     });
     const model = new ComputeModel({ events });
-    const panel = new ComputePanel({ model, trans, commands: app.commands });
+    const runs = new PipelineRuns({ events });
+    const panel = new ComputePanel({
+      model,
+      runs,
+      trans,
+      commands: app.commands
+    });
     app.shell.add(panel, 'left', { rank: 650 });
     if (restorer) {
       restorer.add(panel, 'jupyter-remote-compute');
@@ -226,7 +233,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     // One quiet load at start: the model then knows which jobs are running, so it can say
     // when they end even if the panel stays closed. Events keep it current afterwards.
-    void app.restored.then(() => model.refresh().catch(() => undefined));
+    void app.restored.then(() => {
+      void model.refresh().catch(() => undefined);
+      void runs.refresh();
+    });
 
     if (settingRegistry) {
       settingRegistry

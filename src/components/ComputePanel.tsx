@@ -31,7 +31,9 @@ import { jobDuration, relativeTime } from '../format';
 import { computeIcon } from '../icons';
 import { facesOf } from '../kindFaces';
 import { ComputeModel } from '../model';
+import { PipelineRuns } from '../pipelineRuns';
 import { KindIcon, StateBadge, stateLabel, useNow, useSignal } from './common';
+import { PipelineRunList } from './PipelineRunList';
 import { Secrets } from './Secrets';
 
 /**
@@ -592,10 +594,11 @@ function Jobs(props: {
 
 function ComputePanelComponent(props: {
   model: ComputeModel;
+  runs: PipelineRuns | null;
   commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { model, commands, trans } = props;
+  const { model, runs, commands, trans } = props;
   useSignal(model.changed);
 
   const error = model.error;
@@ -609,6 +612,9 @@ function ComputePanelComponent(props: {
       <>
         {error && <RequestFailed error={error} trans={trans} />}
         <Machines model={model} commands={commands} trans={trans} />
+        {runs && (
+          <PipelineRunList runs={runs} commands={commands} trans={trans} />
+        )}
         <Jobs model={model} commands={commands} trans={trans} />
         <Secrets trans={trans} />
         <p className="jp-RemoteCompute-footer">
@@ -639,7 +645,10 @@ function ComputePanelComponent(props: {
         />
         <ToolbarButtonComponent
           icon={refreshIcon}
-          onClick={() => void model.refresh().catch(() => undefined)}
+          onClick={() => {
+            void model.refresh().catch(() => undefined);
+            void runs?.refresh();
+          }}
           tooltip={trans.__('Refresh machines and jobs')}
         />
       </div>
@@ -655,6 +664,7 @@ export class ComputePanel extends ReactWidget {
   constructor(options: ComputePanel.IOptions) {
     super();
     this._model = options.model;
+    this._runs = options.runs ?? null;
     this._trans = options.trans;
     this._commands = options.commands;
     this.id = PANEL_ID;
@@ -681,6 +691,7 @@ export class ComputePanel extends ReactWidget {
     return (
       <ComputePanelComponent
         model={this._model}
+        runs={this._runs}
         commands={this._commands}
         trans={this._trans}
       />
@@ -689,12 +700,17 @@ export class ComputePanel extends ReactWidget {
 
   private _commands: CommandRegistry;
   private _model: ComputeModel;
+  private _runs: PipelineRuns | null;
   private _trans: TranslationBundle;
 }
 
 export namespace ComputePanel {
   export interface IOptions {
     model: ComputeModel;
+    /**
+     * The latest pipeline runs, listed above the jobs; none: the list is left out.
+     */
+    runs?: PipelineRuns | null;
     commands: CommandRegistry;
     trans: TranslationBundle;
   }

@@ -23,6 +23,7 @@ import * as React from 'react';
 import { IStep } from '../api';
 import { stateLabel, useSignal } from '../components/common';
 import { declaredOutputs } from './document';
+import { PickFiles } from './fileFields';
 import { PipelineModel } from './model';
 import { StepCard, StepCardNode } from './StepCard';
 import { SettingsForm } from './SettingsForm';
@@ -37,6 +38,10 @@ export interface IPipelineCanvasProps {
   model: PipelineModel;
   trans: TranslationBundle;
   showJob: (jobId: string) => void;
+  /**
+   * Pick workspace files in the settings form; null when there is no file browser to pick from.
+   */
+  pickFiles: PickFiles | null;
 }
 
 export function PipelineCanvas(props: IPipelineCanvasProps): JSX.Element {
@@ -57,6 +62,8 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
   const flow = useReactFlow();
   const wrapper = React.useRef<HTMLDivElement>(null);
   const [selected, setSelected] = React.useState<string | null>(null);
+  const [renaming, setRenaming] = React.useState<string | null>(null);
+  const body = React.useRef<HTMLDivElement>(null);
   const [nodes, setNodes] = React.useState<StepCardNode[]>([]);
   const [edges, setEdges] = React.useState<Edge[]>([]);
   const doc = model.document;
@@ -97,7 +104,25 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
             run: run?.nodes[node.id],
             problems: model.problems.filter(p => p.node === node.id),
             trans,
-            showJob
+            showJob,
+            renaming: renaming === node.id,
+            setRenaming: readOnly
+              ? null
+              : (on: boolean, refocus = false) => {
+                  // The canvas takes the keyboard back, so F2 and Delete go on working on the
+                  // selection (a node, which React Flow would pan to, is not focused).
+                  if (!on && refocus) {
+                    body.current?.focus();
+                  }
+                  setRenaming(on ? node.id : null);
+                },
+            rename: (newId: string) => {
+              const wrong = model.renameNode(node.id, newId);
+              if (wrong === null && selected === node.id) {
+                setSelected(newId.trim());
+              }
+              return wrong;
+            }
           }
         };
       });
@@ -118,7 +143,17 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
         };
       });
     });
-  }, [doc, run, model.problems, model.steps, selected, trans, showJob]);
+  }, [
+    doc,
+    run,
+    model.problems,
+    model.steps,
+    selected,
+    renaming,
+    readOnly,
+    trans,
+    showJob
+  ]);
 
   const onNodesChange = React.useCallback(
     (changes: NodeChange<StepCardNode>[]) =>
@@ -169,10 +204,15 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
 
   const onKeyDown = (event: React.KeyboardEvent) => {
     const target = event.target as HTMLElement;
-    if (
-      !(event.ctrlKey || event.metaKey) ||
-      target.closest('input, textarea, select, [contenteditable="true"]')
-    ) {
+    const typing = target.closest(
+      'input, textarea, select, [contenteditable="true"]'
+    );
+    if (event.key === 'F2' && !typing && !readOnly && selected) {
+      event.preventDefault();
+      setRenaming(selected);
+      return;
+    }
+    if (!(event.ctrlKey || event.metaKey) || typing) {
       return;
     }
     const key = event.key.toLowerCase();
@@ -193,6 +233,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
   return (
     // Focusable, so a click anywhere on the canvas brings Ctrl+Z here.
     <div
+      ref={body}
       className="jp-RemoteCompute-pipeline"
       onKeyDown={onKeyDown}
       tabIndex={-1}
@@ -322,6 +363,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
             step={model.steps.get(selectedNode.step)}
             problems={model.problems.filter(p => p.node === selectedNode.id)}
             readOnly={readOnly}
+            pickFiles={props.pickFiles}
             trans={trans}
             onChange={settings => model.setSettings(selectedNode.id, settings)}
           />

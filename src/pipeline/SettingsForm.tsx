@@ -11,6 +11,8 @@ import * as React from 'react';
 
 import { IPipelineProblem, IStep } from '../api';
 import { IPipelineNode } from './document';
+import { fileUiSchema, PickFiles } from './fileFields';
+import { CollapsedSection } from './FormSection';
 
 /**
  * What a variant of a `oneOf` is, by its type, for the form's choice between them (rjsf would
@@ -67,6 +69,7 @@ const formValidator = validator as unknown as IFormComponentProps['validator'];
 function isEmpty(value: unknown): boolean {
   return (
     value === undefined ||
+    value === null ||
     (Array.isArray(value) && value.length === 0) ||
     (typeof value === 'object' &&
       value !== null &&
@@ -74,31 +77,65 @@ function isEmpty(value: unknown): boolean {
   );
 }
 
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
 /**
  * The settings without what the form filled in by itself: a setting the node did not have whose
- * value is empty or the schema's default means the same to the server, and would only mark the
- * document changed because its form was opened.
+ * value is empty (a none of a choice included) or the schema's default means the same to the
+ * server, and would only mark the document changed because its form was opened. A group of
+ * settings (the environment) is cleaned the same way inside.
  */
 function withoutFilledDefaults(
   next: Record<string, unknown>,
   before: Record<string, unknown>,
   schema: RJSFSchema
 ): Record<string, unknown> {
-  const properties = (schema.properties ?? {}) as Record<
-    string,
-    { default?: unknown }
-  >;
+  const properties = (schema.properties ?? {}) as Record<string, RJSFSchema>;
   const out: Record<string, unknown> = {};
-  for (const [key, value] of Object.entries(next)) {
+  for (const [key, raw] of Object.entries(next)) {
+    const inner = properties[key];
+    const value =
+      isPlainObject(raw) && inner?.properties
+        ? withoutFilledDefaults(
+            raw,
+            isPlainObject(before[key]) ? before[key] : {},
+            inner
+          )
+        : raw;
     const filled =
       !(key in before) &&
       (isEmpty(value) ||
-        JSON.stringify(value) === JSON.stringify(properties[key]?.default));
+        JSON.stringify(value) === JSON.stringify(inner?.default));
     if (!filled) {
       out[key] = value;
     }
   }
   return out;
+}
+
+/**
+ * How the form draws the schema: pickers on the settings naming workspace files, and the Python
+ * environment as a collapsed section of whatever fields the step's schema gives it.
+ */
+function formUiSchema(
+  schema: RJSFSchema | null
+): IFormComponentProps['uiSchema'] {
+  const ui: NonNullable<IFormComponentProps['uiSchema']> = {
+    ...(schema ? fileUiSchema(schema as Record<string, unknown>) : {}),
+    'ui:submitButtonOptions': { norender: true }
+  };
+  const environment = (
+    schema?.properties as Record<string, RJSFSchema> | undefined
+  )?.environment;
+  if (environment?.type === 'object') {
+    ui.environment = {
+      ...(ui.environment ?? {}),
+      'ui:ObjectFieldTemplate': CollapsedSection
+    };
+  }
+  return ui;
 }
 
 function fieldErrors(problems: IPipelineProblem[]): ErrorSchema {
@@ -121,10 +158,22 @@ export function SettingsForm(props: {
   problems: IPipelineProblem[];
   readOnly: boolean;
   onChange: (settings: Record<string, unknown>) => void;
+  /**
+   * Pick workspace files for the settings that name them; null: the settings are typed only.
+   */
+  pickFiles: PickFiles | null;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { node, step, problems, trans } = props;
+  const { node, step, problems, trans, pickFiles } = props;
   const schema = React.useMemo(() => (step ? formSchema(step) : null), [step]);
+  const uiSchema = React.useMemo(
+    (): IFormComponentProps['uiSchema'] => formUiSchema(schema),
+    [schema]
+  );
+  const formContext = React.useMemo(
+    () => ({ pickFiles, trans }),
+    [pickFiles, trans]
+  );
   if (!step || !schema) {
     return (
       <div className="jp-RemoteCompute-pipelineForm">
@@ -162,7 +211,8 @@ export function SettingsForm(props: {
         showErrorList={false}
         extraErrors={fieldErrors(problems)}
         readonly={props.readOnly}
-        uiSchema={{ 'ui:submitButtonOptions': { norender: true } }}
+        uiSchema={uiSchema}
+        formContext={formContext}
         onChange={event => {
           props.onChange(
             withoutFilledDefaults(

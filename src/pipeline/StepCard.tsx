@@ -25,13 +25,111 @@ export type StepCardData = {
    * Open the node's job (its detail and log) in the Compute panel.
    */
   showJob: (jobId: string) => void;
+  /**
+   * Its id is being edited (a double-click on the title, or F2 on the selected node).
+   */
+  renaming: boolean;
+  /**
+   * Start (true) or stop (false) editing its id, and when stopping whether the keyboard comes back
+   * to the node (Enter, Escape) or stays where the person went (a click elsewhere); null when the
+   * document cannot be changed.
+   */
+  setRenaming: ((on: boolean, refocus?: boolean) => void) | null;
+  /**
+   * Give it the id typed; what is wrong with that id, or null once it is renamed.
+   */
+  rename: (newId: string) => 'empty' | 'taken' | null;
 };
+
+function RenameBox(props: {
+  nodeId: string;
+  rename: StepCardData['rename'];
+  done: (refocus: boolean) => void;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { nodeId, trans } = props;
+  const [value, setValue] = React.useState(nodeId);
+  const [problem, setProblem] = React.useState<string | null>(null);
+  const input = React.useRef<HTMLInputElement>(null);
+  // Set once Enter or Escape ended the edit: the blur that follows is not a second answer.
+  const finished = React.useRef(false);
+  const done = (refocus: boolean): void => {
+    finished.current = true;
+    props.done(refocus);
+  };
+  React.useEffect(() => {
+    input.current?.focus();
+    input.current?.select();
+  }, []);
+  const commit = (refocus: boolean): void => {
+    const wrong = props.rename(value);
+    if (wrong === null) {
+      done(refocus);
+    } else {
+      setProblem(
+        wrong === 'empty'
+          ? trans.__('Give the node a non-empty id.')
+          : trans.__('%1 is the id of another node.', value.trim())
+      );
+    }
+  };
+  return (
+    <span className="jp-RemoteCompute-stepCard-rename">
+      <input
+        ref={input}
+        className="jp-mod-styled nodrag"
+        aria-label={trans.__('New id of %1', nodeId)}
+        aria-invalid={problem !== null}
+        value={value}
+        onChange={event => {
+          setValue(event.target.value);
+          setProblem(null);
+        }}
+        onKeyDown={event => {
+          // The canvas's own keys (Delete, Ctrl+Z) are not for this box.
+          event.stopPropagation();
+          if (event.key === 'Enter') {
+            event.preventDefault();
+            commit(true);
+          } else if (event.key === 'Escape') {
+            event.preventDefault();
+            done(true);
+          }
+        }}
+        onBlur={() => {
+          if (!finished.current) {
+            if (value.trim() === nodeId) {
+              done(false);
+            } else {
+              commit(false);
+            }
+          }
+        }}
+      />
+      {problem && (
+        <span className="jp-RemoteCompute-stepCard-problem" role="alert">
+          {problem}
+        </span>
+      )}
+    </span>
+  );
+}
 
 export type StepCardNode = Node<StepCardData, 'step'>;
 
 export function StepCard(props: NodeProps<StepCardNode>): JSX.Element {
-  const { nodeId, stepId, label, machine, run, problems, trans, showJob } =
-    props.data;
+  const {
+    nodeId,
+    stepId,
+    label,
+    machine,
+    run,
+    problems,
+    trans,
+    showJob,
+    renaming,
+    setRenaming
+  } = props.data;
   const state = run?.state;
   const unknown = label === undefined;
   const className = [
@@ -56,7 +154,27 @@ export function StepCard(props: NodeProps<StepCardNode>): JSX.Element {
         aria-label={trans.__('Inputs of %1', nodeId)}
       />
       <div className="jp-RemoteCompute-stepCard-title">
-        <span className="jp-RemoteCompute-stepCard-id">{nodeId}</span>
+        {renaming && setRenaming ? (
+          <RenameBox
+            nodeId={nodeId}
+            rename={props.data.rename}
+            done={refocus => setRenaming(false, refocus)}
+            trans={trans}
+          />
+        ) : (
+          <span
+            className="jp-RemoteCompute-stepCard-id"
+            title={setRenaming ? trans.__('Double-click or F2 to rename') : ''}
+            onDoubleClick={event => {
+              if (setRenaming) {
+                event.stopPropagation();
+                setRenaming(true);
+              }
+            }}
+          >
+            {nodeId}
+          </span>
+        )}
         {state && (
           <span className="jp-RemoteCompute-state" data-state={state}>
             {stateLabel(state, trans)}

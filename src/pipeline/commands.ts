@@ -56,7 +56,8 @@ export function registerPipelines(options: IPipelineOptions): void {
     modelName: 'text',
     events: options.events,
     trans,
-    showJob: id => void commands.execute(CommandIDs.showJob, { id })
+    showJob: id => void commands.execute(CommandIDs.showJob, { id }),
+    files: options.fileBrowser?.model.manager ?? null
   });
   docRegistry.addWidgetFactory(factory);
 

@@ -22,6 +22,7 @@ import {
   validatePipeline
 } from '../api';
 import { IJobEvents } from '../eventsocket';
+import { applyRunEvent, PIPELINE_EVENT_SCHEMA } from '../pipelineRuns';
 import {
   emptyPipeline,
   IPipelineDocument,
@@ -33,14 +34,12 @@ import {
   serializePipeline
 } from './document';
 
-/**
- * The schema id of the server's pipeline run events (jupyter_remote_compute/pipelines/run_event.yaml).
- */
-export const PIPELINE_EVENT_SCHEMA =
-  'https://events.jupyter.org/jupyter_remote_compute/pipeline_run';
-
 const HISTORY_LIMIT = 200;
 const VALIDATE_DELAY = 300;
+/**
+ * Milliseconds between reads of a running run while the event socket is down.
+ */
+export const RUN_POLL_INTERVAL = 3000;
 
 export class PipelineModel implements IDisposable {
   constructor(options: PipelineModel.IOptions) {
@@ -49,6 +48,8 @@ export class PipelineModel implements IDisposable {
     this._context.model.contentChanged.connect(this._onContent, this);
     this._events?.stream.connect(this._onEvent, this);
     this._events?.connectionChanged?.connect(this._onConnection, this);
+    // Whatever changes the run (its start, an event, a read) decides whether to poll it.
+    this._changed.connect(this._schedulePoll, this);
     void this._context.ready.then(() => {
       this._onContent();
       void this._loadSteps();
@@ -120,6 +121,7 @@ export class PipelineModel implements IDisposable {
     }
     this._isDisposed = true;
     window.clearTimeout(this._validateTimer);
+    window.clearTimeout(this._pollTimer);
     Signal.clearData(this);
   }
 
@@ -185,6 +187,35 @@ export class PipelineModel implements IDisposable {
     this._edit(doc => {
       doc.edges.push({ from, to });
     });
+  }
+
+  /**
+   * Give a node another id (its edges follow), as one step of the history; what is wrong with
+   * the new id (`empty`, or `taken` by another node), else null.
+   */
+  renameNode(nodeId: string, newId: string): 'empty' | 'taken' | null {
+    const id = newId.trim();
+    if (!id) {
+      return 'empty';
+    }
+    if (id !== nodeId && this._node(id)) {
+      return 'taken';
+    }
+    if (id === nodeId || !this._node(nodeId)) {
+      return null;
+    }
+    this._edit(doc => {
+      for (const node of doc.nodes) {
+        if (node.id === nodeId) {
+          node.id = id;
+        }
+      }
+      for (const edge of doc.edges) {
+        edge.from = edge.from === nodeId ? id : edge.from;
+        edge.to = edge.to === nodeId ? id : edge.to;
+      }
+    });
+    return null;
   }
 
   setSettings(nodeId: string, settings: Record<string, unknown>): void {
@@ -403,6 +434,47 @@ export class PipelineModel implements IDisposable {
     if (connected && this._run?.state === 'running') {
       this._reload(this._run.id);
     }
+    this._schedulePoll();
+  }
+
+  /**
+   * While the run is running and no event can say how it goes (the socket is down, or the event
+   * source cannot tell), read it every few seconds; once the socket is back, stop.
+   */
+  private _schedulePoll(): void {
+    const wanted =
+      !this._isDisposed &&
+      this._run?.state === 'running' &&
+      this._events?.connected !== true;
+    if (!wanted) {
+      window.clearTimeout(this._pollTimer);
+      this._pollTimer = 0;
+      return;
+    }
+    if (this._pollTimer) {
+      return; // one read is already due
+    }
+    this._pollTimer = window.setTimeout(() => {
+      this._pollTimer = 0;
+      void this._poll();
+    }, RUN_POLL_INTERVAL);
+  }
+
+  private async _poll(): Promise<void> {
+    const id = this._run?.id;
+    if (!id || this._events?.connected === true) {
+      return;
+    }
+    try {
+      const run = await getPipelineRun(id);
+      if (this._run?.id === run.id && !this._isDisposed) {
+        this._run = run;
+        this._changed.emit();
+      }
+    } catch {
+      // The server may be the thing that is down: try again at the next interval.
+    }
+    this._schedulePoll();
   }
 
   /**
@@ -428,24 +500,10 @@ export class PipelineModel implements IDisposable {
       return;
     }
     const id = emission.id as string;
-    const nodes = (emission.nodes ?? {}) as IPipelineRun['nodes'];
-    const known = this._run?.id === id ? this._run : null;
-    const merged: IPipelineRun['nodes'] = {};
-    for (const [nodeId, node] of Object.entries(nodes)) {
-      merged[nodeId] = { ...(known?.nodes[nodeId] ?? {}), ...node };
-    }
-    this._run = {
-      ...(known ?? {
-        id,
-        file: this.path,
-        pipeline: {},
-        created: (emission.updated as string) ?? ''
-      }),
-      state: emission.state as IPipelineRun['state'],
-      reason: (emission.reason as string | null | undefined) ?? null,
-      updated: (emission.updated as string) ?? known?.updated ?? '',
-      nodes: merged
-    };
+    this._run = applyRunEvent(
+      this._run?.id === id ? this._run : null,
+      emission
+    );
     this._changed.emit();
     if (this._run.state !== 'running') {
       this._reload(id);
@@ -459,6 +517,7 @@ export class PipelineModel implements IDisposable {
   private _events: IJobEvents | null;
   private _formatError: string | null = null;
   private _isDisposed = false;
+  private _pollTimer = 0;
   private _problems: IPipelineProblem[] = [];
   private _redo: string[] = [];
   private _run: IPipelineRun | null = null;

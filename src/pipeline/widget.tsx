@@ -7,12 +7,15 @@ import {
   DocumentRegistry,
   DocumentWidget
 } from '@jupyterlab/docregistry';
+import { PathExt } from '@jupyterlab/coreutils';
+import { FileDialog } from '@jupyterlab/filebrowser';
 import { TranslationBundle } from '@jupyterlab/translation';
 import { ReactWidget } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import { IJobEvents } from '../eventsocket';
 import { pipelineIcon } from '../icons';
+import { filePicker, PickFiles } from './fileFields';
 import { PipelineModel } from './model';
 
 // The canvas (React Flow, the form's JSON Schema validator) loads when a pipeline is first opened,
@@ -29,6 +32,7 @@ export class PipelineView extends ReactWidget {
     model: PipelineModel;
     trans: TranslationBundle;
     showJob: (jobId: string) => void;
+    pickFiles: PickFiles | null;
   }) {
     super();
     this._options = options;
@@ -62,6 +66,7 @@ export class PipelineView extends ReactWidget {
     model: PipelineModel;
     trans: TranslationBundle;
     showJob: (jobId: string) => void;
+    pickFiles: PickFiles | null;
   };
 }
 
@@ -73,14 +78,20 @@ export class PipelineFactory extends ABCWidgetFactory<PipelineWidget> {
     this._events = options.events;
     this._trans = options.trans;
     this._showJob = options.showJob;
+    this._files = options.files;
   }
 
   protected createNewWidget(context: DocumentRegistry.Context): PipelineWidget {
     const model = new PipelineModel({ context, events: this._events });
+    const files = this._files;
     const content = new PipelineView({
       model,
       trans: this._trans,
-      showJob: this._showJob
+      showJob: this._showJob,
+      // The dialog opens at the pipeline's folder, where it is now (the file may be renamed).
+      pickFiles: files
+        ? filePicker(files, () => PathExt.dirname(context.path))
+        : null
     });
     const widget = new PipelineWidget({ context, content });
     widget.title.icon = pipelineIcon;
@@ -88,6 +99,7 @@ export class PipelineFactory extends ABCWidgetFactory<PipelineWidget> {
   }
 
   private _events: IJobEvents | null;
+  private _files: FileDialog.IFileOptions['manager'] | null;
   private _showJob: (jobId: string) => void;
   private _trans: TranslationBundle;
 }
@@ -97,5 +109,9 @@ export namespace PipelineFactory {
     events: IJobEvents | null;
     trans: TranslationBundle;
     showJob: (jobId: string) => void;
+    /**
+     * The document manager the file dialog browses with; null: file settings are typed only.
+     */
+    files: FileDialog.IFileOptions['manager'] | null;
   }
 }

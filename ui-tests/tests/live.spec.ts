@@ -64,6 +64,32 @@ async function openLab(page: IJupyterLabPageFixture): Promise<void> {
   );
 }
 
+/**
+ * Every events socket of the page goes through here, so a test can take them down: `takeDown`
+ * closes the open ones and refuses any new one.
+ */
+async function routeEventSockets(
+  page: IJupyterLabPageFixture
+): Promise<{ open: WebSocketRoute[]; takeDown: () => Promise<void> }> {
+  let down = false;
+  const open: WebSocketRoute[] = [];
+  await page.routeWebSocket(/\/api\/events\/subscribe/, socket => {
+    if (down) {
+      void socket.close();
+      return;
+    }
+    socket.connectToServer();
+    open.push(socket);
+  });
+  return {
+    open,
+    takeDown: async () => {
+      down = true;
+      await Promise.all(open.map(socket => socket.close()));
+    }
+  };
+}
+
 const isListOrMachines = (line: string) =>
   /^GET \/remote-compute\/(jobs|machines)(\?|$)/.test(line);
 
@@ -143,22 +169,12 @@ test.describe('Live updates', () => {
   });
 
   test('makes no timed requests while the event socket is up, and polls while it is down', async ({ page }) => {
-    // Every events socket of the page goes through here, so the test can take it down.
-    let down = false;
-    const sockets: WebSocketRoute[] = [];
-    await page.routeWebSocket(/\/api\/events\/subscribe/, socket => {
-      if (down) {
-        void socket.close();
-        return;
-      }
-      socket.connectToServer();
-      sockets.push(socket);
-    });
+    const sockets = await routeEventSockets(page);
     await openLab(page);
     await page.sidebar.openTab('jp-remote-compute-panel');
     const panel = page.locator('#jp-remote-compute-panel');
     await expect(panel.getByRole('list', { name: 'Jobs' })).toBeVisible();
-    await expect.poll(() => sockets.length).toBeGreaterThan(0);
+    await expect.poll(() => sockets.open.length).toBeGreaterThan(0);
     const asked = recordRequests(page);
 
     // Longer than the fallback interval (10 s): with the socket up, not one request goes out.
@@ -166,8 +182,49 @@ test.describe('Live updates', () => {
     expect(asked).toEqual([]);
 
     // The socket drops and cannot come back: the fallback poll takes over.
-    down = true;
-    await Promise.all(sockets.map(socket => socket.close()));
+    await sockets.takeDown();
     await expect.poll(() => asked.filter(isListOrMachines).length, { timeout: 30000 }).toBeGreaterThan(0);
+  });
+
+  test('a pipeline canvas reads its running run every few seconds while the event socket is down', async ({
+    page,
+    tmpPath
+  }) => {
+    const sockets = await routeEventSockets(page);
+    const go = path.join(WORKSPACE, tmpPath, 'go');
+    const file = `${tmpPath}/polled.rcpipeline`;
+    const wait = `import os, time\nwhile not os.path.exists(${JSON.stringify(go)}):\n    time.sleep(0.05)`;
+    const document = {
+      version: 1,
+      nodes: [
+        {
+          id: 'slow',
+          step: 'train-on-remote-machine',
+          settings: { command: ['python', '-c', wait] },
+          position: { x: 0, y: 0 }
+        }
+      ],
+      edges: []
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openLab(page);
+    await expect.poll(() => sockets.open.length).toBeGreaterThan(0);
+    await page.evaluate(async path => {
+      await (window as any).jupyterapp.commands.execute('docmanager:open', {
+        path,
+        factory: 'Remote Compute Pipeline'
+      });
+    }, file);
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+    const slow = page.getByRole('group', { name: 'Node slow' });
+    await expect(slow).toHaveAttribute('data-state', 'running', { timeout: 60000 });
+
+    // No event can arrive now: only reading the run can tell the canvas it ended.
+    await sockets.takeDown();
+    const asked = recordRequests(page);
+    fs.writeFileSync(go, '');
+    await expect(slow).toHaveAttribute('data-state', 'succeeded', { timeout: 60000 });
+    await expect(page.getByRole('status').filter({ hasText: /^Run / })).toContainText('succeeded');
+    expect(asked.some(line => /^GET \/remote-compute\/pipelines\/runs\/[^/]+$/.test(line))).toBe(true);
   });
 });

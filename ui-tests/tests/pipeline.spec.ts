@@ -12,14 +12,13 @@ const OUT = path.resolve(__dirname, '..', '..', 'docs', 'screenshots');
 const TRAIN = 'Train on a Remote Machine';
 
 async function openPipeline(page: IJupyterLabPageFixture, file: string): Promise<void> {
-  await page.evaluate(
-    async path =>
-      (window as any).jupyterapp.commands.execute('docmanager:open', {
-        path,
-        factory: 'Remote Compute Pipeline'
-      }),
-    file
-  );
+  // The widget is not returned: it does not serialize.
+  await page.evaluate(async path => {
+    await (window as any).jupyterapp.commands.execute('docmanager:open', {
+      path,
+      factory: 'Remote Compute Pipeline'
+    });
+  }, file);
 }
 
 /**
@@ -47,9 +46,9 @@ async function addListItem(
   const list = form
     .locator('div')
     .filter({ has: page.getByText(title, { exact: true }) })
-    .filter({ has: page.getByRole('button', { name: 'Add' }) })
+    .filter({ has: page.getByRole('button', { name: 'Add', exact: true }) })
     .last();
-  await list.getByRole('button', { name: 'Add' }).click();
+  await list.getByRole('button', { name: 'Add', exact: true }).click();
   await field(page, node, `${name}_0`).fill(value);
 }
 
@@ -224,6 +223,174 @@ test.describe('Pipeline canvas', () => {
 
     await prepare.getByRole('button', { name: 'Show the log of prepare' }).click();
     await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('no data here');
+  });
+
+  test('files picked from the workspace: what a node sends, and its requirements file', async ({ page, tmpPath }) => {
+    const file = `${tmpPath}/picked.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [{ id: 'train', step: 'train-on-remote-machine', settings: { command: 'true' }, position: { x: 0, y: 0 } }],
+      edges: []
+    };
+    await page.contents.uploadContent('1,2\n', 'text', `${tmpPath}/data.csv`);
+    await page.contents.uploadContent('x = 1\n', 'text', `${tmpPath}/train.py`);
+    await page.contents.uploadContent('numpy\n', 'text', `${tmpPath}/requirements.txt`);
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+    await page.getByRole('group', { name: 'Node train' }).click();
+    const form = page.getByRole('region', { name: 'Settings of train' });
+
+    // Two files at once, from the dialog that opens at the pipeline's folder.
+    await form.getByRole('button', { name: 'Add files to Files to send' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    const listing = dialog.locator('.jp-DirListing-content');
+    await listing.getByText('data.csv', { exact: true }).click();
+    await listing.getByText('train.py', { exact: true }).click({ modifiers: ['Control'] });
+    await dialog.getByRole('button', { name: 'Select' }).click();
+    await expect(dialog).toHaveCount(0);
+    await expect(field(page, 'train', 'send_0')).toHaveValue(`${tmpPath}/data.csv`);
+    await expect(field(page, 'train', 'send_1')).toHaveValue(`${tmpPath}/train.py`);
+
+    // The requirements file's dialog shows only what can be one (no .csv, no .py).
+    await form.getByText('Python environment', { exact: true }).click();
+    await form.getByRole('button', { name: 'Choose Requirements file' }).click();
+    await expect(listing.getByText('requirements.txt', { exact: true })).toBeVisible();
+    await expect(listing.getByText('data.csv', { exact: true })).toHaveCount(0);
+    await listing.getByText('requirements.txt', { exact: true }).click();
+    await dialog.getByRole('button', { name: 'Select' }).click();
+    await expect(field(page, 'train', 'environment_requirements')).toHaveValue(`${tmpPath}/requirements.txt`);
+    // The closed section says what it holds.
+    await form.getByText('Python environment', { exact: true }).click();
+    await expect(form.locator('summary')).toContainText(`Requirements file: ${tmpPath}/requirements.txt`);
+
+    await page.keyboard.press('Control+s');
+    await expect
+      .poll(() => {
+        try {
+          return JSON.parse(fs.readFileSync(path.join(WORKSPACE, file), 'utf-8')).nodes[0].settings;
+        } catch {
+          return null;
+        }
+      })
+      .toEqual({
+        command: 'true',
+        environment: { requirements: `${tmpPath}/requirements.txt` },
+        send: [`${tmpPath}/data.csv`, `${tmpPath}/train.py`]
+      });
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+  });
+
+  test("the panel lists a pipeline run live, expandable to its nodes' jobs", async ({ page, tmpPath }) => {
+    const file = `${tmpPath}/listed.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        {
+          id: 'make',
+          step: 'train-on-remote-machine',
+          settings: { command: `python -c "print('made it'); open('m.txt', 'w').write('1')"`, bring_back: ['m.txt'] },
+          position: { x: 0, y: 0 }
+        },
+        {
+          id: 'use',
+          step: 'train-on-remote-machine',
+          settings: { command: 'cat m.txt', send: ['m.txt'] },
+          position: { x: 320, y: 0 }
+        }
+      ],
+      edges: [{ from: 'make', to: 'use' }]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    // The panel is open and has read the runs before this one starts: the row comes from events.
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    const panel = page.locator('#jp-remote-compute-panel');
+    await expect(panel.getByRole('heading', { name: /Jobs/ })).toBeVisible();
+    await openPipeline(page, file);
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+    await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+    const status = page.getByRole('status').filter({ hasText: /^Run / });
+    await expect(status).toContainText(/Run \S+:/);
+    const runId = /Run (\S+):/.exec(await status.innerText())![1];
+
+    const row = panel.getByRole('listitem', { name: `Pipeline run ${runId}` });
+    await expect(row).toBeVisible();
+    await expect(row).toContainText('listed.rcpipeline');
+    await expect(row).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
+    await expect(row).toContainText('2 of 2 nodes done');
+
+    const toggle = row.getByRole('button', { name: /listed\.rcpipeline/ });
+    await expect(toggle).toHaveAttribute('aria-expanded', 'false');
+    await toggle.click();
+    await expect(toggle).toHaveAttribute('aria-expanded', 'true');
+    const make = row.getByRole('listitem', { name: 'Node make' });
+    await expect(make).toHaveAttribute('data-state', 'succeeded');
+    await expect(row.getByRole('listitem', { name: 'Node use' })).toHaveAttribute('data-state', 'succeeded');
+    await make.getByRole('button', { name: /^Show job .* of make$/ }).click();
+    await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('made it');
+  });
+
+  test('a node renamed by a double-click on its title or F2 keeps its edges, and is saved', async ({
+    page,
+    tmpPath
+  }) => {
+    const file = `${tmpPath}/renamed.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        { id: 'a', step: 'train-on-remote-machine', settings: { command: 'true', bring_back: ['x.txt'] }, position: { x: 0, y: 0 } },
+        { id: 'b', step: 'train-on-remote-machine', settings: { command: 'true', send: ['x.txt'] }, position: { x: 320, y: 0 } }
+      ],
+      edges: [{ from: 'a', to: 'b' }]
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await openPipeline(page, file);
+    await page.sidebar.close('left'); // room for both nodes beside the form
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+
+    await page.getByRole('group', { name: 'Node a', exact: true }).getByText('a', { exact: true }).dblclick();
+    const box = page.getByLabel('New id of a');
+    await expect(box).toBeFocused();
+    await box.fill('prepare');
+    await box.press('Enter');
+    await expect(page.getByRole('group', { name: 'Node prepare' })).toBeVisible();
+    await expect(page.getByRole('group', { name: 'Node a', exact: true })).toHaveCount(0);
+
+    // F2 on the selected node; an id another node has is refused, and Escape leaves it as it was.
+    await page.getByRole('button', { name: 'Fit View' }).click(); // the form took part of the canvas
+    await page.getByRole('group', { name: 'Node b' }).getByText('b', { exact: true }).click();
+    await expect(page.getByRole('region', { name: 'Settings of b' })).toBeVisible();
+    await page.keyboard.press('F2');
+    const second = page.getByLabel('New id of b');
+    await second.fill('prepare');
+    await second.press('Enter');
+    await expect(page.getByRole('group', { name: 'Node b' }).getByRole('alert')).toContainText(
+      'prepare is the id of another node'
+    );
+    await second.press('Escape');
+    await expect(second).toHaveCount(0);
+    await page.keyboard.press('F2');
+    await page.getByLabel('New id of b').fill('train');
+    await page.getByLabel('New id of b').press('Enter');
+    await expect(page.getByRole('region', { name: 'Settings of train' })).toBeVisible();
+    // The edge followed: nothing is missing upstream.
+    await expect(page.getByRole('list', { name: 'Problems' })).toContainText('No problems found');
+
+    await page.keyboard.press('Control+s');
+    await expect
+      .poll(() => {
+        try {
+          const saved = JSON.parse(fs.readFileSync(path.join(WORKSPACE, file), 'utf-8'));
+          return { nodes: saved.nodes.map((n: any) => n.id), edges: saved.edges };
+        } catch {
+          return null;
+        }
+      })
+      .toEqual({ nodes: ['prepare', 'train'], edges: [{ from: 'prepare', to: 'train' }] });
+
+    // A rename is one step of the history.
+    await page.getByLabel('Pipeline canvas').click({ position: { x: 5, y: 5 } });
+    await page.keyboard.press('Control+z');
+    await expect(page.getByRole('group', { name: 'Node b' })).toBeVisible();
   });
 
   test('a malformed file opens with a clear error and is never written', async ({ page, tmpPath }) => {
