@@ -65,13 +65,18 @@ def _executable(path: Path, text: str) -> None:
 
 
 def _container_sh(
-    jobdir: Path, runtime: str, gpus: str, env: dict[str, str], command: str = "true"
+    jobdir: Path,
+    runtime: str,
+    gpus: str,
+    env: dict[str, str],
+    command: str = "true",
+    image: str = "localhost/jrc-gpu:1",
 ) -> subprocess.CompletedProcess[str]:
     """container.sh for one job in ``jobdir`` with the job's command, as command.sh runs it."""
     (jobdir / "work").mkdir(parents=True, exist_ok=True)
     (jobdir / "command.inner.sh").write_text(command + "\n")
     names = " ".join(images.env_names([]))
-    words = [str(jobdir), str(jobdir.parent / "images"), "localhost/jrc-gpu:1", runtime, "none", names]
+    words = [str(jobdir), str(jobdir.parent / "images"), image, runtime, "none", names]
     return subprocess.run(
         ["sh", "-c", farside.script("container"), "sh", *words, images.ENTRY_SH, gpus],
         env=env,
@@ -157,7 +162,7 @@ def test_a_bad_gpus_word_is_refused_by_container_sh(fake_runtimes, tmp_path):
     assert not (fake_runtimes / "run.args").exists()
 
 
-def test_podman_without_cdi_devices_fails_the_job_with_its_own_words(tmp_path, monkeypatch):
+def test_podman_without_cdi_devices_fails_the_job_with_its_own_words(tmp_path):
     """Real root podman on a machine without NVIDIA's CDI spec: the start fails, podman's words kept."""
     require(shutil.which("podman") is not None, "podman (apt-get install podman runc uidmap slirp4netns)")
     conf = tmp_path / "containers.conf"
@@ -169,18 +174,7 @@ def test_podman_without_cdi_devices_fails_the_job_with_its_own_words(tmp_path, m
     env = {**os.environ, "CONTAINERS_CONF": str(conf)}
     subprocess.run(["podman", "import", str(empty), ref], env=env, check=True, capture_output=True, timeout=120)
     try:
-        jobdir = tmp_path / "jobs" / "gpu-job"
-        (jobdir / "work").mkdir(parents=True)
-        (jobdir / "command.inner.sh").write_text("true\n")
-        words = [str(jobdir), str(tmp_path / "images"), ref, "podman", "none", "", images.ENTRY_SH, "1"]
-        done = subprocess.run(
-            ["sh", "-c", farside.script("container"), "sh", *words],
-            env=env,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=120,
-        )
+        done = _container_sh(tmp_path / "jobs" / "gpu-job", "podman", "1", env, image=ref)
         assert done.returncode == 125, (done.returncode, done.stderr)
         assert "unresolvable CDI devices nvidia.com/gpu=0" in done.stderr
         assert "podman could not start image" in done.stderr
