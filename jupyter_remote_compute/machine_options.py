@@ -44,6 +44,7 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     "image": OptionField(str, "The container image jobs run in unless they name their own"),
     "container_runtime": OptionField(str, "auto (podman, else docker), podman or docker"),
     "container_network": OptionField(str, "host (default) or none: the containers' network"),
+    "container_gpus": OptionField(str, "none (default) or all: whether jobs' containers get all the machine's GPUs"),
 }
 #: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
 #: bare ``git@`` names a user, not a secret).

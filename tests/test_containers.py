@@ -680,14 +680,6 @@ def test_bad_image_settings_name_the_field():
     assert e.value.field == "options.container_network"
 
 
-def test_the_gpu_arguments_each_runtime_takes():
-    assert images.gpu_args("docker", 2) == ["--gpus", "2"]
-    assert images.gpu_args("docker", None, "1,3") == ["--gpus", '"device=1,3"']
-    assert images.gpu_args("podman", 2) == ["--device=nvidia.com/gpu=0", "--device=nvidia.com/gpu=1"]
-    assert images.gpu_args("podman", 1, "2") == ["--device=nvidia.com/gpu=2"]
-    assert images.gpu_args("podman", 0) == [] and images.gpu_args("docker", None) == []
-
-
 def test_the_image_is_part_of_the_key():
     from jupyter_remote_compute.jobs.key import job_key
 

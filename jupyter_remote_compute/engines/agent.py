@@ -72,6 +72,8 @@ class AgentEngine(Engine):
         facts = farside.parse_facts(text, 0.0, online=presence["online"], last_seen=presence["last_seen"])
         return facts.to_json()
 
+    gpus_chosen_per_job = True
+
     def image_runtimes(self) -> tuple[str, ...]:
         return ("podman", "docker")  # the agent runs command.sh (container.sh for an image) like the others
 

@@ -343,6 +343,9 @@ class Engine(abc.ABC):
     label: ClassVar[str]
     options: ClassVar[Mapping[str, OptionField]] = {}
     features: ClassVar[Features] = Features()
+    #: The machine gives each job GPUs of its own choosing (CUDA_VISIBLE_DEVICES) without the job
+    #: asking for any: the agent's --gpus-per-job. A job's container gets those (jobs/image.py).
+    gpus_chosen_per_job: ClassVar[bool] = False
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
         self.name = name

@@ -4,8 +4,8 @@ A job with an ``image`` runs its command inside it (``engines/farside/container.
 ``command.sh``) on the kinds whose engine names runtimes (``Engine.image_runtimes``): local and ssh
 (detached processes), slurm (in the batch job, podman only) and agent: the job folder mounted at its
 own path, so the launcher, the log, the outputs and the job's MLflow store are the same as outside.
-The machine option ``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker)
-and ``container_network`` (host, none) are the machine's.
+The machine option ``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker),
+``container_network`` (host, none) and ``container_gpus`` (none, all) are the machine's.
 
 The reference is pinned on the machine the first time it runs there (``<base>/images/``); the far side
 opens the job's log with the line ``image <ref> <digest> (<runtime> <version>, <rootless|rootful>)``,
@@ -24,10 +24,19 @@ from typing import Any
 from ..engines import farside
 from ..engines.base import Engine, EngineError
 from ..engines.launcher import JOB_ENV_SH, READ_ENV_SH, command_script
+from ..engines.resources import Resources
 from ..errors import InvalidSettings
 
 RUNTIMES = ("auto", "podman", "docker")
 NETWORKS = ("host", "none")
+#: The machine option container_gpus: whether its jobs' containers get all its GPUs without asking.
+MACHINE_GPUS = ("none", "all")
+#: What makes a runtime hand a container NVIDIA GPUs, named when a machine lacks it.
+NVIDIA_HINT = {
+    "podman": "install the NVIDIA Container Toolkit and run `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`",
+    "docker": "install the NVIDIA Container Toolkit, run `nvidia-ctk runtime configure --runtime=docker` "
+    "and restart dockerd",
+}
 #: What to install, named in the refusal when a machine has no runtime.
 INSTALL_HINT = {"podman": "apt-get install podman", "docker": "apt-get install docker.io"}
 # A registry reference: [host[:port]/]path[:tag][@sha256:hex]; no spaces, no shell metacharacters.
@@ -130,6 +139,43 @@ def admit(image: Image, machine: str, kind: str, runtimes: Sequence[str], facts:
         )
 
 
+def gpu_request(resources: Resources, options: Mapping[str, Any], engine: Engine) -> str:
+    """container.sh's GPUS for a job: the count it asks for (``resources.gpus``), all of the machine's
+    (option ``container_gpus: all``), those its machine chooses per job (the agent's), or none."""
+    wanted = options.get("container_gpus") or "none"
+    if wanted not in MACHINE_GPUS:
+        raise InvalidSettings(
+            f"options.container_gpus: {wanted!r} is not one of {', '.join(MACHINE_GPUS)}",
+            field="options.container_gpus",
+        )
+    if resources.gpus:
+        return str(resources.gpus)
+    if wanted == "all":
+        return "all"
+    return "visible" if engine.gpus_chosen_per_job else "none"
+
+
+def admit_gpus(
+    image: Image, gpus: str, machine: str, kind: str, runtimes: Sequence[str], facts: Mapping[str, Any] | None
+) -> None:
+    """Refuse, at submit, GPUs for a container on a machine whose runtime cannot give them (facts.sh's
+    ``nvidia`` of its runtime). Unknown facts let the job go: the runtime's own words fail it there.
+    A Slurm machine's facts are its login node's, which say nothing of the nodes jobs run on."""
+    if gpus in ("none", "visible") or kind == "slurm":
+        return
+    installed = {c["runtime"]: c for c in (facts or {}).get("containers") or ()}
+    wanted = [image.runtime] if image.runtime != "auto" else list(runtimes)
+    runtime = next((r for r in wanted if r in installed), None)  # container.sh's auto: podman, else docker
+    if runtime is None or installed[runtime].get("nvidia") is not False:
+        return
+    field = "options.container_gpus" if gpus == "all" else "resources.gpus"
+    raise InvalidSettings(
+        f"{field}: {machine}'s {runtime} cannot give a container GPUs (no NVIDIA container support found): "
+        f"{NVIDIA_HINT[runtime]} on {machine}",
+        field=field,
+    )
+
+
 #: What the machine gives a job where it has it (container.sh passes those that are set): the GPUs an
 #: agent chose, the rendezvous of Slurm's batch script (slurm_commands.batch_script), Slurm's own.
 MACHINE_ENV = (
@@ -176,11 +222,12 @@ def container_command(
     env: Sequence[str],
     options: Mapping[str, Any],
     pins: str,
-    gpu_args: Sequence[str] = (),
+    gpus: str = "none",
 ) -> str:
     """The job's command.sh body for a job in ``image``: write the command beside it, then container.sh.
 
-    ``pins`` is the machine's folder of image pins, as a sh word (``Engine.image_pins``).
+    ``pins`` is the machine's folder of image pins, as a sh word (``Engine.image_pins``); ``gpus`` is
+    container.sh's GPUS (``gpu_request``), which it turns into the runtime's flags.
     """
     inner = command_script(command)
     words = [
@@ -191,7 +238,7 @@ def container_command(
         shlex.quote(network_of(options)),
         shlex.quote(" ".join(env_names(env))),
         shlex.quote(ENTRY_SH),
-        *(shlex.quote(a) for a in gpu_args),
+        shlex.quote(gpus),
     ]
     return (
         "jobdir=$(cd .. && pwd -P) || exit 97\n"
@@ -217,24 +264,9 @@ def launch_command(spec: Any, env: Sequence[str], engine: Engine) -> str | Seque
     image = spec.image
     if image.runtime == "auto" and len(runtimes) == 1:
         image = dataclasses.replace(image, runtime=runtimes[0])  # "auto" never picks one the kind refuses
-    return container_command(image, spec.command, env, engine.machine_options, engine.image_pins())
-
-
-def gpu_args(runtime: str, gpus: int | None, visible: str | None = None) -> list[str]:
-    """The runtime's arguments that give the container GPUs: docker's --gpus, podman's CDI devices.
-
-    ``visible`` (the agent's CUDA_VISIBLE_DEVICES) names the devices; else ``gpus`` of them, or none.
-    """
-    if not gpus and not visible:
-        return []
-    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else None
-    if runtime == "docker":
-        return ["--gpus", f'"device={",".join(devices)}"' if devices else (str(gpus) if gpus else "all")]
-    if devices:
-        return [f"--device=nvidia.com/gpu={d}" for d in devices]
-    if gpus:
-        return [f"--device=nvidia.com/gpu={i}" for i in range(gpus)]
-    return ["--device=nvidia.com/gpu=all"]
+    options = engine.machine_options
+    gpus = gpu_request(spec.resources, options, engine)
+    return container_command(image, spec.command, env, options, engine.image_pins(), gpus)
 
 
 def parse_log_head(head: str) -> dict[str, str] | None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
+from ..engines.resources import Resources
 from ..errors import (
     Conflict,
     InvalidSettings,
@@ -227,7 +228,7 @@ class JobService:
                     "image: a Python environment inside an image is not built yet; leave one of them out",
                     field="image",
                 )
-            self._admit_image(machine, spec.image)
+            self._admit_image(machine, spec.image, spec.resources)
         files, key, resolved = self._inputs_and_key(spec)
         experiment = self.settings.tracking.experiment
         if experiment and "MLFLOW_EXPERIMENT_NAME" not in spec.env:
@@ -275,8 +276,9 @@ class JobService:
                 f"resources: could not learn what {machine.name} can give ({e}); try again", field="resources"
             ) from None
 
-    def _admit_image(self, machine: Machine, image: images.Image) -> None:
-        """The machine refuses, before anything is stored, an image it has no runtime for."""
+    def _admit_image(self, machine: Machine, image: images.Image, resources: Resources) -> None:
+        """The machine refuses, before anything is stored, an image it has no runtime for, or GPUs
+        its runtime cannot give a container."""
         engine = self.engine(machine.name)
         runtimes = engine.image_runtimes()
         try:
@@ -286,6 +288,8 @@ class JobService:
                 f"image: could not learn whether {machine.name} runs images ({e}); try again", field="image"
             ) from None
         images.admit(image, machine.name, machine.kind, runtimes, facts)
+        gpus = images.gpu_request(resources, machine.options, engine)
+        images.admit_gpus(image, gpus, machine.name, machine.kind, runtimes, facts)
 
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
         """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""

@@ -271,6 +271,10 @@ def parse_facts(out: str, rtt_ms: float, **extras: Any) -> Facts:
         key, _, value = line.partition("=")
         if key == "container" and len(words := value.split()) == 3:
             containers.append({"runtime": words[0], "version": words[1], "rootless": words[2] == "rootless"})
+        elif key == "container_nvidia" and len(words := value.split()) == 2:
+            for container in containers:  # facts.sh prints it after its runtime's container= line
+                if container["runtime"] == words[0]:
+                    container["nvidia"] = words[1] == "yes"
         elif key == "gpu":
             name, _, mem = value.rpartition(",")
             gpus.append({"name": name.strip(), "memory_bytes": _int(mem) * (1 << 20) if _int(mem) else None})

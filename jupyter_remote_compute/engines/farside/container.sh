@@ -1,5 +1,5 @@
 #!/bin/sh
-# container.sh JOBDIR PINS IMAGE RUNTIME NETWORK NAMES ENTRY [RUNTIME ARG...]: the job's command.sh,
+# container.sh JOBDIR PINS IMAGE RUNTIME NETWORK NAMES ENTRY GPUS [RUNTIME ARG...]: the job's command.sh,
 # run inside IMAGE (jobs/image.py writes the call into command.sh). RUNTIME is podman, docker or auto
 # (podman, else docker); NETWORK is host or none, never the runtime's own bridge. NAMES are the job's
 # variables (set in this shell by launch.sh): their values go through a 0600 file in the job folder,
@@ -9,10 +9,12 @@
 # --userns=keep-id; otherwise --user UID:GID). The image is pinned on first use: PINS (<base>/images)
 # keeps the id it had, and later jobs run that id. The container is run detached and waited for, so its exit
 # code is the job's; a TERM (cancel.sh, scancel) stops it, and it is removed before this script ends
-# (cancel.sh removes one left behind by a KILL, named in JOBDIR/container).
+# (cancel.sh removes one left behind by a KILL, named in JOBDIR/container). GPUS is what the job gets
+# of the machine's GPUs: none, all, a count, or visible (those the machine chose, else none); where
+# CUDA_VISIBLE_DEVICES is set (an agent's per-job choice, Slurm's allocation) it names the devices.
 set -u
-jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7
-shift 7
+jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7 gpus=$8
+shift 8
 fail() { printf 'container: %s\n' "$*" >&2; exit 125; }
 if [ "$runtime" = auto ]; then
   if command -v podman >/dev/null 2>&1; then runtime=podman
@@ -24,6 +26,45 @@ rt=$runtime
 uid=$(id -u)
 if [ "$rt" = podman ] && [ "$uid" != 0 ]; then who=--userns=keep-id mode=rootless
 else who="--user=$uid:$(id -g)" mode=rootful; fi
+
+# The GPU flags, after the runtime arguments given: docker's --gpus (the NVIDIA runtime), podman's
+# CDI devices (the spec nvidia-ctk generates names them by index, UUID and all). A machine without
+# them fails the start with the runtime's own words (podman: "unresolvable CDI devices").
+case $gpus in
+  none|all|visible) ;;
+  *[!0-9]*|''|0*) fail "GPUS is $gpus: expected none, all, visible or a count" ;;
+esac
+devices=
+if [ "$gpus" != none ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then devices=$CUDA_VISIBLE_DEVICES
+elif [ "$gpus" = visible ]; then gpus=none; fi
+if [ -n "$devices" ]; then
+  if [ "$rt" = docker ]; then set -- "$@" --gpus "\"device=$devices\""; fi
+  # Inside, the devices given are numbered from 0: the job's CUDA_VISIBLE_DEVICES names them so.
+  n=0 inside= old_ifs=$IFS IFS=,
+  for d in $devices; do
+    [ "$rt" = docker ] || set -- "$@" "--device=nvidia.com/gpu=$d"
+    inside=${inside:+$inside,}$n n=$((n + 1))
+  done
+  IFS=$old_ifs CUDA_VISIBLE_DEVICES=$inside
+elif [ "$gpus" = all ]; then
+  if [ "$rt" = docker ]; then set -- "$@" --gpus all; else set -- "$@" --device=nvidia.com/gpu=all; fi
+elif [ "$gpus" != none ]; then
+  if [ "$rt" = docker ]; then set -- "$@" --gpus "$gpus"
+  else
+    i=0
+    while [ "$i" -lt "$gpus" ]; do set -- "$@" "--device=nvidia.com/gpu=$i"; i=$((i + 1)); done
+  fi
+fi
+# With GPUs the entry first puts in the log the driver's CUDA version and the GPUs the container sees.
+gpu_probe=
+if [ "$gpus" != none ]; then
+  gpu_probe='{ if command -v nvidia-smi >/dev/null 2>&1; then
+  cuda=$(nvidia-smi 2>/dev/null | sed -n "s/.*CUDA Version: *\([0-9.]*\).*/\1/p" | head -n 1)
+  seen=$(nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>&1 | tr "\n" ";" | sed "s/;$//; s/;/; /g")
+  printf "gpus: CUDA %s; %s\n" "${cuda:-unknown}" "${seen:-none seen}"
+else printf "gpus: nvidia-smi is not in the image: which GPUs it sees is not known\n"; fi; } >> "$3" 2>&1
+'
+fi
 
 # The pin: "<id> <repo digest or -> <runtime version>", one file per runtime and reference. A pinned
 # job asks the runtime nothing before its run: every call costs a tenth of a second or more.
@@ -68,7 +109,7 @@ envfile="$jobdir/.container-env"
     printf '%s=%s\n' "$n" "$(printf '%s' "$value" | base64 | tr -d '\n')"
   done > "$envfile"
 ) || fail "cannot write the job's environment file"
-printf '%s' "$entry" > "$jobdir/.container-entry"
+printf '%s%s' "$gpu_probe" "$entry" > "$jobdir/.container-entry"
 printf '%s %s\n' "$rt" "$name" > "$jobdir/container"
 # A TERM (cancel.sh; in a Slurm batch job scancel or the time limit, which send CONT then TERM to
 # every process of the job) stops the container. Its processes are conmon's, which no one else

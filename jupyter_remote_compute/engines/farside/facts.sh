@@ -26,4 +26,18 @@ for rt in podman docker apptainer singularity; do
   v=$("$rt" --version 2>/dev/null | sed -n 's/.*[Vv]ersion \([^ ,]*\).*/\1/p')
   if [ "$rt" != docker ] && [ "$(id -u)" != 0 ]; then m=rootless; else m=rootful; fi
   printf 'container=%s %s %s\n' "$rt" "${v:-unknown}" "$m"
+  # container_nvidia=<runtime> yes|no: whether it can give a container NVIDIA GPUs (docker: the nvidia
+  # runtime registered; podman: a CDI spec naming nvidia.com/gpu). No line: not known (no daemon).
+  case $rt in
+    docker)
+      # A daemon that does not answer in 10 s leaves it unknown rather than holding up the check.
+      if runtimes=$(if command -v timeout >/dev/null 2>&1; then timeout 10 docker info --format '{{json .Runtimes}}'
+                    else docker info --format '{{json .Runtimes}}'; fi 2>/dev/null); then
+        case $runtimes in *'"nvidia"'*) nv=yes ;; *) nv=no ;; esac
+        printf 'container_nvidia=docker %s\n' "$nv"
+      fi ;;
+    podman)
+      if grep -qs 'nvidia.com/gpu' /etc/cdi/* /var/run/cdi/*; then nv=yes; else nv=no; fi
+      printf 'container_nvidia=podman %s\n' "$nv" ;;
+  esac
 done
