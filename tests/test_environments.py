@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import importlib.metadata
 import os
+import platform
 import re
 import signal
 import threading
@@ -423,6 +424,8 @@ async def test_the_rest_api_runs_a_job_in_its_environment_and_refuses_a_file_out
 
 def test_the_machines_environment_is_the_default_and_the_jobs_own_wins_and_uv_is_sent_once(ssh_box):
     service, _, machine, envs = ssh_box
+    facts = service.check_machine(machine)  # the ssh test user has no uv: the check says so
+    assert facts["uv"] is None and facts["arch"] == platform.machine(), facts
     service.machines.update(machine, options={"environment": {"packages": ["rcdemo-a==2.0"]}})
     plain = JobSpec.from_json({"machine": machine, "command": ["python", "fit.py"], "send": ["fit.py"]})
     default = service.wait(service.submit(plain).job.id)
@@ -483,6 +486,22 @@ def test_a_slurm_job_builds_its_environment_on_the_shared_file_system_once(
     again = service.wait(service.submit(_spec("hpc", {"requirements": req}), new=True).job.id, timeout=300)
     assert again.state == "succeeded", again.reason
     assert ": cached (" in _log(service, again.id) and "value a1" in _log(service, again.id)
+
+
+def test_a_machine_whose_check_found_a_uv_builds_with_it_and_gets_none_sent(
+    remote_server, make_service, quickstart: Path, index: Index
+):
+    """The remote Jupyter Server's kernels run with this side's venv on PATH: a uv there."""
+    service = make_service(quickstart)
+    service.machines.add("far", "jupyter", remote_server.url, {"token_secret": "compute/remote"})
+    facts = service.check_machine("far")
+    assert facts["uv"] and facts["arch"] == platform.machine(), facts
+    (quickstart / "fit.py").write_text(SCRIPT)
+    env = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+    job = service.wait(service.submit(_spec("far", {"packages": ["rcdemo-a==1.0"]}, env=env)).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    assert f"building with uv {facts['uv']}" in _log(service, job.id) and "value a1" in _log(service, job.id)
+    assert job.transfer["files_sent"] + job.transfer["files_reused"] == 1, job.transfer  # fit.py, no uv
 
 
 @pytest.fixture

@@ -269,13 +269,17 @@ SENT_UV = "_remote_compute_tools/uv"
 _NO_SENT_UV = frozenset({"local", "agent"})
 
 
-def tool_inputs(job: Any, digests: Any) -> list[InputFile]:
+def tool_inputs(job: Any, digests: Any, facts: Mapping[str, Any] | None = None) -> list[InputFile]:
     """This side's uv as one more input of a job that has an environment, sent through the machine's
     content cache: once per machine (later jobs find it cached), not executable (so the cache links
-    it rather than copies it), used only where the machine has no uv of its own. A uv for another
-    OS or architecture fails its ``--version`` there and the build falls back to venv + pip."""
+    it rather than copies it), used only where the machine has no uv of its own. ``facts``: the
+    machine's last check (``usage.known_facts``); one that found a uv there sends none, unknown
+    facts send it. A uv for another OS or architecture fails its ``--version`` there and the build
+    falls back to venv + pip."""
     if job.spec.environment is None or job.kind in _NO_SENT_UV or not sys.platform.startswith("linux"):
         return []
+    if facts and "arch" in facts and facts.get("uv"):
+        return []  # the machine's own uv builds it
     uv = _this_sides_uv()
     if uv is None:
         return []

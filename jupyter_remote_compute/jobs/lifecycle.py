@@ -38,7 +38,7 @@ from .liveness import holder_alive
 from .logs import secret_env
 from .spec import format_duration
 from .transitions import ON_MACHINE_STATES, State, move
-from .usage import REQUEUED, meter
+from .usage import REQUEUED, known_facts, meter
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,10 @@ class Driver:
             remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
             jobdir = self.ctx.workspace.job_dir(job.id)
-            wheels = wheel_inputs(job, jobdir, self.digests, self.ctx.workspace.punica_dir / "wheels")
-            files = self._inputs(job) + tool_inputs(job, self.digests) + wheels
+            punica = self.ctx.workspace.punica_dir
+            facts = known_facts(punica, job.machine) if job.spec.environment else None
+            wheels = wheel_inputs(job, jobdir, self.digests, punica / "wheels")
+            files = self._inputs(job) + tool_inputs(job, self.digests, facts) + wheels
 
             def report(done: int, total: int) -> None:
                 self.progress[job.id] = (done, total)

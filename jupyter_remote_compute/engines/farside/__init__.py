@@ -278,6 +278,9 @@ def parse_facts(out: str, rtt_ms: float, **extras: Any) -> Facts:
             facts[key] = value.strip()
     memory = _int(facts.get("mem_kb")) * 1024 if facts.get("mem_kb") else _int(facts.get("mem_b"))
     python = facts.get("python", "")
+    if facts.get("arch"):
+        # the facts.sh that names the architecture also says whether uv runs there: None for "none"
+        extras = {**extras, "arch": facts["arch"], "uv": facts.get("uv") or None}
     return Facts(
         os=facts.get("distro") or facts.get("os", ""),
         kernel=f"{facts.get('os', '')} {facts.get('kernel', '')}".strip(),
