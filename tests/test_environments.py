@@ -32,6 +32,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.jobs.usage import remember_facts
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -643,10 +644,21 @@ def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wh
     assert again.transfer["files_sent"] == 0 and again.transfer["files_reused"] >= 2, again.transfer
     with pytest.raises(InvalidSettings, match=r"options\.wheels"):
         service.machines.update("island", options={"wheels": "yes"})
-    # A machine of another platform: a package with no wheel for it fails the job, named, before anything is sent
-    service.machines.update("island", options={"wheels_platform": "aarch64-manylinux_2_28"})
-    other = service.wait(service.submit(_spec("island", {"packages": ["rcdemo-native"], "python": "3.11"})).job.id)
+    # A machine of another platform: a package with no wheel for it fails the job, named, before anything is
+    # sent; the platform is the architecture the machine's last check found (as an aarch64 machine's would
+    # read), when the machine names none itself.
+    facts = service.check_machine("island")
+    assert facts["arch"] == platform.machine()
+    remember_facts(workspace / ".punica", "island", {**facts, "arch": "aarch64"})
+    native = _spec(
+        "island", {"packages": ["rcdemo-native"], "python": "3.11"}, command=["python", "-c", "import rcdemo_native"]
+    )
+    other = service.wait(service.submit(native).job.id)
     assert other.state == "failed" and "rcdemo-native" in (other.reason or ""), other.reason
+    assert "on aarch64-manylinux_2_28" in (other.reason or ""), other.reason
+    service.machines.update("island", options={"wheels_platform": f"{platform.machine()}-manylinux_2_28"})  # it wins
+    fits = service.wait(service.submit(native, new=True).job.id)
+    assert fits.state == "succeeded", fits.reason
 
 
 def test_an_agent_machine_with_wheels_from_here_needs_no_index(agent_bed, make_service, quickstart, index, monkeypatch):

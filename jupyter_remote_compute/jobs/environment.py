@@ -400,12 +400,28 @@ def _fetched(wheel: Mapping[str, Any], cache: Path) -> Path:
     return cache / h.hexdigest() / name
 
 
-def wheel_inputs(job: Any, jobdir: Path, digests: Any, cache: Path) -> list[InputFile]:
-    """The wheels of a job's environment, for a machine with ``wheels: from_here``: resolved here for
-    the far side's Python (the environment's own, else this side's) and platform (``wheels_platform``,
-    else this side's architecture on manylinux), fetched once into ``cache`` and sent as inputs through
-    the machine's content cache, so each wheel crosses once per machine; env.sh installs offline."""
+#: uv's ``--python-platform`` for a machine's architecture (``uname -m``, facts.sh's ``arch``).
+_ARCH_PLATFORMS = {"x86_64": "x86_64-manylinux_2_28", "aarch64": "aarch64-manylinux_2_28"}
+
+
+def wheels_platform(options: Mapping[str, Any], facts: Mapping[str, Any] | None) -> str:
+    """The platform a ``wheels: from_here`` machine's wheels are for: its ``wheels_platform``, else
+    the architecture its last check found, else this side's, on manylinux."""
     import platform as host
+
+    if options.get("wheels_platform"):
+        return str(options["wheels_platform"])
+    arch = (facts or {}).get("arch")
+    return _ARCH_PLATFORMS.get(str(arch)) or f"{host.machine()}-manylinux_2_28"
+
+
+def wheel_inputs(
+    job: Any, jobdir: Path, digests: Any, cache: Path, facts: Mapping[str, Any] | None = None
+) -> list[InputFile]:
+    """The wheels of a job's environment, for a machine with ``wheels: from_here``: resolved here for
+    the far side's Python (the environment's own, else this side's) and platform (``wheels_platform``),
+    fetched once into ``cache`` and sent as inputs through the machine's content cache, so each wheel
+    crosses once per machine; env.sh installs offline. ``facts``: the machine's last check."""
     import tempfile
 
     options = job.machine_snapshot.get("options") or {}
@@ -416,7 +432,7 @@ def wheel_inputs(job: Any, jobdir: Path, digests: Any, cache: Path) -> list[Inpu
         raise InvalidSettings("wheels: from_here needs uv on this side (the uv package)", field="options.wheels")
     resolved = load(jobdir)
     python = resolved.python or f"{sys.version_info.major}.{sys.version_info.minor}"
-    target = str(options.get("wheels_platform") or f"{host.machine()}-manylinux_2_28")
+    target = wheels_platform(options, facts)
     with tempfile.TemporaryDirectory(prefix="rc-wheels-") as work:
         wheels = _locked_wheels(resolved, python, target, uv, Path(work))
     files = []

@@ -158,7 +158,7 @@ class Driver:
             jobdir = self.ctx.workspace.job_dir(job.id)
             punica = self.ctx.workspace.punica_dir
             facts = known_facts(punica, job.machine) if job.spec.environment else None
-            wheels = wheel_inputs(job, jobdir, self.digests, punica / "wheels")
+            wheels = wheel_inputs(job, jobdir, self.digests, punica / "wheels", facts)
             files = self._inputs(job) + tool_inputs(job, self.digests, facts) + wheels
 
             def report(done: int, total: int) -> None:
