@@ -642,6 +642,15 @@ def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wh
     assert again.state == "succeeded", again.reason
     assert ": built in " in _log(service, again.id) and "value a1" in _log(service, again.id)
     assert again.transfer["files_sent"] == 0 and again.transfer["files_reused"] >= 2, again.transfer
+    # The same environment again resolves nothing: this side's index may be gone, its answer is kept.
+    (index.root / "simple").rename(index.root / "simple.gone")
+    try:
+        same = service.wait(service.submit(_spec("island", {"requirements": req}), new=True).job.id)
+    finally:
+        (index.root / "simple.gone").rename(index.root / "simple")
+    assert same.state == "succeeded", same.reason
+    assert ": cached (" in _log(service, same.id) and "value a1" in _log(service, same.id)
+    assert len(list((workspace / ".punica" / "wheels" / "resolutions").glob("*.json"))) == 2
     with pytest.raises(InvalidSettings, match=r"options\.wheels"):
         service.machines.update("island", options={"wheels": "yes"})
     # A machine of another platform: a package with no wheel for it fails the job, named, before anything is

@@ -415,6 +415,21 @@ def wheels_platform(options: Mapping[str, Any], facts: Mapping[str, Any] | None)
     return _ARCH_PLATFORMS.get(str(arch)) or f"{host.machine()}-manylinux_2_28"
 
 
+#: Where, under this side's wheel cache, a ``wheels: from_here`` resolution is kept (``wheel_inputs``).
+RESOLUTIONS = "resolutions"
+#: This side's uv settings that say where packages come from: a resolution holds only under the same.
+_INDEX_SETTINGS = ("UV_DEFAULT_INDEX", "UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
+
+
+def _resolution_key(digest: str, python: str, platform: str) -> str:
+    """The name of a resolution's answer: a hash, since the index URLs may hold credentials."""
+    import os
+
+    indexes = {name: os.environ.get(name) for name in _INDEX_SETTINGS}
+    material = json.dumps({"env": digest, "python": python, "platform": platform, "indexes": indexes}, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
 def wheel_inputs(
     job: Any, jobdir: Path, digests: Any, cache: Path, facts: Mapping[str, Any] | None = None
 ) -> list[InputFile]:
@@ -433,8 +448,15 @@ def wheel_inputs(
     resolved = load(jobdir)
     python = resolved.python or f"{sys.version_info.major}.{sys.version_info.minor}"
     target = wheels_platform(options, facts)
-    with tempfile.TemporaryDirectory(prefix="rc-wheels-") as work:
-        wheels = _locked_wheels(resolved, python, target, uv, Path(work))
+    # Resolved once: a later job with the same environment, Python, platform and index reads the answer.
+    answer = cache / RESOLUTIONS / f"{_resolution_key(resolved.digest, python, target)}.json"
+    try:
+        wheels = json.loads(answer.read_bytes())
+    except (OSError, ValueError):
+        with tempfile.TemporaryDirectory(prefix="rc-wheels-") as work:
+            wheels = _locked_wheels(resolved, python, target, uv, Path(work))
+        # 0600: the wheels' URLs are the index's, which may carry what the user's uv settings hold
+        atomic_write(answer, json.dumps(wheels).encode(), mode=0o600)
     files = []
     for wheel in wheels:
         path = _fetched(wheel, cache)
