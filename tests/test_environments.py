@@ -65,6 +65,12 @@ def _wheel(folder: Path, name: str, version: str, body: str, requires: tuple[str
             z.writestr(path, text)
 
 
+def _core_metadata(wheel: Path) -> str:
+    """The index link's attribute naming a wheel's metadata file (PEP 714), where there is one."""
+    meta = wheel.with_name(wheel.name + ".metadata")
+    return f' data-core-metadata="sha256={hashlib.sha256(meta.read_bytes()).hexdigest()}"' if meta.is_file() else ""
+
+
 class Index:
     """The test's package index; ``hold`` makes requests for one project wait until ``release``."""
 
@@ -81,7 +87,8 @@ class Index:
                 super().__init__(*a, directory=str(root), **kw)
 
             def do_GET(self) -> None:
-                if index.held and f"/{index.held}" in self.path:
+                # a wheel's metadata (PEP 658) is the resolution's: only the download itself waits
+                if index.held and f"/{index.held}" in self.path and not self.path.endswith(".metadata"):
                     index.asked.set()
                     index.gate.wait(120)
                 super().do_GET()
@@ -123,10 +130,17 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     _wheel(files, "rcdemo-native", "1.0", "")
     native = files / "rcdemo_native-1.0-py3-none-any.whl"
     native.rename(files / "rcdemo_native-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
-    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native"):
+    # Two with their metadata beside the wheel (PEP 658): uv resolves them without downloading a wheel.
+    _wheel(files, "rcdemo-top", "1.0", "", requires=("rcdemo-dep",))
+    _wheel(files, "rcdemo-dep", "1.0", "")
+    for wheel in (*files.glob("rcdemo_top-*.whl"), *files.glob("rcdemo_dep-*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
+        wheel.with_name(wheel.name + ".metadata").write_bytes(metadata)
+    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native", "rcdemo-top", "rcdemo-dep"):
         (root / "simple" / project).mkdir(parents=True)
         links = "".join(
-            f'<a href="../../files/{w.name}">{w.name}</a>\n'
+            f'<a href="../../files/{w.name}"{_core_metadata(w)}>{w.name}</a>\n'
             for w in sorted(files.glob(project.replace("-", "_") + "-*.whl"))
         )
         (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
@@ -706,6 +720,28 @@ def test_while_the_far_side_builds_the_jobs_reason_says_so_and_after_it_does_not
     done = service.wait(job.id)
     assert done.state == "succeeded" and done.reason is None, done.reason
     assert not (Path(done.handle["dir"]) / "env.state").exists()
+
+
+def test_the_building_reason_counts_the_packages_the_requirements_resolved_to(workspace, make_service, index):
+    """One requirement that pulls a dependency: the reason ends up counting both."""
+    service = make_service(workspace)
+    req = _requirements(workspace, "rcdemo-top")
+    index.hold("files/rcdemo_dep")  # resolved, not yet downloaded
+    spec = _spec("local", {"requirements": req}, command=["python", "-c", "import rcdemo_dep, rcdemo_top"], send=[])
+    spec = dataclasses.replace(spec, env={"UV_DEFAULT_INDEX": index.url, "UV_NO_CACHE": "1"})
+    try:
+        job = service.submit(spec).job
+        driver = threading.Thread(target=service.wait, args=(job.id,), daemon=True)
+        driver.start()
+        assert index.asked.wait(120), "the build never asked for the dependency's wheel"
+        resolved = "building the environment (uv, 2 packages)"
+        wait_for(lambda: service.get(job.id).reason == resolved, 60, "the reason to count the resolved set")
+    finally:
+        index.release()
+    driver.join(180)
+    done = service.wait(job.id)
+    assert done.state == "succeeded" and done.reason is None, done.reason
+    assert "Resolved 2 packages" in _log(service, job.id)
 
 
 def _installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:
