@@ -744,6 +744,30 @@ def test_the_building_reason_counts_the_packages_the_requirements_resolved_to(wo
     assert "Resolved 2 packages" in _log(service, job.id)
 
 
+def test_an_agent_jobs_reason_says_it_builds_its_environment_too(agent_bed, make_service, quickstart, index):
+    """The agent reads env.sh's build from status.sh and reports it with its heartbeat."""
+    agent_bed.add_machine("builder")
+    agent_bed.start_agent("builder")
+    service = make_service(quickstart)
+    env = {"PIP_INDEX_URL": index.url, "PIP_NO_CACHE_DIR": "1"}  # no uv there: venv + pip
+    environment = {"packages": ["rcdemo-slow"]}
+    spec = _spec("builder", environment, command=["python", "-c", "import rcdemo_slow"], send=[], env=env)
+    index.hold("rcdemo-slow")
+    try:
+        job = service.submit(spec).job
+        driver = threading.Thread(target=service.wait, args=(job.id,), kwargs={"timeout": 300}, daemon=True)
+        driver.start()
+        assert index.asked.wait(120), "the build never asked the index"
+        building = "building the environment (pip, 1 package)"
+        wait_for(lambda: service.get(job.id).reason == building, 60, "the agent job's reason while it builds")
+        assert service.get(job.id).state == "running"
+    finally:
+        index.release()
+    driver.join(300)
+    done = service.wait(job.id, timeout=300)
+    assert done.state == "succeeded" and done.reason is None, done.reason
+
+
 def _installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:
     """A wheel of an installed distribution, written back from its RECORD: the files it installed into
     site-packages (not its scripts), with the tag its WHEEL file names for this Python."""
