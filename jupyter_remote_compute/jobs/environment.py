@@ -6,14 +6,15 @@ uv.lock beside it, or a pylock.toml), ``packages`` added on top, a ``python`` ve
 is resolved to content (``resolve``): the texts of those files and the pinned list, whose digest is
 part of the job's key and names the environment on the machine.
 
-The content travels inside the job's own ``command.sh`` (``far_command``), ahead of the command, with
-the far-side script ``engines/farside/env.sh``: so every kind (they all end in ``sh command.sh``)
-makes the environment ready itself, in the job's process, with nothing to reach on this side.
+The content travels as inputs of the job (``environment_inputs``, under ``_remote_compute_env/``,
+through the machine's normal send: a lock file of any size), and the job's own ``command.sh``
+(``far_command``) runs the far-side script ``engines/farside/env.sh`` ahead of the command: so every
+kind (they all end in ``sh command.sh``) makes the environment ready itself, in the job's process,
+with nothing to reach on this side.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -207,6 +208,27 @@ def env_script() -> str:
     return resources.files("jupyter_remote_compute.engines.farside").joinpath("env.sh").read_text(encoding="utf-8")
 
 
+#: Where a job's environment files land in its work tree; command.sh moves them out at once.
+SENT_ENV = "_remote_compute_env"
+
+
+def environment_inputs(job: Any, jobdir: Path, digests: Any) -> list[InputFile]:
+    """The environment's files (requirements, lock, packages) as inputs of the job, written once beside
+    its resolved content (``<jobdir>/environment/``): they cross by the machine's own send, never in a
+    command line, so their size is no kind's concern (a Slurm or SkyPilot start passes command.sh as
+    one argument, at most 128 KiB on Linux)."""
+    if job.spec.environment is None or not (jobdir / RESOLVED_FILE).is_file():
+        return []
+    files = []
+    for name, text in sorted(load(jobdir).files.items()):
+        path, data = jobdir / "environment" / name, text.encode()
+        if not path.is_file() or path.read_bytes() != data:
+            atomic_write(path, data)
+        st = path.stat()
+        files.append(InputFile(f"{SENT_ENV}/{name}", path, st.st_size, digests.digest(path, st), 0o644))
+    return files
+
+
 def far_command(
     command: str | Sequence[str],
     resolved: ResolvedEnvironment,
@@ -214,7 +236,8 @@ def far_command(
     uv: str | None = None,
     sent_uv: str | None = None,
 ) -> str:
-    """The job's command with its environment made ready first: the content and env.sh ahead of it.
+    """The job's command with its environment made ready first: env.sh ahead of it, which builds from
+    the files ``environment_inputs`` sent.
 
     ``options`` are the machine's (``index_url``, ``find_links``, ``wheels``, ``env_max_age_days``,
     ``env_max_bytes``); ``uv``
@@ -234,11 +257,14 @@ def far_command(
         f"rc_env_days={_limit(options, 'env_max_age_days', DEFAULT_MAX_AGE_DAYS)}",
         f"rc_env_max_bytes={_limit(options, 'env_max_bytes', DEFAULT_MAX_BYTES)}",
         'rc_env_spec="$(cd .. && pwd -P)/environment"',
-        'rm -rf -- "$rc_env_spec" && mkdir -p -- "$rc_env_spec" || exit 96',
+        # the files sent (environment_inputs) leave the work tree; a command run again finds them moved
+        f"if [ -d {SENT_ENV} ]; then",
+        f'  rm -rf -- "$rc_env_spec" && mv -- {SENT_ENV} "$rc_env_spec" || exit 96',
+        'else mkdir -p -- "$rc_env_spec" || exit 96; fi',
     ]
-    for name, text in sorted(resolved.files.items()):
-        b64 = base64.b64encode(text.encode()).decode("ascii")
-        lines.append(f"printf '%s' {b64} | base64 -d > \"$rc_env_spec/{name}\" || exit 96")
+    for name in sorted(resolved.files):
+        missing = q(f"environment: {name} did not arrive in {SENT_ENV}/")
+        lines.append(f'[ -f "$rc_env_spec/{name}" ] || {{ echo {missing} >&2; exit 96; }}')
     for name in resolved.left_out:
         lines.append(f"echo {q(f'environment: {name} is installed here from a local path; left out')}")
     body = command_script(command).removeprefix("#!/bin/sh\n")

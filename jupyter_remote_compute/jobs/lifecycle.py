@@ -31,7 +31,7 @@ from . import image as images
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
-from .environment import launch_command, tool_inputs, wheel_inputs
+from .environment import environment_inputs, launch_command, tool_inputs, wheel_inputs
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
@@ -159,7 +159,8 @@ class Driver:
             punica = self.ctx.workspace.punica_dir
             facts = known_facts(punica, job.machine) if job.spec.environment else None
             wheels = wheel_inputs(job, jobdir, self.digests, punica / "wheels", facts)
-            files = self._inputs(job) + tool_inputs(job, self.digests, facts) + wheels
+            files = self._inputs(job) + environment_inputs(job, jobdir, self.digests)
+            files += tool_inputs(job, self.digests, facts) + wheels
 
             def report(done: int, total: int) -> None:
                 self.progress[job.id] = (done, total)
