@@ -686,7 +686,10 @@ def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wh
         (index.root / "simple.gone").rename(index.root / "simple")
     assert same.state == "succeeded", same.reason
     assert ": cached (" in _log(service, same.id) and "value a1" in _log(service, same.id)
-    assert len(list((workspace / ".punica" / "wheels" / "resolutions").glob("*.json"))) == 2
+    answers = list((workspace / ".punica" / "wheels" / "resolutions").glob("*.json"))
+    assert len(answers) == 2
+    # the wheels' URLs are the index's, which may hold credentials: readable by the user only
+    assert {p.stat().st_mode & 0o777 for p in answers} == {0o600}
     with pytest.raises(InvalidSettings, match=r"options\.wheels"):
         service.machines.update("island", options={"wheels": "yes"})
     # A machine of another platform: a package with no wheel for it fails the job, named, before anything is
