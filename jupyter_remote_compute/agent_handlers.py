@@ -221,7 +221,7 @@ class HeartbeatHandler(AgentHandler):
         offset = body.get("log_offset", 0)
         if not isinstance(offset, int) or offset < 0:
             raise InvalidSettings("log_offset: expected a byte offset", field="log_offset")
-        report = {k: body.get(k) for k in ("state", "how", "exit_code", "detail", "started_at")}
+        report = {k: body.get(k) for k in ("state", "how", "exit_code", "detail", "started_at", "building")}
         self.job_dir(job_id)
         # An agent busy with its jobs claims nothing, but its heartbeats say it is there.
         await self.call(self.machine.seen, SEEN_EVERY)

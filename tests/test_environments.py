@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import importlib.metadata
 import os
+import platform
 import re
 import signal
 import threading
@@ -31,6 +32,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.jobs.usage import remember_facts
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -63,6 +65,12 @@ def _wheel(folder: Path, name: str, version: str, body: str, requires: tuple[str
             z.writestr(path, text)
 
 
+def _core_metadata(wheel: Path) -> str:
+    """The index link's attribute naming a wheel's metadata file (PEP 714), where there is one."""
+    meta = wheel.with_name(wheel.name + ".metadata")
+    return f' data-core-metadata="sha256={hashlib.sha256(meta.read_bytes()).hexdigest()}"' if meta.is_file() else ""
+
+
 class Index:
     """The test's package index; ``hold`` makes requests for one project wait until ``release``."""
 
@@ -79,7 +87,8 @@ class Index:
                 super().__init__(*a, directory=str(root), **kw)
 
             def do_GET(self) -> None:
-                if index.held and f"/{index.held}" in self.path:
+                # a wheel's metadata (PEP 658) is the resolution's: only the download itself waits
+                if index.held and f"/{index.held}" in self.path and not self.path.endswith(".metadata"):
                     index.asked.set()
                     index.gate.wait(120)
                 super().do_GET()
@@ -121,10 +130,17 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     _wheel(files, "rcdemo-native", "1.0", "")
     native = files / "rcdemo_native-1.0-py3-none-any.whl"
     native.rename(files / "rcdemo_native-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
-    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native"):
+    # Two with their metadata beside the wheel (PEP 658): uv resolves them without downloading a wheel.
+    _wheel(files, "rcdemo-top", "1.0", "", requires=("rcdemo-dep",))
+    _wheel(files, "rcdemo-dep", "1.0", "")
+    for wheel in (*files.glob("rcdemo_top-*.whl"), *files.glob("rcdemo_dep-*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
+        wheel.with_name(wheel.name + ".metadata").write_bytes(metadata)
+    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native", "rcdemo-top", "rcdemo-dep"):
         (root / "simple" / project).mkdir(parents=True)
         links = "".join(
-            f'<a href="../../files/{w.name}">{w.name}</a>\n'
+            f'<a href="../../files/{w.name}"{_core_metadata(w)}>{w.name}</a>\n'
             for w in sorted(files.glob(project.replace("-", "_") + "-*.whl"))
         )
         (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
@@ -423,6 +439,8 @@ async def test_the_rest_api_runs_a_job_in_its_environment_and_refuses_a_file_out
 
 def test_the_machines_environment_is_the_default_and_the_jobs_own_wins_and_uv_is_sent_once(ssh_box):
     service, _, machine, envs = ssh_box
+    facts = service.check_machine(machine)  # the ssh test user has no uv: the check says so
+    assert facts["uv"] is None and facts["arch"] == platform.machine(), facts
     service.machines.update(machine, options={"environment": {"packages": ["rcdemo-a==2.0"]}})
     plain = JobSpec.from_json({"machine": machine, "command": ["python", "fit.py"], "send": ["fit.py"]})
     default = service.wait(service.submit(plain).job.id)
@@ -454,7 +472,9 @@ def test_where_no_uv_can_run_the_far_side_builds_with_venv_and_pip_and_says_so(i
     (tmp_path / "ws").mkdir()
     resolved = resolve(Environment(packages=("rcdemo-a==1.0",)), tmp_path)
     work = tmp_path / "base" / "job-1" / "work"
-    work.mkdir(parents=True)
+    (work / "_remote_compute_env").mkdir(parents=True)  # as environment_inputs sends them
+    for name, text in resolved.files.items():
+        (work / "_remote_compute_env" / name).write_text(text)
     script = far_command(
         ["python", "-c", "import rcdemo_a; print('value', rcdemo_a.VALUE)"], resolved, {"index_url": index.url}
     )
@@ -483,6 +503,41 @@ def test_a_slurm_job_builds_its_environment_on_the_shared_file_system_once(
     again = service.wait(service.submit(_spec("hpc", {"requirements": req}), new=True).job.id, timeout=300)
     assert again.state == "succeeded", again.reason
     assert ": cached (" in _log(service, again.id) and "value a1" in _log(service, again.id)
+
+
+def test_a_machine_whose_check_found_a_uv_builds_with_it_and_gets_none_sent(
+    remote_server, make_service, quickstart: Path, index: Index
+):
+    """The remote Jupyter Server's kernels run with this side's venv on PATH: a uv there."""
+    service = make_service(quickstart)
+    service.machines.add("far", "jupyter", remote_server.url, {"token_secret": "compute/remote"})
+    facts = service.check_machine("far")
+    assert facts["uv"] and facts["arch"] == platform.machine(), facts
+    (quickstart / "fit.py").write_text(SCRIPT)
+    env = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+    job = service.wait(service.submit(_spec("far", {"packages": ["rcdemo-a==1.0"]}, env=env)).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    assert f"building with uv {facts['uv']}" in _log(service, job.id) and "value a1" in _log(service, job.id)
+    assert job.transfer["files_sent"] + job.transfer["files_reused"] == 2, job.transfer  # fit.py, packages.txt
+
+
+def test_a_lock_file_larger_than_one_command_line_argument_reaches_a_slurm_job(
+    workspace, make_service, index, slurm_bed, ssh_agent_env
+):
+    """Slurm's start passes command.sh as one argument (at most 128 KiB on Linux): the environment's files
+    travel as inputs, so a requirements file of 300 KB builds as a small one does."""
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    service.machines.add("hpc", "slurm", "127.0.0.1", slurm_bed.machine_options(index_url=index.url))
+    padding = [f"# {i:06d} {'x' * 60}" for i in range(4500)]  # what a long lock's hashes would weigh
+    req = _requirements(workspace, *padding, "rcdemo-a==2.0", name="big-requirements.txt")
+    assert (workspace / req).stat().st_size > 300_000
+    job = service.wait(service.submit(_spec("hpc", {"requirements": req})).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    assert "value a2" in _log(service, job.id)
+    far = Path(job.handle["dir"])
+    assert (far / "environment" / "requirements.txt").stat().st_size > 300_000
+    assert not (far / "work" / "_remote_compute_env").exists()  # moved out of the work tree
 
 
 @pytest.fixture
@@ -621,13 +676,37 @@ def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wh
     again = service.wait(service.submit(_spec("island", {"requirements": req, "packages": ["rcdemo-a"]})).job.id)
     assert again.state == "succeeded", again.reason
     assert ": built in " in _log(service, again.id) and "value a1" in _log(service, again.id)
-    assert again.transfer["files_sent"] == 0 and again.transfer["files_reused"] >= 2, again.transfer
+    # (the one file it may send is its packages.txt, which an earlier job on the machine may have sent)
+    assert again.transfer["files_sent"] <= 1 and again.transfer["files_reused"] >= 3, again.transfer
+    # The same environment again resolves nothing: this side's index may be gone, its answer is kept.
+    (index.root / "simple").rename(index.root / "simple.gone")
+    try:
+        same = service.wait(service.submit(_spec("island", {"requirements": req}), new=True).job.id)
+    finally:
+        (index.root / "simple.gone").rename(index.root / "simple")
+    assert same.state == "succeeded", same.reason
+    assert ": cached (" in _log(service, same.id) and "value a1" in _log(service, same.id)
+    answers = list((workspace / ".punica" / "wheels" / "resolutions").glob("*.json"))
+    assert len(answers) == 2
+    # the wheels' URLs are the index's, which may hold credentials: readable by the user only
+    assert {p.stat().st_mode & 0o777 for p in answers} == {0o600}
     with pytest.raises(InvalidSettings, match=r"options\.wheels"):
         service.machines.update("island", options={"wheels": "yes"})
-    # A machine of another platform: a package with no wheel for it fails the job, named, before anything is sent
-    service.machines.update("island", options={"wheels_platform": "aarch64-manylinux_2_28"})
-    other = service.wait(service.submit(_spec("island", {"packages": ["rcdemo-native"], "python": "3.11"})).job.id)
+    # A machine of another platform: a package with no wheel for it fails the job, named, before anything is
+    # sent; the platform is the architecture the machine's last check found (as an aarch64 machine's would
+    # read), when the machine names none itself.
+    facts = service.check_machine("island")
+    assert facts["arch"] == platform.machine()
+    remember_facts(workspace / ".punica", "island", {**facts, "arch": "aarch64"})
+    native = _spec(
+        "island", {"packages": ["rcdemo-native"], "python": "3.11"}, command=["python", "-c", "import rcdemo_native"]
+    )
+    other = service.wait(service.submit(native).job.id)
     assert other.state == "failed" and "rcdemo-native" in (other.reason or ""), other.reason
+    assert "on aarch64-manylinux_2_28" in (other.reason or ""), other.reason
+    service.machines.update("island", options={"wheels_platform": f"{platform.machine()}-manylinux_2_28"})  # it wins
+    fits = service.wait(service.submit(native, new=True).job.id)
+    assert fits.state == "succeeded", fits.reason
 
 
 def test_an_agent_machine_with_wheels_from_here_needs_no_index(agent_bed, make_service, quickstart, index, monkeypatch):
@@ -666,6 +745,52 @@ def test_while_the_far_side_builds_the_jobs_reason_says_so_and_after_it_does_not
     done = service.wait(job.id)
     assert done.state == "succeeded" and done.reason is None, done.reason
     assert not (Path(done.handle["dir"]) / "env.state").exists()
+
+
+def test_the_building_reason_counts_the_packages_the_requirements_resolved_to(workspace, make_service, index):
+    """One requirement that pulls a dependency: the reason ends up counting both."""
+    service = make_service(workspace)
+    req = _requirements(workspace, "rcdemo-top")
+    index.hold("files/rcdemo_dep")  # resolved, not yet downloaded
+    spec = _spec("local", {"requirements": req}, command=["python", "-c", "import rcdemo_dep, rcdemo_top"], send=[])
+    spec = dataclasses.replace(spec, env={"UV_DEFAULT_INDEX": index.url, "UV_NO_CACHE": "1"})
+    try:
+        job = service.submit(spec).job
+        driver = threading.Thread(target=service.wait, args=(job.id,), daemon=True)
+        driver.start()
+        assert index.asked.wait(120), "the build never asked for the dependency's wheel"
+        resolved = "building the environment (uv, 2 packages)"
+        wait_for(lambda: service.get(job.id).reason == resolved, 60, "the reason to count the resolved set")
+    finally:
+        index.release()
+    driver.join(180)
+    done = service.wait(job.id)
+    assert done.state == "succeeded" and done.reason is None, done.reason
+    assert "Resolved 2 packages" in _log(service, job.id)
+
+
+def test_an_agent_jobs_reason_says_it_builds_its_environment_too(agent_bed, make_service, quickstart, index):
+    """The agent reads env.sh's build from status.sh and reports it with its heartbeat."""
+    agent_bed.add_machine("builder")
+    agent_bed.start_agent("builder")
+    service = make_service(quickstart)
+    env = {"PIP_INDEX_URL": index.url, "PIP_NO_CACHE_DIR": "1"}  # no uv there: venv + pip
+    environment = {"packages": ["rcdemo-slow"]}
+    spec = _spec("builder", environment, command=["python", "-c", "import rcdemo_slow"], send=[], env=env)
+    index.hold("rcdemo-slow")
+    try:
+        job = service.submit(spec).job
+        driver = threading.Thread(target=service.wait, args=(job.id,), kwargs={"timeout": 300}, daemon=True)
+        driver.start()
+        assert index.asked.wait(120), "the build never asked the index"
+        building = "building the environment (pip, 1 package)"
+        wait_for(lambda: service.get(job.id).reason == building, 60, "the agent job's reason while it builds")
+        assert service.get(job.id).state == "running"
+    finally:
+        index.release()
+    driver.join(300)
+    done = service.wait(job.id, timeout=300)
+    assert done.state == "succeeded" and done.reason is None, done.reason
 
 
 def _installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:

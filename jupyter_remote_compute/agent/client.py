@@ -426,14 +426,20 @@ class Agent:
                 continue
         running = [d for d, m in metas.items() if m.get("phase") == "running"]
         states: dict[Path, tuple[str, str]] = {}
+        building: dict[Path, dict[str, Any]] = {}
         if running:
             out = self._run("status", *map(str, running), timeout=60).stdout.decode("utf-8", "replace")
             for line in out.splitlines():
                 parts = line.split()
                 if len(parts) == 3 and parts[0].isdigit() and int(parts[0]) < len(running):
                     states[running[int(parts[0])]] = (parts[1], parts[2])
+                elif len(parts) == 4 and parts[0] == "building" and parts[1].isdigit() and parts[3].isdigit():
+                    # env.sh building the job's environment: the server makes it the job's reason
+                    at = int(parts[1])
+                    if at < len(running):
+                        building[running[at]] = {"tool": parts[2], "packages": int(parts[3])}
         for jobdir, meta in metas.items():
-            self.beat(jobdir, meta, states.get(jobdir))
+            self.beat(jobdir, meta, states.get(jobdir), building.get(jobdir))
 
     def _post(self, jobdir: Path, meta: dict[str, Any], report: dict[str, Any]) -> dict[str, Any] | None:
         """One heartbeat with the next log bytes; None when the attempt is no longer ours (then dropped)."""
@@ -460,7 +466,13 @@ class Agent:
         self._save(jobdir, meta, "log_sent")
         return answer
 
-    def beat(self, jobdir: Path, meta: dict[str, Any], status: tuple[str, str] | None) -> None:
+    def beat(
+        self,
+        jobdir: Path,
+        meta: dict[str, Any],
+        status: tuple[str, str] | None,
+        building: dict[str, Any] | None = None,
+    ) -> None:
         job_id = meta["job_id"]
         phase = meta.get("phase")
         if phase == "preparing":
@@ -492,7 +504,7 @@ class Agent:
         state, code = status
         report = {"state": "running", "started_at": meta.get("started_at")}
         if state == "running":
-            answer = self._post(jobdir, meta, report)
+            answer = self._post(jobdir, meta, {**report, "building": building})
             if answer and answer.get("cancel") is not None and job_id not in self.cancelling:
                 self.cancelling.add(job_id)
                 grace = float(answer["cancel"])

@@ -130,7 +130,9 @@ class AgentEngine(Engine):
         if now == "claimed":
             return RemoteStatus("pending", log_size=size, detail=f"the agent of {self.name} is preparing it", **times)
         if now == "running":
-            return RemoteStatus("running", log_size=size, **times)
+            building = state.get("building")  # the agent's report of env.sh's build (agent_hub._building)
+            detail = farside.building_reason(building["tool"], building["packages"]) if building else ""
+            return RemoteStatus("running", log_size=size, detail=detail, **times)
         if now == "lost":
             return RemoteStatus("gone", log_size=size, detail=state.get("detail") or "its lease ran out", **times)
         how = state.get("how")

@@ -251,6 +251,8 @@ class MachineHub:
                 if reported == "running" and state["state"] == "claimed":
                     state["state"] = "running"
                     state["started_at"] = float(report.get("started_at") or now)
+                if reported == "running":
+                    state["building"] = _building(report.get("building"))
                 elif reported == "ended":
                     state["state"] = "ended"
                     state["how"] = str(report.get("how") or "exited")
@@ -365,3 +367,13 @@ def with_presence(punica_dir: Path, machine: dict[str, Any]) -> dict[str, Any]:
     if machine.get("kind") == "agent":
         return {**machine, "agent": AgentHub(punica_dir).machine(machine["name"]).presence()}
     return machine
+
+
+def _building(reported: Any) -> dict[str, Any] | None:
+    """An agent's report of the environment its job is building (status.sh's "building" line), checked."""
+    if not isinstance(reported, dict):
+        return None
+    tool, packages = reported.get("tool"), reported.get("packages")
+    if tool not in ("uv", "pip") or not isinstance(packages, int) or isinstance(packages, bool) or packages < 0:
+        return None
+    return {"tool": tool, "packages": packages}

@@ -6,14 +6,15 @@ uv.lock beside it, or a pylock.toml), ``packages`` added on top, a ``python`` ve
 is resolved to content (``resolve``): the texts of those files and the pinned list, whose digest is
 part of the job's key and names the environment on the machine.
 
-The content travels inside the job's own ``command.sh`` (``far_command``), ahead of the command, with
-the far-side script ``engines/farside/env.sh``: so every kind (they all end in ``sh command.sh``)
-makes the environment ready itself, in the job's process, with nothing to reach on this side.
+The content travels as inputs of the job (``environment_inputs``, under ``_remote_compute_env/``,
+through the machine's normal send: a lock file of any size), and the job's own ``command.sh``
+(``far_command``) runs the far-side script ``engines/farside/env.sh`` ahead of the command: so every
+kind (they all end in ``sh command.sh``) makes the environment ready itself, in the job's process,
+with nothing to reach on this side.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -207,6 +208,27 @@ def env_script() -> str:
     return resources.files("jupyter_remote_compute.engines.farside").joinpath("env.sh").read_text(encoding="utf-8")
 
 
+#: Where a job's environment files land in its work tree; command.sh moves them out at once.
+SENT_ENV = "_remote_compute_env"
+
+
+def environment_inputs(job: Any, jobdir: Path, digests: Any) -> list[InputFile]:
+    """The environment's files (requirements, lock, packages) as inputs of the job, written once beside
+    its resolved content (``<jobdir>/environment/``): they cross by the machine's own send, never in a
+    command line, so their size is no kind's concern (a Slurm or SkyPilot start passes command.sh as
+    one argument, at most 128 KiB on Linux)."""
+    if job.spec.environment is None or not (jobdir / RESOLVED_FILE).is_file():
+        return []
+    files = []
+    for name, text in sorted(load(jobdir).files.items()):
+        path, data = jobdir / "environment" / name, text.encode()
+        if not path.is_file() or path.read_bytes() != data:
+            atomic_write(path, data)
+        st = path.stat()
+        files.append(InputFile(f"{SENT_ENV}/{name}", path, st.st_size, digests.digest(path, st), 0o644))
+    return files
+
+
 def far_command(
     command: str | Sequence[str],
     resolved: ResolvedEnvironment,
@@ -214,7 +236,8 @@ def far_command(
     uv: str | None = None,
     sent_uv: str | None = None,
 ) -> str:
-    """The job's command with its environment made ready first: the content and env.sh ahead of it.
+    """The job's command with its environment made ready first: env.sh ahead of it, which builds from
+    the files ``environment_inputs`` sent.
 
     ``options`` are the machine's (``index_url``, ``find_links``, ``wheels``, ``env_max_age_days``,
     ``env_max_bytes``); ``uv``
@@ -234,11 +257,14 @@ def far_command(
         f"rc_env_days={_limit(options, 'env_max_age_days', DEFAULT_MAX_AGE_DAYS)}",
         f"rc_env_max_bytes={_limit(options, 'env_max_bytes', DEFAULT_MAX_BYTES)}",
         'rc_env_spec="$(cd .. && pwd -P)/environment"',
-        'rm -rf -- "$rc_env_spec" && mkdir -p -- "$rc_env_spec" || exit 96',
+        # the files sent (environment_inputs) leave the work tree; a command run again finds them moved
+        f"if [ -d {SENT_ENV} ]; then",
+        f'  rm -rf -- "$rc_env_spec" && mv -- {SENT_ENV} "$rc_env_spec" || exit 96',
+        'else mkdir -p -- "$rc_env_spec" || exit 96; fi',
     ]
-    for name, text in sorted(resolved.files.items()):
-        b64 = base64.b64encode(text.encode()).decode("ascii")
-        lines.append(f"printf '%s' {b64} | base64 -d > \"$rc_env_spec/{name}\" || exit 96")
+    for name in sorted(resolved.files):
+        missing = q(f"environment: {name} did not arrive in {SENT_ENV}/")
+        lines.append(f'[ -f "$rc_env_spec/{name}" ] || {{ echo {missing} >&2; exit 96; }}')
     for name in resolved.left_out:
         lines.append(f"echo {q(f'environment: {name} is installed here from a local path; left out')}")
     body = command_script(command).removeprefix("#!/bin/sh\n")
@@ -269,13 +295,17 @@ SENT_UV = "_remote_compute_tools/uv"
 _NO_SENT_UV = frozenset({"local", "agent"})
 
 
-def tool_inputs(job: Any, digests: Any) -> list[InputFile]:
+def tool_inputs(job: Any, digests: Any, facts: Mapping[str, Any] | None = None) -> list[InputFile]:
     """This side's uv as one more input of a job that has an environment, sent through the machine's
     content cache: once per machine (later jobs find it cached), not executable (so the cache links
-    it rather than copies it), used only where the machine has no uv of its own. A uv for another
-    OS or architecture fails its ``--version`` there and the build falls back to venv + pip."""
+    it rather than copies it), used only where the machine has no uv of its own. ``facts``: the
+    machine's last check (``usage.known_facts``); one that found a uv there sends none, unknown
+    facts send it. A uv for another OS or architecture fails its ``--version`` there and the build
+    falls back to venv + pip."""
     if job.spec.environment is None or job.kind in _NO_SENT_UV or not sys.platform.startswith("linux"):
         return []
+    if facts and "arch" in facts and facts.get("uv"):
+        return []  # the machine's own uv builds it
     uv = _this_sides_uv()
     if uv is None:
         return []
@@ -396,12 +426,43 @@ def _fetched(wheel: Mapping[str, Any], cache: Path) -> Path:
     return cache / h.hexdigest() / name
 
 
-def wheel_inputs(job: Any, jobdir: Path, digests: Any, cache: Path) -> list[InputFile]:
-    """The wheels of a job's environment, for a machine with ``wheels: from_here``: resolved here for
-    the far side's Python (the environment's own, else this side's) and platform (``wheels_platform``,
-    else this side's architecture on manylinux), fetched once into ``cache`` and sent as inputs through
-    the machine's content cache, so each wheel crosses once per machine; env.sh installs offline."""
+#: uv's ``--python-platform`` for a machine's architecture (``uname -m``, facts.sh's ``arch``).
+_ARCH_PLATFORMS = {"x86_64": "x86_64-manylinux_2_28", "aarch64": "aarch64-manylinux_2_28"}
+
+
+def wheels_platform(options: Mapping[str, Any], facts: Mapping[str, Any] | None) -> str:
+    """The platform a ``wheels: from_here`` machine's wheels are for: its ``wheels_platform``, else
+    the architecture its last check found, else this side's, on manylinux."""
     import platform as host
+
+    if options.get("wheels_platform"):
+        return str(options["wheels_platform"])
+    arch = (facts or {}).get("arch")
+    return _ARCH_PLATFORMS.get(str(arch)) or f"{host.machine()}-manylinux_2_28"
+
+
+#: Where, under this side's wheel cache, a ``wheels: from_here`` resolution is kept (``wheel_inputs``).
+RESOLUTIONS = "resolutions"
+#: This side's uv settings that say where packages come from: a resolution holds only under the same.
+_INDEX_SETTINGS = ("UV_DEFAULT_INDEX", "UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
+
+
+def _resolution_key(digest: str, python: str, platform: str) -> str:
+    """The name of a resolution's answer: a hash, since the index URLs may hold credentials."""
+    import os
+
+    indexes = {name: os.environ.get(name) for name in _INDEX_SETTINGS}
+    material = json.dumps({"env": digest, "python": python, "platform": platform, "indexes": indexes}, sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def wheel_inputs(
+    job: Any, jobdir: Path, digests: Any, cache: Path, facts: Mapping[str, Any] | None = None
+) -> list[InputFile]:
+    """The wheels of a job's environment, for a machine with ``wheels: from_here``: resolved here for
+    the far side's Python (the environment's own, else this side's) and platform (``wheels_platform``),
+    fetched once into ``cache`` and sent as inputs through the machine's content cache, so each wheel
+    crosses once per machine; env.sh installs offline. ``facts``: the machine's last check."""
     import tempfile
 
     options = job.machine_snapshot.get("options") or {}
@@ -412,9 +473,16 @@ def wheel_inputs(job: Any, jobdir: Path, digests: Any, cache: Path) -> list[Inpu
         raise InvalidSettings("wheels: from_here needs uv on this side (the uv package)", field="options.wheels")
     resolved = load(jobdir)
     python = resolved.python or f"{sys.version_info.major}.{sys.version_info.minor}"
-    target = str(options.get("wheels_platform") or f"{host.machine()}-manylinux_2_28")
-    with tempfile.TemporaryDirectory(prefix="rc-wheels-") as work:
-        wheels = _locked_wheels(resolved, python, target, uv, Path(work))
+    target = wheels_platform(options, facts)
+    # Resolved once: a later job with the same environment, Python, platform and index reads the answer.
+    answer = cache / RESOLUTIONS / f"{_resolution_key(resolved.digest, python, target)}.json"
+    try:
+        wheels = json.loads(answer.read_bytes())
+    except (OSError, ValueError):
+        with tempfile.TemporaryDirectory(prefix="rc-wheels-") as work:
+            wheels = _locked_wheels(resolved, python, target, uv, Path(work))
+        # 0600: the wheels' URLs are the index's, which may carry what the user's uv settings hold
+        atomic_write(answer, json.dumps(wheels).encode(), mode=0o600)
     files = []
     for wheel in wheels:
         path = _fetched(wheel, cache)

@@ -31,14 +31,14 @@ from . import image as images
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
-from .environment import launch_command, tool_inputs, wheel_inputs
+from .environment import environment_inputs, launch_command, tool_inputs, wheel_inputs
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
 from .logs import secret_env
 from .spec import format_duration
 from .transitions import ON_MACHINE_STATES, State, move
-from .usage import REQUEUED, meter
+from .usage import REQUEUED, known_facts, meter
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,11 @@ class Driver:
             remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
             jobdir = self.ctx.workspace.job_dir(job.id)
-            wheels = wheel_inputs(job, jobdir, self.digests, self.ctx.workspace.punica_dir / "wheels")
-            files = self._inputs(job) + tool_inputs(job, self.digests) + wheels
+            punica = self.ctx.workspace.punica_dir
+            facts = known_facts(punica, job.machine) if job.spec.environment else None
+            wheels = wheel_inputs(job, jobdir, self.digests, punica / "wheels", facts)
+            files = self._inputs(job) + environment_inputs(job, jobdir, self.digests)
+            files += tool_inputs(job, self.digests, facts) + wheels
 
             def report(done: int, total: int) -> None:
                 self.progress[job.id] = (done, total)

@@ -164,8 +164,9 @@ def _ends_with_newline(fd: int) -> bool:
 
 # -- what a machine holds ---------------------------------------------------------------------------
 def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> None:
-    """Keep what a check found: the GPU count, for metering jobs that did not ask for GPUs, and the OS,
-    Python and GPUs that a job's MLflow run names (``known_facts``)."""
+    """Keep what a check found: the GPU count, for metering jobs that did not ask for GPUs, the OS,
+    Python and GPUs that a job's MLflow run names (``known_facts``), and the architecture and uv a
+    job's environment is made for."""
     path = punica_dir / FACTS_FILE
     gpus = facts.get("gpus") or []
     with SharedFileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT):
@@ -174,6 +175,8 @@ def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> 
             "gpus": len(gpus),
             "checked": time.time(),
             **{key: facts.get(key) for key in ("os", "kernel", "python", "cpus")},
+            # what the job's environment needs to know (jobs/environment.py): absent when not reported
+            **{key: facts[key] for key in ("arch", "uv") if key in facts},
             "gpu_names": [str(gpu.get("name") or "") for gpu in gpus if isinstance(gpu, Mapping)],
         }
         atomic_write(path, json.dumps(known, indent=1).encode(), mode=0o600)

@@ -127,6 +127,11 @@ def cache_limits(options: Mapping[str, Any]) -> tuple[int, int]:
 BUILDING = "building the environment"
 
 
+def building_reason(tool: str, packages: int) -> str:
+    """A running job's reason while its environment is built: "building the environment (uv, 3 packages)"."""
+    return f"{BUILDING} ({tool}, {packages} package{'' if packages == 1 else 's'})"
+
+
 def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str, RemoteStatus]:
     """status.sh's lines, one per job in the order given, as RemoteStatus by job id."""
     states: dict[int, tuple[str, str]] = {}
@@ -137,8 +142,7 @@ def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str,
         if len(parts) == 3 and parts[0] == "size" and parts[1].isdigit() and parts[2].isdigit():
             sizes[int(parts[1])] = int(parts[2])
         elif len(parts) == 4 and parts[0] == "building" and parts[1].isdigit() and parts[3].isdigit():
-            count = int(parts[3])
-            building[int(parts[1])] = f"{BUILDING} ({parts[2]}, {count} package{'' if count == 1 else 's'})"
+            building[int(parts[1])] = building_reason(parts[2], int(parts[3]))
         elif len(parts) == 3 and parts[0].isdigit() and int(parts[0]) < len(jobs):
             states[int(parts[0])] = (parts[1], parts[2])
     result: dict[str, RemoteStatus] = {}
@@ -282,6 +286,9 @@ def parse_facts(out: str, rtt_ms: float, **extras: Any) -> Facts:
             facts[key] = value.strip()
     memory = _int(facts.get("mem_kb")) * 1024 if facts.get("mem_kb") else _int(facts.get("mem_b"))
     python = facts.get("python", "")
+    if facts.get("arch"):
+        # the facts.sh that names the architecture also says whether uv runs there: None for "none"
+        extras = {**extras, "arch": facts["arch"], "uv": facts.get("uv") or None}
     return Facts(
         os=facts.get("distro") or facts.get("os", ""),
         kernel=f"{facts.get('os', '')} {facts.get('kernel', '')}".strip(),

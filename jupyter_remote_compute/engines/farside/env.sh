@@ -78,7 +78,8 @@ rc_env_build() {
   set --
   [ -n "$rc_env_find_links" ] && set -- --find-links "$rc_env_find_links"
   [ -n "$rc_env_offline" ] && set -- --no-index --find-links "$rc_env_jobdir/work/_remote_compute_wheels"
-  # What status.sh reports while the build lasts: the tool and how many requirements were asked for.
+  # What status.sh reports while the build lasts: the tool and how many requirements were asked for,
+  # then (uv) how many packages they resolved to.
   rc_env_count=$(cat -- ${req:+"$req"} ${pkgs:+"$pkgs"} < /dev/null 2> /dev/null | grep -cE '^[A-Za-z0-9]')
   if uv=$(rc_env_find_uv); then
     tool="uv $("$uv" --version | cut -d' ' -f2)"
@@ -92,7 +93,15 @@ rc_env_build() {
     "$uv" venv -q ${rc_env_python:+--python "$rc_env_python"} -- "$rc_env_dir" || return
     if [ -n "$req$pkgs" ]; then
       [ -n "$rc_env_offline" ] && set -- --offline "$@" || set -- ${rc_env_index:+--default-index "$rc_env_index"} "$@"
-      "$uv" pip install --python "$rc_env_dir/bin/python" "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return
+      # uv says what the requirements resolved to ("Resolved N packages"): the count reported from then on
+      { "$uv" pip install --python "$rc_env_dir/bin/python" "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} 2>&1
+        echo "$?" > "$rc_env_dir/.install-rc"; } | while IFS= read -r line; do
+        printf '%s\n' "$line"
+        case $line in "Resolved "[0-9]*) printf 'uv %s\n' "$(echo "$line" | cut -d' ' -f2)" > "$rc_env_jobdir/env.state" ;; esac
+      done
+      read -r rc < "$rc_env_dir/.install-rc" 2> /dev/null || rc=1
+      rm -f -- "$rc_env_dir/.install-rc"
+      [ "$rc" = 0 ] || return "$rc"
     fi
     "$uv" pip freeze --python "$rc_env_dir/bin/python" > "$rc_env_dir/environment.txt" || return
   else

@@ -3,6 +3,7 @@
 # DIR (or its nearest existing parent) is where free disk space is measured.
 printf 'os=%s\n' "$(uname -s)"
 printf 'kernel=%s\n' "$(uname -r)"
+printf 'arch=%s\n' "$(uname -m)"
 if [ -r /etc/os-release ]; then
   printf 'distro=%s\n' "$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release | tr -d '"')"
 fi
@@ -41,3 +42,7 @@ for rt in podman docker apptainer singularity; do
       printf 'container_nvidia=podman %s\n' "$nv" ;;
   esac
 done
+# uv=<version> when a uv that runs is on PATH: env.sh builds with it, so none is sent (jobs/environment.py)
+if command -v uv >/dev/null 2>&1 && v=$(uv --version 2>/dev/null); then
+  printf 'uv=%s\n' "$(printf '%s' "$v" | cut -d' ' -f2)"
+fi
