@@ -210,6 +210,39 @@ def test_a_script_imports_what_only_its_environment_holds_and_a_second_job_build
     assert again.key == first.key
 
 
+def test_a_lock_is_synced_as_it_is_and_packages_on_top_are_resolved_after(workspace, make_service, index):
+    import subprocess
+
+    from uv import find_uv_bin
+
+    JOB_ENV["local"] = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
+    service = make_service(workspace)
+    (workspace / "fit.py").write_text(SCRIPT)
+    (workspace / "in.txt").write_text(f"# {uuid.uuid4()}\nrcdemo-b\n")
+    compile_ = [find_uv_bin(), "pip", "compile", "-q", "--format", "pylock.toml", "--default-index", index.url]
+    subprocess.run([*compile_, "in.txt", "-o", "pylock.toml"], cwd=workspace, check=True, capture_output=True)
+    synced = service.wait(service.submit(_spec("local", {"requirements": "pylock.toml"})).job.id)
+    assert synced.state == "succeeded", synced.reason
+    assert "pylock.toml is a closed set: synced as it is" in _log(service, synced.id)
+    assert "value a1" in _log(service, synced.id)  # rcdemo-b's dependency came from the lock, not a resolution
+    more = service.wait(
+        service.submit(_spec("local", {"requirements": "pylock.toml", "packages": ["rcdemo-c"]})).job.id
+    )
+    assert more.state == "succeeded", more.reason
+    # the lock is synced, then the package on top is resolved against it
+    assert re.search(r"synced as it is\n(.*\n)*Resolved 1 package(.*\n)* \+ rcdemo-c==1\.0", _log(service, more.id))
+
+
+def test_same_as_here_alone_is_a_closed_set_and_with_packages_is_not(workspace):
+    from jupyter_remote_compute.jobs.environment import CLOSED_SET, Environment, resolve
+
+    alone = resolve(Environment(same_as_here=True), workspace)
+    assert set(alone.files) == {CLOSED_SET}
+    more = resolve(Environment(same_as_here=True, packages=("rcdemo-c",)), workspace)
+    assert set(more.files) == {"packages.txt"} and more.files["packages.txt"].endswith("rcdemo-c\n")
+    assert more.files["packages.txt"].startswith(alone.files[CLOSED_SET])
+
+
 def test_a_changed_requirement_builds_a_new_environment(box):
     service, workspace, machine, _ = box
     req = _requirements(workspace, "rcdemo-a==1.0")
@@ -364,7 +397,7 @@ def test_same_as_here_pins_this_interpreters_distributions_and_leaves_local_inst
     from jupyter_remote_compute.jobs.environment import Environment, resolve
 
     resolved = resolve(Environment(same_as_here=True), workspace)
-    pinned = resolved.files["packages.txt"].splitlines()
+    pinned = resolved.files["pinned.txt"].splitlines()
     assert f"mlflow=={importlib.metadata.version('mlflow')}" in pinned
     # this product is installed editable here (from a checkout): no index has that, so it is named and left out
     assert "jupyter-remote-compute" in {n.lower().replace("_", "-") for n in resolved.left_out}

@@ -40,6 +40,8 @@ _PYLOCK = re.compile(r"^pylock(\.[A-Za-z0-9_-]+)?\.toml$")
 _PYTHON = re.compile(r"^\d+(\.\d+){0,2}$")
 #: Where a job's resolved environment waits between submit and start, in its ``.punica/jobs/<id>/``.
 RESOLVED_FILE = "environment.json"
+#: A pinned set that needs nothing else (same_as_here alone): env.sh installs it with ``uv pip sync``.
+CLOSED_SET = "pinned.txt"
 DEFAULT_MAX_AGE_DAYS = 30
 DEFAULT_MAX_BYTES = 20 << 30
 
@@ -181,7 +183,10 @@ def resolve(env: Environment, root: Path, field: str = "environment") -> Resolve
     packages = list(env.packages)
     if env.same_as_here:
         pinned, left_out = here_distributions()
-        packages = pinned + packages
+        if files or packages:
+            packages = pinned + packages
+        else:  # the interpreter's whole set is closed: the far side syncs it and resolves nothing
+            files[CLOSED_SET] = "".join(p + "\n" for p in pinned)
     if packages:
         files["packages.txt"] = "".join(p + "\n" for p in packages)
     material = json.dumps({"python": env.python, "files": files}, sort_keys=True)
@@ -373,7 +378,7 @@ def _locked_wheels(resolved: ResolvedEnvironment, python: str, platform: str, uv
             )
         sources.append("locked.txt")
     else:
-        sources += [n for n in ("requirements.txt", "pyproject.toml", "pylock.toml") if n in resolved.files]
+        sources += [n for n in ("requirements.txt", "pyproject.toml", "pylock.toml", CLOSED_SET) if n in resolved.files]
     if "packages.txt" in resolved.files:
         sources.append("packages.txt")
     if not sources:

@@ -4,7 +4,8 @@
 # command.sh sets, before sourcing (jobs/environment.py writes them):
 #   rc_env_digest  the environment's content digest: <base>/envs/<digest>/ holds it
 #   rc_env_spec    a folder holding what to install: requirements.txt | pyproject.toml [uv.lock] |
-#                  pylock.toml, and packages.txt (one requirement a line)
+#                  pylock.toml | pinned.txt (a closed set: every distribution pinned), and
+#                  packages.txt (one requirement a line)
 #   rc_env_python  a Python version, or empty for the machine's python3
 #   rc_env_index   a package index URL, or empty for the installer's default
 #   rc_env_find_links  a folder or page of wheels beside the index, or empty
@@ -69,11 +70,23 @@ rc_env_find_uv() {
   return 1
 }
 
+# uv pip VERB ARGS... into the environment, its output into the log; uv says what the requirements
+# resolved to ("Resolved N packages"): the count status.sh reports from then on.
+rc_env_uv_pip() {
+  { "$uv" pip "$@" --python "$rc_env_dir/bin/python" 2>&1
+    echo "$?" > "$rc_env_dir/.install-rc"; } | while IFS= read -r line; do
+    printf '%s\n' "$line"
+    case $line in "Resolved "[0-9]*) printf 'uv %s\n' "$(echo "$line" | cut -d' ' -f2)" > "$rc_env_jobdir/env.state" ;; esac
+  done
+  read -r rc < "$rc_env_dir/.install-rc" 2> /dev/null || rc=1
+  rm -f -- "$rc_env_dir/.install-rc"
+  return "$rc"
+}
 rc_env_build() {
   rm -rf -- "$rc_env_dir"
   started=$(date +%s)
   req=
-  for f in requirements.txt pyproject.toml pylock.toml; do [ -f "$rc_env_spec/$f" ] && req=$rc_env_spec/$f; done
+  for f in requirements.txt pyproject.toml pylock.toml pinned.txt; do [ -f "$rc_env_spec/$f" ] && req=$rc_env_spec/$f; done
   [ -s "$rc_env_spec/packages.txt" ] && pkgs=$rc_env_spec/packages.txt || pkgs=
   set --
   [ -n "$rc_env_find_links" ] && set -- --find-links "$rc_env_find_links"
@@ -81,6 +94,7 @@ rc_env_build() {
   # What status.sh reports while the build lasts: the tool and how many requirements were asked for,
   # then (uv) how many packages they resolved to.
   rc_env_count=$(cat -- ${req:+"$req"} ${pkgs:+"$pkgs"} < /dev/null 2> /dev/null | grep -cE '^[A-Za-z0-9]')
+  case $req in *pylock.toml) rc_env_count=$(grep -c '^\[\[packages\]\]' "$req") ;; esac
   if uv=$(rc_env_find_uv); then
     tool="uv $("$uv" --version | cut -d' ' -f2)"
     printf 'uv %s\n' "$rc_env_count" > "$rc_env_jobdir/env.state"
@@ -93,15 +107,15 @@ rc_env_build() {
     "$uv" venv -q ${rc_env_python:+--python "$rc_env_python"} -- "$rc_env_dir" || return
     if [ -n "$req$pkgs" ]; then
       [ -n "$rc_env_offline" ] && set -- --offline "$@" || set -- ${rc_env_index:+--default-index "$rc_env_index"} "$@"
-      # uv says what the requirements resolved to ("Resolved N packages"): the count reported from then on
-      { "$uv" pip install --python "$rc_env_dir/bin/python" "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} 2>&1
-        echo "$?" > "$rc_env_dir/.install-rc"; } | while IFS= read -r line; do
-        printf '%s\n' "$line"
-        case $line in "Resolved "[0-9]*) printf 'uv %s\n' "$(echo "$line" | cut -d' ' -f2)" > "$rc_env_jobdir/env.state" ;; esac
-      done
-      read -r rc < "$rc_env_dir/.install-rc" 2> /dev/null || rc=1
-      rm -f -- "$rc_env_dir/.install-rc"
-      [ "$rc" = 0 ] || return "$rc"
+      # A lock is a whole set: sync installs it as it is, with no resolution (twice as fast for a
+      # large set); packages on top are then resolved against it. A set that is not a lock is resolved.
+      case ${req##*/} in
+        pylock.toml | locked.txt | pinned.txt)
+          echo "environment $rc_env_short: ${req##*/} is a closed set: synced as it is"
+          rc_env_uv_pip sync "$@" "$req" || return
+          [ -z "$pkgs" ] || rc_env_uv_pip install "$@" -r "$pkgs" || return ;;
+        *) rc_env_uv_pip install "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return ;;
+      esac
     fi
     "$uv" pip freeze --python "$rc_env_dir/bin/python" > "$rc_env_dir/environment.txt" || return
   else
@@ -195,4 +209,4 @@ VIRTUAL_ENV=$rc_env_dir
 PATH=$rc_env_dir/bin:$PATH
 export VIRTUAL_ENV PATH
 unset PYTHONHOME
-unset -f rc_env_lock rc_env_unlock rc_env_find_uv rc_env_build rc_env_in_use rc_env_evict
+unset -f rc_env_lock rc_env_unlock rc_env_find_uv rc_env_uv_pip rc_env_build rc_env_in_use rc_env_evict
