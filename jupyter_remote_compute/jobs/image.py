@@ -1,10 +1,11 @@
 """A job's container image: the reference, the runtime that runs it, and how its command is wrapped.
 
-A job with an ``image`` runs its command inside it (``engines/farside/container.sh``), on the machines
-whose jobs are detached processes (local, ssh): the job folder mounted at its own path, so the
-launcher, the log, the outputs and the job's MLflow store are the same as outside. The machine option
-``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker) and
-``container_network`` (host, none) are the machine's.
+A job whose ``environment.image`` names one runs its command inside it (``engines/farside/container.sh``),
+on the machines whose jobs are detached processes (local, ssh): the job folder mounted at its own path, so
+the launcher, the log, the outputs and the job's MLflow store are the same as outside. A Python
+environment asked for beside the image is built inside it (``jobs/environment.py``), in the machine's
+env cache mounted at its own path. The machine's ``environment`` option, else its options ``image`` and
+``container_runtime``, give the default image; ``container_network`` (host, none) is the machine's.
 
 The reference is pinned on the machine the first time it runs there (``<base>/images/``); the far side
 opens the job's log with the line ``image <ref> <digest> (<runtime> <version>, <rootless|rootful>)``,
@@ -48,6 +49,21 @@ class Image:
     runtime: str = "auto"
 
     @classmethod
+    def checked(cls, ref: Any, runtime: Any, ref_field: str, runtime_field: str) -> Image:
+        """The image named by ``ref`` and ``runtime`` (None or "": auto); errors name the fields given."""
+        runtime = "auto" if runtime is None or runtime == "" else runtime  # {} or 0 are no runtime's name
+        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
+            raise InvalidSettings(
+                f"{ref_field}: {ref!r} is not an image reference (registry/name:tag or name@sha256:…)",
+                field=ref_field,
+            )
+        if not isinstance(runtime, str) or runtime not in RUNTIMES:
+            raise InvalidSettings(
+                f"{runtime_field}: {runtime!r} is not one of {', '.join(RUNTIMES)}", field=runtime_field
+            )
+        return cls(ref, runtime)
+
+    @classmethod
     def from_json(cls, value: Any, field: str = "image") -> Image | None:
         """``"REF"`` or ``{"ref": REF, "runtime": …}``; null is no image. Errors name the field."""
         if value is None:
@@ -60,18 +76,7 @@ class Image:
         if unknown:
             name = f"{field}.{sorted(unknown)[0]}"
             raise InvalidSettings(f"{name}: unknown setting (an image has ref and runtime)", field=name)
-        ref, runtime = value.get("ref"), value.get("runtime")
-        runtime = "auto" if runtime is None or runtime == "" else runtime  # {} or 0 are no runtime's name
-        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
-            raise InvalidSettings(
-                f"{field}.ref: {ref!r} is not an image reference (registry/name:tag or name@sha256:…)",
-                field=f"{field}.ref",
-            )
-        if not isinstance(runtime, str) or runtime not in RUNTIMES:
-            raise InvalidSettings(
-                f"{field}.runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}", field=f"{field}.runtime"
-            )
-        return cls(ref, runtime)
+        return cls.checked(value.get("ref"), value.get("runtime"), f"{field}.ref", f"{field}.runtime")
 
     def to_json(self) -> dict[str, str]:
         return {"ref": self.ref, "runtime": self.runtime}
@@ -101,19 +106,23 @@ def network_of(options: Mapping[str, Any]) -> str:
     return network
 
 
+#: The spec's field an image is asked for in, named by every refusal.
+FIELD = "environment.image"
+
+
 def admit(image: Image, machine: str, kind: str, runs_images: bool, facts: Mapping[str, Any] | None) -> None:
     """Refuse, at submit, an image on a machine that cannot run it, naming what to install."""
     if not runs_images:
         raise InvalidSettings(
-            f"image: {machine} is a {kind} machine, which does not run container images; use a local or ssh machine",
-            field="image",
+            f"{FIELD}: {machine} is a {kind} machine, which does not run container images; use a local or ssh machine",
+            field=FIELD,
         )
     have = {c["runtime"] for c in (facts or {}).get("containers") or ()}
     wanted = [image.runtime] if image.runtime != "auto" else ["podman", "docker"]
     if not have.intersection(wanted):
         hint = " or ".join(f"{w} ({INSTALL_HINT[w]})" for w in wanted)
         raise InvalidSettings(
-            f"image: {machine} has no container runtime to run {image.ref}: install {hint}", field="image"
+            f"{FIELD}: {machine} has no container runtime to run {image.ref}: install {hint}", field=FIELD
         )
 
 
@@ -133,6 +142,14 @@ exec sh "$2"
 """
 
 
+#: command.sh's base of the machine, from the job folder as env.sh finds it (``<base>/[jobs/]<id>``), so
+#: the env cache is mounted at the very path env.sh inside the image looks for it.
+_BASE_SH = "base=${jobdir%/*}; case $base in */jobs) base=${base%/jobs} ;; esac\n"
+#: What a job that builds a Python environment in its image gets mounted, each at its own path: the
+#: machine's env cache (the environments, keyed by the image's digest too) and tools (a uv sent there).
+_ENV_MOUNTS = ("envs", "tools")
+
+
 def container_command(
     image: Image,
     command: str | Sequence[str],
@@ -140,12 +157,21 @@ def container_command(
     options: Mapping[str, Any],
     pins: str,
     gpu_args: Sequence[str] = (),
+    env_cache: bool = False,
+    read_only: Sequence[str] = (),
 ) -> str:
     """The job's command.sh body for a job in ``image``: write the command beside it, then container.sh.
 
-    ``pins`` is the machine's folder of image pins, as a sh word (``ShellEngine.base_expr``'s).
+    ``pins`` is the machine's folder of image pins, as a sh word (``ShellEngine.base_expr``'s);
+    ``env_cache`` mounts the machine's ``envs/`` and ``tools/`` (a job building its environment in the
+    image); ``read_only`` are files of this machine mounted read-only at their own path (this side's uv).
     """
     inner = command_script(command)
+    mounts: list[str] = []
+    if env_cache:
+        mounts = [w for d in _ENV_MOUNTS for w in ("-v", f'"$base/{d}:$base/{d}"')]
+    for path in read_only:
+        mounts += ["-v", shlex.quote(f"{path}:{path}:ro")]
     words = [
         '"$jobdir"',
         pins,
@@ -154,29 +180,39 @@ def container_command(
         shlex.quote(network_of(options)),
         shlex.quote(" ".join(env_names(env))),
         shlex.quote(ENTRY_SH),
+        *mounts,
         *(shlex.quote(a) for a in gpu_args),
     ]
+    prepare = ""
+    if env_cache:
+        dirs = " ".join(f'"$base/{d}"' for d in _ENV_MOUNTS)
+        prepare = _BASE_SH + f"mkdir -p -- {dirs} || exit 97\n"
     return (
         "jobdir=$(cd .. && pwd -P) || exit 97\n"
-        f"printf '%s' {shlex.quote(inner)} > \"$jobdir/command.inner.sh\" || exit 97\n"
+        + prepare
+        + f"printf '%s' {shlex.quote(inner)} > \"$jobdir/command.inner.sh\" || exit 97\n"
         f"exec {farside.command_line('container', *words)}"
     )
 
 
-def with_machine_default(spec: Any, options: Mapping[str, Any]) -> Any:
-    """``spec`` (a JobSpec) with the machine's image where it names none of its own."""
-    if spec.image is None and (default := machine_default(options)):
-        return dataclasses.replace(spec, image=default)
-    return spec
-
-
-def launch_command(spec: Any, env: Sequence[str], engine: Engine) -> str | Sequence[str]:
-    """What the launcher runs for ``spec`` (a JobSpec): its command, inside its image if it has one."""
+def launch_command(
+    spec: Any,
+    command: str | Sequence[str],
+    env: Sequence[str],
+    engine: Engine,
+    env_cache: bool = False,
+    read_only: Sequence[str] = (),
+) -> str | Sequence[str]:
+    """What the launcher runs for ``spec`` (a JobSpec): ``command`` (its own, or behind its environment),
+    inside its image if it has one; ``env_cache`` and ``read_only`` as ``container_command``'s."""
     if not spec.image:
-        return spec.command
+        return command
     if not (isinstance(engine, ShellEngine) and engine.launcher.runs_images):
         raise EngineError(f"{engine.name} is a {engine.kind} machine, which does not run container images")
-    return container_command(spec.image, spec.command, env, engine.machine_options, engine.base_expr() + "/images")
+    pins = engine.base_expr() + "/images"
+    return container_command(
+        spec.image, command, env, engine.machine_options, pins, env_cache=env_cache, read_only=read_only
+    )
 
 
 def gpu_args(runtime: str, gpus: int | None, visible: str | None = None) -> list[str]:
