@@ -539,6 +539,35 @@ def test_an_ssh_job_runs_rootless_and_its_files_are_the_users(
     assert not _containers(job.id, user=rootless_user)
 
 
+def test_an_ssh_job_builds_its_environment_inside_the_image_rootless_with_the_uv_sent(
+    rootless_user, test_image, index, ssh_agent_env, workspace, make_service
+):
+    """The machine's environment option names the image; the job's requirements are built in it by the
+    uv this side sent (the user has none, the image neither), as the user, in the machine's env cache."""
+    (workspace / "fit.py").write_text("import rcdemo_a, sys\nprint('value', rcdemo_a.VALUE, 'prefix', sys.prefix)\n")
+    (workspace / "requirements.txt").write_text(f"# {uuid.uuid4()}\nrcdemo-b\n")
+    service = make_service(workspace)
+    options = {"environment": {"image": test_image.ref, "runtime": "podman"}, "index_url": index.url}
+    service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options(ssh_transport="openssh", **options))
+    spec = JobSpec.from_json(
+        {"machine": "box", "command": ["python", "fit.py"], "send": ["fit.py"],
+         "environment": {"requirements": "requirements.txt"}}
+    )  # fmt: skip
+    job = service.wait(service.submit(spec).job.id, timeout=300)
+    log = service.read_log(job.id).data.decode()
+    assert job.state == "succeeded", (job.reason, log)
+    assert job.spec.image == images.Image(test_image.ref, "podman")
+    assert ", rootless)" in log and "building with uv " in log and "value a1" in log
+    prefix = Path(log.split("prefix ", 1)[1].split()[0])
+    envs = ssh_agent_env.far_path(ssh_agent_env.base_dir.removeprefix("~/")) / "envs"
+    assert prefix.parent == envs.resolve() and prefix.name.endswith(test_image.digest(user=rootless_user)[7:23])
+    assert prefix.stat().st_uid == pwd.getpwnam(rootless_user).pw_uid, "built as the user, not a mapped id"
+    again = service.wait(service.submit(spec, new=True).job.id, timeout=300)
+    assert again.state == "succeeded", again.reason
+    assert ": cached (" in service.read_log(again.id).data.decode()
+    assert not _containers(job.id, user=rootless_user)
+
+
 # -- what is refused at submit, and the arguments built ---------------------------------------------
 
 
