@@ -454,11 +454,9 @@ def test_a_job_runs_in_docker_keeps_its_exit_code_and_cancel_removes_it(
     docker_image, test_image, workspace, make_service, tracking_uri
 ):
     service = make_service(workspace)
-    image = {"ref": docker_image, "runtime": "docker"}
+    image = {"image": docker_image, "runtime": "docker"}
     job = service.wait(
-        service.submit(
-            JobSpec.from_json({"command": f"cat {MARKER}; id -u; exit 3", "environment": {"image": image}})
-        ).job.id,
+        service.submit(JobSpec.from_json({"command": f"cat {MARKER}; id -u; exit 3", "environment": image})).job.id,
         180,
     )
     assert job.state == "failed" and job.exit_code == 3, (job.state, job.exit_code, job.reason)
@@ -472,9 +470,7 @@ def test_a_job_runs_in_docker_keeps_its_exit_code_and_cancel_removes_it(
     assert not _docker_containers(job.id)
 
     running = service.advance(
-        service.submit(
-            JobSpec.from_json({"command": "echo started; sleep 600", "environment": {"image": image}})
-        ).job.id
+        service.submit(JobSpec.from_json({"command": "echo started; sleep 600", "environment": image})).job.id
     )
     wait_for(lambda: b"started" in service.read_log(running.id).data, timeout=180, message="the docker job to start")
     assert _docker_containers(running.id) == [f"jrc-{running.id}"]
