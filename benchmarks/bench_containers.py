@@ -76,7 +76,9 @@ def main() -> None:
         service.machines.add("far", "ssh", "127.0.0.1", bed.options(container_network="none"))
         cases = {
             "job, no image": JobSpec.from_json({"machine": "far", "command": "true"}),
-            "job, cached image": JobSpec.from_json({"machine": "far", "command": "true", "image": image.ref}),
+            "job, cached image": JobSpec.from_json(
+                {"machine": "far", "command": "true", "environment": {"image": image.ref}}
+            ),
         }
         for spec in cases.values():  # warm: the image pinned, MLflow's store made
             job = service.wait(service.submit(spec, new=True).job.id, timeout=300)

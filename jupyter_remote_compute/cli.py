@@ -214,7 +214,7 @@ def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     del settings["command"]
     if not settings["name"]:
         del settings["name"]
-    if settings.pop("image") is not None:
+    if (settings.get("environment") or {}).get("image"):
         raise InvalidSettings("--image: a notebook job does not run in an image yet; leave it out", field="image")
     settings.update(notebook=args.notebook, parameters=parse_parameters(args.parameter), python=python)
     return notebook_spec(settings)[0]

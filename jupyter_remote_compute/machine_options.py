@@ -41,7 +41,7 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     "env_max_age_days": OptionField(int, "Days an unused Python environment stays on the machine (default 30)"),
     "env_max_bytes": OptionField(int, "Most bytes the machine's Python environments take together (default 20 GiB)"),
     # Container images (jobs/image.py): run on local and ssh machines, refused at submit elsewhere.
-    "image": OptionField(str, "The container image jobs run in unless they name their own"),
+    "image": OptionField(str, "The container image jobs run in unless they, or the environment option, name one"),
     "container_runtime": OptionField(str, "auto (podman, else docker), podman or docker"),
     "container_network": OptionField(str, "host (default) or none: the containers' network"),
     "container_gpus": OptionField(str, "none (default) or all: whether jobs' containers get all the machine's GPUs"),

@@ -11,9 +11,9 @@ RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, --image, --runtime, the
+    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, the
     resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment (--requirements,
-    --package, --python, --same-env), then ``--`` and the command."""
+    --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
     parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
     parser.add_argument(
@@ -26,10 +26,6 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", help="the longest the job may run, e.g. 3600, 30m, 2h")
     parser.add_argument("--detach", action="store_true", help="start the job and return at once")
     parser.add_argument("--new", action="store_true", help="start a new job even if the same work is running")
-    parser.add_argument("--image", help="a container image to run the command in (default: the machine's)")
-    parser.add_argument(
-        "--runtime", choices=("auto", "podman", "docker"), help="the container runtime for --image (default: auto)"
-    )
     wanted = parser.add_argument_group("resources", "what the job asks its machine for (default: the machine's)")
     wanted.add_argument("--gpus", help="GPUs per node")
     wanted.add_argument("--cpus", help="CPUs per node")
@@ -46,6 +42,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="the environment's Python version, e.g. 3.11 (with --notebook, a command such as python3.11 that runs it)",
     )
     env.add_argument("--same-env", dest="same_env", action="store_true", help="the packages of this Python, pinned")
+    env.add_argument(
+        "--image", help="a container image the command (and the environment) runs in (default: the machine's)"
+    )
+    env.add_argument(
+        "--runtime", choices=("auto", "podman", "docker"), help="the container runtime for --image (default: auto)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
 
 
@@ -73,6 +75,9 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         "packages": list(getattr(args, "packages", None) or []),
         "python": getattr(args, "python", None),  # JobSpec says what a version looks like
         "same_as_here": bool(getattr(args, "same_env", False)),
+        "image": getattr(args, "image", None),
+        # JobSpec refuses a runtime without an image, naming the field
+        "runtime": getattr(args, "runtime", None),
     }
     settings = {
         "machine": args.machine,
@@ -84,10 +89,7 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         "timeout": args.timeout,
         # Checked with the rest of the spec (JobSpec.from_json), so errors name resources.<field>.
         "resources": {name: value for name in RESOURCE_OPTIONS if (value := getattr(args, name, None)) is not None},
-        "image": {"ref": args.image, "runtime": getattr(args, "runtime", None)}
-        if getattr(args, "image", None)
-        else None,
     }
-    if any(environment.values()):  # none asked: the machine's default environment, if it has one
+    if any(environment.values()):  # none asked: the machine's defaults, if it has them
         settings["environment"] = environment
     return settings

@@ -1479,10 +1479,8 @@ export interface components {
             new?: boolean | null;
             resources?: components["schemas"]["Resources"] | null;
             environment?: components["schemas"]["Environment"] | null;
-            /** @description a container image to run the command in (local and ssh machines); null: the machine's default */
-            image?: (string | components["schemas"]["Image"]) | null;
         };
-        /** @description the Python environment the command runs in, built once per machine and content on the machine (null: the machine's `environment` option, else the machine's own Python) */
+        /** @description the Python environment the command runs in, built once per machine and content on the machine, and the container image the command (and the environment's build) runs in (null: the machine's `environment` option, else its `image` option, else the machine's own Python and shell) */
         Environment: {
             /** @description a workspace file: requirements.txt, pyproject.toml (with its uv.lock), or pylock.toml */
             requirements?: string | null;
@@ -1492,12 +1490,10 @@ export interface components {
             python?: string | null;
             /** @description the submitting Python's distributions, pinned */
             same_as_here?: boolean | null;
-        };
-        Image: {
-            /** @description registry/name:tag or name@sha256:… */
-            ref: string;
+            /** @description a container image (registry/name:tag or name@sha256:…) to run the command in, on local and ssh machines; with requirements or packages the environment is built inside it, keyed by its digest */
+            image?: string | null;
             /**
-             * @description auto: podman, else docker
+             * @description the image's runtime; auto: podman, else docker
              * @enum {string|null}
              */
             runtime?: "auto" | "podman" | "docker" | null;

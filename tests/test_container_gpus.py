@@ -200,7 +200,9 @@ def test_an_agent_jobs_container_gets_the_gpu_the_agent_chose(agent_bed):
     try:
         agent_bed.add_machine("lab")
         agent_bed.start_agent("lab", "--gpus-per-job", "1", "--gpu-ids", "3")
-        job = server.request("POST", "jobs", {"machine": "lab", "command": "true", "image": ref})["job"]
+        job = server.request("POST", "jobs", {"machine": "lab", "command": "true", "environment": {"image": ref}})[
+            "job"
+        ]
         done = wait_for(
             lambda: (j := server.request("GET", f"jobs/{job['id']}"))["state"] in ("succeeded", "failed") and j,
             timeout=240,

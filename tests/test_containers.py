@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import agent_fixture
+import package_index
 import pytest
 import slurm_fixture
 import sshd_fixture
@@ -37,6 +38,7 @@ sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 slurm_bed = slurm_fixture.slurm_bed
 agent_bed = agent_fixture.agent_bed
+index = package_index.index
 
 MARKER = "/etc/jrc-image-marker"
 CONTAINERS_CONF = """\
@@ -160,7 +162,7 @@ def test_a_local_job_runs_in_its_image_and_records_the_digest(test_image, worksp
     )
     service = make_service(workspace)
     spec = JobSpec.from_json(
-        {"command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"], "image": test_image.ref}
+        {"command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"], "environment": {"image": test_image.ref}}
     )
     job = service.wait(service.submit(spec).job.id, timeout=180)
     assert job.state == "succeeded", job.reason
@@ -186,16 +188,67 @@ def test_a_local_job_runs_in_its_image_and_records_the_digest(test_image, worksp
     assert len(pins) == 1 and pins[0].read_text().split()[0] in (digest, digest.removeprefix("sha256:"))
 
 
+def test_a_python_environment_is_built_inside_the_image_once_and_is_the_images_own(
+    test_image, index, workspace, make_service, scratch_dir, tracking_uri
+):
+    """The image has python3 but neither uv nor venv: this side's uv, mounted, builds the environment in
+    it, under the machine's env cache; the next job takes it cached; the same content outside the image
+    is another environment."""
+    from jupyter_remote_compute.environment_record import TAG as TAG_ENVIRONMENT
+
+    (workspace / "fit.py").write_text(
+        f"import os, rcdemo_a, sys\nm = open({MARKER!r}).read().strip() if os.path.exists({MARKER!r}) else '-'\n"
+        "print('value', rcdemo_a.VALUE, 'prefix', sys.prefix, 'marker', m)\n"
+    )
+    (workspace / "requirements.txt").write_text(f"# {uuid.uuid4()}\nrcdemo-b\n")
+    service = make_service(workspace)
+    data = {
+        "command": ["python", "fit.py"], "send": ["fit.py"],
+        "env": {"UV_DEFAULT_INDEX": index.url},  # the built-in machine's installer reads the index here
+        "environment": {"requirements": "requirements.txt", "image": test_image.ref},
+    }  # fmt: skip
+    spec = JobSpec.from_json(data)
+    first = service.wait(service.submit(spec).job.id, timeout=300)
+    log = service.read_log(first.id).data.decode()
+    assert first.state == "succeeded", (first.reason, log)
+    digest = test_image.digest()
+    assert f"image {test_image.ref} {digest} (podman " in log
+    assert "building with uv " in log and ": built in " in log, log
+    assert f"value a1 prefix {scratch_dir.resolve()}/envs/" in log  # rcdemo-b brought rcdemo-a 1.0, in the image
+    assert f"marker {test_image.marker}" in log
+    prefix = Path(log.split("prefix ", 1)[1].split()[0])
+    assert prefix.name.endswith("-" + digest.removeprefix("sha256:")[:16]), "named by the image's digest too"
+    assert (prefix / "complete").is_file() and prefix.parent == scratch_dir.resolve() / "envs"
+    run = MlflowClient(tracking_uri).get_run(first.mlflow_run_id)
+    assert run.data.tags[images.TAG_DIGEST] == digest
+    assert prefix.name.startswith(run.data.tags[TAG_ENVIRONMENT]), "the environment's tag is its content digest"
+
+    again = service.wait(service.submit(spec, new=True).job.id, timeout=300)
+    later = service.read_log(again.id).data.decode()
+    assert again.state == "succeeded", (again.reason, later)
+    assert ": cached (" in later and "built in" not in later and f"value a1 prefix {prefix} " in later
+
+    # The same content with no image: the machine's own Python, an environment of its own.
+    outside = {**data, "environment": {"requirements": "requirements.txt"}}
+    bare = service.wait(service.submit(JobSpec.from_json(outside)).job.id, timeout=300)
+    bare_log = service.read_log(bare.id).data.decode()
+    assert bare.state == "succeeded", (bare.reason, bare_log)
+    assert ": built in " in bare_log and f"prefix {prefix} " not in bare_log and "value a1" in bare_log
+    assert "marker -" in bare_log
+
+
 def test_the_exit_code_is_the_commands(test_image, workspace, make_service):
     service = make_service(workspace)
-    job = service.wait(service.submit(JobSpec.from_json({"command": "exit 7", "image": test_image.ref})).job.id, 180)
+    job = service.wait(
+        service.submit(JobSpec.from_json({"command": "exit 7", "environment": {"image": test_image.ref}})).job.id, 180
+    )
     assert job.state == "failed" and job.exit_code == 7, (job.state, job.exit_code, job.reason)
     assert not _containers(job.id)
 
 
 def test_a_missing_image_fails_the_job_with_the_runtimes_words(test_image, workspace, make_service):
     service = make_service(workspace)
-    spec = JobSpec.from_json({"command": "true", "image": "localhost/jrc-no-such-image:1"})
+    spec = JobSpec.from_json({"command": "true", "environment": {"image": "localhost/jrc-no-such-image:1"}})
     job = service.wait(service.submit(spec).job.id, 180)
     assert job.state == "failed", job.state
     log = service.read_log(job.id).data.decode()
@@ -210,7 +263,7 @@ def test_a_moved_tag_does_not_move_the_pin(test_image, workspace, make_service):
     _podman("import", str(test_image.rootfs), ref)
     try:
         service = make_service(workspace)
-        spec = JobSpec.from_json({"command": f"cat {MARKER}", "image": ref})
+        spec = JobSpec.from_json({"command": f"cat {MARKER}", "environment": {"image": ref}})
         first = service.wait(service.submit(spec).job.id, 180)
         assert first.state == "succeeded", first.reason
         pinned = _digest_of(ref)
@@ -234,7 +287,7 @@ def test_a_moved_tag_does_not_move_the_pin(test_image, workspace, make_service):
 def test_a_leftover_container_of_the_same_job_is_replaced(test_image, workspace, make_service):
     """A start that made its container but died before it ran leaves the name taken: the next start runs."""
     service = make_service(workspace)
-    job = service.submit(JobSpec.from_json({"command": "echo fresh", "image": test_image.ref})).job
+    job = service.submit(JobSpec.from_json({"command": "echo fresh", "environment": {"image": test_image.ref}})).job
     _podman("create", "--name", f"jrc-{job.id}", "--label", f"jrc.job={job.id}", test_image.ref, "true")
     done = service.wait(job.id, 180)
     assert done.state == "succeeded", done.reason
@@ -252,7 +305,7 @@ def test_a_secret_reaches_the_command_and_no_inspect_output(test_image, workspac
     service.secrets.set("test/api", secret)
     spec = JobSpec.from_json(
         {"command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/key.sha"],
-         "env": {"API_KEY": "secret:test/api", "PLAIN": "visible"}, "image": test_image.ref}
+         "env": {"API_KEY": "secret:test/api", "PLAIN": "visible"}, "environment": {"image": test_image.ref}}
     )  # fmt: skip
     job = service.advance(service.submit(spec).job.id)
     running = wait_for(
@@ -280,7 +333,9 @@ def test_a_secret_reaches_the_command_and_no_inspect_output(test_image, workspac
 def test_cancel_stops_and_removes_the_container(test_image, workspace, make_service):
     service = make_service(workspace)
     job = service.advance(
-        service.submit(JobSpec.from_json({"command": "echo started; sleep 600", "image": test_image.ref})).job.id
+        service.submit(
+            JobSpec.from_json({"command": "echo started; sleep 600", "environment": {"image": test_image.ref}})
+        ).job.id
     )
     wait_for(
         lambda: service.get(job.id).state == "running" and b"started" in service.read_log(job.id).data,
@@ -349,18 +404,9 @@ def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_
     service = make_service(workspace)
     service.machines.add("nb", "jupyter", "http://127.0.0.1:9", {"token_secret": "compute/remote"})
     with pytest.raises(InvalidSettings) as e:
-        service.submit(JobSpec.from_json({"machine": "nb", "command": "true", "image": "python:3.12"}))
-    assert e.value.field == "image" and "jupyter machine" in str(e.value)
+        service.submit(JobSpec.from_json({"machine": "nb", "command": "true", "environment": {"image": "python:3.12"}}))
+    assert e.value.field == "environment.image" and "jupyter machine" in str(e.value)
     assert service.list_jobs() == [], "nothing is stored for a refused job"
-
-
-def test_an_image_with_a_python_environment_is_refused_for_now(workspace, make_service):
-    service = make_service(workspace)
-    spec = JobSpec.from_json({"command": "true", "image": "python:3.12", "environment": {"packages": ["numpy"]}})
-    with pytest.raises(InvalidSettings) as e:
-        service.submit(spec)
-    assert e.value.field == "image" and "environment" in str(e.value)
-    assert service.list_jobs() == []
 
 
 # -- docker: its own daemon on a private socket ----------------------------------------------------
@@ -415,9 +461,10 @@ def test_a_job_runs_in_docker_keeps_its_exit_code_and_cancel_removes_it(
     docker_image, test_image, workspace, make_service, tracking_uri
 ):
     service = make_service(workspace)
-    image = {"ref": docker_image, "runtime": "docker"}
+    image = {"image": docker_image, "runtime": "docker"}
     job = service.wait(
-        service.submit(JobSpec.from_json({"command": f"cat {MARKER}; id -u; exit 3", "image": image})).job.id, 180
+        service.submit(JobSpec.from_json({"command": f"cat {MARKER}; id -u; exit 3", "environment": image})).job.id,
+        180,
     )
     assert job.state == "failed" and job.exit_code == 3, (job.state, job.exit_code, job.reason)
     log = service.read_log(job.id).data.decode()
@@ -430,7 +477,7 @@ def test_a_job_runs_in_docker_keeps_its_exit_code_and_cancel_removes_it(
     assert not _docker_containers(job.id)
 
     running = service.advance(
-        service.submit(JobSpec.from_json({"command": "echo started; sleep 600", "image": image})).job.id
+        service.submit(JobSpec.from_json({"command": "echo started; sleep 600", "environment": image})).job.id
     )
     wait_for(lambda: b"started" in service.read_log(running.id).data, timeout=180, message="the docker job to start")
     assert _docker_containers(running.id) == [f"jrc-{running.id}"]
@@ -518,7 +565,13 @@ def test_a_slurm_job_runs_in_its_image_inside_the_batch_job(
     podman = next(c for c in hpc.engine("hpc").check()["containers"] if c["runtime"] == "podman")
     assert podman["rootless"] is True, "the login node's facts name the runtime the job's user has"
     spec = JobSpec.from_json(
-        {"machine": "hpc", "command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"], "image": test_image.ref}
+        {
+            "machine": "hpc",
+            "command": "sh job.sh",
+            "send": ["job.sh"],
+            "bring_back": ["out/"],
+            "environment": {"image": test_image.ref},
+        }
     )
     job = hpc.wait(hpc.submit(spec).job.id, timeout=240)
     assert job.state == "succeeded", job.reason
@@ -540,7 +593,9 @@ def test_a_slurm_job_runs_in_its_image_inside_the_batch_job(
 def test_scancel_stops_and_removes_the_slurm_jobs_container(hpc, rootless_user, test_image):
     job = hpc.advance(
         hpc.submit(
-            JobSpec.from_json({"machine": "hpc", "command": "echo started; sleep 600", "image": test_image.ref})
+            JobSpec.from_json(
+                {"machine": "hpc", "command": "echo started; sleep 600", "environment": {"image": test_image.ref}}
+            )
         ).job.id
     )
     wait_for(lambda: b"started" in hpc.read_log(job.id).data, timeout=240, message="the Slurm job's container to run")
@@ -553,10 +608,10 @@ def test_scancel_stops_and_removes_the_slurm_jobs_container(hpc, rootless_user, 
 
 
 def test_a_slurm_machine_refuses_docker_at_submit(hpc, workspace):
-    spec = {"machine": "hpc", "command": "true", "image": {"ref": "python:3.12", "runtime": "docker"}}
+    spec = {"machine": "hpc", "command": "true", "environment": {"image": "python:3.12", "runtime": "docker"}}
     with pytest.raises(InvalidSettings) as e:
         hpc.submit(JobSpec.from_json(spec))
-    assert e.value.field == "image.runtime" and "podman" in str(e.value)
+    assert e.value.field == "environment.runtime" and "podman" in str(e.value)
     assert hpc.list_jobs() == []
 
 
@@ -588,7 +643,7 @@ def test_an_agent_job_runs_in_its_image_and_cancel_removes_its_container(agent_b
         agent = agent_bed.start_agent("lab")
         (quickstart / "job.sh").write_text(f"mkdir -p out; cat {MARKER} > out/marker.txt; id -u > out/uid.txt\n")
         body = {"machine": "lab", "command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"]}
-        job = server.request("POST", "jobs", {**body, "image": test_image.ref})["job"]
+        job = server.request("POST", "jobs", {**body, "environment": {"image": test_image.ref}})["job"]
         done = wait_for(
             lambda: (j := server.request("GET", f"jobs/{job['id']}"))["state"] in ("succeeded", "failed") and j,
             timeout=240,
@@ -605,7 +660,7 @@ def test_an_agent_job_runs_in_its_image_and_cancel_removes_its_container(agent_b
         assert len(pins) == 1
 
         running = server.request("POST", "jobs", {"machine": "lab", "command": "echo started; sleep 600",
-                                                  "image": test_image.ref})["job"]  # fmt: skip
+                                                  "environment": {"image": test_image.ref}})["job"]  # fmt: skip
         wait_for(
             lambda: "started" in server.request("GET", f"jobs/{running['id']}/log")["data"],
             timeout=240,
@@ -624,6 +679,35 @@ def test_an_agent_job_runs_in_its_image_and_cancel_removes_its_container(agent_b
         _podman("system", "reset", "--force", user=user, home=home, check=False)
 
 
+def test_an_ssh_job_builds_its_environment_inside_the_image_rootless_with_the_uv_sent(
+    rootless_user, test_image, index, ssh_agent_env, workspace, make_service
+):
+    """The machine's environment option names the image; the job's requirements are built in it by the
+    uv this side sent (the user has none, the image neither), as the user, in the machine's env cache."""
+    (workspace / "fit.py").write_text("import rcdemo_a, sys\nprint('value', rcdemo_a.VALUE, 'prefix', sys.prefix)\n")
+    (workspace / "requirements.txt").write_text(f"# {uuid.uuid4()}\nrcdemo-b\n")
+    service = make_service(workspace)
+    options = {"environment": {"image": test_image.ref, "runtime": "podman"}, "index_url": index.url}
+    service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options(ssh_transport="openssh", **options))
+    spec = JobSpec.from_json(
+        {"machine": "box", "command": ["python", "fit.py"], "send": ["fit.py"],
+         "environment": {"requirements": "requirements.txt"}}
+    )  # fmt: skip
+    job = service.wait(service.submit(spec).job.id, timeout=300)
+    log = service.read_log(job.id).data.decode()
+    assert job.state == "succeeded", (job.reason, log)
+    assert job.spec.image == images.Image(test_image.ref, "podman")
+    assert ", rootless)" in log and "building with uv " in log and "value a1" in log
+    prefix = Path(log.split("prefix ", 1)[1].split()[0])
+    envs = ssh_agent_env.far_path(ssh_agent_env.base_dir.removeprefix("~/")) / "envs"
+    assert prefix.parent == envs.resolve() and prefix.name.endswith(test_image.digest(user=rootless_user)[7:23])
+    assert prefix.stat().st_uid == pwd.getpwnam(rootless_user).pw_uid, "built as the user, not a mapped id"
+    again = service.wait(service.submit(spec, new=True).job.id, timeout=300)
+    assert again.state == "succeeded", again.reason
+    assert ": cached (" in service.read_log(again.id).data.decode()
+    assert not _containers(job.id, user=rootless_user)
+
+
 # -- what is refused at submit, and the arguments built ---------------------------------------------
 
 
@@ -631,7 +715,7 @@ def test_an_image_is_refused_where_no_runtime_runs_it():
     both = ("podman", "docker")
     with pytest.raises(InvalidSettings) as e:
         images.admit(images.Image("python:3.12"), "gpu1", "ssh", both, {"containers": []})
-    assert e.value.field == "image" and "apt-get install podman" in str(e.value) and "gpu1" in str(e.value)
+    assert e.value.field == "environment.image" and "apt-get install podman" in str(e.value) and "gpu1" in str(e.value)
     with pytest.raises(InvalidSettings, match=r"docker\.io"):
         images.admit(
             images.Image("python:3.12", "docker"), "gpu1", "ssh", both,
@@ -663,18 +747,22 @@ def test_a_slurm_machine_runs_images_in_podman_only_and_names_what_it_lacks():
 
 def test_bad_image_settings_name_the_field():
     for bad, field in (
-        ({"image": "has space"}, "image.ref"),
-        ({"image": "x; rm -rf /"}, "image.ref"),
-        ({"image": {"ref": "python:3", "runtime": "lxc"}}, "image.runtime"),
-        ({"image": {"ref": "python:3", "runtime": {}}}, "image.runtime"),  # not taken for "auto"
-        ({"image": {"ref": "python:3", "runtime": 0}}, "image.runtime"),
-        ({"image": {"ref": "python:3", "pull": "always"}}, "image.pull"),
-        ({"image": 3}, "image"),
-        ({"image": ""}, "image.ref"),  # as the API says (minLength 1): leave it out for no image
+        ({"image": "has space"}, "environment.image"),
+        ({"image": "x; rm -rf /"}, "environment.image"),
+        ({"image": "python:3", "runtime": "lxc"}, "environment.runtime"),
+        ({"image": "python:3", "runtime": {}}, "environment.runtime"),  # not taken for "auto"
+        ({"image": "python:3", "runtime": 0}, "environment.runtime"),
+        ({"image": {"ref": "python:3"}}, "environment.image"),  # a reference, not an object
+        ({"image": 3}, "environment.image"),
+        ({"runtime": "podman"}, "environment.runtime"),  # a runtime runs an image: name one
     ):
         with pytest.raises(InvalidSettings) as e:
-            JobSpec.from_json({"command": "true", **bad})
+            JobSpec.from_json({"command": "true", "environment": bad})
         assert e.value.field == field, (bad, e.value.field)
+    # One way only: the image's old place is refused, saying where it went.
+    with pytest.raises(InvalidSettings, match=r"environment\.image") as e:
+        JobSpec.from_json({"command": "true", "image": "python:3.12"})
+    assert e.value.field == "image"
     with pytest.raises(InvalidSettings) as e:
         images.network_of({"container_network": "bridge"})
     assert e.value.field == "options.container_network"
@@ -684,8 +772,53 @@ def test_the_image_is_part_of_the_key():
     from jupyter_remote_compute.jobs.key import job_key
 
     plain = JobSpec.from_json({"command": "true"})
-    boxed = JobSpec.from_json({"command": "true", "image": "python:3.12"})
-    other = JobSpec.from_json({"command": "true", "image": {"ref": "python:3.12", "runtime": "docker"}})
+    boxed = JobSpec.from_json({"command": "true", "environment": {"image": "python:3.12"}})
+    other = JobSpec.from_json({"command": "true", "environment": {"image": "python:3.12", "runtime": "docker"}})
     keys = {job_key(s, []) for s in (plain, boxed, other)}
     assert len(keys) == 3
     assert JobSpec.from_stored(boxed.to_json()) == boxed and "image" not in plain.to_json()
+    assert boxed.to_json()["environment"] == {"image": "python:3.12"} and "image" not in boxed.to_json()
+    # A job stored when the image was a field of its own reads into the environment, with the same key.
+    legacy = {**plain.to_json(), "image": {"ref": "python:3.12", "runtime": "docker"}}
+    assert JobSpec.from_stored(legacy) == other and job_key(JobSpec.from_stored(legacy), []) == job_key(other, [])
+    both = {**legacy, "environment": {"packages": ["numpy"]}}
+    assert (
+        JobSpec.from_stored(both).environment
+        == JobSpec.from_json(
+            {"command": "true", "environment": {"packages": ["numpy"], "image": "python:3.12", "runtime": "docker"}}
+        ).environment
+    )
+
+
+def test_the_machines_image_options_and_environment_option_are_defaults_the_jobs_own_win():
+    from jupyter_remote_compute.jobs.environment import with_machine_default
+
+    bare = JobSpec.from_json({"command": "true"})
+    own = JobSpec.from_json({"command": "true", "environment": {"image": "mine:1", "packages": ["a"]}})
+    old_options = {"image": "old:1", "container_runtime": "docker"}
+    assert with_machine_default(bare, old_options).image == images.Image("old:1", "docker")
+    folded = {**old_options, "environment": {"image": "new:1", "packages": ["b"]}}
+    assert with_machine_default(bare, folded).environment.to_json() == {"packages": ["b"], "image": "new:1"}
+    assert with_machine_default(own, folded).environment == own.environment
+    # the job's Python part with the machine's image: a lock file on the machine's CUDA image
+    python_only = JobSpec.from_json({"command": "true", "environment": {"packages": ["a"]}})
+    assert with_machine_default(python_only, folded).environment.to_json() == {"packages": ["a"], "image": "new:1"}
+
+
+def test_a_pipeline_step_takes_an_image_in_its_environment_that_its_schema_describes():
+    import jsonschema
+
+    from jupyter_remote_compute.steps import TRAIN_ON_REMOTE_MACHINE
+    from jupyter_remote_compute.steps.executor import parse_settings
+
+    schema = TRAIN_ON_REMOTE_MACHINE["settings"]
+    settings = {"command": "python fit.py", "environment": {"requirements": "r.txt", "image": "python:3.12"}}
+    jsonschema.validate(settings, schema)
+    jsonschema.validate({**settings, "environment": {"image": "python:3.12", "runtime": "docker"}}, schema)
+    for bad in ({"image": "x; rm -rf /"}, {"image": ""}, {"image": "python:3.12", "runtime": "lxc"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**settings, "environment": bad}, schema)
+    with pytest.raises(jsonschema.ValidationError):  # the image's old place is no setting of a step
+        jsonschema.validate({**settings, "image": "python:3.12"}, schema)
+    spec, _ = parse_settings(settings)
+    assert spec.image == images.Image("python:3.12") and spec.environment.requirements == "r.txt"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import http.server
 import importlib.metadata
 import os
 import platform
@@ -25,6 +24,7 @@ from pathlib import Path
 import agent_fixture
 import jupyter_server_fixture
 import nbformat
+import package_index
 import pytest
 import slurm_fixture
 import sshd_fixture
@@ -39,115 +39,11 @@ ssh_agent_env = sshd_fixture.ssh_agent_env
 slurm_bed = slurm_fixture.slurm_bed
 remote_server = jupyter_server_fixture.remote_server
 agent_bed = agent_fixture.agent_bed
+index = package_index.index
+Index = package_index.Index
 
 #: Imports the package only the environment holds and prints what it found.
 SCRIPT = "import rcdemo_a, sys\nprint('value', rcdemo_a.VALUE, 'prefix', sys.prefix)\n"
-
-
-def _wheel(folder: Path, name: str, version: str, body: str, requires: tuple[str, ...] = ()) -> None:
-    """A pure-Python wheel with one module, written as the zip it is."""
-    module = name.replace("-", "_")
-    info = f"{module}-{version}.dist-info"
-    files = {
-        f"{module}/__init__.py": body,
-        f"{info}/METADATA": "Metadata-Version: 2.1\n"
-        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    with zipfile.ZipFile(folder / f"{module}-{version}-py3-none-any.whl", "w") as z:
-        for path, text in files.items():
-            z.writestr(path, text)
-
-
-def _core_metadata(wheel: Path) -> str:
-    """The index link's attribute naming a wheel's metadata file (PEP 714), where there is one."""
-    meta = wheel.with_name(wheel.name + ".metadata")
-    return f' data-core-metadata="sha256={hashlib.sha256(meta.read_bytes()).hexdigest()}"' if meta.is_file() else ""
-
-
-class Index:
-    """The test's package index; ``hold`` makes requests for one project wait until ``release``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.held: str | None = None
-        self.uv_cache = root
-        self.asked = threading.Event()
-        self.gate = threading.Event()
-        index = self
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *a, **kw):  # type: ignore[no-untyped-def]
-                super().__init__(*a, directory=str(root), **kw)
-
-            def do_GET(self) -> None:
-                # a wheel's metadata (PEP 658) is the resolution's: only the download itself waits
-                if index.held and f"/{index.held}" in self.path and not self.path.endswith(".metadata"):
-                    index.asked.set()
-                    index.gate.wait(120)
-                super().do_GET()
-
-            def log_message(self, *a) -> None:  # type: ignore[no-untyped-def]
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def hold(self, project: str) -> None:
-        self.held, self.asked, self.gate = project, threading.Event(), threading.Event()
-
-    def release(self) -> None:
-        self.held = None
-        self.gate.set()
-
-    def stop(self) -> None:
-        self.release()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
-    root = tmp_path_factory.mktemp("index")
-    uv_cache = tmp_path_factory.mktemp("uv-cache")  # the built-in machine's uv: a cache of this run's own
-    files = root / "files"
-    files.mkdir()
-    _wheel(files, "rcdemo-a", "1.0", "VALUE = 'a1'\n")
-    _wheel(files, "rcdemo-a", "2.0", "VALUE = 'a2'\n")
-    _wheel(files, "rcdemo-b", "1.0", "from rcdemo_a import VALUE as A\n", requires=("rcdemo-a==1.0",))
-    _wheel(files, "rcdemo-c", "1.0", "")
-    _wheel(files, "rcdemo-slow", "1.0", "")
-    # a compiled package's only wheel: this side's platform, no other
-    _wheel(files, "rcdemo-native", "1.0", "")
-    native = files / "rcdemo_native-1.0-py3-none-any.whl"
-    native.rename(files / "rcdemo_native-1.0-cp311-cp311-manylinux_2_28_x86_64.whl")
-    # Two with their metadata beside the wheel (PEP 658): uv resolves them without downloading a wheel.
-    _wheel(files, "rcdemo-top", "1.0", "", requires=("rcdemo-dep",))
-    _wheel(files, "rcdemo-dep", "1.0", "")
-    for wheel in (*files.glob("rcdemo_top-*.whl"), *files.glob("rcdemo_dep-*.whl")):
-        with zipfile.ZipFile(wheel) as z:
-            metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
-        wheel.with_name(wheel.name + ".metadata").write_bytes(metadata)
-    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native", "rcdemo-top", "rcdemo-dep"):
-        (root / "simple" / project).mkdir(parents=True)
-        links = "".join(
-            f'<a href="../../files/{w.name}"{_core_metadata(w)}>{w.name}</a>\n'
-            for w in sorted(files.glob(project.replace("-", "_") + "-*.whl"))
-        )
-        (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
-    served = Index(root)
-    served.uv_cache = uv_cache
-    yield served
-    served.stop()
 
 
 #: The job env that reaches the test's index, by machine: the built-in machine takes no options, so

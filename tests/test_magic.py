@@ -287,6 +287,20 @@ def test_bad_options_are_a_usage_error(kernel) -> None:
     assert cell.error["ename"] == "UsageError" and "--bogus" in cell.error["evalue"]
 
 
+def test_image_and_runtime_fill_the_jobs_environment(kernel, quickstart: Path, make_service) -> None:
+    """--image reaches the job as environment.image: an agent machine, which runs no image, refuses it by
+    that name at submit; a runtime with no image is refused naming environment.runtime."""
+    make_service(quickstart).machines.add("lab", "agent", "lab.lab")
+    cell = kernel.run("%remote_train --machine lab --image python:3.12 --runtime podman --requirements r.txt -- true")
+    assert cell.error["ename"] == "InvalidSettings", cell.error
+    assert "environment.image: lab" in cell.error["evalue"] and "agent machine" in cell.error["evalue"]
+    cell = kernel.run("%remote_train --image 'x;y' -- true")
+    assert cell.error["ename"] == "InvalidSettings" and "environment.image" in cell.error["evalue"]
+    cell = kernel.run("%remote_train --runtime docker -- true")
+    assert cell.error["ename"] == "InvalidSettings" and "environment.runtime" in cell.error["evalue"]
+    assert make_service(quickstart).list_jobs() == [], "nothing is stored for a refused job"
+
+
 # -- the same magic on an SSH machine: a real sshd and ssh-agent on loopback ----------------------
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env

@@ -98,6 +98,12 @@ def test_run_notebook_with_an_image_is_refused_naming_the_option(workspace, scra
     )  # fmt: skip
     assert done.returncode != 0 and "--image: a notebook job does not run in an image yet" in done.stderr
     assert not (workspace / ".punica" / "jobs.json").exists()  # nothing was submitted
+    # a pipeline's notebook step, which has no such option, is refused by the field
+    from jupyter_remote_compute.pipelines.notebook import notebook_spec
+
+    with pytest.raises(InvalidSettings) as e:
+        notebook_spec({"notebook": "train.ipynb", "environment": {"image": "x:1"}})
+    assert e.value.field == "environment.image"
 
 
 def test_a_failing_third_cell_fails_the_job_with_that_cell_and_the_notebook_comes_back(

@@ -2,7 +2,8 @@
 
 A job may ask for ``requirements`` (a workspace file: requirements.txt, a pyproject.toml with the
 uv.lock beside it, or a pylock.toml), ``packages`` added on top, a ``python`` version, and
-``same_as_here`` (the distributions of the interpreter it is submitted from). At submit the request
+``same_as_here`` (the distributions of the interpreter it is submitted from), and the container
+``image`` (with its ``runtime``) the command and the environment run in. At submit the request
 is resolved to content (``resolve``): the texts of those files and the pinned list, whose digest is
 part of the job's key and names the environment on the machine.
 
@@ -10,7 +11,9 @@ The content travels as inputs of the job (``environment_inputs``, under ``_remot
 through the machine's normal send: a lock file of any size), and the job's own ``command.sh``
 (``far_command``) runs the far-side script ``engines/farside/env.sh`` ahead of the command: so every
 kind (they all end in ``sh command.sh``) makes the environment ready itself, in the job's process,
-with nothing to reach on this side.
+with nothing to reach on this side. In an image, env.sh runs inside the container, in the machine's
+env cache mounted at its own path, and names the environment by the image's pinned digest too: two
+images never share one.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write
 from ..machine_options import URL_CREDENTIALS
+from . import image as images
 
-FIELDS = ("requirements", "packages", "python", "same_as_here")
+#: What makes a Python environment; ``image`` and ``runtime`` say where it (or the bare command) runs.
+PYTHON_FIELDS = ("requirements", "packages", "python", "same_as_here")
+FIELDS = (*PYTHON_FIELDS, "image", "runtime")
 #: The name each kind of requirements file takes on the far side (a pyproject's uv.lock goes beside it).
 _PYLOCK = re.compile(r"^pylock(\.[A-Za-z0-9_-]+)?\.toml$")
 _PYTHON = re.compile(r"^\d+(\.\d+){0,2}$")
@@ -54,6 +60,13 @@ class Environment:
     packages: tuple[str, ...] = ()
     python: str | None = None
     same_as_here: bool = False
+    # The container image the command (and the environment's build) runs in; None: the machine's shell.
+    image: images.Image | None = None
+
+    @property
+    def builds(self) -> bool:
+        """Whether a Python environment is asked for (an image alone runs the image's own Python)."""
+        return bool(self.requirements or self.packages or self.python or self.same_as_here)
 
     @classmethod
     def from_json(cls, data: Any, field: str = "environment") -> Environment | None:
@@ -63,7 +76,9 @@ class Environment:
         if data is None:
             return None
         if not isinstance(data, Mapping):
-            raise InvalidSettings(f"{field}: expected requirements, packages, python or same_as_here", field=field)
+            raise InvalidSettings(
+                f"{field}: expected requirements, packages, python, same_as_here or image", field=field
+            )
         unknown = sorted(set(data) - set(FIELDS))
         if unknown:
             raise InvalidSettings(f"{field}.{unknown[0]}: unknown setting (known: {', '.join(FIELDS)})", field=field)
@@ -82,7 +97,12 @@ class Environment:
         same = data.get("same_as_here", False)
         if not isinstance(same, bool):
             raise InvalidSettings(f"{field}.same_as_here: expected true or false", field=f"{field}.same_as_here")
-        env = cls(requirements, tuple(p.strip() for p in packages), python, same)
+        ref, runtime = data.get("image") or None, data.get("runtime")
+        if ref is None and runtime not in (None, "", "auto"):
+            where = f"{field}.runtime"
+            raise InvalidSettings(f"{where}: says how to run an image; name one in {field}.image", field=where)
+        image = images.Image.checked(ref, runtime, f"{field}.image", f"{field}.runtime") if ref is not None else None
+        env = cls(requirements, tuple(p.strip() for p in packages), python, same, image)
         return env if env != cls() else None
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +115,15 @@ class Environment:
             data["python"] = self.python
         if self.same_as_here:
             data["same_as_here"] = True
+        if self.image:
+            data["image"] = self.image.ref
+            if self.image.runtime != "auto":
+                data["runtime"] = self.image.runtime
         return data
+
+    def python_part(self) -> Environment:
+        """What makes the Python environment, without the image."""
+        return dataclasses.replace(self, image=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +250,7 @@ def environment_inputs(job: Any, jobdir: Path, digests: Any) -> list[InputFile]:
     its resolved content (``<jobdir>/environment/``): they cross by the machine's own send, never in a
     command line, so their size is no kind's concern (a Slurm or SkyPilot start passes command.sh as
     one argument, at most 128 KiB on Linux)."""
-    if job.spec.environment is None or not (jobdir / RESOLVED_FILE).is_file():
+    if not builds(job.spec) or not (jobdir / RESOLVED_FILE).is_file():
         return []
     files = []
     for name, text in sorted(load(jobdir).files.items()):
@@ -277,10 +305,16 @@ def far_command(
 
 
 def with_machine_default(spec: Any, options: Mapping[str, Any]) -> Any:
-    """``spec`` with the machine's ``environment`` option when it asks for none itself (the job's own wins)."""
-    if spec.environment is not None or not options.get("environment"):
-        return spec
-    return dataclasses.replace(spec, environment=Environment.from_json(options["environment"], "options.environment"))
+    """``spec`` with the machine's defaults where it asks for nothing itself: its Python environment from
+    the machine's ``environment`` option, its image from that option's ``image``, else from the options
+    ``image`` and ``container_runtime``. The job's own Python part and its own image each win."""
+    own = spec.environment or Environment()
+    machine = Environment.from_json(options.get("environment"), "options.environment") or Environment()
+    python = own.python_part() if own.builds else machine.python_part()
+    image = own.image or machine.image or images.machine_default(options)
+    merged = dataclasses.replace(python, image=image)
+    environment = merged if merged != Environment() else None
+    return spec if environment == spec.environment else dataclasses.replace(spec, environment=environment)
 
 
 def _this_sides_uv() -> Path | None:
@@ -307,10 +341,10 @@ def tool_inputs(job: Any, digests: Any, facts: Mapping[str, Any] | None = None) 
     machine's last check (``usage.known_facts``); one that found a uv there sends none, unknown
     facts send it. A uv for another OS or architecture fails its ``--version`` there and the build
     falls back to venv + pip."""
-    if job.spec.environment is None or job.kind in _NO_SENT_UV or not sys.platform.startswith("linux"):
+    if not builds(job.spec) or job.kind in _NO_SENT_UV or not sys.platform.startswith("linux"):
         return []
-    if facts and "arch" in facts and facts.get("uv"):
-        return []  # the machine's own uv builds it
+    if facts and "arch" in facts and facts.get("uv") and job.spec.image is None:
+        return []  # the machine's own uv builds it; a container sees none of the machine's programs
     uv = _this_sides_uv()
     if uv is None:
         return []
@@ -318,14 +352,24 @@ def tool_inputs(job: Any, digests: Any, facts: Mapping[str, Any] | None = None) 
     return [InputFile(SENT_UV, uv.resolve(), st.st_size, digests.digest(uv.resolve(), st), 0o644)]
 
 
+def builds(spec: Any) -> bool:
+    """Whether ``spec`` (a JobSpec) asks for a Python environment to be built."""
+    return spec.environment is not None and spec.environment.builds
+
+
+def local_uv(job: Any) -> Path | None:
+    """This side's uv when ``job`` builds an environment on the built-in machine (this one), which runs
+    it as it is; in an image it is mounted read-only at its own path (jobs/image.py)."""
+    return _this_sides_uv() if job.kind == "local" and builds(job.spec) else None
+
+
 def launch_command(job: Any, jobdir: Path, files: Sequence[InputFile] = ()) -> str | Sequence[str]:
     """What the far side runs for ``job``: its command, behind its environment when it has one.
     ``files``: what was sent, a uv from ``tool_inputs`` among them."""
-    if job.spec.environment is None or not (jobdir / RESOLVED_FILE).is_file():
+    if not builds(job.spec) or not (jobdir / RESOLVED_FILE).is_file():
         return job.spec.command
     options = job.machine_snapshot.get("options") or {}
-    # the built-in machine is this one: this side's uv runs there as it is
-    uv = _this_sides_uv() if job.kind == "local" else None
+    uv = local_uv(job)
     sent = next((f.sha256 for f in files if f.relpath == SENT_UV), None)
     return far_command(job.spec.command, load(jobdir), options, str(uv) if uv else None, sent)
 
@@ -471,7 +515,7 @@ def wheel_inputs(
     import tempfile
 
     options = job.machine_snapshot.get("options") or {}
-    if job.spec.environment is None or options.get("wheels") != "from_here" or not (jobdir / RESOLVED_FILE).is_file():
+    if not builds(job.spec) or options.get("wheels") != "from_here" or not (jobdir / RESOLVED_FILE).is_file():
         return []
     uv = _this_sides_uv()
     if uv is None:

@@ -1,11 +1,13 @@
 """A job's container image: the reference, the runtime that runs it, and how its command is wrapped.
 
-A job with an ``image`` runs its command inside it (``engines/farside/container.sh``, the body of its
-``command.sh``) on the kinds whose engine names runtimes (``Engine.image_runtimes``): local and ssh
-(detached processes), slurm (in the batch job, podman only) and agent: the job folder mounted at its
-own path, so the launcher, the log, the outputs and the job's MLflow store are the same as outside.
-The machine option ``image`` is the default of its jobs; ``container_runtime`` (auto, podman, docker),
-``container_network`` (host, none) and ``container_gpus`` (none, all) are the machine's.
+A job whose ``environment.image`` names one runs its command inside it (``engines/farside/container.sh``,
+the body of its ``command.sh``) on the kinds whose engine names runtimes (``Engine.image_runtimes``):
+local and ssh (detached processes), slurm (in the batch job, podman only) and agent: the job folder
+mounted at its own path, so the launcher, the log, the outputs and the job's MLflow store are the same
+as outside. A Python environment asked for beside the image is built inside it (``jobs/environment.py``),
+in the machine's env cache mounted at its own path. The machine's ``environment`` option, else its
+options ``image`` and ``container_runtime``, give the default image; ``container_network`` (host, none)
+and ``container_gpus`` (none, all) are the machine's.
 
 The reference is pinned on the machine the first time it runs there (``<base>/images/``); the far side
 opens the job's log with the line ``image <ref> <digest> (<runtime> <version>, <rootless|rootful>)``,
@@ -57,6 +59,21 @@ class Image:
     runtime: str = "auto"
 
     @classmethod
+    def checked(cls, ref: Any, runtime: Any, ref_field: str, runtime_field: str) -> Image:
+        """The image named by ``ref`` and ``runtime`` (None or "": auto); errors name the fields given."""
+        runtime = "auto" if runtime is None or runtime == "" else runtime  # {} or 0 are no runtime's name
+        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
+            raise InvalidSettings(
+                f"{ref_field}: {ref!r} is not an image reference (registry/name:tag or name@sha256:…)",
+                field=ref_field,
+            )
+        if not isinstance(runtime, str) or runtime not in RUNTIMES:
+            raise InvalidSettings(
+                f"{runtime_field}: {runtime!r} is not one of {', '.join(RUNTIMES)}", field=runtime_field
+            )
+        return cls(ref, runtime)
+
+    @classmethod
     def from_json(cls, value: Any, field: str = "image") -> Image | None:
         """``"REF"`` or ``{"ref": REF, "runtime": …}``; null is no image. Errors name the field."""
         if value is None:
@@ -69,18 +86,7 @@ class Image:
         if unknown:
             name = f"{field}.{sorted(unknown)[0]}"
             raise InvalidSettings(f"{name}: unknown setting (an image has ref and runtime)", field=name)
-        ref, runtime = value.get("ref"), value.get("runtime")
-        runtime = "auto" if runtime is None or runtime == "" else runtime  # {} or 0 are no runtime's name
-        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
-            raise InvalidSettings(
-                f"{field}.ref: {ref!r} is not an image reference (registry/name:tag or name@sha256:…)",
-                field=f"{field}.ref",
-            )
-        if not isinstance(runtime, str) or runtime not in RUNTIMES:
-            raise InvalidSettings(
-                f"{field}.runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}", field=f"{field}.runtime"
-            )
-        return cls(ref, runtime)
+        return cls.checked(value.get("ref"), value.get("runtime"), f"{field}.ref", f"{field}.runtime")
 
     def to_json(self) -> dict[str, str]:
         return {"ref": self.ref, "runtime": self.runtime}
@@ -110,6 +116,10 @@ def network_of(options: Mapping[str, Any]) -> str:
     return network
 
 
+#: The spec's field an image is asked for in, named by every refusal.
+FIELD = "environment.image"
+
+
 def admit(image: Image, machine: str, kind: str, runtimes: Sequence[str], facts: Mapping[str, Any] | None) -> None:
     """Refuse, at submit, an image on a machine that cannot run it, naming what to install.
 
@@ -118,15 +128,15 @@ def admit(image: Image, machine: str, kind: str, runtimes: Sequence[str], facts:
     """
     if not runtimes:
         raise InvalidSettings(
-            f"image: {machine} is a {kind} machine, which does not run container images; "
+            f"{FIELD}: {machine} is a {kind} machine, which does not run container images; "
             "use a local, ssh, slurm or agent machine",
-            field="image",
+            field=FIELD,
         )
     if image.runtime != "auto" and image.runtime not in runtimes:
         raise InvalidSettings(
-            f"image.runtime: {machine} is a {kind} machine, whose jobs run images in {' or '.join(runtimes)}, "
+            f"environment.runtime: {machine} is a {kind} machine, whose jobs run images in {' or '.join(runtimes)}, "
             f"not {image.runtime}",
-            field="image.runtime",
+            field="environment.runtime",
         )
     installed = {c["runtime"] for c in (facts or {}).get("containers") or ()}
     wanted = [image.runtime] if image.runtime != "auto" else list(runtimes)
@@ -135,7 +145,7 @@ def admit(image: Image, machine: str, kind: str, runtimes: Sequence[str], facts:
         unused = sorted(installed - set(wanted))
         has = f" (it has {', '.join(unused)}, which jobs' images do not run in)" if unused else ""
         raise InvalidSettings(
-            f"image: {machine} has no container runtime to run {image.ref}{has}: install {hint}", field="image"
+            f"{FIELD}: {machine} has no container runtime to run {image.ref}{has}: install {hint}", field=FIELD
         )
 
 
@@ -216,6 +226,14 @@ exec sh "$2"
 """
 
 
+#: command.sh's base of the machine, from the job folder as env.sh finds it (``<base>/[jobs/]<id>``), so
+#: the env cache is mounted at the very path env.sh inside the image looks for it.
+_BASE_SH = "base=${jobdir%/*}; case $base in */jobs) base=${base%/jobs} ;; esac\n"
+#: What a job that builds a Python environment in its image gets mounted, each at its own path: the
+#: machine's env cache (the environments, keyed by the image's digest too) and tools (a uv sent there).
+_ENV_MOUNTS = ("envs", "tools")
+
+
 def container_command(
     image: Image,
     command: str | Sequence[str],
@@ -223,13 +241,22 @@ def container_command(
     options: Mapping[str, Any],
     pins: str,
     gpus: str = "none",
+    env_cache: bool = False,
+    read_only: Sequence[str] = (),
 ) -> str:
     """The job's command.sh body for a job in ``image``: write the command beside it, then container.sh.
 
     ``pins`` is the machine's folder of image pins, as a sh word (``Engine.image_pins``); ``gpus`` is
-    container.sh's GPUS (``gpu_request``), which it turns into the runtime's flags.
+    container.sh's GPUS (``gpu_request``), which it turns into the runtime's flags; ``env_cache`` mounts
+    the machine's ``envs/`` and ``tools/`` (a job building its environment in the image); ``read_only``
+    are files of this machine mounted read-only at their own path (this side's uv).
     """
     inner = command_script(command)
+    mounts: list[str] = []
+    if env_cache:
+        mounts = [w for d in _ENV_MOUNTS for w in ("-v", f'"$base/{d}:$base/{d}"')]
+    for path in read_only:
+        mounts += ["-v", shlex.quote(f"{path}:{path}:ro")]
     words = [
         '"$jobdir"',
         pins,
@@ -239,25 +266,32 @@ def container_command(
         shlex.quote(" ".join(env_names(env))),
         shlex.quote(ENTRY_SH),
         shlex.quote(gpus),
+        *mounts,
     ]
+    prepare = ""
+    if env_cache:
+        dirs = " ".join(f'"$base/{d}"' for d in _ENV_MOUNTS)
+        prepare = _BASE_SH + f"mkdir -p -- {dirs} || exit 97\n"
     return (
         "jobdir=$(cd .. && pwd -P) || exit 97\n"
-        f"printf '%s' {shlex.quote(inner)} > \"$jobdir/command.inner.sh\" || exit 97\n"
+        + prepare
+        + f"printf '%s' {shlex.quote(inner)} > \"$jobdir/command.inner.sh\" || exit 97\n"
         f"exec {farside.command_line('container', *words)}"
     )
 
 
-def with_machine_default(spec: Any, options: Mapping[str, Any]) -> Any:
-    """``spec`` (a JobSpec) with the machine's image where it names none of its own."""
-    if spec.image is None and (default := machine_default(options)):
-        return dataclasses.replace(spec, image=default)
-    return spec
-
-
-def launch_command(spec: Any, env: Sequence[str], engine: Engine) -> str | Sequence[str]:
-    """What the launcher runs for ``spec`` (a JobSpec): its command, inside its image if it has one."""
+def launch_command(
+    spec: Any,
+    command: str | Sequence[str],
+    env: Sequence[str],
+    engine: Engine,
+    env_cache: bool = False,
+    read_only: Sequence[str] = (),
+) -> str | Sequence[str]:
+    """What the launcher runs for ``spec`` (a JobSpec): ``command`` (its own, or behind its environment),
+    inside its image if it has one; ``env_cache`` and ``read_only`` as ``container_command``'s."""
     if not spec.image:
-        return spec.command
+        return command
     runtimes = engine.image_runtimes()
     if not runtimes:
         raise EngineError(f"{engine.name} is a {engine.kind} machine, which does not run container images")
@@ -266,7 +300,9 @@ def launch_command(spec: Any, env: Sequence[str], engine: Engine) -> str | Seque
         image = dataclasses.replace(image, runtime=runtimes[0])  # "auto" never picks one the kind refuses
     options = engine.machine_options
     gpus = gpu_request(spec.resources, options, engine)
-    return container_command(image, spec.command, env, options, engine.image_pins(), gpus)
+    return container_command(
+        image, command, env, options, engine.image_pins(), gpus, env_cache=env_cache, read_only=read_only
+    )
 
 
 def parse_log_head(head: str) -> dict[str, str] | None:

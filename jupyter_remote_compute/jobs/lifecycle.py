@@ -31,7 +31,7 @@ from . import image as images
 from . import record as record_later
 from .collect import Collector
 from .context import JobContext, remote_of
-from .environment import environment_inputs, launch_command, tool_inputs, wheel_inputs
+from .environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
@@ -157,7 +157,7 @@ class Driver:
             self.leases.update(job.id, handle=dict(remote.handle))
             jobdir = self.ctx.workspace.job_dir(job.id)
             punica = self.ctx.workspace.punica_dir
-            facts = known_facts(punica, job.machine) if job.spec.environment else None
+            facts = known_facts(punica, job.machine) if builds(job.spec) else None
             wheels = wheel_inputs(job, jobdir, self.digests, punica / "wheels", facts)
             files = self._inputs(job) + environment_inputs(job, jobdir, self.digests)
             files += tool_inputs(job, self.digests, facts) + wheels
@@ -171,10 +171,18 @@ class Driver:
 
             stats = engine.send(remote, files, report)
             env, secrets = job.spec.plain_env(), secret_env(self.ctx.secrets, job)
+            # The environment goes ahead of the command, and both into the image when the job names one.
+            uv = local_uv(job)
+            command = images.launch_command(
+                job.spec,
+                launch_command(job, jobdir, files),
+                [*env, *secrets],
+                engine,
+                env_cache=builds(job.spec),
+                read_only=[str(uv)] if uv else (),
+            )
             launch = LaunchSpec(
-                command=launch_command(job, jobdir, files)
-                if job.spec.environment
-                else images.launch_command(job.spec, [*env, *secrets], engine),
+                command=command,
                 env=env,
                 secret_env=secrets,
                 resources=job.spec.resources,

@@ -221,13 +221,7 @@ class JobService:
                 )
 
         spec = environments.with_machine_default(spec, machine.options)
-        spec = images.with_machine_default(spec, machine.options)
         if spec.image:
-            if spec.environment:
-                raise InvalidSettings(
-                    "image: a Python environment inside an image is not built yet; leave one of them out",
-                    field="image",
-                )
             self._admit_image(machine, spec.image, spec.resources)
         files, key, resolved = self._inputs_and_key(spec)
         experiment = self.settings.tracking.experiment
@@ -285,7 +279,8 @@ class JobService:
             facts = engine.check() if runtimes else None
         except EngineError as e:
             raise InvalidSettings(
-                f"image: could not learn whether {machine.name} runs images ({e}); try again", field="image"
+                f"{images.FIELD}: could not learn whether {machine.name} runs images ({e}); try again",
+                field=images.FIELD,
             ) from None
         images.admit(image, machine.name, machine.kind, runtimes, facts)
         gpus = images.gpu_request(resources, machine.options, engine)
@@ -294,13 +289,14 @@ class JobService:
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
         """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""
         files = build_manifest(self.workspace.root, spec.send, self.digests)
-        resolved = environments.resolve(spec.environment, self.workspace.root) if spec.environment else None
+        # An image alone builds nothing: its jobs' keys hold no environment digest.
+        resolved = environments.resolve(spec.environment, self.workspace.root) if environments.builds(spec) else None
         return files, spec.key or job_key(spec, files, resolved.digest if resolved else None), resolved
 
     def latest_same_work(self, spec: JobSpec) -> Job | None:
         """The newest job doing the same work as ``spec`` (same key), whatever its state."""
         options = self.machines.get(spec.machine).options
-        spec = images.with_machine_default(environments.with_machine_default(spec, options), options)
+        spec = environments.with_machine_default(spec, options)
         _, key, _ = self._inputs_and_key(spec)
         same = [j for j in self.list_jobs(machine=spec.machine) if j.key == key]
         return same[0] if same else None

@@ -113,16 +113,25 @@ class JobSpec:
     key: str | None = None  # an explicit idempotency key; otherwise derived from the content
     # What the job asks its machine for (gpus, cpus, memory, nodes, partition); empty: the machine's defaults.
     resources: Resources = dataclasses.field(default_factory=Resources)
-    # The Python environment the command runs in (jobs/environment.py); None: the machine's own Python.
+    # The Python environment the command runs in, and the container image it runs in
+    # (jobs/environment.py, jobs/image.py); None: the machine's own Python and shell.
     environment: Environment | None = None
-    # The container image the command runs in (jobs/image.py); None: the machine's own shell.
-    image: Image | None = None
+
+    @property
+    def image(self) -> Image | None:
+        """The container image the command runs in (``environment.image``); None: the machine's own shell."""
+        return self.environment.image if self.environment else None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
         """Build and validate a spec from user input; errors name the setting."""
         if not isinstance(data, Mapping):
             raise InvalidSettings("a job needs an object of settings")
+        if "image" in data:
+            raise InvalidSettings(
+                "image: an image is part of the environment now: write environment.image (and environment.runtime)",
+                field="image",
+            )
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             name = sorted(unknown)[0]
@@ -185,7 +194,6 @@ class JobSpec:
             key=key,
             resources=Resources.from_json(data.get("resources"), "resources."),
             environment=Environment.from_json(data.get("environment")),
-            image=Image.from_json(data.get("image")),
         )
 
     @classmethod
@@ -203,8 +211,7 @@ class JobSpec:
             key=data.get("key"),
             # Most jobs ask for nothing: one shared (frozen) value, not a validation per job read.
             resources=Resources.from_json(resources) if (resources := data.get("resources")) else NO_RESOURCES,
-            environment=Environment.from_json(data.get("environment")),
-            image=Image.from_json(data.get("image")),
+            environment=_stored_environment(data),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -223,8 +230,6 @@ class JobSpec:
             data["resources"] = resources
         if self.environment:  # likewise absent when none is asked for
             data["environment"] = self.environment.to_json()
-        if self.image:  # likewise absent without one
-            data["image"] = self.image.to_json()
         return data
 
     @property
@@ -258,5 +263,14 @@ class JobSpec:
         if self.environment:
             settings.update({f"environment.packages[{i}]": p for i, p in enumerate(self.environment.packages)})
         if self.image:
-            settings["image.ref"] = self.image.ref
+            settings["environment.image"] = self.image.ref
         return settings
+
+
+def _stored_environment(data: Mapping[str, Any]) -> Environment | None:
+    """The stored environment; a job stored when the image was a spec field of its own has it moved in."""
+    environment = Environment.from_json(data.get("environment"))
+    image = Image.from_json(data.get("image"))
+    if image is None or (environment and environment.image):
+        return environment
+    return dataclasses.replace(environment or Environment(), image=image)

@@ -42,6 +42,8 @@ type Values = {
   packages: string;
   python: string;
   sameEnv: boolean;
+  image: string;
+  runtime: string;
 };
 
 const RESOURCE_FIELDS = [
@@ -103,12 +105,15 @@ function fromSpec(spec: IJobSpec | undefined): Values {
     requirements: spec?.environment?.requirements ?? '',
     packages: (spec?.environment?.packages ?? []).join('\n'),
     python: spec?.environment?.python ?? '',
-    sameEnv: spec?.environment?.same_as_here ?? false
+    sameEnv: spec?.environment?.same_as_here ?? false,
+    image: spec?.environment?.image ?? '',
+    runtime: spec?.environment?.runtime ?? 'auto'
   };
 }
 
 /**
- * The Python environment as the server reads it; nothing asked: undefined (the machine's default).
+ * The Python environment and its image as the server reads them; nothing asked: undefined (the
+ * machine's default).
  */
 function environmentOf(values: Values): IEnvironment | undefined {
   const out: IEnvironment = {};
@@ -129,6 +134,12 @@ function environmentOf(values: Values): IEnvironment | undefined {
   if (values.sameEnv) {
     out.same_as_here = true;
   }
+  if (values.image.trim()) {
+    out.image = values.image.trim();
+    if (values.runtime !== 'auto') {
+      out.runtime = values.runtime as IEnvironment['runtime'];
+    }
+  }
   return Object.keys(out).length ? out : undefined;
 }
 
@@ -144,7 +155,7 @@ function fieldOf(field: string | null): keyof Values | 'env' | null {
     const sub = field.slice('environment.'.length).split(/[.[]/)[0];
     return sub === 'same_as_here'
       ? 'sameEnv'
-      : ['requirements', 'packages', 'python'].includes(sub)
+      : ['requirements', 'packages', 'python', 'image', 'runtime'].includes(sub)
         ? (sub as keyof Values)
         : 'requirements';
   }
@@ -456,7 +467,7 @@ function JobForm(props: {
         ))}
       </fieldset>
       <fieldset className="jp-RemoteCompute-fieldset">
-        <legend>{trans.__('Python environment (optional)')}</legend>
+        <legend>{trans.__('Python environment and image (optional)')}</legend>
         <p className="jp-RemoteCompute-fieldHelp">
           {trans.__(
             'Built once on the machine and reused while its content stays the same. Leave it empty for the machine’s default.'
@@ -529,6 +540,45 @@ function JobForm(props: {
               checked={values.sameEnv}
               onChange={e => set({ sameEnv: e.target.checked })}
             />
+          )}
+        </Field>
+        <Field
+          id={`${prefix}-image`}
+          label={trans.__('Image')}
+          help={trans.__(
+            'A container image the command runs in (local and ssh machines), e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04; the environment above is built inside it. Empty: the machine’s default.'
+          )}
+          error={errors.image}
+        >
+          {aria => (
+            <input
+              {...aria}
+              className="jp-mod-styled"
+              type="text"
+              value={values.image}
+              autoComplete="off"
+              spellCheck={false}
+              onChange={e => set({ image: e.target.value })}
+            />
+          )}
+        </Field>
+        <Field
+          id={`${prefix}-runtime`}
+          label={trans.__('Container runtime')}
+          error={errors.runtime}
+        >
+          {aria => (
+            <select
+              {...aria}
+              className="jp-mod-styled"
+              value={values.runtime}
+              disabled={!values.image.trim()}
+              onChange={e => set({ runtime: e.target.value })}
+            >
+              <option value="auto">{trans.__('podman, else docker')}</option>
+              <option value="podman">podman</option>
+              <option value="docker">docker</option>
+            </select>
           )}
         </Field>
       </fieldset>

@@ -164,6 +164,23 @@ test.describe('Compute panel', () => {
     await expect(nameField).toHaveAttribute('aria-invalid', 'false');
   });
 
+  test("sends the New job form's Image as the environment's and shows its refusal there", async ({ page }) => {
+    const panel = await openPanel(page);
+    await panel.getByRole('button', { name: 'New job' }).click();
+    const form = page.getByRole('form', { name: 'New job' });
+    await form.getByLabel('Command', { exact: true }).fill('true');
+    const runtime = form.getByLabel('Container runtime', { exact: true });
+    await expect(runtime).toBeDisabled(); // a runtime runs an image: none is named yet
+    const image = form.getByLabel('Image', { exact: true });
+    await image.fill('not a reference;');
+    await expect(runtime).toBeEnabled();
+    await runtime.selectOption('podman');
+    await form.getByRole('button', { name: 'Run', exact: true }).click();
+    await expect(image).toHaveAttribute('aria-invalid', 'true');
+    await expect(form.getByRole('alert')).toContainText('environment.image');
+    await expect(form.getByRole('alert')).toContainText('is not an image reference');
+  });
+
   test('refuses a stale write and offers to reload', async ({ page }) => {
     const name = unique('stale');
     const form = await openAddForm(page);

@@ -6,7 +6,8 @@
 # never a command line or the container's config, and ENTRY (run by the image's sh with that file and
 # command.inner.sh as its arguments) reads and removes it. The job folder is mounted at its own path,
 # work/ is the working directory, and files written there belong to this user (rootless podman:
-# --userns=keep-id; otherwise --user UID:GID). The image is pinned on first use: PINS (<base>/images)
+# --userns=keep-id; otherwise --user UID:GID). JRC_IMAGE_DIGEST is the pinned id, for env.sh inside
+# (a Python environment built in the image is named by it). The image is pinned on first use: PINS (<base>/images)
 # keeps the id it had, and later jobs run that id. The container is run detached and waited for, so its exit
 # code is the job's; a TERM (cancel.sh, scancel) stops it, and it is removed before this script ends
 # (cancel.sh removes one left behind by a KILL, named in JOBDIR/container). GPUS is what the job gets
@@ -124,7 +125,7 @@ stop() { stopped=1; "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
 trap stop TERM INT HUP
 start() {
   "$rt" run -d --name "$name" --label "jrc.job=$(basename -- "$jobdir")" --init --network "$network" "$who" \
-    --log-driver=none -v "$jobdir:$jobdir" -w "$jobdir/work" "$@" --entrypoint /bin/sh "$id" \
+    --log-driver=none -v "$jobdir:$jobdir" -w "$jobdir/work" -e "JRC_IMAGE_DIGEST=$digest" "$@" --entrypoint /bin/sh "$id" \
     "$jobdir/.container-entry" "$envfile" "$jobdir/command.inner.sh" "$jobdir/log" >/dev/null
 }
 gone() {

@@ -12,6 +12,10 @@
 #   rc_env_offline 1 for wheels: from_here: install only from the wheels sent in _remote_compute_wheels/
 #   rc_env_uv      a uv binary this side knows of (the built-in machine), or empty
 #   rc_env_days rc_env_max_bytes   eviction: unused for longer than this, or beyond this size together
+# In a container image, container.sh gives JRC_IMAGE_DIGEST (the image's pinned id) and the job's
+# command.sh mounts <base>/envs and <base>/tools at their own paths: the environment is built inside
+# the image, with its Python, and named by both digests, <base>/envs/<digest>-<image id>, so two images
+# never share one. Eviction is left to the jobs outside images, which see every job folder.
 # An environment is built in place under a lock and marked `complete` last: a venv's scripts name
 # their folder, so one built elsewhere and renamed would not run. A folder without the marker is
 # never used: the next job holding the lock removes it and builds it again.
@@ -21,7 +25,13 @@ rc_env_jobs=${rc_env_jobdir%/*}
 case $rc_env_jobs in */jobs) rc_env_base=${rc_env_jobs%/jobs} ;; *) rc_env_base=$rc_env_jobs ;; esac
 rc_env_job=${rc_env_jobdir##*/}
 rc_env_root=$rc_env_base/envs
-rc_env_dir=$rc_env_root/$rc_env_digest
+rc_env_name=$rc_env_digest
+if [ -n "${JRC_IMAGE_DIGEST-}" ]; then
+  rc_env_name=$rc_env_digest-$(printf '%s' "${JRC_IMAGE_DIGEST#sha256:}" | cut -c1-16)
+  # the image's user may have no writable home for uv's cache; an environment is built once per image
+  [ -n "${UV_NO_CACHE+x}" ] || { UV_NO_CACHE=1 rc_env_nocache=1; export UV_NO_CACHE; }
+fi
+rc_env_dir=$rc_env_root/$rc_env_name
 rc_env_short=$(printf '%s' "$rc_env_digest" | cut -c1-12)
 mkdir -p -- "$rc_env_root" || { echo "environment: cannot make $rc_env_root" >&2; exit 96; }
 
@@ -161,7 +171,7 @@ rc_env_evict() {
   for d in $(ls -t -- */last-used 2> /dev/null); do
     d=${d%/last-used}
     kb=$(cat -- "$d/size_kb" 2> /dev/null || echo 0)
-    if [ "$d" != "$rc_env_digest" ] && ! rc_env_in_use "$d" &&
+    if [ "$d" != "$rc_env_name" ] && ! rc_env_in_use "$d" &&
       { [ -n "$(find "$d/last-used" -mtime +"$rc_env_days" 2> /dev/null)" ] ||
         [ $(((total + kb) * 1024)) -gt "$rc_env_max_bytes" ]; }; then
       # renamed first, so no job takes a half-deleted folder for its environment
@@ -174,7 +184,7 @@ rc_env_evict() {
 }
 
 while :; do
-  rc_env_lock "$rc_env_digest" || { echo "environment: cannot lock $rc_env_root" >&2; exit 96; }
+  rc_env_lock "$rc_env_name" || { echo "environment: cannot lock $rc_env_root" >&2; exit 96; }
   if [ -f "$rc_env_dir/complete" ]; then
     rc_env_how=cached
   elif rc_env_build 2>&1; rc_env_built=$?; rm -f -- "$rc_env_jobdir/env.state"; [ "$rc_env_built" = 0 ]; then
@@ -193,9 +203,10 @@ while :; do
   rc_env_unlock
   rc_env_lock use || { echo "environment: cannot lock $rc_env_root" >&2; exit 96; }
   if [ -f "$rc_env_dir/complete" ]; then
-    rc_env_in_use "$rc_env_dir"
+    # inside an image only this job's folder is mounted: another job's markers would look stale
+    [ -n "${JRC_IMAGE_DIGEST-}" ] || rc_env_in_use "$rc_env_dir"
     mkdir -p -- "$rc_env_dir/.users" && : > "$rc_env_dir/.users/$rc_env_job" && touch -- "$rc_env_dir/last-used"
-    rc_env_evict
+    [ -n "${JRC_IMAGE_DIGEST-}" ] || rc_env_evict
     rc_env_unlock
     break
   fi
@@ -209,4 +220,5 @@ VIRTUAL_ENV=$rc_env_dir
 PATH=$rc_env_dir/bin:$PATH
 export VIRTUAL_ENV PATH
 unset PYTHONHOME
+[ -z "${rc_env_nocache-}" ] || unset UV_NO_CACHE
 unset -f rc_env_lock rc_env_unlock rc_env_find_uv rc_env_uv_pip rc_env_build rc_env_in_use rc_env_evict
