@@ -734,13 +734,13 @@ def test_a_slurm_machine_runs_images_in_podman_only_and_names_what_it_lacks():
     apptainer = {"containers": [{"runtime": "apptainer", "version": "1.2.5", "rootless": True}]}
     with pytest.raises(InvalidSettings) as e:
         images.admit(images.Image("python:3.12"), "hpc", "slurm", ("podman",), apptainer)
-    assert e.value.field == "image"
+    assert e.value.field == "environment.image"
     assert "it has apptainer" in str(e.value) and "install podman (apt-get install podman)" in str(e.value)
     assert "docker" not in str(e.value)
     docker = {"containers": [{"runtime": "docker", "version": "20.10", "rootless": False}]}
     with pytest.raises(InvalidSettings) as e:
         images.admit(images.Image("python:3.12", "docker"), "hpc", "slurm", ("podman",), docker)
-    assert e.value.field == "image.runtime" and "podman" in str(e.value)
+    assert e.value.field == "environment.runtime" and "podman" in str(e.value)
     with pytest.raises(InvalidSettings, match="install podman"):
         images.admit(images.Image("python:3.12"), "hpc", "slurm", ("podman",), docker)
 
