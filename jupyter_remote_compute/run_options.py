@@ -11,9 +11,9 @@ RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, --image, --runtime, the
-    resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment (--requirements,
-    --package, --python, --same-env), then ``--`` and the command."""
+    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, --image, --runtime,
+    --registry-secret, the resources (--gpus, --cpus, --memory, --nodes, --partition), the Python
+    environment (--requirements, --package, --python, --same-env), then ``--`` and the command."""
     parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
     parser.add_argument(
@@ -29,6 +29,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", help="a container image to run the command in (default: the machine's)")
     parser.add_argument(
         "--runtime", choices=("auto", "podman", "docker"), help="the container runtime for --image (default: auto)"
+    )
+    parser.add_argument(
+        "--registry-secret",
+        dest="registry_secret",
+        metavar="NAME",
+        help="the Secret Manager entry (user:password) to pull the image with (default: the machine's)",
     )
     wanted = parser.add_argument_group("resources", "what the job asks its machine for (default: the machine's)")
     wanted.add_argument("--gpus", help="GPUs per node")
@@ -88,6 +94,8 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         if getattr(args, "image", None)
         else None,
     }
+    if getattr(args, "registry_secret", None):
+        settings["registry_secret"] = args.registry_secret
     if any(environment.values()):  # none asked: the machine's default environment, if it has one
         settings["environment"] = environment
     return settings

@@ -45,13 +45,15 @@ events_logger = "file"
 """
 
 
-def _podman(*args: str, user: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _podman(
+    *args: str, user: str | None = None, check: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """podman as root, or as ``user`` with only that user's own environment (their rootless store)."""
     cmd = ["podman", *args]
     if user is not None:
         home = pwd.getpwnam(user).pw_dir
         cmd = ["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", *cmd]
-    done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, input=stdin or "", timeout=300)
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
     return done
@@ -191,7 +193,8 @@ def test_a_missing_image_fails_the_job_with_the_runtimes_words(test_image, works
     assert job.state == "failed", job.state
     log = service.read_log(job.id).data.decode()
     assert "pulling localhost/jrc-no-such-image:1" in log and "container: pulling" in log
-    assert "the runtime's words are above" in log
+    # the runtime's own words end the line that names the registry
+    assert "pulling localhost/jrc-no-such-image:1 from localhost failed: Error: " in log
 
 
 def test_a_moved_tag_does_not_move_the_pin(test_image, workspace, make_service):

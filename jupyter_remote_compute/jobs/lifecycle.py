@@ -29,6 +29,7 @@ from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
 from . import image as images
 from . import record as record_later
+from . import registry
 from .collect import Collector
 from .context import JobContext, remote_of
 from .environment import launch_command, tool_inputs, wheel_inputs
@@ -168,12 +169,17 @@ class Driver:
 
             stats = engine.send(remote, files, report)
             env, secrets = job.spec.plain_env(), secret_env(self.ctx.secrets, job)
-            launch = LaunchSpec(
-                command=launch_command(job, jobdir, files)
+            command = (
+                launch_command(job, jobdir, files)
                 if job.spec.environment
-                else images.launch_command(job.spec, [*env, *secrets], engine),
-                env=env,
-                secret_env=secrets,
+                else images.launch_command(job.spec, [*env, *secrets], engine)
+            )
+            # After the command: the pull's variables are container.sh's, not the container's.
+            pull_env, pull_secrets = registry.pull_env(job, engine.machine_options, self.ctx.secrets)
+            launch = LaunchSpec(
+                command=command,
+                env={**env, **pull_env},
+                secret_env={**secrets, **pull_secrets},
                 resources=job.spec.resources,
                 timeout=job.spec.timeout,
             )

@@ -21,12 +21,14 @@ from ..errors import InvalidSettings
 from ..secrets import resolve_reference
 from .environment import Environment
 from .image import Image
+from .registry import PULL_VARS
+from .registry import check_name as check_registry_secret
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 # Set by the launcher for every job; a spec may not override them.
-RESERVED_ENV = frozenset({"MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "PYTHONUNBUFFERED"})
+RESERVED_ENV = frozenset({"MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "PYTHONUNBUFFERED", *PULL_VARS})
 
 
 def parse_duration(value: str | float | int | None, field: str) -> float | None:
@@ -117,6 +119,8 @@ class JobSpec:
     environment: Environment | None = None
     # The container image the command runs in (jobs/image.py); None: the machine's own shell.
     image: Image | None = None
+    # The Secret Manager entry (user:password) for pulling the image from a private registry (jobs/registry.py).
+    registry_secret: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -186,6 +190,7 @@ class JobSpec:
             resources=Resources.from_json(data.get("resources"), "resources."),
             environment=Environment.from_json(data.get("environment")),
             image=Image.from_json(data.get("image")),
+            registry_secret=check_registry_secret(data.get("registry_secret")),
         )
 
     @classmethod
@@ -205,6 +210,7 @@ class JobSpec:
             resources=Resources.from_json(resources) if (resources := data.get("resources")) else NO_RESOURCES,
             environment=Environment.from_json(data.get("environment")),
             image=Image.from_json(data.get("image")),
+            registry_secret=data.get("registry_secret"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -225,6 +231,8 @@ class JobSpec:
             data["environment"] = self.environment.to_json()
         if self.image:  # likewise absent without one
             data["image"] = self.image.to_json()
+        if self.registry_secret:  # likewise
+            data["registry_secret"] = self.registry_secret
         return data
 
     @property
@@ -259,4 +267,6 @@ class JobSpec:
             settings.update({f"environment.packages[{i}]": p for i, p in enumerate(self.environment.packages)})
         if self.image:
             settings["image.ref"] = self.image.ref
+        if self.registry_secret:  # a pasted password instead of a name is caught here
+            settings["registry_secret"] = self.registry_secret
         return settings
