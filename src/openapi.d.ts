@@ -1481,6 +1481,8 @@ export interface components {
             environment?: components["schemas"]["Environment"] | null;
             /** @description a container image to run the command in (local and ssh machines); null: the machine's default */
             image?: (string | components["schemas"]["Image"]) | null;
+            /** @description the Secret Manager entry (user:password) the image is pulled with; null: the machine's registry_secret */
+            registry_secret?: string | null;
         };
         /** @description the Python environment the command runs in, built once per machine and content on the machine (null: the machine's `environment` option, else the machine's own Python) */
         Environment: {

@@ -8,6 +8,7 @@ registries.conf of the tests' own (CONTAINERS_REGISTRIES_CONF): the test bed's s
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,7 @@ sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 test_image = test_containers.test_image
 rootless_user = test_containers.rootless_user
+docker_image = test_containers.docker_image
 
 USER = "jrc-puller"
 
@@ -351,3 +353,84 @@ def test_eviction_removes_an_old_unused_pulled_image_and_keeps_one_a_running_job
         assert service.wait(busy.id, timeout=120).state == "succeeded"
     finally:
         _podman("rmi", "-f", third, check=False)
+
+
+def test_a_machines_registry_secret_pulls_for_a_rootless_ssh_job(
+    registry, rootless_user, test_image, ssh_agent_env, workspace, make_service
+):
+    """The machine's option is the default of its jobs; rootless podman gets the auth file the same way."""
+    home = Path(pwd.getpwnam(rootless_user).pw_dir)
+    conf = home / ".config/containers/registries.conf"
+    made = not conf.exists()
+    if made:  # the test bed's word that the loopback registry speaks plain HTTP, for this user's podman
+        conf.write_text(f'[[registry]]\nlocation = "{registry.host}"\ninsecure = true\n')
+        shutil.chown(conf, rootless_user, rootless_user)
+    registry.forget_locally(user=rootless_user)
+    uid = pwd.getpwnam(rootless_user).pw_uid
+    auth_files = [home / ".config/containers/auth.json", Path(f"/run/user/{uid}/containers/auth.json"),
+                  home / ".docker/config.json"]  # fmt: skip
+    before = _snapshot(auth_files)
+    try:
+        service = make_service(workspace)
+        service.secrets.set("registry/team", registry.credentials)
+        options = {"container_runtime": "podman", "container_network": "none", "registry_secret": "registry/team"}
+        service.machines.add("box", "ssh", "127.0.0.1", ssh_agent_env.options(**options))
+        spec = JobSpec.from_json({"machine": "box", "command": f"cat {MARKER}", "image": registry.ref})
+        job = service.wait(service.submit(spec).job.id, timeout=300)
+        assert job.state == "succeeded", job.reason
+        assert job.spec.registry_secret == "registry/team"
+        log = service.read_log(job.id).data.decode()
+        assert test_image.marker in log and f"container: pulling {registry.ref} from {registry.host}" in log
+        assert registry.password.encode() not in (_far_dir(job) / "log").read_bytes()
+        assert not list(_far_dir(job).glob(".registry-auth*"))
+        assert _snapshot(auth_files) == before, "the user's own podman credentials are untouched"
+    finally:
+        registry.forget_locally(user=rootless_user)
+        if made:
+            conf.unlink(missing_ok=True)
+
+
+def test_a_docker_job_pulls_with_the_registry_secret(registry, docker_image, workspace, make_service):
+    """docker gets the credentials as a --config folder of its own for the pull, never ~/.docker."""
+    subprocess.run(["docker", "rmi", "-f", registry.ref], capture_output=True)
+    docker_config = Path.home() / ".docker/config.json"
+    before = _snapshot([docker_config])
+    service = make_service(workspace)
+    service.secrets.set("registry/test", registry.credentials)
+    image = {"ref": registry.ref, "runtime": "docker"}
+    spec = JobSpec.from_json({"command": "echo in-docker", "image": image, "registry_secret": "registry/test"})
+    job = service.wait(service.submit(spec).job.id, 300)
+    assert job.state == "succeeded", job.reason
+    log = service.read_log(job.id).data.decode()
+    assert "in-docker" in log and f"container: pulling {registry.ref} from {registry.host}" in log
+    assert "Pull complete" in log or "Download complete" in log, log  # docker's per-layer lines
+    assert registry.password.encode() not in (_far_dir(job) / "log").read_bytes()
+    assert _snapshot([docker_config]) == before
+    again = service.wait(service.submit(JobSpec.from_json({"command": "true", "image": image}), new=True).job.id, 300)
+    subprocess.run(["docker", "rmi", "-f", registry.ref], capture_output=True)
+    assert again.state == "succeeded", "pinned: a later job runs the pinned id, pulling nothing, no secret needed"
+
+
+def test_run_takes_the_registry_secret():
+    import argparse
+
+    from jupyter_remote_compute.run_options import add_run_options, command_of, spec_settings
+
+    parser = argparse.ArgumentParser()
+    add_run_options(parser)
+    args = parser.parse_args(["--image", "ghcr.io/team/train:2", "--registry-secret", "registry/ghcr", "--", "true"])
+    spec = JobSpec.from_json(spec_settings(args, command_of(args)))
+    assert spec.registry_secret == "registry/ghcr" and spec.image.ref == "ghcr.io/team/train:2"
+    assert JobSpec.from_stored(spec.to_json()) == spec
+    plain = parser.parse_args(["--", "true"])
+    assert "registry_secret" not in JobSpec.from_json(spec_settings(plain, command_of(plain))).to_json()
+
+
+def test_the_registry_of_a_reference():
+    from jupyter_remote_compute.jobs.registry import registry_of, split_credentials
+
+    assert registry_of("python:3.12") == registry_of("library/python") == "docker.io"
+    assert registry_of("ghcr.io/team/train:2") == "ghcr.io"
+    assert registry_of("127.0.0.1:5000/x") == "127.0.0.1:5000" and registry_of("localhost/x:1") == "localhost"
+    assert split_credentials("u:p:with:colons") == ("u", "p:with:colons")
+    assert split_credentials("u:") is None and split_credentials(":p") is None and split_credentials("u:p\nq") is None

@@ -7,9 +7,11 @@
 # command.inner.sh as its arguments) reads and removes it. The job folder is mounted at its own path,
 # work/ is the working directory, and files written there belong to this user (rootless podman:
 # --userns=keep-id; otherwise --user UID:GID). The image is pinned on first use: PINS (<base>/images)
-# keeps the id it had, and later jobs run that id. The container is run detached and waited for, so its exit
-# code is the job's; a TERM (cancel.sh) stops it, and it is removed before this script ends (cancel.sh
-# removes one left behind by a KILL, named in JOBDIR/container).
+# keeps the id it had, and later jobs run that id. A pull is watched (REMOTE_COMPUTE_PULL_TIMEOUT) and
+# may use a private registry's user:password (REMOTE_COMPUTE_REGISTRY_AUTH, jobs/registry.py); pinned
+# images no job used for REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS are removed. The container is run detached
+# and waited for, so its exit code is the job's; a TERM (cancel.sh) stops it, and it is removed before
+# this script ends (cancel.sh removes one left behind by a KILL, named in JOBDIR/container).
 set -u
 jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7
 shift 7
