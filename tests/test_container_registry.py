@@ -7,6 +7,7 @@ registries.conf of the tests' own (CONTAINERS_REGISTRIES_CONF): the test bed's s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -65,11 +66,9 @@ def _registry_answers(host: str) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
-def registry(test_image) -> Iterator[Registry]:  # type: ignore[no-untyped-def]
-    """A registry on loopback with htpasswd auth, the test image pushed to it as ``<host>/jrc/pybase:1``."""
-    require(shutil.which("docker-registry") is not None, "docker-registry (apt-get install docker-registry)")
-    require(shutil.which("htpasswd") is not None, "htpasswd (apt-get install apache2-utils)")
+@contextlib.contextmanager
+def serving_registry(rootfs: Path) -> Iterator[Registry]:
+    """A registry on loopback with htpasswd auth, ``rootfs`` pushed to it as ``<host>/jrc/pybase:1``."""
     root = Path(tempfile.mkdtemp(prefix="jrc-registry-"))
     password = "pw-" + uuid.uuid4().hex
     subprocess.run(["htpasswd", "-Bbc", str(root / "htpasswd"), USER, password], check=True, capture_output=True)
@@ -89,12 +88,12 @@ def registry(test_image) -> Iterator[Registry]:  # type: ignore[no-untyped-def]
         ["docker-registry", "serve", str(root / "config.yml")],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(root / "registry.log").open("wb"),
     )  # fmt: skip
+    ref = f"{host}/jrc/pybase:1"
     try:
         wait_for(lambda: _registry_answers(host), timeout=30, message="the registry to answer")
-        ref = f"{host}/jrc/pybase:1"
         auth = root / "push-auth.json"
         # an image id of its own: the test image's, tagged twice, would be one image to the runtime
-        _podman("import", "--change", "LABEL jrc.pushed=1", str(test_image.rootfs), ref)
+        _podman("import", "--change", "LABEL jrc.pushed=1", str(rootfs), ref)
         _podman("login", "--authfile", str(auth), "-u", USER, "--password-stdin", host, stdin=password)
         _podman("push", "--authfile", str(auth), ref)
         auth.unlink()
@@ -102,12 +101,21 @@ def registry(test_image) -> Iterator[Registry]:  # type: ignore[no-untyped-def]
         yield Registry(host, password, ref)
     finally:
         sshd_fixture.terminate(daemon)
-        _podman("rmi", "-f", f"{host}/jrc/pybase:1", check=False)
+        _podman("rmi", "-f", ref, check=False)
         if before is None:
             os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
         else:
             os.environ["CONTAINERS_REGISTRIES_CONF"] = before
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def registry(test_image) -> Iterator[Registry]:  # type: ignore[no-untyped-def]
+    """The test image in a registry on loopback that asks for a password."""
+    require(shutil.which("docker-registry") is not None, "docker-registry (apt-get install docker-registry)")
+    require(shutil.which("htpasswd") is not None, "htpasswd (apt-get install apache2-utils)")
+    with serving_registry(test_image.rootfs) as served:
+        yield served
 
 
 #: Where podman and docker keep credentials of their own (a login's): the job must write none of them.
@@ -242,14 +250,20 @@ def test_the_pull_options_are_checked_when_a_machine_is_saved():
     assert saved["registry_secret"] == "registry/team" and saved["pull_timeout"] == 30
 
 
-def test_a_machine_registry_secret_cannot_be_deleted_while_named(workspace, make_service):
+def test_a_registry_secret_cannot_be_deleted_while_a_machine_or_a_job_names_it(workspace, make_service):
     from jupyter_remote_compute.errors import SecretInUse
 
+    require(shutil.which("podman") is not None, "podman (apt-get install podman)")  # the job's image is admitted
     service = make_service(workspace)
     service.secrets.set("registry/team", "u:p")
     service.machines.add("lab", "ssh", "127.0.0.1", {"user": "u", "registry_secret": "registry/team"})
     with pytest.raises(SecretInUse, match="machine lab"):
         service.delete_secret("registry/team")
+    service.secrets.set("registry/job", "u:p")
+    spec = JobSpec.from_json({"command": "true", "image": "127.0.0.1:1/x:1", "registry_secret": "registry/job"})
+    queued = service.submit(spec).job  # queued, not started: nothing is pulled
+    with pytest.raises(SecretInUse, match=queued.id):
+        service.delete_secret("registry/job")
 
 
 class SilentRegistry:

@@ -175,7 +175,8 @@ def test_a_local_job_runs_in_its_image_and_records_the_digest(test_image, worksp
     assert again.state == "succeeded", again.reason
     later = service.read_log(again.id).data.decode()
     assert f"image {test_image.ref} {digest} " in later and "pulling" not in later
-    pins = list((_far_dir(again).parent / "images").iterdir())  # the local machine's base: its scratch folder
+    # the local machine's base is its scratch folder; beside each pin, its last use (<pin>.used)
+    pins = [p for p in (_far_dir(again).parent / "images").iterdir() if p.suffix != ".used"]
     assert len(pins) == 1 and pins[0].read_text().split()[0] in (digest, digest.removeprefix("sha256:"))
 
 

@@ -90,11 +90,14 @@ pull_watched() {
     printf '%s\n' "$?" > "$done_file"
   ) &
   puller=$!
-  quiet=0 said=0 bytes=0 size=$log_at stalled=
+  # podman reads the layers itself; docker's client reads only the daemon's progress messages (about
+  # 150 bytes each, a few a second while bytes move). Idle, either reads a few bytes a second at most.
+  quiet=0 said=0 bytes=0 size=$log_at stalled= least=1024
+  [ "$rt" != docker ] || least=100
   while [ ! -s "$done_file" ] && kill -0 "$puller" 2>/dev/null; do
     sleep 1
     now_bytes=$(pull_bytes "$puller") now_size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
-    if [ "$now_size" != "$size" ] || [ $((now_bytes - bytes)) -ge 1024 ]; then quiet=0; else quiet=$((quiet + 1)); fi
+    if [ "$now_size" != "$size" ] || [ $((now_bytes - bytes)) -ge "$least" ]; then quiet=0; else quiet=$((quiet + 1)); fi
     bytes=$now_bytes size=$now_size said=$((said + 1))
     # podman prints a line per layer, and no bytes without a terminal: say how much it has read
     if [ "$rt" = podman ] && [ "$said" -ge 10 ] && [ "$quiet" = 0 ]; then
