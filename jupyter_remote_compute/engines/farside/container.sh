@@ -75,39 +75,41 @@ pull_watched() {
   fi
   # a cancel while pulling leaves no credentials behind
   trap '[ -z "$authdir" ] || rm -rf -- "$authdir"; exit 143' TERM INT HUP
+  puller= watcher=
   printf 'container: pulling %s from %s\n' "$ref" "$reg"
   log_at=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
-  done_file="$jobdir/.pull-code"
-  rm -f -- "$done_file"
-  (
-    child=
-    trap 'kill "$child" 2>/dev/null; exit 143' TERM
-    if [ -z "$authdir" ]; then "$rt" pull -- "$ref" &
-    elif [ "$rt" = docker ]; then docker --config "$authdir" pull -- "$ref" &
-    else "$rt" pull --authfile "$authdir/auth.json" -- "$ref" & fi
-    child=$!
-    wait "$child"
-    printf '%s\n' "$?" > "$done_file"
-  ) &
+  stall_file="$jobdir/.pull-stalled"
+  rm -f -- "$stall_file"
+  if [ -z "$authdir" ]; then "$rt" pull -- "$ref" &
+  elif [ "$rt" = docker ]; then docker --config "$authdir" pull -- "$ref" &
+  else "$rt" pull --authfile "$authdir/auth.json" -- "$ref" & fi
   puller=$!
-  # podman reads the layers itself; docker's client reads only the daemon's progress messages (about
-  # 150 bytes each, a few a second while bytes move). Idle, either reads a few bytes a second at most.
-  quiet=0 said=0 bytes=0 size=$log_at stalled= least=1024
-  [ "$rt" != docker ] || least=100
-  while [ ! -s "$done_file" ] && kill -0 "$puller" 2>/dev/null; do
-    sleep 1
-    now_bytes=$(pull_bytes "$puller") now_size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
-    if [ "$now_size" != "$size" ] || [ $((now_bytes - bytes)) -ge "$least" ]; then quiet=0; else quiet=$((quiet + 1)); fi
-    bytes=$now_bytes size=$now_size said=$((said + 1))
-    # podman prints a line per layer, and no bytes without a terminal: say how much it has read
-    if [ "$rt" = podman ] && [ "$said" -ge 10 ] && [ "$quiet" = 0 ]; then
-      printf 'container: pulling %s: %s MB read\n' "$ref" "$((bytes / 1000000))"
-      said=0 size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
-    fi
-    if [ "$quiet" -ge "$pull_timeout" ]; then stalled=1; kill "$puller" 2>/dev/null; break; fi
-  done
+  # The watch runs beside the pull, so a pull that ends is seen at once, not at the next look.
+  (
+    # podman reads the layers itself; docker's client reads only the daemon's progress messages (about
+    # 150 bytes each, a few a second while bytes move). Idle, either reads a few bytes a second at most.
+    quiet=0 said=0 bytes=0 size=$log_at least=1024
+    [ "$rt" != docker ] || least=100
+    while kill -0 "$puller" 2>/dev/null; do
+      sleep 1
+      now_bytes=$(pull_bytes "$puller") now_size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+      if [ "$now_size" != "$size" ] || [ $((now_bytes - bytes)) -ge "$least" ]; then quiet=0; else quiet=$((quiet + 1)); fi
+      bytes=$now_bytes size=$now_size said=$((said + 1))
+      # podman prints a line per layer, and no bytes without a terminal: say how much it has read
+      if [ "$rt" = podman ] && [ "$said" -ge 10 ] && [ "$quiet" = 0 ]; then
+        printf 'container: pulling %s: %s MB read\n' "$ref" "$((bytes / 1000000))"
+        said=0 size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+      fi
+      if [ "$quiet" -ge "$pull_timeout" ]; then : > "$stall_file"; kill "$puller" 2>/dev/null; exit 0; fi
+    done
+  ) &
+  watcher=$!
   wait "$puller"
-  code=$(cat -- "$done_file" 2>/dev/null) && rm -f -- "$done_file"
+  code=$?
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" 2>/dev/null
+  stalled=
+  [ ! -e "$stall_file" ] || { stalled=1; rm -f -- "$stall_file"; }
   [ -z "$authdir" ] || rm -rf -- "$authdir"
   if [ -n "$stopping" ]; then trap stop TERM INT HUP; else trap - TERM INT HUP; fi
   [ -z "$stalled" ] || fail "pulling $ref from $reg made no progress for $pull_timeout s (the machine's pull_timeout): is $reg reachable from this machine?"
