@@ -45,6 +45,16 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     "container_runtime": OptionField(str, "auto (podman, else docker), podman or docker"),
     "container_network": OptionField(str, "host (default) or none: the containers' network"),
     "container_gpus": OptionField(str, "none (default) or all: whether jobs' containers get all the machine's GPUs"),
+    # Pulling images (jobs/registry.py): a private registry's credentials, the stall limit, eviction.
+    "registry_secret": OptionField(
+        str,
+        "Name of the Secret Manager entry (user:password) for the private registry images are pulled from",
+        secret_name=True,
+    ),
+    "pull_timeout": OptionField(
+        int, "Seconds an image pull may go without progress before the job fails (default 600)"
+    ),
+    "image_max_age_days": OptionField(int, "Days an image no job used stays on the machine (default 30)"),
 }
 #: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
 #: bare ``git@`` names a user, not a secret).
@@ -174,6 +184,8 @@ def check_options(
         merged[key] = _coerce(key, declared[key], value)
         if key == "price_per_hour" and merged[key] < 0:
             raise InvalidSettings(f"{where} must not be negative", field=where)
+        if key in ("pull_timeout", "image_max_age_days") and merged[key] <= 0:
+            raise InvalidSettings(f"{where} must be a whole number above zero", field=where)
         if key == "wheels" and merged[key] != "from_here":
             raise InvalidSettings(f"{where}: the only value is 'from_here' (leave it out for the index)", field=where)
         if key in ("index_url", "find_links") and URL_CREDENTIALS.search(merged[key]):

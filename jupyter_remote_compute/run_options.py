@@ -11,9 +11,9 @@ RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, the
-    resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment (--requirements,
-    --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
+    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, --registry-secret,
+    the resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment
+    (--requirements, --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
     parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
     parser.add_argument(
@@ -26,6 +26,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", help="the longest the job may run, e.g. 3600, 30m, 2h")
     parser.add_argument("--detach", action="store_true", help="start the job and return at once")
     parser.add_argument("--new", action="store_true", help="start a new job even if the same work is running")
+    parser.add_argument(
+        "--registry-secret",
+        dest="registry_secret",
+        metavar="NAME",
+        help="the Secret Manager entry (user:password) to pull the image with (default: the machine's)",
+    )
     wanted = parser.add_argument_group("resources", "what the job asks its machine for (default: the machine's)")
     wanted.add_argument("--gpus", help="GPUs per node")
     wanted.add_argument("--cpus", help="CPUs per node")
@@ -90,6 +96,8 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
         # Checked with the rest of the spec (JobSpec.from_json), so errors name resources.<field>.
         "resources": {name: value for name in RESOURCE_OPTIONS if (value := getattr(args, name, None)) is not None},
     }
+    if getattr(args, "registry_secret", None):
+        settings["registry_secret"] = args.registry_secret
     if any(environment.values()):  # none asked: the machine's defaults, if it has them
         settings["environment"] = environment
     return settings

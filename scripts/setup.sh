@@ -19,7 +19,7 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   # is its --init) and mmdebstrap, which makes the container tests' image offline. The tests write
   # podman's settings for this kind of machine into a private containers.conf, not /etc. docker.io:
   # the tests start their own dockerd on a private socket (no bridge, no firewall rules).
-  apt_packages+=(podman runc catatonit uidmap slirp4netns fuse-overlayfs containers-storage mmdebstrap docker.io)
+  apt_packages+=(podman runc catatonit uidmap slirp4netns fuse-overlayfs containers-storage mmdebstrap docker.io docker-registry apache2-utils)
   # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
   command -v node >/dev/null 2>&1 || apt_packages+=(nodejs npm)
   missing=()

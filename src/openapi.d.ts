@@ -1479,6 +1479,8 @@ export interface components {
             new?: boolean | null;
             resources?: components["schemas"]["Resources"] | null;
             environment?: components["schemas"]["Environment"] | null;
+            /** @description the Secret Manager entry (user:password) the job's environment.image is pulled with; null: the machine's registry_secret */
+            registry_secret?: string | null;
         };
         /** @description the Python environment the command runs in, built once per machine and content on the machine, and the container image the command (and the environment's build) runs in (null: the machine's `environment` option, else its `image` option, else the machine's own Python and shell) */
         Environment: {

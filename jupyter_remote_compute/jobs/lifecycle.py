@@ -29,6 +29,7 @@ from ..errors import InvalidSettings, RemoteComputeError
 from ..transfer.manifest import DigestCache
 from . import image as images
 from . import record as record_later
+from . import registry
 from .collect import Collector
 from .context import JobContext, remote_of
 from .environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
@@ -181,10 +182,12 @@ class Driver:
                 env_cache=builds(job.spec),
                 read_only=[str(uv)] if uv else (),
             )
+            # After the command: the pull's variables are container.sh's, not the container's.
+            pull_env, pull_secrets = registry.pull_env(job, engine.machine_options, self.ctx.secrets)
             launch = LaunchSpec(
                 command=command,
-                env=env,
-                secret_env=secrets,
+                env={**env, **pull_env},
+                secret_env={**secrets, **pull_secrets},
                 resources=job.spec.resources,
                 timeout=job.spec.timeout,
             )

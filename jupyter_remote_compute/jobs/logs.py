@@ -16,6 +16,7 @@ from pathlib import Path
 from ..engines.base import Engine, EngineError, ProgressCallback, RemoteJob
 from ..errors import InvalidSettings, RemoteComputeError, SecretStoreUnavailable
 from ..secrets import SecretStore, mask
+from . import registry
 from .context import JobContext, remote_of
 from .job import Job
 from .metrics import MetricsPage
@@ -62,10 +63,10 @@ def secret_env(secrets: SecretStore, job: Job) -> dict[str, str]:
 
 def mask_values(secrets: SecretStore, job: Job) -> list[str] | None:
     """The values to hide in this job's log and records; None when one cannot be read (fail closed)."""
-    if not job.spec.secret_refs():
+    if not job.spec.secret_refs() and not job.spec.registry_secret:
         return []
     try:
-        return list(secret_env(secrets, job).values())
+        return [*secret_env(secrets, job).values(), *registry.mask_values(secrets, job)]
     except (RemoteComputeError, SecretStoreUnavailable):
         return None
 

@@ -38,13 +38,14 @@ from ..errors import (
 )
 from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, load_detectors, screen_settings
+from ..machine_options import COMMON_OPTIONS
 from ..machines import Machine, MachineRegistry
 from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..workspace import Workspace
 from . import environment as environments
 from . import image as images
-from . import logs
+from . import logs, registry
 from . import record as record_later
 from .admin import MachineAdmin, snapshot_of
 from .collect import Collector
@@ -221,6 +222,8 @@ class JobService:
                 )
 
         spec = environments.with_machine_default(spec, machine.options)
+        spec = registry.with_machine_default(spec, machine.options)
+        registry.admit(spec, self.secrets)
         if spec.image:
             self._admit_image(machine, spec.image, spec.resources)
         files, key, resolved = self._inputs_and_key(spec)
@@ -325,11 +328,14 @@ class JobService:
         """What needs secret ``name`` now: machines whose options name it, unfinished jobs referencing it."""
         users = []
         for machine in self.machines.list():
-            fields = engine_class(machine.kind).options if machine.kind in engine_kinds() else {}
+            fields = {
+                **COMMON_OPTIONS,
+                **(engine_class(machine.kind).options if machine.kind in engine_kinds() else {}),
+            }
             if any(field.secret_name and machine.options.get(key) == name for key, field in fields.items()):
                 users.append(f"machine {machine.name}")
         for job in (self.store.jobs() if jobs is None else jobs).values():
-            if job.active and name in job.spec.secret_refs().values():
+            if job.active and (name in job.spec.secret_refs().values() or job.spec.registry_secret == name):
                 users.append(f"job {job.name or job.id} ({job.id}, {job.state})")
         return users
 

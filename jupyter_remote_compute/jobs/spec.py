@@ -21,12 +21,14 @@ from ..errors import InvalidSettings
 from ..secrets import resolve_reference
 from .environment import Environment
 from .image import Image
+from .registry import PULL_VARS
+from .registry import check_name as check_registry_secret
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 # Set by the launcher for every job; a spec may not override them.
-RESERVED_ENV = frozenset({"MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "PYTHONUNBUFFERED"})
+RESERVED_ENV = frozenset({"MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "PYTHONUNBUFFERED", *PULL_VARS})
 
 
 def parse_duration(value: str | float | int | None, field: str) -> float | None:
@@ -116,6 +118,8 @@ class JobSpec:
     # The Python environment the command runs in, and the container image it runs in
     # (jobs/environment.py, jobs/image.py); None: the machine's own Python and shell.
     environment: Environment | None = None
+    # The Secret Manager entry (user:password) for pulling the image from a private registry (jobs/registry.py).
+    registry_secret: str | None = None
 
     @property
     def image(self) -> Image | None:
@@ -194,6 +198,7 @@ class JobSpec:
             key=key,
             resources=Resources.from_json(data.get("resources"), "resources."),
             environment=Environment.from_json(data.get("environment")),
+            registry_secret=check_registry_secret(data.get("registry_secret")),
         )
 
     @classmethod
@@ -212,6 +217,7 @@ class JobSpec:
             # Most jobs ask for nothing: one shared (frozen) value, not a validation per job read.
             resources=Resources.from_json(resources) if (resources := data.get("resources")) else NO_RESOURCES,
             environment=_stored_environment(data),
+            registry_secret=data.get("registry_secret"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -230,6 +236,8 @@ class JobSpec:
             data["resources"] = resources
         if self.environment:  # likewise absent when none is asked for
             data["environment"] = self.environment.to_json()
+        if self.registry_secret:  # likewise absent without one
+            data["registry_secret"] = self.registry_secret
         return data
 
     @property
@@ -264,6 +272,8 @@ class JobSpec:
             settings.update({f"environment.packages[{i}]": p for i, p in enumerate(self.environment.packages)})
         if self.image:
             settings["environment.image"] = self.image.ref
+        if self.registry_secret:  # a pasted password instead of a name is caught here
+            settings["registry_secret"] = self.registry_secret
         return settings
 
 

@@ -7,16 +7,24 @@
 # command.inner.sh as its arguments) reads and removes it. The job folder is mounted at its own path,
 # work/ is the working directory, and files written there belong to this user (rootless podman:
 # --userns=keep-id; otherwise --user UID:GID). JRC_IMAGE_DIGEST is the pinned id, for env.sh inside
-# (a Python environment built in the image is named by it). The image is pinned on first use: PINS (<base>/images)
-# keeps the id it had, and later jobs run that id. The container is run detached and waited for, so its exit
-# code is the job's; a TERM (cancel.sh, scancel) stops it, and it is removed before this script ends
-# (cancel.sh removes one left behind by a KILL, named in JOBDIR/container). GPUS is what the job gets
-# of the machine's GPUs: none, all, a count, or visible (those the machine chose, else none); where
-# CUDA_VISIBLE_DEVICES is set (an agent's per-job choice, Slurm's allocation) it names the devices.
+# (a Python environment built in the image is named by it). The image is pinned on first use: PINS
+# (<base>/images) keeps the id it had, and later jobs run that id. A pull is watched
+# (REMOTE_COMPUTE_PULL_TIMEOUT) and may use a private registry's user:password
+# (REMOTE_COMPUTE_REGISTRY_AUTH, jobs/registry.py); pinned images no job used for
+# REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS are removed. The container is run detached and waited for, so its
+# exit code is the job's; a TERM (cancel.sh, scancel) stops it, and it is removed before this script
+# ends (cancel.sh removes one left behind by a KILL, named in JOBDIR/container). GPUS is what the job
+# gets of the machine's GPUs: none, all, a count, or visible (those the machine chose, else none);
+# where CUDA_VISIBLE_DEVICES is set (an agent's per-job choice, Slurm's allocation) it names the devices.
 set -u
 jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7 gpus=$8
 shift 8
 fail() { printf 'container: %s\n' "$*" >&2; exit 125; }
+# The pull's settings and a private registry's user:password (jobs/registry.py), from the launcher's
+# stdin: plain shell variables from here on, out of the environment every later program is given.
+auth=${REMOTE_COMPUTE_REGISTRY_AUTH-}
+pull_timeout=${REMOTE_COMPUTE_PULL_TIMEOUT:-600} max_age=${REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS:-30}
+unset REMOTE_COMPUTE_REGISTRY_AUTH REMOTE_COMPUTE_PULL_TIMEOUT REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS
 if [ "$runtime" = auto ]; then
   if command -v podman >/dev/null 2>&1; then runtime=podman
   elif command -v docker >/dev/null 2>&1; then runtime=docker
@@ -72,20 +80,98 @@ fi
 (umask 077 && mkdir -p -- "$pins") || fail "cannot create $pins"
 pin="$pins/$(printf '%s %s' "$rt" "$image" | sha256sum | cut -c1-32)"
 image_id() { "$rt" image inspect --format '{{.Id}}' "$1" 2>/dev/null; }
+# The registry a reference is pulled from, as the runtimes read it: a first part with a dot, a port or
+# "localhost" is a host; anything else is Docker Hub.
+registry_of() {
+  case $1 in */*) first=${1%%/*} ;; *) first= ;; esac
+  case $first in *.*|*:*|localhost) printf '%s' "$first" ;; *) printf 'docker.io' ;; esac
+}
+# What the pull's processes have read so far (/proc/PID/io's rchar, the pull's tree): a pull that
+# downloads reads; one waiting on a silent registry reads a few bytes a second. 0 without /proc.
+pull_bytes() {
+  total=0 level=$1
+  while [ -n "$level" ]; do
+    next=
+    for p in $level; do
+      r=$(sed -n 's/^rchar: //p' "/proc/$p/io" 2>/dev/null)
+      total=$((total + ${r:-0}))
+      next="$next $(cat "/proc/$p/task/"*/children 2>/dev/null)"
+    done
+    level=$(printf '%s' "$next" | tr -s ' \n' '  ' | sed 's/^ *//;s/ *$//')
+  done
+  printf '%s' "$total"
+}
+# pull_watched REF: the runtime's pull, its lines straight into the job's log;
+# it fails once neither the log nor the bytes read moved for pull_timeout seconds. A private
+# registry's credentials go into a 0600 auth file for this pull only, removed after, whatever the end.
+pull_watched() {
+  ref=$1 reg=$(registry_of "$1") authdir= words=
+  if [ -n "$auth" ]; then
+    authdir=$(umask 077 && mktemp -d "$jobdir/.registry-auth.XXXXXX") || fail "cannot write the auth file for $reg"
+    key=$(printf '%s' "$auth" | base64 | tr -d '\n')
+    hosts="\"$reg\":{\"auth\":\"$key\"}"
+    # docker keeps Docker Hub's credentials under its old index URL
+    [ "$reg" != docker.io ] || hosts="$hosts,\"https://index.docker.io/v1/\":{\"auth\":\"$key\"}"
+    (umask 077 && printf '{"auths":{%s}}\n' "$hosts" > "$authdir/auth.json") || fail "cannot write the auth file for $reg"
+    key= hosts=
+    cp -p -- "$authdir/auth.json" "$authdir/config.json"
+  fi
+  # a cancel while pulling leaves no credentials behind
+  trap '[ -z "$authdir" ] || rm -rf -- "$authdir"; exit 143' TERM INT HUP
+  puller= watcher=
+  printf 'container: pulling %s from %s\n' "$ref" "$reg"
+  log_at=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+  stall_file="$jobdir/.pull-stalled"
+  rm -f -- "$stall_file"
+  if [ -z "$authdir" ]; then "$rt" pull -- "$ref" &
+  elif [ "$rt" = docker ]; then docker --config "$authdir" pull -- "$ref" &
+  else "$rt" pull --authfile "$authdir/auth.json" -- "$ref" & fi
+  puller=$!
+  # The watch runs beside the pull, so a pull that ends is seen at once, not at the next look.
+  (
+    # podman reads the layers itself; docker's client reads only the daemon's progress messages (about
+    # 150 bytes each, a few a second while bytes move). Idle, either reads a few bytes a second at most.
+    quiet=0 said=0 bytes=0 size=$log_at least=1024
+    [ "$rt" != docker ] || least=100
+    while kill -0 "$puller" 2>/dev/null; do
+      sleep 1
+      now_bytes=$(pull_bytes "$puller") now_size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+      if [ "$now_size" != "$size" ] || [ $((now_bytes - bytes)) -ge "$least" ]; then quiet=0; else quiet=$((quiet + 1)); fi
+      bytes=$now_bytes size=$now_size said=$((said + 1))
+      # podman prints a line per layer, and no bytes without a terminal: say how much it has read
+      if [ "$rt" = podman ] && [ "$said" -ge 10 ] && [ "$quiet" = 0 ]; then
+        printf 'container: pulling %s: %s MB read\n' "$ref" "$((bytes / 1000000))"
+        said=0 size=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
+      fi
+      if [ "$quiet" -ge "$pull_timeout" ]; then : > "$stall_file"; kill "$puller" 2>/dev/null; exit 0; fi
+    done
+  ) &
+  watcher=$!
+  wait "$puller"
+  code=$?
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" 2>/dev/null
+  stalled=
+  [ ! -e "$stall_file" ] || { stalled=1; rm -f -- "$stall_file"; }
+  [ -z "$authdir" ] || rm -rf -- "$authdir"
+  if [ -n "$stopping" ]; then trap stop TERM INT HUP; else trap - TERM INT HUP; fi
+  [ -z "$stalled" ] || fail "pulling $ref from $reg made no progress for $pull_timeout s (the machine's pull_timeout): is $reg reachable from this machine?"
+  [ "$code" = 0 ] && return 0
+  words=$(tail -c +"$((log_at + 1))" "$jobdir/log" 2>/dev/null | grep -v '^container: \|^Trying to pull\|^Getting image\|^Copying \|^Writing manifest\|^Storing sign' | grep . | tail -n 1)
+  return 1
+}
 pull() {
-  printf 'container: pulling %s\n' "$1"
-  "$rt" pull "$1" || fail "pulling $1 failed (the runtime's words are above)"
+  pull_watched "$1" || fail "pulling $1 from $reg failed: ${words:-(the runtime's words are above)}"
 }
 # Make the pinned id present again (removed, pruned): pulled by its registry digest, never by the tag.
 repin() {
   image_id "$id" >/dev/null && return
   gone="image $image (pinned as $id) is gone from $rt's store"
   [ "$repo" != - ] || fail "$gone and has no registry digest: remove $pin to pin it again"
-  printf 'container: pulling %s\n' "$repo"
-  "$rt" pull "$repo" || fail "$gone and pulling $repo failed (the runtime's words are above): remove $pin to pin it again"
+  pull_watched "$repo" || fail "$gone and pulling $repo from $reg failed: ${words:-(the runtime's words are above)}; remove $pin to pin it again"
   image_id "$id" >/dev/null || fail "image $repo is no longer $id: remove $pin to pin it again"
 }
-id= repo=- version=
+id= repo=- version= stopping=
 if [ -s "$pin" ]; then
   read -r id repo version < "$pin"
 else
@@ -120,7 +206,7 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then
   kill_wait=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
   if [ -n "$kill_wait" ] && [ "$kill_wait" -lt 12 ]; then grace=$((kill_wait > 2 ? kill_wait - 2 : 1)); fi
 fi
-stopped=
+stopped= stopping=1
 stop() { stopped=1; "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
 trap stop TERM INT HUP
 start() {
@@ -146,6 +232,29 @@ if ! start "$@" 2>"$jobdir/.container-err"; then
 fi
 rm -f -- "$jobdir/.container-err"
 [ -z "$stopped" ] || stop  # the TERM came while it started: the trap found no container yet
+# Eviction: "<pin>.used" names the runtime and reference, and its mtime is the pin's last use. A pin
+# no job used for more than max_age days loses its image, unless a container (a running job's) was made
+# from that id or a pin used more recently names it too; removed by reference, without force, so an id
+# the user tagged again keeps that name. Only images pinned under PINS are ever removed.
+printf '%s %s\n' "$rt" "$image" > "$pin.used.$$" && mv -f -- "$pin.used.$$" "$pin.used"
+find "$pins" -name '*.used' -mtime +"$max_age" 2>/dev/null | while IFS= read -r used; do
+  old_pin=${used%.used}
+  read -r old_rt old_ref < "$used" || continue
+  case $old_rt in podman|docker) command -v "$old_rt" >/dev/null 2>&1 || continue ;; *) continue ;; esac
+  read -r old_id _ < "$old_pin" || old_id=
+  if [ -n "$old_id" ]; then
+    [ -z "$("$old_rt" ps -a -q --filter "ancestor=$old_id" < /dev/null 2>/dev/null)" ] || continue
+    [ -z "$(find "$pins" -name '*.used' ! -mtime +"$max_age" -exec sh -c 'for u; do read -r i _ < "${u%.used}" && printf "%s\n" "$i"; done' sh {} + 2>/dev/null | grep -Fx -- "$old_id")" ] || continue
+  fi
+  # the tag, else the pinned id (pulled again by its digest, it may have no tag)
+  if "$old_rt" image inspect -- "$old_ref" < /dev/null >/dev/null 2>&1; then target=$old_ref
+  elif [ -n "$old_id" ] && "$old_rt" image inspect -- "$old_id" < /dev/null >/dev/null 2>&1; then target=$old_id
+  else target=; fi
+  if [ -z "$target" ] || "$old_rt" rmi -- "$target" < /dev/null >/dev/null 2>&1; then
+    rm -f -- "$old_pin" "$used"
+    printf 'container: removed image %s (%s), unused for more than %s days\n' "$old_ref" "$old_rt" "$max_age"
+  fi
+done
 # wait prints the exit code (the container is kept until then: -d --rm would lose it). A TERM ends
 # the wait early: the trap has stopped the container, and a second wait reads what it ended with.
 code=$("$rt" wait -- "$name" 2>/dev/null)
