@@ -77,13 +77,13 @@ CASES = ("cached", "first_build", "same_as_here", "from_here")
 
 
 def _index(root: Path):  # type: ignore[no-untyped-def]
-    from test_environments import Index, _wheel
+    from package_index import Index, wheel
 
     files = root / "files"
     files.mkdir(parents=True)
     for project in ["rcdemo-a", *BUILD_PACKAGES, *BIG_PACKAGES]:
         body = f"DATA = {base64.b64encode(os.urandom(768 << 10)).decode()!r}\n" if project in BIG_PACKAGES else ""
-        _wheel(files, project, "1.0", body or "VALUE = 'a1'\n")
+        wheel(files, project, "1.0", body or "VALUE = 'a1'\n")
         (root / "simple" / project).mkdir(parents=True)
         name = f"{project.replace('-', '_')}-1.0-py3-none-any.whl"
         (root / "simple" / project / "index.html").write_text(f'<a href="../../files/{name}">{name}</a>\n')
