@@ -25,6 +25,7 @@ import { APIError, IJob, SERVER_EXTENSION } from './api';
 import { CommandIDs, registerCommands } from './commands';
 import { ComputePanel } from './components/ComputePanel';
 import { EventSocket } from './eventsocket';
+import { filePicker } from './filePicker';
 import { PipelineRuns } from './pipelineRuns';
 import { registerKindFaces } from './kindFaces';
 import { ComputeModel, IComputeSettings } from './model';
@@ -205,7 +206,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
         return item && !item.done && item.value.type !== 'directory'
           ? item.value.path
           : null;
-      }
+      },
+      // The dialog opens where the file browser is.
+      pickFiles: fileBrowser
+        ? filePicker(fileBrowser.model.manager, () => fileBrowser.model.path)
+        : null
     });
 
     // Pipelines follow their runs on the same socket as the panel's jobs.

@@ -7,6 +7,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
 import { ComputePanel } from '../components/ComputePanel';
+import { PickFiles } from '../filePicker';
 import { ComputeModel } from '../model';
 
 export namespace CommandIDs {
@@ -47,6 +48,10 @@ export interface ICommandContext {
    * The path of the file selected in the file browser, if any (for "Run on a machine…").
    */
   selectedFile?: () => string | null;
+  /**
+   * Picks workspace files for the forms that name them; none without a file browser.
+   */
+  pickFiles?: PickFiles | null;
 }
 
 export function stringArg(

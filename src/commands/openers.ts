@@ -73,7 +73,7 @@ export class Openers {
   }
 
   jobForm(spec?: IJobSpec, envNote?: boolean): JobFormWidget {
-    const { app, model, trans } = this.context;
+    const { app, model, trans, pickFiles } = this.context;
     const id = 'jp-remote-compute-new-job';
     const existing = [...app.shell.widgets('main')].find(w => w.id === id);
     if (existing && spec) {
@@ -88,7 +88,8 @@ export class Openers {
           trans,
           commands: app.commands,
           spec,
-          keptEnv: envNote
+          keptEnv: envNote,
+          pickFiles
         })
     );
   }

@@ -22,6 +22,7 @@ import {
   IResources,
   submitJob
 } from '../api';
+import { PickFiles, REQUIREMENTS_FILES } from '../filePicker';
 import { splitList } from '../format';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, useSignal } from './common';
@@ -187,8 +188,9 @@ function JobForm(props: {
   commands: CommandRegistry;
   spec?: IJobSpec;
   keptEnv?: boolean;
+  pickFiles?: PickFiles | null;
 }): JSX.Element {
-  const { model, trans, commands } = props;
+  const { model, trans, commands, pickFiles } = props;
   useSignal(model.changed);
   const [values, setValues] = React.useState<Values>(() =>
     fromSpec(props.spec)
@@ -482,15 +484,36 @@ function JobForm(props: {
           error={errors.requirements}
         >
           {aria => (
-            <input
-              {...aria}
-              className="jp-mod-styled"
-              type="text"
-              value={values.requirements}
-              autoComplete="off"
-              spellCheck={false}
-              onChange={e => set({ requirements: e.target.value })}
-            />
+            <div className="jp-RemoteCompute-fileField">
+              <input
+                {...aria}
+                className="jp-mod-styled"
+                type="text"
+                value={values.requirements}
+                autoComplete="off"
+                spellCheck={false}
+                onChange={e => set({ requirements: e.target.value })}
+              />
+              {pickFiles && (
+                <button
+                  type="button"
+                  className="jp-mod-styled"
+                  aria-label={trans.__('Choose the requirements file')}
+                  onClick={async () => {
+                    const [picked] = await pickFiles({
+                      title: trans.__('Choose the requirements file'),
+                      folders: false,
+                      accept: REQUIREMENTS_FILES
+                    });
+                    if (picked !== undefined) {
+                      set({ requirements: picked });
+                    }
+                  }}
+                >
+                  {trans.__('Choose…')}
+                </button>
+              )}
+            </div>
           )}
         </Field>
         <Field
@@ -730,7 +753,7 @@ export class JobFormWidget extends ReactWidget {
   }
 
   render(): JSX.Element {
-    const { model, trans, commands, spec, keptEnv } = this._options;
+    const { model, trans, commands, spec, keptEnv, pickFiles } = this._options;
     return (
       <JobForm
         model={model}
@@ -738,6 +761,7 @@ export class JobFormWidget extends ReactWidget {
         commands={commands}
         spec={spec}
         keptEnv={keptEnv}
+        pickFiles={pickFiles}
       />
     );
   }
@@ -752,5 +776,9 @@ export namespace JobFormWidget {
     commands: CommandRegistry;
     spec?: IJobSpec;
     keptEnv?: boolean;
+    /**
+     * Picks workspace files (the requirements file); none without a file browser.
+     */
+    pickFiles?: PickFiles | null;
   }
 }

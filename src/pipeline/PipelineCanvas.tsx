@@ -23,7 +23,7 @@ import * as React from 'react';
 import { IStep } from '../api';
 import { stateLabel, useSignal } from '../components/common';
 import { declaredOutputs } from './document';
-import { PickFiles } from './fileFields';
+import { PickFiles } from '../filePicker';
 import { PipelineModel } from './model';
 import { StepCard, StepCardNode } from './StepCard';
 import { SettingsForm } from './SettingsForm';

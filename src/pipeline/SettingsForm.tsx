@@ -11,7 +11,8 @@ import * as React from 'react';
 
 import { IPipelineProblem, IStep } from '../api';
 import { IPipelineNode } from './document';
-import { fileUiSchema, PickFiles } from './fileFields';
+import { PickFiles } from '../filePicker';
+import { fileUiSchema } from './fileFields';
 import { CollapsedSection } from './FormSection';
 
 /**

@@ -3,29 +3,12 @@
  * environment's requirements file) get a picker of the workspace's files beside the typed text:
  * JupyterLab's own file dialog, started at the pipeline's folder.
  */
-import { FileDialog } from '@jupyterlab/filebrowser';
 import { ReadonlyJSONObject } from '@lumino/coreutils';
 import { TranslationBundle } from '@jupyterlab/translation';
 import { FieldProps, UiSchema, WidgetProps } from '@rjsf/utils';
 import * as React from 'react';
 
-/**
- * What the form asks of the canvas: workspace paths picked by the person, or none when the
- * dialog was closed.
- */
-export type PickFiles = (options: IPickOptions) => Promise<string[]>;
-
-export interface IPickOptions {
-  title: string;
-  /**
-   * Folders may be picked too (what a node sends may be a folder).
-   */
-  folders: boolean;
-  /**
-   * Only files whose name matches are shown (folders are always shown, to walk into).
-   */
-  accept?: RegExp;
-}
+import { PickFiles, REQUIREMENTS_FILES } from '../filePicker';
 
 /**
  * What a form's file fields share, through rjsf's form context.
@@ -33,41 +16,6 @@ export interface IPickOptions {
 export interface IFileFieldContext {
   pickFiles: PickFiles | null;
   trans: TranslationBundle;
-}
-
-/**
- * A picker on JupyterLab's file dialog; `manager` is the file browser's document manager.
- */
-export function filePicker(
-  manager: FileDialog.IFileOptions['manager'],
-  startAt: () => string
-): PickFiles {
-  return async options => {
-    const defaultPath = startAt();
-    const { accept } = options;
-    const result = await FileDialog.getOpenFiles({
-      manager,
-      title: options.title,
-      defaultPath,
-      filter: model =>
-        model.type === 'directory' || !accept || accept.test(model.name)
-          ? {}
-          : null
-    });
-    if (!result.button.accept || !result.value) {
-      return [];
-    }
-    return (
-      result.value
-        // With nothing selected the dialog answers with the folder it shows: that is no pick.
-        .filter(
-          item =>
-            item.type !== 'directory' ||
-            (options.folders && item.path !== defaultPath)
-        )
-        .map(item => item.path)
-    );
-  };
 }
 
 function context(props: {
@@ -157,7 +105,6 @@ const FILE_SETTINGS: Record<string, RegExp | undefined> = {
   notebook: /\.ipynb$/i
 };
 const FILE_LIST_SETTINGS = new Set(['send']);
-const REQUIREMENTS = /\.(txt|toml)$/i;
 
 type Schema = Record<string, unknown>;
 
@@ -194,7 +141,7 @@ export function fileUiSchema(schema: Schema): UiSchema<ReadonlyJSONObject> {
     ui.environment = {
       requirements: {
         'ui:widget': WorkspaceFileWidget,
-        'ui:options': { accept: REQUIREMENTS }
+        'ui:options': { accept: REQUIREMENTS_FILES }
       }
     };
   }

@@ -15,7 +15,7 @@ import * as React from 'react';
 
 import { IJobEvents } from '../eventsocket';
 import { pipelineIcon } from '../icons';
-import { filePicker, PickFiles } from './fileFields';
+import { filePicker, PickFiles } from '../filePicker';
 import { PipelineModel } from './model';
 
 // The canvas (React Flow, the form's JSON Schema validator) loads when a pipeline is first opened,

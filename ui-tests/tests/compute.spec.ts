@@ -181,6 +181,24 @@ test.describe('Compute panel', () => {
     await expect(form.getByRole('alert')).toContainText('is not an image reference');
   });
 
+  test("picks the New job form's requirements file from the workspace", async ({ page, tmpPath }) => {
+    await page.contents.uploadContent('numpy\n', 'text', `${tmpPath}/requirements.txt`);
+    await page.contents.uploadContent('x = 1\n', 'text', `${tmpPath}/train.py`);
+    const panel = await openPanel(page);
+    await panel.getByRole('button', { name: 'New job' }).click();
+    const form = page.getByRole('form', { name: 'New job' });
+    await form.getByRole('button', { name: 'Choose the requirements file' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    const listing = dialog.locator('.jp-DirListing-content');
+    // It opens where the file browser is, and offers only what can be a requirements file (no .py).
+    await expect(listing.getByText('requirements.txt', { exact: true })).toBeVisible();
+    await expect(listing.getByText('train.py', { exact: true })).toHaveCount(0);
+    await listing.getByText('requirements.txt', { exact: true }).click();
+    await dialog.getByRole('button', { name: 'Select' }).click();
+    await expect(dialog).toHaveCount(0);
+    await expect(form.getByLabel('Requirements file', { exact: true })).toHaveValue(`${tmpPath}/requirements.txt`);
+  });
+
   test('refuses a stale write and offers to reload', async ({ page }) => {
     const name = unique('stale');
     const form = await openAddForm(page);
