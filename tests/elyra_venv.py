@@ -10,6 +10,7 @@ this module before pytest (``python tests/elyra_venv.py``); the tests' fixture t
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -38,10 +39,22 @@ def venv_folder() -> Path:
 
 
 def build_elyra_venv(folder: Path) -> tuple[Path | None, str]:
-    """The venv's python (built now unless cached) and what happened; None when it cannot be built."""
+    """The venv's python (built now unless cached) and what happened; None when it cannot be built.
+
+    One builder at a time (a lock beside the folder): a second one, started meanwhile by another
+    test run, would remove the folder under the first one's installer."""
     python = folder / "bin" / "python"
     if (folder / ".complete").exists():
         return python, "cached"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / ".complete").exists():
+            return python, "cached (built meanwhile by another run)"
+        return _build(folder, python)
+
+
+def _build(folder: Path, python: Path) -> tuple[Path | None, str]:
     if folder.exists():
         subprocess.run(["rm", "-rf", str(folder)], check=True)
     t0 = time.monotonic()
@@ -53,7 +66,9 @@ def build_elyra_venv(folder: Path) -> tuple[Path | None, str]:
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
         if done.returncode != 0:
-            return None, f"{' '.join(step[:5])} failed: {(done.stderr or done.stdout)[-2000:]}"
+            # pip's warnings (one a missing local index folder, here) would push its error out of sight
+            said = [line for line in (done.stderr or done.stdout).splitlines() if not line.startswith("WARNING:")]
+            return None, f"{' '.join(step[:5])} failed: " + "\n".join(said)[-2000:]
     (folder / ".complete").write_text(f"built in {time.monotonic() - t0:.0f} s\n")
     return python, f"built in {time.monotonic() - t0:.0f} s"
 
