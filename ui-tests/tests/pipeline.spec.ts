@@ -252,7 +252,7 @@ test.describe('Pipeline canvas', () => {
     await expect(field(page, 'train', 'send_1')).toHaveValue(`${tmpPath}/train.py`);
 
     // The requirements file's dialog shows only what can be one (no .csv, no .py).
-    await form.getByText('Python environment', { exact: true }).click();
+    await form.getByText('Python environment and image', { exact: true }).click();
     await form.getByRole('button', { name: 'Choose Requirements file' }).click();
     await expect(listing.getByText('requirements.txt', { exact: true })).toBeVisible();
     await expect(listing.getByText('data.csv', { exact: true })).toHaveCount(0);
@@ -260,7 +260,7 @@ test.describe('Pipeline canvas', () => {
     await dialog.getByRole('button', { name: 'Select' }).click();
     await expect(field(page, 'train', 'environment_requirements')).toHaveValue(`${tmpPath}/requirements.txt`);
     // The closed section says what it holds.
-    await form.getByText('Python environment', { exact: true }).click();
+    await form.getByText('Python environment and image', { exact: true }).click();
     await expect(form.locator('summary')).toContainText(`Requirements file: ${tmpPath}/requirements.txt`);
 
     await page.keyboard.press('Control+s');
