@@ -42,7 +42,7 @@ def registry_of(ref: str) -> str:
 
 def check_name(value: Any, field: str = "registry_secret") -> str | None:
     """The name of a Secret Manager entry, or None when not given; errors name ``field``."""
-    if value is None or value == "":
+    if value is None:
         return None
     if not isinstance(value, str) or value.startswith("secret:") or not is_secret_name(value):
         raise InvalidSettings(
