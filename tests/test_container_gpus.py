@@ -36,7 +36,8 @@ agent_bed = agent_fixture.agent_bed
 
 IMAGE_ID = "sha256:" + "ab" * 32
 # A runtime that records `run`'s arguments (one a line) and runs the entry on the host, as the
-# container would: the image's sh with the env file, the command and the log.
+# foreground `run --rm` would: the image's sh with the env file, the command, the log and the started
+# marker, its exit code the command's.
 FAKE_RUNTIME = f"""#!/bin/sh
 case $1 in
   --version) echo "fake version 1.0" ;;
@@ -46,9 +47,7 @@ case $1 in
     : > "$FAKE_DIR/run.args"
     while [ "$1" != --entrypoint ]; do printf '%s\\n' "$1" >> "$FAKE_DIR/run.args"; shift; done
     shift 3
-    sh "$@"; echo $? > "$FAKE_DIR/code"
-    echo fake-container ;;
-  wait) cat "$FAKE_DIR/code" ;;
+    exec sh "$@" ;;
 esac
 """
 FAKE_NVIDIA_SMI = """#!/bin/sh

@@ -216,12 +216,14 @@ def env_names(env: Sequence[str]) -> list[str]:
     return list(dict.fromkeys([*env, *common, *MACHINE_ENV]))
 
 
-# Run by the image's sh as `sh .container-entry ENVFILE COMMAND LOG`: the job's variables from the
+# Run by the image's sh as `sh .container-entry ENVFILE COMMAND LOG RAN`: the job's variables from the
 # 0600 file (the launcher's format), which is removed before the command starts; the command's output
-# goes straight to the job's log (mounted), as it does outside.
+# goes straight to the job's log (mounted), as it does outside. RAN tells container.sh the container
+# started: the run's exit code is the command's from then on.
 ENTRY_SH = f"""exec < "$1"
 {READ_ENV_SH}exec < /dev/null >> "$3" 2>&1
 rm -f -- "$1"
+: > "$4"
 exec sh "$2"
 """
 

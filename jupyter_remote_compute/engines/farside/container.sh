@@ -11,9 +11,9 @@
 # (<base>/images) keeps the id it had, and later jobs run that id. A pull is watched
 # (REMOTE_COMPUTE_PULL_TIMEOUT) and may use a private registry's user:password
 # (REMOTE_COMPUTE_REGISTRY_AUTH, jobs/registry.py); pinned images no job used for
-# REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS are removed. The container is run detached and waited for, so its
-# exit code is the job's; a TERM (cancel.sh, scancel) stops it, and it is removed before this script
-# ends (cancel.sh removes one left behind by a KILL, named in JOBDIR/container). GPUS is what the job
+# REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS are removed. The container is the runtime's foreground `run --rm`,
+# so its exit code is the job's and it is gone when this script ends; a TERM (cancel.sh, scancel) stops
+# it (cancel.sh removes one left behind by a KILL, named in JOBDIR/container). GPUS is what the job
 # gets of the machine's GPUs: none, all, a count, or visible (those the machine chose, else none);
 # where CUDA_VISIBLE_DEVICES is set (an agent's per-job choice, Slurm's allocation) it names the devices.
 set -u
@@ -206,32 +206,37 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then
   kill_wait=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
   if [ -n "$kill_wait" ] && [ "$kill_wait" -lt 12 ]; then grace=$((kill_wait > 2 ? kill_wait - 2 : 1)); fi
 fi
-stopped= stopping=1
-stop() { stopped=1; "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
+stopped= stopping=1 run_pid=
+stop() { stopped=1; [ -z "$run_pid" ] || "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
 trap stop TERM INT HUP
-start() {
-  "$rt" run -d --name "$name" --label "jrc.job=$(basename -- "$jobdir")" --init --network "$network" "$who" \
+# The entry creates RAN before it runs the command: without it, a run that ended never started the
+# container (a leftover name of an earlier start, a pinned id pruned since), and its code is the
+# runtime's, not the command's.
+ran="$jobdir/.container-ran"
+# run_container ARG...: the runtime's own foreground run (one call: it creates, attaches, returns the
+# command's exit code and removes the container), in this shell's background so that a TERM reaches
+# the trap at once. Sets code.
+run_container() {
+  rm -f -- "$ran"
+  "$rt" run --rm --name "$name" --label "jrc.job=$(basename -- "$jobdir")" --init --network "$network" "$who" \
     --log-driver=none -v "$jobdir:$jobdir" -w "$jobdir/work" -e "JRC_IMAGE_DIGEST=$digest" "$@" --entrypoint /bin/sh "$id" \
-    "$jobdir/.container-entry" "$envfile" "$jobdir/command.inner.sh" "$jobdir/log" >/dev/null
+    "$jobdir/.container-entry" "$envfile" "$jobdir/command.inner.sh" "$jobdir/log" "$ran" \
+    </dev/null >/dev/null 2>"$jobdir/.container-err" &
+  run_pid=$!
 }
-gone() {
-  "$rt" rm -f -- "$name" >/dev/null 2>&1
-  rm -f -- "$envfile" "$jobdir/.container-err" "$jobdir/container"
+# wait_container: the run's exit code, once it has ended. A TERM ends a wait early (the trap stopped
+# the container); a stop that came before the container existed is tried again until the run ends.
+wait_container() {
+  while :; do
+    wait "$run_pid"
+    code=$?
+    kill -0 "$run_pid" 2>/dev/null || break
+    [ -z "$stopped" ] || "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1 || sleep 0.2
+  done
 }
-if ! start "$@" 2>"$jobdir/.container-err"; then
-  # Stopped while it started (the TERM reached the runtime too): not started again.
-  [ -z "$stopped" ] || { gone; exit 143; }
-  # An earlier start of this same job that never ran holds the name, or the pinned id is gone.
-  "$rt" rm -f -- "$name" >/dev/null 2>&1
-  repin
-  if ! start "$@"; then
-    cat -- "$jobdir/.container-err" >&2
-    gone
-    fail "$rt could not start image $image (its words are above)"
-  fi
-fi
-rm -f -- "$jobdir/.container-err"
-[ -z "$stopped" ] || stop  # the TERM came while it started: the trap found no container yet
+tidy() { rm -f -- "$envfile" "$ran" "$jobdir/.container-err" "$jobdir/container"; }
+gone() { "$rt" rm -f -- "$name" >/dev/null 2>&1; tidy; }
+[ -n "$stopped" ] || run_container "$@"
 # Eviction: "<pin>.used" names the runtime and reference, and its mtime is the pin's last use. A pin
 # no job used for more than max_age days loses its image, unless a container (a running job's) was made
 # from that id or a pin used more recently names it too; removed by reference, without force, so an id
@@ -255,11 +260,20 @@ find "$pins" -name '*.used' -mtime +"$max_age" 2>/dev/null | while IFS= read -r 
     printf 'container: removed image %s (%s), unused for more than %s days\n' "$old_ref" "$old_rt" "$max_age"
   fi
 done
-# wait prints the exit code (the container is kept until then: -d --rm would lose it). A TERM ends
-# the wait early: the trap has stopped the container, and a second wait reads what it ended with.
-code=$("$rt" wait -- "$name" 2>/dev/null)
-if [ -n "$stopped" ]; then code=$("$rt" wait -- "$name" 2>/dev/null); fi
-"$rt" rm -f -- "$name" >/dev/null 2>&1
-rm -f -- "$envfile" "$jobdir/container"
-case $code in ''|*[!0-9]*) fail "the container of this job vanished before its exit code was read" ;; esac
+[ -z "$run_pid" ] || wait_container
+if [ ! -e "$ran" ] && [ -z "$stopped" ]; then
+  # Never started: remove what holds the name, make the pinned id present again, and try once more.
+  "$rt" rm -f -- "$name" >/dev/null 2>&1
+  repin
+  [ -n "$stopped" ] || { run_container "$@"; wait_container; }
+  if [ ! -e "$ran" ] && [ -z "$stopped" ]; then
+    cat -- "$jobdir/.container-err" >&2
+    gone
+    fail "$rt could not start image $image (its words are above)"
+  fi
+fi
+# Stopped before it started: nothing ran. Else the runtime's own words on a failed run (an OOM kill).
+if [ ! -e "$ran" ]; then gone; exit 143; fi
+[ "$code" = 0 ] || [ ! -s "$jobdir/.container-err" ] || cat -- "$jobdir/.container-err" >&2
+tidy  # --rm removed the container
 exit "$code"
