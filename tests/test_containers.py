@@ -402,6 +402,30 @@ def test_a_container_outlives_the_process_that_started_it(
     assert not _containers(job.id)
 
 
+def test_a_job_whose_launcher_was_killed_is_lost_and_its_container_goes_with_it(test_image, workspace, make_service):
+    """A reboot or the OOM killer ends the launcher's group at once: container.sh never sees its container
+    end. The job is lost (nothing can read its outcome) and the container, which would run on, is removed."""
+    service = make_service(workspace)
+    job = service.advance(
+        service.submit(
+            JobSpec.from_json({"command": "echo started; sleep 600", "environment": {"image": test_image.ref}})
+        ).job.id
+    )
+    wait_for(
+        lambda: service.get(job.id).state == "running" and b"started" in service.read_log(job.id).data,
+        timeout=180,
+        message="the job to run in its container",
+    )
+    far = _far_dir(service.get(job.id))
+    group = int((far / "pid").read_text().split()[0])
+    os.killpg(group, signal.SIGKILL)
+    assert _containers(job.id) == [f"jrc-{job.id}"], "the container outlives its launcher"
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "lost" and "vanished" in (done.reason or ""), (done.state, done.reason)
+    assert not _containers(job.id), "no container is left running for a lost job"
+    assert not (far / "container").exists()
+
+
 def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_service):
     service = make_service(workspace)
     service.machines.add("nb", "jupyter", "http://127.0.0.1:9", {"token_secret": "compute/remote"})

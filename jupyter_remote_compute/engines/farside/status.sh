@@ -47,7 +47,15 @@ one() {
   # the group is gone; it writes exit_code before it ends, so look again
   if [ -f "$d/exit_code" ]; then read -r c < "$d/exit_code"; echo "$1 exited ${c:--}"
   elif [ -f "$d/cancelled" ]; then echo "$1 cancelled -"
-  else echo "$1 gone -"; fi
+  else
+    # The launcher was KILLed (a reboot, the OOM killer): container.sh never saw its container end, which
+    # would run on with no one to read it. The job is lost; its container goes with it.
+    if [ -f "$d/container" ] && read -r rt name < "$d/container"; then
+      case $rt in podman|docker) "$rt" rm -f -- "$name" >/dev/null 2>&1 </dev/null ;; esac
+      rm -f -- "$d/container"
+    fi
+    echo "$1 gone -"
+  fi
 }
 i=0
 for d in "$@"; do one "$i" "$d"; i=$((i+1)); done
