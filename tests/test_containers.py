@@ -332,18 +332,21 @@ def test_a_secret_reaches_the_command_and_no_inspect_output(test_image, workspac
     assert secret not in service.read_log(job.id).data.decode()
 
 
-def test_cancel_stops_and_removes_the_container(test_image, workspace, make_service):
-    service = make_service(workspace)
-    job = service.advance(
-        service.submit(
-            JobSpec.from_json({"command": "echo started; sleep 600", "environment": {"image": test_image.ref}})
-        ).job.id
-    )
+def _started_in_image(service, image: str):  # type: ignore[no-untyped-def]
+    """A job that says "started" in ``image`` and sleeps, once it has said so."""
+    spec = JobSpec.from_json({"command": "echo started; sleep 600", "environment": {"image": image}})
+    job = service.advance(service.submit(spec).job.id)
     wait_for(
         lambda: service.get(job.id).state == "running" and b"started" in service.read_log(job.id).data,
         timeout=180,
         message="the job to run in its container",
     )
+    return service.get(job.id)
+
+
+def test_cancel_stops_and_removes_the_container(test_image, workspace, make_service):
+    service = make_service(workspace)
+    job = _started_in_image(service, test_image.ref)
     assert _containers(job.id) == [f"jrc-{job.id}"]
     service.cancel(job.id)
     done = service.wait(job.id, timeout=120)
@@ -406,17 +409,8 @@ def test_a_job_whose_launcher_was_killed_is_lost_and_its_container_goes_with_it(
     """A reboot or the OOM killer ends the launcher's group at once: container.sh never sees its container
     end. The job is lost (nothing can read its outcome) and the container, which would run on, is removed."""
     service = make_service(workspace)
-    job = service.advance(
-        service.submit(
-            JobSpec.from_json({"command": "echo started; sleep 600", "environment": {"image": test_image.ref}})
-        ).job.id
-    )
-    wait_for(
-        lambda: service.get(job.id).state == "running" and b"started" in service.read_log(job.id).data,
-        timeout=180,
-        message="the job to run in its container",
-    )
-    far = _far_dir(service.get(job.id))
+    job = _started_in_image(service, test_image.ref)
+    far = _far_dir(job)
     group = int((far / "pid").read_text().split()[0])
     os.killpg(group, signal.SIGKILL)
     assert _containers(job.id) == [f"jrc-{job.id}"], "the container outlives its launcher"
