@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pwd
 import subprocess
 import sys
 import textwrap
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 import slurm_fixture
 import sshd_fixture
+import test_containers
 import test_live_metrics
 from conftest import job_runs
+from mlflow.tracking import MlflowClient
 from procs import group_members
 from required import require
 from skypilot_fixture import SkyBed, ensure_up, sky_client, sky_home, skypilot_bed, timed
@@ -32,11 +35,13 @@ from jupyter_remote_compute.engines import engine_class, engine_kinds
 from jupyter_remote_compute.engines.base import EngineContext, EngineError
 from jupyter_remote_compute.engines.resources import Resources
 from jupyter_remote_compute.errors import InvalidSettings, RemoteComputeError
+from jupyter_remote_compute.jobs import image as images
 from jupyter_remote_compute.jobs.service import JobService, require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
 slurm_bed = slurm_fixture.slurm_bed
+test_image = test_containers.test_image
 __all__ = ["sky_client", "sky_home", "skypilot_bed"]  # fixtures used by name
 
 
@@ -271,6 +276,52 @@ def test_a_second_job_reuses_the_cluster(skypilot_bed: SkyBed, sky_client: Path,
     assert "launch_request" not in job.handle and job.handle["exec_request"]
     after = _record(skypilot_bed)
     assert after["launched_at"] == before["launched_at"]
+
+
+@pytest.mark.timeout(900)
+def test_a_job_runs_in_its_image_where_skypilot_runs_it(
+    skypilot_bed: SkyBed, sky_client: Path, make_service, workspace: Path, tracking_uri: str, test_image
+) -> None:
+    """container.sh in the Slurm allocation SkyPilot runs the command in: rootless podman as the node's user,
+    whose HOME there is the cluster's own folder (so is podman's store: an image is pulled per cluster)."""
+    service = _service(make_service, workspace, skypilot_bed)
+    ensure_up(service.engine("sky"))
+    user = skypilot_bed.node_user
+    (home,) = (skypilot_bed.node_home / ".sky_clusters").glob(f"{skypilot_bed.cluster}-*")
+    test_containers.agent_podman(home, user)
+    test_containers._podman("import", str(test_image.rootfs), test_image.ref, user=user, home=home)
+    try:
+        (workspace / "job.sh").write_text(
+            f"mkdir -p out; cat {test_containers.MARKER} > out/marker.txt; id -u > out/uid.txt\n"
+        )
+        docker = {"machine": "sky", "command": "true", "environment": {"image": test_image.ref, "runtime": "docker"}}
+        with pytest.raises(InvalidSettings) as e:
+            service.submit(JobSpec.from_json(docker))
+        assert e.value.field == "environment.runtime" and "podman" in str(e.value)
+        spec = {"machine": "sky", "command": "sh job.sh", "send": ["job.sh"], "bring_back": ["out/"],
+                "environment": {"image": test_image.ref}}  # fmt: skip
+        job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=600)
+        assert job.state == "succeeded", job.reason
+        assert (workspace / "out/marker.txt").read_text().strip() == test_image.marker
+        assert (workspace / "out/uid.txt").read_text().strip() == str(pwd.getpwnam(user).pw_uid)
+        found = test_containers._podman("image", "inspect", "--format", "{{.Id}}", test_image.ref, user=user, home=home)
+        digest = "sha256:" + found.stdout.strip().removeprefix("sha256:")
+        assert f"image {test_image.ref} {digest} (podman " in service.read_log(job.id).data.decode()
+        assert MlflowClient(tracking_uri).get_run(job.mlflow_run_id).data.tags[images.TAG_DIGEST] == digest
+        assert not test_containers._containers(job.id, user=user, home=home)
+    finally:
+        test_containers._podman("system", "reset", "--force", user=user, home=home, check=False)
+
+
+def test_an_image_waits_for_the_cluster_to_say_what_runs_it(sky_sdk) -> None:
+    """Before the cluster is up nothing is known of its runtimes: submit lets the image go (container.sh
+    names what is missing there); on Slurm the runtime is podman only, as for the slurm kind."""
+    slurm, cloud = _engine(address="slurm/hpc"), _engine(address="aws")
+    assert slurm.image_runtimes() == ("podman",) and cloud.image_runtimes() == ("podman", "docker")
+    images.admit(images.Image("localhost/trainer:1", "podman"), "sky", "skypilot", slurm.image_runtimes(), None)
+    with pytest.raises(InvalidSettings) as e:
+        images.admit(images.Image("localhost/trainer:1", "docker"), "sky", "skypilot", slurm.image_runtimes(), None)
+    assert e.value.field == "environment.runtime"
 
 
 @pytest.mark.timeout(900)

@@ -421,6 +421,11 @@ class Engine(abc.ABC):
         """The far-side folder of image pins (``farside/container.sh``'s PINS), as a sh word."""
         raise EngineError(f"{self.name} is a {self.kind} machine, which does not run container images")
 
+    def image_facts(self) -> dict[str, Any] | None:
+        """What submit knows of the runtimes here (``check``'s ``containers``); None: nothing can be
+        known yet, and container.sh names what is missing when the job starts."""
+        return self.check()
+
     def admit(self, resources: Resources) -> None:
         """Refuse, at submit, resources this machine cannot give (InvalidSettings naming the field).
 

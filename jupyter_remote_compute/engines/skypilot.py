@@ -464,6 +464,20 @@ class SkyPilotEngine(Engine):
             no_infra = None
         return plain_failure(text, tried, no_infra)
 
+    # A job's image runs where its command does (a Slurm allocation, the head VM), through container.sh
+    # as on an ssh machine. Not SkyPilot's own `image_id: docker:`, which makes the whole cluster the
+    # container: one image per cluster, and on Slurm only with Pyxis. In an allocation podman only, as
+    # for the slurm kind: docker's containers are its daemon's, out of Slurm's reach.
+    def image_runtimes(self) -> tuple[str, ...]:
+        return ("podman",) if self.settings.cloud == "slurm" else ("podman", "docker")
+
+    def image_pins(self) -> str:
+        return self.head().image_pins()
+
+    def image_facts(self) -> dict[str, Any] | None:
+        # The head's facts once the cluster is up; before, nothing is known and no launch is asked for.
+        return self.head().check() if _state(self.cluster_record()) == "UP" else None
+
     def admit(self, resources: Resources) -> None:
         # What the cloud can give is SkyPilot's to find out; here only what no SkyPilot machine takes.
         if resources != Resources():

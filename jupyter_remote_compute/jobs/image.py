@@ -124,12 +124,12 @@ def admit(image: Image, machine: str, kind: str, runtimes: Sequence[str], facts:
     """Refuse, at submit, an image on a machine that cannot run it, naming what to install.
 
     ``runtimes`` are those the machine's kind runs images in (``Engine.image_runtimes``), ``facts``
-    its ``check`` (``containers``: the runtimes installed, from facts.sh).
+    its ``Engine.image_facts`` (``containers``: the runtimes installed, from facts.sh; None: unknown).
     """
     if not runtimes:
         raise InvalidSettings(
             f"{FIELD}: {machine} is a {kind} machine, which does not run container images; "
-            "use a local, ssh, slurm or agent machine",
+            "use a local, ssh, slurm, agent or skypilot machine",
             field=FIELD,
         )
     if image.runtime != "auto" and image.runtime not in runtimes:
@@ -138,7 +138,9 @@ def admit(image: Image, machine: str, kind: str, runtimes: Sequence[str], facts:
             f"not {image.runtime}",
             field="environment.runtime",
         )
-    installed = {c["runtime"] for c in (facts or {}).get("containers") or ()}
+    if facts is None:
+        return  # not known before the machine exists (a SkyPilot cluster not up): container.sh says
+    installed = {c["runtime"] for c in facts.get("containers") or ()}
     wanted = [image.runtime] if image.runtime != "auto" else list(runtimes)
     if not installed.intersection(wanted):
         hint = " or ".join(f"{w} ({INSTALL_HINT[w]})" for w in wanted)

@@ -279,7 +279,7 @@ class JobService:
         engine = self.engine(machine.name)
         runtimes = engine.image_runtimes()
         try:
-            facts = engine.check() if runtimes else None
+            facts = engine.image_facts() if runtimes else None
         except EngineError as e:
             raise InvalidSettings(
                 f"{images.FIELD}: could not learn whether {machine.name} runs images ({e}); try again",
