@@ -297,6 +297,10 @@ export interface IJobSpec {
    * The Python environment the command runs in, built on the machine (`environment` in openapi.yaml).
    */
   environment?: IEnvironment | null;
+  /**
+   * The stored secret (`user:password`) the image is pulled with; none: the machine's.
+   */
+  registry_secret?: string | null;
   timeout?: number | string | null;
   name?: string | null;
   key?: string | null;

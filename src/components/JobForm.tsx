@@ -45,6 +45,7 @@ type Values = {
   sameEnv: boolean;
   image: string;
   runtime: string;
+  registrySecret: string;
 };
 
 const RESOURCE_FIELDS = [
@@ -108,7 +109,8 @@ function fromSpec(spec: IJobSpec | undefined): Values {
     python: spec?.environment?.python ?? '',
     sameEnv: spec?.environment?.same_as_here ?? false,
     image: spec?.environment?.image ?? '',
-    runtime: spec?.environment?.runtime ?? 'auto'
+    runtime: spec?.environment?.runtime ?? 'auto',
+    registrySecret: spec?.registry_secret ?? ''
   };
 }
 
@@ -167,6 +169,8 @@ function fieldOf(field: string | null): keyof Values | 'env' | null {
       : null;
   }
   switch (head) {
+    case 'registry_secret':
+      return 'registrySecret';
     case 'machine':
     case 'command':
     case 'send':
@@ -259,6 +263,9 @@ function JobForm(props: {
     const environment = environmentOf(values);
     if (environment) {
       spec.environment = environment;
+    }
+    if (environment?.image && values.registrySecret) {
+      spec.registry_secret = values.registrySecret;
     }
     const typedEnv: Record<string, string> = {};
     for (const row of envRows) {
@@ -569,7 +576,7 @@ function JobForm(props: {
           id={`${prefix}-image`}
           label={trans.__('Image')}
           help={trans.__(
-            'A container image the command runs in (local and ssh machines), e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04; the environment above is built inside it. Empty: the machine’s default.'
+            'A container image the command runs in (any machine but a Jupyter server), e.g. nvidia/cuda:12.4.1-runtime-ubuntu22.04; the environment above is built inside it. Empty: the machine’s default.'
           )}
           error={errors.image}
         >
@@ -601,6 +608,38 @@ function JobForm(props: {
               <option value="auto">{trans.__('podman, else docker')}</option>
               <option value="podman">podman</option>
               <option value="docker">docker</option>
+            </select>
+          )}
+        </Field>
+        <Field
+          id={`${prefix}-registry-secret`}
+          label={trans.__('Registry credentials')}
+          help={trans.__(
+            'A stored secret whose value is user:password (or user:token) for a private registry, used for the pull only. None: the machine’s registry_secret, if it has one.'
+          )}
+          error={errors.registrySecret}
+        >
+          {aria => (
+            <select
+              {...aria}
+              className="jp-mod-styled"
+              value={values.registrySecret}
+              disabled={!values.image.trim()}
+              onChange={e => set({ registrySecret: e.target.value })}
+            >
+              <option value="">{trans.__('None')}</option>
+              {/* a repeated job's secret, even if it is no longer stored: the server says so */}
+              {[
+                ...new Set(
+                  values.registrySecret
+                    ? [...secretNames, values.registrySecret]
+                    : secretNames
+                )
+              ].map(name => (
+                <option key={name} value={name}>
+                  {name}
+                </option>
+              ))}
             </select>
           )}
         </Field>

@@ -174,4 +174,27 @@ test.describe('Secrets in the panel', () => {
     expect(job.spec.resources).toEqual({ cpus: 1 });
     expect(await page.content()).not.toContain(value);
   });
+  test("the New job form pulls its image with a stored secret's name, never its value", async ({ page }) => {
+    // A name as people write them: a random-looking one would be refused as a pasted password.
+    const name = 'team-registry/pull';
+    const value = `robot:${unique('t')}-5e0a9c1b`;
+    await api(page, 'PUT', `secrets/${encodeURIComponent(name)}`, { value });
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    await page.locator('#jp-remote-compute-panel').getByRole('button', { name: 'New job' }).click();
+    const form = page.getByRole('form', { name: 'New job' });
+    await form.getByLabel('Command', { exact: true }).fill('true');
+    const credentials = form.getByLabel('Registry credentials', { exact: true });
+    await expect(credentials).toBeDisabled(); // they are for an image's pull: none is named yet
+    await form.getByLabel('Image', { exact: true }).fill('127.0.0.1:9/team/trainer:1');
+    await credentials.selectOption(name);
+    const sent = page.waitForResponse(r => r.request().method() === 'POST' && /\/remote-compute\/jobs(\?|$)/.test(r.url()));
+    await form.getByRole('button', { name: 'Run', exact: true }).click();
+    const response = await sent;
+    expect(response.ok(), await response.text()).toBeTruthy();
+    const body = response.request().postDataJSON();
+    expect(body.registry_secret).toBe(name);
+    expect(body.environment).toEqual({ image: '127.0.0.1:9/team/trainer:1' });
+    expect(JSON.stringify(body)).not.toContain(value);
+    expect(await page.content()).not.toContain(value);
+  });
 });
