@@ -506,6 +506,34 @@ def test_a_job_runs_in_docker_keeps_its_exit_code_and_cancel_removes_it(
     assert not _docker_containers(running.id), "cancel leaves no container behind"
 
 
+def test_a_python_environment_is_built_inside_a_docker_image_as_the_user(
+    docker_image, index, workspace, make_service, scratch_dir
+):
+    """docker runs the container as the user (--user UID:GID), with the env cache and this side's uv
+    mounted as for podman: the environment is built once, named by docker's id of the image."""
+    (workspace / "fit.py").write_text("import rcdemo_a, sys\nprint('value', rcdemo_a.VALUE, 'prefix', sys.prefix)\n")
+    service = make_service(workspace)
+    spec = JobSpec.from_json(
+        {"command": ["python", "fit.py"], "send": ["fit.py"], "env": {"UV_DEFAULT_INDEX": index.url},
+         "environment": {"packages": ["rcdemo-b"], "image": docker_image, "runtime": "docker"}}
+    )  # fmt: skip
+    first = service.wait(service.submit(spec).job.id, timeout=300)
+    log = service.read_log(first.id).data.decode()
+    assert first.state == "succeeded", (first.reason, log)
+    digest = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", docker_image], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert f"image {docker_image} {digest} (docker " in log and "building with uv " in log, log
+    assert f"value a1 prefix {scratch_dir.resolve()}/envs/" in log
+    prefix = Path(log.split("prefix ", 1)[1].split()[0])
+    assert prefix.name.endswith("-" + digest.removeprefix("sha256:")[:16])
+    assert prefix.stat().st_uid == os.getuid(), "the environment is the user's, not the daemon's root"
+    again = service.wait(service.submit(spec, new=True).job.id, timeout=300)
+    later = service.read_log(again.id).data.decode()
+    assert again.state == "succeeded" and ": cached (" in later and f"prefix {prefix}\n" in later, later
+    assert not _docker_containers(first.id) and not _docker_containers(again.id)
+
+
 # -- ssh: rootless podman for the test user ----------------------------------------------------------
 
 
