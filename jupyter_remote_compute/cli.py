@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .engines.faces import CliCommand, all_faces, faces_of
-from .errors import InvalidSettings, RemoteComputeError
+from .errors import RemoteComputeError
 from .jobs.admin import HostKeyNotConfirmed
 from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
@@ -214,8 +214,6 @@ def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     del settings["command"]
     if not settings["name"]:
         del settings["name"]
-    if (settings.get("environment") or {}).get("image"):
-        raise InvalidSettings("--image: a notebook job does not run in an image yet; leave it out", field="image")
     settings.update(notebook=args.notebook, parameters=parse_parameters(args.parameter), python=python)
     return notebook_spec(settings)[0]
 

@@ -2,7 +2,8 @@
 for the tests that build a job's Python environment; machines reach it through their ``index_url``
 option (or a job's ``UV_DEFAULT_INDEX``), so no test uses the public index.
 
-Use the fixture in a test module with ``index = package_index.index``.
+Use the fixture in a test module with ``index = package_index.index``; ``notebook_index`` holds the
+notebook runner's packages (nbclient, ipykernel and what they need), made from this interpreter's.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import importlib.metadata
+import re
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -120,5 +123,67 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
     served = Index(root)
     served.uv_cache = uv_cache
+    yield served
+    served.stop()
+
+
+def installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:
+    """A wheel of an installed distribution, written back from its RECORD: the files it installed into
+    site-packages (not its scripts), with the tag its WHEEL file names for this Python."""
+    wheel_text = dist.read_text("WHEEL") or ""
+    tags = [t.split(":", 1)[1].strip() for t in wheel_text.splitlines() if t.startswith("Tag:")]
+    tag = next(t for t in tags if t.startswith(("py3", "cp3")))
+    name, version = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower(), dist.version
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-{tag}.whl", "w", zipfile.ZIP_DEFLATED) as z:
+        record = []
+        for f in dist.files or []:
+            rel = str(f)
+            if rel.startswith("..") or "__pycache__" in rel or rel.endswith(("RECORD", "INSTALLER", "direct_url.json")):
+                continue
+            data = Path(dist.locate_file(f)).read_bytes()
+            if ".dist-info/" in rel:
+                rel = f"{info}/{rel.split('.dist-info/', 1)[1]}"
+            z.writestr(rel, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{rel},sha256={digest},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+
+
+def closure(names: list[str]) -> list[importlib.metadata.Distribution]:
+    """The installed distributions ``names`` need, with what they need, markers taken as this Python's."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        key = canonicalize_name(todo.pop())
+        if key in seen:
+            continue
+        seen[key] = dist = importlib.metadata.distribution(key)
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return list(seen.values())
+
+
+@pytest.fixture(scope="module")
+def notebook_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
+    """An index holding the notebook runner's packages, made from this interpreter's installed ones."""
+    root = tmp_path_factory.mktemp("nb-index")
+    files = root / "files"
+    files.mkdir()
+    for dist in closure(["nbclient", "ipykernel"]):
+        installed_wheel(dist, files)
+    projects: dict[str, list[str]] = {}
+    for w in files.glob("*.whl"):
+        projects.setdefault(w.name.split("-", 1)[0].replace("_", "-"), []).append(w.name)
+    for project, wheels in projects.items():
+        (root / "simple" / project).mkdir(parents=True)
+        links = "".join(f'<a href="../../files/{w}">{w}</a>\n' for w in wheels)
+        (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    served = Index(root)
     yield served
     served.stop()

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import agent_fixture
+import nbformat
 import package_index
 import pytest
 import slurm_fixture
@@ -39,6 +40,7 @@ ssh_agent_env = sshd_fixture.ssh_agent_env
 slurm_bed = slurm_fixture.slurm_bed
 agent_bed = agent_fixture.agent_bed
 index = package_index.index
+notebook_index = package_index.notebook_index
 
 MARKER = "/etc/jrc-image-marker"
 CONTAINERS_CONF = """\
@@ -236,6 +238,36 @@ def test_a_python_environment_is_built_inside_the_image_once_and_is_the_images_o
     assert bare.state == "succeeded", (bare.reason, bare_log)
     assert ": built in " in bare_log and f"prefix {prefix} " not in bare_log and "value a1" in bare_log
     assert "marker -" in bare_log
+
+
+def test_a_notebook_runs_in_its_image_with_its_kernel_built_inside_it(
+    test_image, notebook_index, workspace, make_service
+):
+    """The image has python3 and no nbclient: alone, the runner names what it lacks and how to add it;
+    with packages beside the image, the runner's are built inside it and the kernel runs there."""
+    from jupyter_remote_compute.pipelines.notebook import notebook_spec
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"import sys; print('kernel', sys.prefix, open({MARKER!r}).read().strip())")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, workspace / "nb.ipynb")
+    service = make_service(workspace)
+    env = {"UV_DEFAULT_INDEX": notebook_index.url, "UV_NO_CACHE": "1"}
+    alone, _ = notebook_spec({"notebook": "nb.ipynb", "environment": {"image": test_image.ref}, "env": env})
+    bare = service.wait(service.submit(alone).job.id, timeout=300)
+    assert bare.state == "failed" and bare.exit_code == 3, (bare.state, bare.reason)
+    assert "the image's python (/usr/bin/python3) lacks nbformat, nbclient, ipykernel" in (bare.reason or "")
+    assert "add nbclient and ipykernel to the job's environment packages" in (bare.reason or "")
+
+    environment = {"image": test_image.ref, "packages": ["traitlets"]}
+    spec, _ = notebook_spec({"notebook": "nb.ipynb", "environment": environment, "env": env})
+    job = service.wait(service.submit(spec).job.id, timeout=600)
+    assert job.state == "succeeded", (job.reason, service.read_log(job.id).data.decode()[-3000:])
+    executed = nbformat.read(workspace / "nb.executed.ipynb", as_version=4)
+    said = "".join(o.get("text", "") for o in executed.cells[-1].outputs).split()
+    digest = test_image.digest().removeprefix("sha256:")
+    assert said[0] == "kernel" and "/envs/" in said[1] and said[1].endswith("-" + digest[:16]), said
+    assert said[2] == test_image.marker, "the kernel ran inside the image"
 
 
 def test_the_exit_code_is_the_commands(test_image, workspace, make_service):

@@ -7,9 +7,7 @@ with this side's uv; the ssh test user has no uv on its PATH, so there the build
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
 import importlib.metadata
 import os
 import platform
@@ -17,8 +15,6 @@ import re
 import signal
 import threading
 import uuid
-import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import agent_fixture
@@ -40,6 +36,7 @@ slurm_bed = slurm_fixture.slurm_bed
 remote_server = jupyter_server_fixture.remote_server
 agent_bed = agent_fixture.agent_bed
 index = package_index.index
+notebook_index = package_index.notebook_index
 Index = package_index.Index
 
 #: Imports the package only the environment holds and prints what it found.
@@ -288,7 +285,6 @@ def job_run(client, service, job_id: str):  # type: ignore[no-untyped-def]
 
 
 def test_same_as_here_pins_this_interpreters_distributions_and_leaves_local_installs_out(workspace):
-    import importlib.metadata
 
     from jupyter_remote_compute.jobs.environment import Environment, resolve
 
@@ -720,68 +716,6 @@ def test_an_agent_jobs_reason_says_it_builds_its_environment_too(agent_bed, make
     driver.join(300)
     done = service.wait(job.id, timeout=300)
     assert done.state == "succeeded" and done.reason is None, done.reason
-
-
-def _installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:
-    """A wheel of an installed distribution, written back from its RECORD: the files it installed into
-    site-packages (not its scripts), with the tag its WHEEL file names for this Python."""
-    wheel_text = dist.read_text("WHEEL") or ""
-    tags = [t.split(":", 1)[1].strip() for t in wheel_text.splitlines() if t.startswith("Tag:")]
-    tag = next(t for t in tags if t.startswith(("py3", "cp3")))
-    name, version = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower(), dist.version
-    info = f"{name}-{version}.dist-info"
-    with zipfile.ZipFile(folder / f"{name}-{version}-{tag}.whl", "w", zipfile.ZIP_DEFLATED) as z:
-        record = []
-        for f in dist.files or []:
-            rel = str(f)
-            if rel.startswith("..") or "__pycache__" in rel or rel.endswith(("RECORD", "INSTALLER", "direct_url.json")):
-                continue
-            data = Path(dist.locate_file(f)).read_bytes()
-            if ".dist-info/" in rel:
-                rel = f"{info}/{rel.split('.dist-info/', 1)[1]}"
-            z.writestr(rel, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{rel},sha256={digest},{len(data)}")
-        z.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
-
-
-def _closure(names: list[str]) -> list[importlib.metadata.Distribution]:
-    """The installed distributions ``names`` need, with what they need, markers taken as this Python's."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    seen: dict[str, importlib.metadata.Distribution] = {}
-    todo = list(names)
-    while todo:
-        key = canonicalize_name(todo.pop())
-        if key in seen:
-            continue
-        seen[key] = dist = importlib.metadata.distribution(key)
-        for text in dist.requires or []:
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return list(seen.values())
-
-
-@pytest.fixture(scope="module")
-def notebook_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
-    """An index holding the notebook runner's packages, made from this interpreter's installed ones."""
-    root = tmp_path_factory.mktemp("nb-index")
-    files = root / "files"
-    files.mkdir()
-    for dist in _closure(["nbclient", "ipykernel"]):
-        _installed_wheel(dist, files)
-    projects: dict[str, list[str]] = {}
-    for w in files.glob("*.whl"):
-        projects.setdefault(w.name.split("-", 1)[0].replace("_", "-"), []).append(w.name)
-    for project, wheels in projects.items():
-        (root / "simple" / project).mkdir(parents=True)
-        links = "".join(f'<a href="../../files/{w}">{w}</a>\n' for w in wheels)
-        (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
-    served = Index(root)
-    yield served
-    served.stop()
 
 
 def test_a_notebook_job_with_an_environment_gets_nbclient_and_ipykernel_in_it(workspace, make_service, notebook_index):

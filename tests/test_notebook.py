@@ -89,21 +89,15 @@ def test_run_notebook_executes_it_with_typed_parameters_and_brings_it_back(works
     assert outputs_text(executed.cells[-1]).strip() == "int float bool adam"
 
 
-def test_run_notebook_with_an_image_is_refused_naming_the_option(workspace, scratch_dir, tracking_uri):
-    make_notebook(workspace / "train.ipynb")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
-    done = subprocess.run(
-        [sys.executable, "-m", "jupyter_remote_compute.cli", "run", "--notebook", "train.ipynb", "--image", "x:1"],
-        cwd=workspace, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode != 0 and "--image: a notebook job does not run in an image yet" in done.stderr
-    assert not (workspace / ".punica" / "jobs.json").exists()  # nothing was submitted
-    # a pipeline's notebook step, which has no such option, is refused by the field
-    from jupyter_remote_compute.pipelines.notebook import notebook_spec
-
-    with pytest.raises(InvalidSettings) as e:
-        notebook_spec({"notebook": "train.ipynb", "environment": {"image": "x:1"}})
-    assert e.value.field == "environment.image"
+def test_a_notebook_in_an_image_alone_is_given_no_runner_packages():
+    """An image alone builds nothing: a notebook image's own nbclient is used, not installed again;
+    with packages beside it, the runner's are added as for any environment (tests/test_containers.py
+    runs both in a real image)."""
+    alone, _ = notebook_spec({"notebook": "train.ipynb", "environment": {"image": "jupyter/base-notebook:1"}})
+    assert alone.image is not None and alone.image.ref == "jupyter/base-notebook:1"
+    assert alone.environment is not None and alone.environment.packages == ()
+    on_top, _ = notebook_spec({"notebook": "train.ipynb", "environment": {"image": "x:1", "packages": ["numpy"]}})
+    assert on_top.environment is not None and on_top.environment.packages == ("numpy", "nbclient", "ipykernel")
 
 
 def test_a_failing_third_cell_fails_the_job_with_that_cell_and_the_notebook_comes_back(

@@ -87,11 +87,16 @@ def executed_path(settings: Mapping[str, Any]) -> str:
 RUNNER_PACKAGES = ("nbclient", "ipykernel")
 
 
+#: An environment's fields that build one; ``image`` and ``runtime`` alone build nothing.
+_BUILDING = ("requirements", "packages", "python", "same_as_here")
+
+
 def with_runner_packages(environment: Any) -> Any:
     """``environment`` with the runner's packages added to its ``packages``, but for one it names
-    already (the job's own requirement wins). No environment, or one of a wrong shape, is left as it
-    is: the spec refuses the latter naming the field."""
-    if not isinstance(environment, Mapping) or not environment:
+    already (the job's own requirement wins). No environment, an image alone (its Python is what the
+    image has: a notebook image's own nbclient is not installed again), or one of a wrong shape, is
+    left as it is: the spec refuses the latter naming the field."""
+    if not isinstance(environment, Mapping) or not any(environment.get(k) for k in _BUILDING):
         return environment
     packages = environment.get("packages") or []
     if not isinstance(packages, list) or not all(isinstance(p, str) for p in packages):
@@ -140,8 +145,4 @@ def notebook_spec(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
             "environment": with_runner_packages(settings.get("environment")),
         }
     )
-    if spec.image:  # the runner and its kernel in an image are not tested yet: refused, not guessed at
-        raise InvalidSettings(
-            "environment.image: a notebook job does not run in an image yet; leave it out", field="environment.image"
-        )
     return spec, parse_duration(settings.get("wait"), "wait")

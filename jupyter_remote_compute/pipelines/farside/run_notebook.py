@@ -90,9 +90,18 @@ def main(argv):
     kernel = argv[3] if len(argv) > 3 and argv[3] else None
     missing = missing_modules()
     if missing:
+        if os.environ.get("JRC_IMAGE_DIGEST"):  # in a container: the image is what it is
+            advice = (
+                "add nbclient and ipykernel to the job's environment packages (built inside the image), "
+                "or use an image that has them"
+            )
+            where = "the image's python"
+        else:
+            advice = f"install them there: {sys.executable} -m pip install nbclient ipykernel"
+            where = "the python on this machine"
         print(
-            f"run-notebook: the python on this machine ({sys.executable}) lacks {', '.join(missing)}, "
-            f"which running a notebook needs; install them there: {sys.executable} -m pip install nbclient ipykernel",
+            f"run-notebook: {where} ({sys.executable}) lacks {', '.join(missing)}, "
+            f"which running a notebook needs; {advice}",
             file=sys.stderr,
         )
         return EXIT_MISSING
