@@ -452,6 +452,45 @@ def test_a_job_whose_launcher_was_killed_is_lost_and_its_container_goes_with_it(
     assert not (far / "container").exists()
 
 
+def test_a_server_sigkilled_while_its_container_runs_ends_the_job_once_after_the_restart(
+    test_image, workspace, scratch_dir, tracking_uri, tmp_path
+):
+    """The Jupyter server that started the job dies at once; the container runs on, and the server
+    started again ends the job once: one outcome, one MLflow run, no container left."""
+    from conftest import job_runs
+    from server_process import Server
+
+    server = Server(workspace, scratch_dir, tracking_uri, tmp_path / "server.log")
+    wait_go = f"echo waiting; while [ ! -f go ]; do sleep 0.05; done; cat {MARKER}"
+    body = {"command": ["sh", "-c", wait_go], "environment": {"image": test_image.ref}}
+    try:
+        server.start()
+        job_id = server.request("POST", "jobs", body)["job"]["id"]
+        wait_for(
+            lambda: _containers(job_id) and "waiting" in server.request("GET", f"jobs/{job_id}/log")["data"],
+            timeout=180,
+            message="the job to run in its container",
+        )
+        server.kill()
+        assert _containers(job_id) == [f"jrc-{job_id}"], "the container runs on without the server"
+        server.start()
+        (far,) = scratch_dir.glob(f"**/{job_id}/work")
+        (far / "go").touch()
+
+        def ended() -> dict | None:  # type: ignore[type-arg]
+            job = server.request("GET", f"jobs/{job_id}")
+            return job if job["state"] in ("succeeded", "failed", "lost", "cancelled") else None
+
+        job = wait_for(ended, 180, "the job to end after the restart")
+        log = server.request("GET", f"jobs/{job_id}/log")["data"]
+    finally:
+        server.stop()
+    assert job["state"] == "succeeded", job["reason"]
+    assert log.count(f"\n{test_image.marker}\n") == 1, log  # the command ran once
+    assert len(job_runs(tracking_uri, job_id)) == 1
+    assert not _containers(job_id)
+
+
 def test_an_image_is_refused_at_submit_on_a_kind_that_runs_none(workspace, make_service):
     service = make_service(workspace)
     service.machines.add("nb", "jupyter", "http://127.0.0.1:9", {"token_secret": "compute/remote"})
