@@ -152,6 +152,19 @@ def test_machines_are_runtime_configurations_kept_in_step(elyra_server: Server) 
     assert "rc-local" in runtimes(elyra_server)
 
 
+def succeeded_run(server: Server, run_id: str) -> dict:  # type: ignore[type-arg]
+    """The pipeline run once it has ended, which must be a success."""
+    wait_for(
+        lambda: server.request("GET", f"pipelines/runs/{run_id}")["state"] != "running",
+        timeout=300,
+        interval=0.2,
+        message="the pipeline run to end",
+    )
+    run = server.request("GET", f"pipelines/runs/{run_id}")
+    assert run["state"] == "succeeded", run
+    return run
+
+
 def test_an_elyra_pipeline_runs_each_node_as_a_job(elyra_server: Server) -> None:
     root = elyra_server.root
     wait_for(lambda: "rc-local" in runtimes(elyra_server), timeout=60, interval=0.2, message="rc-local")
@@ -170,14 +183,7 @@ def test_an_elyra_pipeline_runs_each_node_as_a_job(elyra_server: Server) -> None
     assert document["nodes"][1]["settings"]["env"] == {"SUFFIX": "!"}
 
     (root.parent / "release").write_text("")
-    wait_for(
-        lambda: elyra_server.request("GET", f"pipelines/runs/{run_id}")["state"] != "running",
-        timeout=300,
-        interval=0.2,
-        message="the pipeline run to end",
-    )
-    run = elyra_server.request("GET", f"pipelines/runs/{run_id}")
-    assert run["state"] == "succeeded", run
+    run = succeeded_run(elyra_server, run_id)
     for node_id in (first, second):
         job = elyra_server.request("GET", f"jobs/{run['nodes'][node_id]['job_id']}")
         assert job["state"] == "succeeded" and job["machine"] == "local", job
@@ -209,14 +215,7 @@ def test_an_elyra_notebook_node_runs_as_a_notebook_job_and_its_executed_copy_com
     run_id = answer["run_url"].rsplit("/", 1)[1]
     document = json.loads((root / "flow.elyra.rcpipeline").read_text())
     assert document["nodes"][1]["step"] == "run-notebook-on-remote-machine"
-    wait_for(
-        lambda: elyra_server.request("GET", f"pipelines/runs/{run_id}")["state"] != "running",
-        timeout=300,
-        interval=0.2,
-        message="the pipeline run to end",
-    )
-    run = elyra_server.request("GET", f"pipelines/runs/{run_id}")
-    assert run["state"] == "succeeded", run
+    run = succeeded_run(elyra_server, run_id)
     job = elyra_server.request("GET", f"jobs/{run['nodes'][second]['job_id']}")
     assert job["state"] == "succeeded" and job["machine"] == "local", job
     assert (root / "result.txt").read_text() == "42!"
