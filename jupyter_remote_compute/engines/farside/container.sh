@@ -19,7 +19,8 @@
 set -u
 jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7 gpus=$8
 shift 8
-fail() { printf 'container: %s\n' "$*" >&2; exit 125; }
+# From the run's start on (stopping set), whatever ends this script takes the job's files with it.
+fail() { printf 'container: %s\n' "$*" >&2; [ -z "${stopping:-}" ] || tidy; exit 125; }
 # The pull's settings and a private registry's user:password (jobs/registry.py), from the launcher's
 # stdin: plain shell variables from here on, out of the environment every later program is given.
 auth=${REMOTE_COMPUTE_REGISTRY_AUTH-}
@@ -117,7 +118,7 @@ pull_watched() {
     cp -p -- "$authdir/auth.json" "$authdir/config.json"
   fi
   # a cancel while pulling leaves no credentials behind
-  trap '[ -z "$authdir" ] || rm -rf -- "$authdir"; exit 143' TERM INT HUP
+  trap '[ -z "$authdir" ] || rm -rf -- "$authdir"; [ -z "$stopping" ] || tidy; exit 143' TERM INT HUP
   puller= watcher=
   printf 'container: pulling %s from %s\n' "$ref" "$reg"
   log_at=$(wc -c < "$jobdir/log" 2>/dev/null || echo 0)
@@ -206,13 +207,15 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then
   kill_wait=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
   if [ -n "$kill_wait" ] && [ "$kill_wait" -lt 12 ]; then grace=$((kill_wait > 2 ? kill_wait - 2 : 1)); fi
 fi
-stopped= stopping=1 run_pid=
-stop() { stopped=1; [ -z "$run_pid" ] || "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
-trap stop TERM INT HUP
 # The entry creates RAN before it runs the command: without it, a run that ended never started the
 # container (a leftover name of an earlier start, a pinned id pruned since), and its code is the
 # runtime's, not the command's.
 ran="$jobdir/.container-ran"
+tidy() { rm -f -- "$envfile" "$ran" "$jobdir/.container-err" "$jobdir/container"; }
+gone() { "$rt" rm -f -- "$name" >/dev/null 2>&1; tidy; }
+stopped= stopping=1 run_pid=
+stop() { stopped=1; [ -z "$run_pid" ] || "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
+trap stop TERM INT HUP
 # run_container ARG...: the runtime's own foreground run (one call: it creates, attaches, returns the
 # command's exit code and removes the container), in this shell's background so that a TERM reaches
 # the trap at once. Sets code.
@@ -224,18 +227,27 @@ run_container() {
     </dev/null >/dev/null 2>"$jobdir/.container-err" &
   run_pid=$!
 }
-# wait_container: the run's exit code, once it has ended. A TERM ends a wait early (the trap stopped
-# the container); a stop that came before the container existed is tried again until the run ends.
+# wait_container: the run's exit code (code), once it has ended. A TERM (the trap) ends a wait early,
+# and may come before the container exists, where a stop does nothing (docker's, on a container only
+# created, neither): once stopped, until the run ends, its container is stopped, or removed while it
+# has not started.
 wait_container() {
-  while :; do
+  code=
+  if [ -z "$stopped" ]; then
     wait "$run_pid"
     code=$?
+    [ -n "$stopped" ] || return 0
+  fi
+  while kill -0 "$run_pid" 2>/dev/null; do
+    if [ -e "$ran" ]; then "$rt" stop -t "$grace" -- "$name"; else "$rt" rm -f -- "$name"; fi >/dev/null 2>&1
     kill -0 "$run_pid" 2>/dev/null || break
-    [ -z "$stopped" ] || "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1 || sleep 0.2
+    sleep 0.2
   done
+  # 127: the first wait had read the run's end, and the TERM came after it
+  wait "$run_pid"
+  last=$?
+  [ "$last" = 127 ] && [ -n "$code" ] || code=$last
 }
-tidy() { rm -f -- "$envfile" "$ran" "$jobdir/.container-err" "$jobdir/container"; }
-gone() { "$rt" rm -f -- "$name" >/dev/null 2>&1; tidy; }
 [ -n "$stopped" ] || run_container "$@"
 # Eviction: "<pin>.used" names the runtime and reference, and its mtime is the pin's last use. A pin
 # no job used for more than max_age days loses its image, unless a container (a running job's) was made
@@ -272,8 +284,9 @@ if [ ! -e "$ran" ] && [ -z "$stopped" ]; then
     fail "$rt could not start image $image (its words are above)"
   fi
 fi
-# Stopped before it started: nothing ran. Else the runtime's own words on a failed run (an OOM kill).
+# Stopped before it started: nothing ran. Else the runtime's errors on a failed run, not its warnings
+# (rootless podman warns on every call), which would push the command's own words out of the reason.
 if [ ! -e "$ran" ]; then gone; exit 143; fi
-[ "$code" = 0 ] || [ ! -s "$jobdir/.container-err" ] || cat -- "$jobdir/.container-err" >&2
+[ "$code" = 0 ] || grep -i '^\(docker: \)\{0,1\}error' -- "$jobdir/.container-err" >&2
 tidy  # --rm removed the container
 exit "$code"
