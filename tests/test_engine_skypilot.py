@@ -313,6 +313,30 @@ def test_a_job_runs_in_its_image_where_skypilot_runs_it(
         test_containers._podman("system", "reset", "--force", user=user, home=home, check=False)
 
 
+def test_gpus_in_an_image_on_skypilot_slurm_are_not_judged_by_the_login_nodes_runtime(sky_sdk, monkeypatch) -> None:
+    """On Slurm the head is the login node: its runtimes are what the nodes have, but its podman
+    without NVIDIA support says nothing of the GPU nodes', so a GPU job in an image is let go there
+    (the runtime's own words fail it on a node without); on a cloud the head is where the job runs."""
+    login = {"containers": [{"runtime": "podman", "version": "4.3.1", "rootless": True, "nvidia": False}]}
+
+    class Head:
+        def check(self) -> dict:  # type: ignore[type-arg]
+            return json.loads(json.dumps(login))
+
+    image = images.Image("nvcr.io/nvidia/pytorch:24.01-py3", "podman")
+    for address, refused in (("slurm/hpc", False), ("aws", True)):
+        engine = _engine(address=address)
+        monkeypatch.setattr(engine, "cluster_record", lambda fresh=False: {"status": "UP"})
+        monkeypatch.setattr(engine, "head", Head)
+        facts = engine.image_facts()
+        images.admit(image, "sky", "skypilot", engine.image_runtimes(), facts)
+        if refused:
+            with pytest.raises(InvalidSettings, match="cannot give a container GPUs"):
+                images.admit_gpus(image, "1", "sky", "skypilot", engine.image_runtimes(), facts)
+        else:
+            images.admit_gpus(image, "1", "sky", "skypilot", engine.image_runtimes(), facts)
+
+
 def test_an_image_waits_for_the_cluster_to_say_what_runs_it(sky_sdk) -> None:
     """Before the cluster is up nothing is known of its runtimes: submit lets the image go (container.sh
     names what is missing there); on Slurm the runtime is podman only, as for the slurm kind."""

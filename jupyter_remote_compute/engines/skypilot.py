@@ -476,7 +476,13 @@ class SkyPilotEngine(Engine):
 
     def image_facts(self) -> dict[str, Any] | None:
         # The head's facts once the cluster is up; before, nothing is known and no launch is asked for.
-        return self.head().check() if _state(self.cluster_record()) == "UP" else None
+        if _state(self.cluster_record()) != "UP":
+            return None
+        facts = self.head().check()
+        if self.settings.cloud == "slurm":
+            # The head is the login node: its runtimes are the nodes', its GPU support says nothing of theirs.
+            facts["containers"] = [{k: v for k, v in c.items() if k != "nvidia"} for c in facts.get("containers") or ()]
+        return facts
 
     def admit(self, resources: Resources) -> None:
         # What the cloud can give is SkyPilot's to find out; here only what no SkyPilot machine takes.
