@@ -264,7 +264,8 @@ function JobForm(props: {
     if (environment) {
       spec.environment = environment;
     }
-    if (environment?.image && values.registrySecret) {
+    // the machine's default image too: with no image at all the server says so beside the field
+    if (values.registrySecret) {
       spec.registry_secret = values.registrySecret;
     }
     const typedEnv: Record<string, string> = {};
@@ -624,7 +625,6 @@ function JobForm(props: {
               {...aria}
               className="jp-mod-styled"
               value={values.registrySecret}
-              disabled={!values.image.trim()}
               onChange={e => set({ registrySecret: e.target.value })}
             >
               <option value="">{trans.__('None')}</option>

@@ -184,9 +184,12 @@ test.describe('Secrets in the panel', () => {
     const form = page.getByRole('form', { name: 'New job' });
     await form.getByLabel('Command', { exact: true }).fill('true');
     const credentials = form.getByLabel('Registry credentials', { exact: true });
-    await expect(credentials).toBeDisabled(); // they are for an image's pull: none is named yet
-    await form.getByLabel('Image', { exact: true }).fill('127.0.0.1:9/team/trainer:1');
+    // Without an image (the local machine has no default one) the server refuses them beside the field.
     await credentials.selectOption(name);
+    await form.getByRole('button', { name: 'Run', exact: true }).click();
+    await expect(credentials).toHaveAttribute('aria-invalid', 'true');
+    await expect(form.getByRole('alert')).toContainText('the job runs in no image, so it pulls nothing');
+    await form.getByLabel('Image', { exact: true }).fill('127.0.0.1:9/team/trainer:1');
     const sent = page.waitForResponse(r => r.request().method() === 'POST' && /\/remote-compute\/jobs(\?|$)/.test(r.url()));
     await form.getByRole('button', { name: 'Run', exact: true }).click();
     const response = await sent;
