@@ -16,6 +16,7 @@ from importlib.resources import files
 from typing import Any
 
 from ..errors import InvalidSettings
+from ..jobs.environment import Environment
 from ..jobs.spec import JobSpec, check_relative_path, parse_duration
 
 NOTEBOOK_STEP = "run-notebook-on-remote-machine"
@@ -87,16 +88,16 @@ def executed_path(settings: Mapping[str, Any]) -> str:
 RUNNER_PACKAGES = ("nbclient", "ipykernel")
 
 
-#: An environment's fields that build one; ``image`` and ``runtime`` alone build nothing.
-_BUILDING = ("requirements", "packages", "python", "same_as_here")
-
-
 def with_runner_packages(environment: Any) -> Any:
     """``environment`` with the runner's packages added to its ``packages``, but for one it names
     already (the job's own requirement wins). No environment, an image alone (its Python is what the
     image has: a notebook image's own nbclient is not installed again), or one of a wrong shape, is
     left as it is: the spec refuses the latter naming the field."""
-    if not isinstance(environment, Mapping) or not any(environment.get(k) for k in _BUILDING):
+    try:
+        asked = Environment.from_json(environment)
+    except InvalidSettings:
+        return environment
+    if asked is None or not asked.builds:
         return environment
     packages = environment.get("packages") or []
     if not isinstance(packages, list) or not all(isinstance(p, str) for p in packages):
