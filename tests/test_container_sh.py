@@ -19,8 +19,9 @@ from jupyter_remote_compute.engines import farside
 from jupyter_remote_compute.jobs import image as images
 
 # `run` announces itself, takes a second to create the container, and then runs the entry in the
-# working directory it was given unless the container was removed meanwhile; `stop` fails while there is no container yet (podman: "no such
-# container"); `rm` removes it. Every call warns first, as rootless podman does without linger.
+# working directory it was given unless the container was removed meanwhile; `stop` fails while there
+# is no container yet (podman: "no such container"); `rm` removes it. Every call warns first, as
+# rootless podman does without linger.
 SLOW_RUNTIME = f"""#!/bin/sh
 echo 'WARN[0000] The cgroupv2 manager is set to systemd but there is no systemd user session available' >&2
 case $1 in
