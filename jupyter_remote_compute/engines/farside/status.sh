@@ -49,8 +49,8 @@ one() {
   elif [ -f "$d/cancelled" ]; then echo "$1 cancelled -"
   else
     # The launcher was KILLed (a reboot, the OOM killer): container.sh never saw its container end, which
-    # would run on with no one to read it. The job is lost; its container goes with it.
-    # Killed at once (podman's -t 0; docker's rm -f kills): the job is lost, and the poll waits on this.
+    # would run on with no one to read it. The job is lost; its container is killed at once (podman's
+    # -t 0; docker's rm -f kills), as the poll waits on this.
     if [ -f "$d/container" ] && read -r rt name < "$d/container"; then
       case $rt in
         podman) podman rm -f -t 0 -- "$name" >/dev/null 2>&1 </dev/null && rm -f -- "$d/container" ;;
