@@ -7,6 +7,7 @@ import {
   DocumentRegistry,
   DocumentWidget
 } from '@jupyterlab/docregistry';
+import { Notification } from '@jupyterlab/apputils';
 import { PathExt } from '@jupyterlab/coreutils';
 import { FileDialog } from '@jupyterlab/filebrowser';
 import { TranslationBundle } from '@jupyterlab/translation';
@@ -95,6 +96,7 @@ export class PipelineFactory extends ABCWidgetFactory<PipelineWidget> {
     });
     const widget = new PipelineWidget({ context, content });
     widget.title.icon = pipelineIcon;
+    refuseToWriteUndrawable(context, model, this._trans);
     return widget;
   }
 
@@ -102,6 +104,31 @@ export class PipelineFactory extends ABCWidgetFactory<PipelineWidget> {
   private _files: FileDialog.IFileOptions['manager'] | null;
   private _showJob: (jobId: string) => void;
   private _trans: TranslationBundle;
+}
+
+/**
+ * A file the canvas cannot draw is shown as it is and never written: every save (Ctrl+S, Save All,
+ * autosave) goes through the context, which would otherwise write the document's text back over it.
+ */
+function refuseToWriteUndrawable(
+  context: DocumentRegistry.Context,
+  model: PipelineModel,
+  trans: TranslationBundle
+): void {
+  const save = context.save.bind(context);
+  context.save = async () => {
+    if (model.formatError === null) {
+      return save();
+    }
+    Notification.warning(
+      trans.__(
+        '%1 was not saved: it cannot be drawn (%2). Fix it in a text editor.',
+        PathExt.basename(context.path),
+        model.formatError
+      ),
+      { autoClose: 5000 }
+    );
+  };
 }
 
 export namespace PipelineFactory {

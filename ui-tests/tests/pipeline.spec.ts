@@ -400,8 +400,13 @@ test.describe('Pipeline canvas', () => {
     await openPipeline(page, file);
     await expect(page.getByRole('alert').filter({ hasText: 'cannot be drawn' })).toContainText('not JSON');
     await expect(page.getByRole('listitem', { name: TRAIN })).toHaveAttribute('draggable', 'false');
+    const onDisk = path.join(WORKSPACE, file);
+    const written = fs.statSync(onDisk).mtimeMs;
     await page.keyboard.press('Control+s');
-    expect(fs.readFileSync(path.join(WORKSPACE, file), 'utf-8')).toBe(text);
+    // The save is answered (not written) before the file is looked at: no read can fall mid-write.
+    await expect(page.getByText('broken.rcpipeline was not saved')).toBeVisible();
+    expect(fs.readFileSync(onDisk, 'utf-8')).toBe(text);
+    expect(fs.statSync(onDisk).mtimeMs).toBe(written);
   });
 
   test('screenshots of a pipeline, light and dark', async ({ page, tmpPath }) => {
