@@ -19,8 +19,8 @@ mapfile -t skypilot_requirements < <(python scripts/test_requirements.py skypilo
 if [ "${#skypilot_requirements[@]}" != 0 ]; then
   python -m pip install -q "${skypilot_requirements[@]}"
 fi
-# Elyra's venv (tests/elyra_venv.py) takes minutes to build the first time, longer than one test may
-# run: the whole suite builds it here first; its tests say why when it could not be built.
+# Elyra's venv (tests/elyra_venv.py) is built once per machine, outside the clone: the whole suite
+# builds or finds it here first, so no test waits on it; its tests say why when it could not be built.
 if [ "$#" = 0 ]; then
   python tests/elyra_venv.py || echo "test.sh: the Elyra venv was not built; tests/test_elyra.py says why" >&2
 fi
