@@ -12,17 +12,20 @@ import subprocess
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sshd_fixture
 from sshd_fixture import TestBed
-from test_engine_ssh import input_file, make_engine, new_job
+from test_engine_ssh import input_file, make_engine, new_job, wait_exited
 from tool_path import only_these_tools
 
 from jupyter_remote_compute.engines import farside
-from jupyter_remote_compute.engines.base import EngineContext, Facts, InputFile, RemoteJob
+from jupyter_remote_compute.engines.base import EngineContext, EngineError, Facts, InputFile, LaunchSpec, RemoteJob
+from jupyter_remote_compute.engines.launcher import launch_input
 from jupyter_remote_compute.engines.local import LocalEngine
 from jupyter_remote_compute.engines.ssh_transfer import ArchiveCut, UnsafeArchive
+from jupyter_remote_compute.engines.transport import LocalTransport, Result, Transport
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -260,6 +263,50 @@ def test_status_answers_for_every_job_in_one_call(tmp_path: Path):
     )
     assert found["never"].detail == "never started" and found["never"].log_size is None
     assert "missing" in found["no-such-job"].detail
+
+
+class DiesWritingStdin(LocalTransport):
+    """This computer, as seen from a server SIGKILLed while it writes a call's stdin: the far side
+    reads the first ``keep`` bytes, then the end of its input."""
+
+    def __init__(self, name: str, keep: int) -> None:
+        super().__init__(name)
+        self.keep = keep
+
+    def run(self, body: str, stdin: bytes = b"", **kw: Any) -> Result:
+        return super().run(body, stdin[: self.keep], **kw)
+
+
+_WHOLE = LaunchSpec(command='echo "$WORD $TOKEN" >> ran.txt', env={"WORD": "word"}, secret_env={"TOKEN": "token"})
+_STDIN = launch_input(_WHOLE.env, _WHOLE.secret_env)
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [0, 3, _STDIN.index(b"\n") + 1, len(_STDIN) - len(b"@@end\n"), len(_STDIN) - 1],
+    ids=["nothing", "half-a-line", "one-line", "all-but-the-end-line", "all-but-the-last-newline"],
+)
+def test_a_launcher_whose_environment_was_cut_short_starts_nothing(tmp_path: Path, keep: int):
+    """A server killed while it hands the launcher the environment must not leave a command running
+    without its variables (it "succeeds" with none of its outputs): that launcher starts nothing, and
+    the restarted server's start runs the command once, with all of them."""
+
+    class Dying(LocalEngine):
+        def make_transport(self) -> Transport:
+            return DiesWritingStdin(self.name, keep)
+
+    ctx = EngineContext(get_secret=lambda n: None, scratch_dir=tmp_path / "s")
+    engine = LocalEngine("local", "", {}, ctx)
+    job = engine.prepare(RemoteJob("cut", "k", {}))
+    d = Path(job.handle["dir"])
+    with pytest.raises(EngineError, match="cut short"):
+        Dying("local", "", {}, ctx).start(job, _WHOLE)
+    assert not (d / "pid").exists() and not (d / "log").exists()
+    assert engine.poll([job])["cut"].detail == "never started"
+
+    started = engine.start(job, _WHOLE)  # the next start, on the machine as the dead one left it
+    assert wait_exited(engine, started).exit_code == 0
+    assert (d / "work" / "ran.txt").read_text() == "word token\n"
 
 
 def test_outputs_are_hashed_as_they_land_hard_links_included(tmp_path: Path):

@@ -7,7 +7,10 @@ runs. Nothing beyond POSIX sh, ``setsid``, ``base64`` and ``mv`` is needed.
 
 Secrets reach the command through that standard input, base64-encoded one
 ``NAME=value`` per line: never through argv (process lists are readable by
-every user) and never through a file.
+every user) and never through a file. The input ends with its own end line:
+a launcher that reads to the end without it was cut short (the side writing
+it died half-way) and starts nothing, rather than a command without its
+variables.
 """
 
 from __future__ import annotations
@@ -21,13 +24,19 @@ from .base import TRACKING_DIR, WORK_DIR
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+#: The last line of ``launch_input``: an environment read without it was cut short.
+ENV_END = "@@end"
+
 # The launcher's stdin, one NAME=<base64 value> line each, exported; shared by every far-side script
-# that receives an environment (the launcher, Slurm's submit script).
-READ_ENV_SH = """\
+# that receives an environment (the launcher, Slurm's submit script). $env_whole says whether the end
+# line came: the stream is whole (a stream another program wrote, such as container.sh's, has none).
+READ_ENV_SH = f"""\
+env_whole=
 while IFS= read -r line; do
   [ -n "$line" ] || continue
-  name=${line%%=*}
-  value=$(printf '%s' "${line#*=}" | base64 -d) || exit 98
+  if [ "$line" = {ENV_END} ]; then env_whole=1; continue; fi
+  name=${{line%%=*}}
+  value=$(printf '%s' "${{line#*=}}" | base64 -d) || exit 98
   export "$name=$value"
 done
 """
@@ -49,7 +58,9 @@ export MLFLOW_DISABLE_TELEMETRY="${{MLFLOW_DISABLE_TELEMETRY-true}}"
 # Reads the environment from stdin, then starts run.sh in a new session (so
 # it outlives this shell, the connection and the server) and records its pid,
 # which is also its process group id. Idempotent: a job directory with a pid
-# file has been started already.
+# file has been started already. An environment without its end line starts
+# nothing (exit 96): whoever wrote it died half-way, and the start they retry
+# sends it whole.
 LAUNCH_SH = f"""\
 #!/bin/sh
 set -u
@@ -59,7 +70,11 @@ if [ -f "$jobdir/pid" ]; then cat "$jobdir/pid"; exit 0; fi
 cd "$jobdir/{WORK_DIR}" || exit 97
 # Ids of this side's store mean nothing in the job's own store (a local job inherits them).
 unset MLFLOW_EXPERIMENT_ID MLFLOW_RUN_ID
-{READ_ENV_SH}{JOB_ENV_SH}: > "$jobdir/log"
+{READ_ENV_SH}if [ -z "$env_whole" ]; then
+  echo "the job's environment came cut short: nothing was started" >&2
+  exit 96
+fi
+{JOB_ENV_SH}: > "$jobdir/log"
 setsid sh "$jobdir/run.sh" "$jobdir" < /dev/null >> "$jobdir/log" 2>&1 &
 printf '%s\\n' "$!" > "$jobdir/pid.tmp" && mv -f "$jobdir/pid.tmp" "$jobdir/pid"
 printf '%s\\n' "$!"
@@ -83,10 +98,10 @@ def command_script(command: str | Sequence[str]) -> str:
 
 
 def launch_input(env: Mapping[str, str], secret_env: Mapping[str, str]) -> bytes:
-    """The launcher's standard input: every variable, one base64 line each."""
+    """The launcher's standard input: every variable, one base64 line each, then ``ENV_END``."""
     lines = []
     for name, value in {**env, **secret_env}.items():
         if not ENV_NAME.match(name):
             raise ValueError(f"env: {name!r} is not a valid environment variable name")
         lines.append(name + "=" + base64.b64encode(value.encode()).decode("ascii"))
-    return ("\n".join(lines) + "\n").encode("ascii")
+    return ("\n".join([*lines, ENV_END]) + "\n").encode("ascii")

@@ -40,7 +40,7 @@ from .base import (
     RemoteJob,
     RemoteStatus,
 )
-from .launcher import command_script, launch_input
+from .launcher import ENV_END, command_script, launch_input
 from .resources import Resources
 from .shell import Launcher, ShellEngine
 from .slurm_commands import (
@@ -128,7 +128,8 @@ class SlurmLauncher(Launcher):
         resources = (launch.resources or Resources()).over(self.settings.defaults)
         argv = sbatch_argv(job.job_id, d, launch.resources or Resources(), self.settings, launch.timeout)
         # stdin: the plain environment (for sbatch's --export=ALL), a marker, then the secrets,
-        # which this script splits off into a file only the user can read (farside/envfile.sh).
+        # which this script splits off into a file only the user can read (farside/envfile.sh). Without
+        # the secrets' end line the stream was cut short (this side died writing it): nothing is submitted.
         payload = launch_input(launch.env, {}) + b"@@secrets\n" + launch_input({}, launch.secret_env)
         body = f"""cd -- {quote(d)} || exit 97
 umask 077
@@ -139,12 +140,15 @@ printf '%s' {quote(SUBMIT_SH)} > submit.sh
 plain=
 secrets=
 part=plain
+whole=
 while IFS= read -r line; do
   if [ "$line" = @@secrets ]; then part=secrets; continue; fi
+  if [ $part = secrets ] && [ "$line" = {ENV_END} ]; then whole=1; fi
   if [ $part = plain ]; then plain="$plain$line
 "; else secrets="$secrets$line
 "; fi
 done
+if [ -z "$whole" ]; then echo "the job's environment came cut short: nothing was submitted" >&2; exit 96; fi
 printf '%s' "$secrets" | {farside.command_line("envfile", SECRETS_FILE)}
 printf '%s' "$plain" | sh submit.sh {quote(d)} {" ".join(quote(a) for a in argv)}
 """
