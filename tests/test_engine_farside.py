@@ -153,6 +153,21 @@ def test_have_link_and_adopt_keep_one_read_only_copy(tmp_path: Path):
     ]
 
 
+def test_prepares_of_one_job_at_once_all_succeed(tmp_path: Path) -> None:
+    """A prepare left running by a sender that died meets the next one in the same folder: neither may fail
+    or take the other's half-written marker for another job's (they shared one temporary name before)."""
+    marker = '{"job_id": "j", "key": "k"}'
+    for _ in range(5):
+        procs = [
+            subprocess.Popen(farside.argv("prepare", str(tmp_path / "j"), marker, "", ""), stderr=subprocess.PIPE)
+            for _ in range(12)
+        ]
+        failed = [p.stderr.read().decode() for p in procs if p.wait() != 0]  # type: ignore[union-attr]
+        assert not failed, failed
+    assert (tmp_path / "j/job.json").read_text() == marker
+    assert sorted(p.name for p in (tmp_path / "j").iterdir()) == ["job.json", "launch.sh", "run.sh", "work"]
+
+
 def test_ssh_send_evicts_what_no_job_uses_beyond_the_cap(ssh_agent_env: TestBed, tmp_path: Path):
     engine = make_engine(ssh_agent_env, tmp_path, cache_max_bytes=150_000)
     try:

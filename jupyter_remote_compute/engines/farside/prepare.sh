@@ -9,13 +9,15 @@ set -e
 d=$1
 mkdir -p -- "$d/work"
 cd -- "$d"
-printf '%s' "$2" > job.json.tmp
-if [ -f job.json ] && ! cmp -s job.json job.json.tmp; then
-  rm -f job.json.tmp
+# A name of this process's own: a prepare left running by a sender that died may still be writing here.
+tmp=job.json.tmp.$$
+printf '%s' "$2" > "$tmp"
+if [ -f job.json ] && ! cmp -s job.json "$tmp"; then
+  rm -f "$tmp"
   echo "job directory $d belongs to another job (its job.json names it); it was left as it is" >&2
   exit 3
 fi
-mv -f job.json.tmp job.json
+mv -f "$tmp" job.json
 printf '%s' "$3" > launch.sh
 printf '%s' "$4" > run.sh
 pwd -P
