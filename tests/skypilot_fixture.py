@@ -46,6 +46,7 @@ import pytest
 from far_python import far_python_bin
 from required import require
 from slurm_fixture import SlurmBed
+from sshd_fixture import free_port
 from waiting import wait_for
 
 #: The node user SkyPilot signs in as on the login node (bash login shell).
@@ -57,6 +58,12 @@ INSTALLER_URL = "https://astral.sh/uv/install.sh"
 HOSTS = Path("/etc/hosts")
 #: Held while /etc/hosts is rewritten, so two sessions' beds never lose each other's line.
 HOSTS_LOCK = Path("/tmp/jrc-sky-etc-hosts.lock")
+#: Where SkyPilot's client finds its local API server, and where that server listens (default 46580).
+API_PORT_VARIABLE = "SKYPILOT_API_SERVER_LOCAL_PORT"
+# This test process's own port, from the OS, set before SkyPilot is first imported (its client caches the
+# server's URL for the process): another test run on this machine, whose server listens on SkyPilot's
+# default port or on one of its own, is never talked to nor stopped by this one.
+os.environ.setdefault(API_PORT_VARIABLE, str(free_port()))
 
 
 def skypilot_installed() -> bool:
