@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run every check: lint (Python and TypeScript), the Galata UI tests in Debian's Chromium, then the
 # Python suite (real sshd, real Jupyter servers, real MLflow, real kernels), whose summary ends the run.
-# Arguments go to pytest; set SKIP_UI_TESTS=1 to leave the browser tests out.
+# Arguments go to pytest; set SKIP_UI_TESTS=1 to leave the browser tests out. The suite runs on
+# TEST_WORKERS pytest-xdist workers (default 2, the cores CI has; 0 runs it in this process), the
+# modules that share a machine-wide part kept on one worker (tests/conftest.py: SERIAL_GROUPS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
@@ -33,7 +35,8 @@ if [ -z "${SKIP_UI_TESTS:-}" ]; then
   bash ui-tests/run.sh || ui_status=$?
 fi
 pytest_status=0
-python -m pytest "$@" || pytest_status=$?
+# The report lists the 30 slowest tests and set-ups: where the suite's time goes (tests/README.md).
+python -m pytest -n "${TEST_WORKERS:-2}" --durations=30 "$@" || pytest_status=$?
 if [ "$ui_status" -ne 0 ]; then
   echo "test.sh: the UI tests failed (status $ui_status)" >&2
 fi

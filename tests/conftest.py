@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,44 @@ os.environ.setdefault("JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE", "30")
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_KEYRING_HOME, ignore_errors=True)
+
+
+#: Tests that share one thing on this machine with room for one user at a time, by group (fnmatch patterns of
+#: test ids, from the file name on). Under pytest-xdist (scripts/test.sh runs the suite on two workers) a
+#: group's tests all run on one worker, one after another, and every other test goes alone to whichever
+#: worker is free. Everything else the tests share is already one per worker: its own sshd, Slurm cluster,
+#: Jupyter servers, ports from the OS.
+SERIAL_GROUPS = {
+    # root's podman store, the test user's rootless store and its pause process
+    "containers": ("test_containers.py::*", "test_container_registry.py::*", "test_container_gpus.py::*",
+                   "test_container_sh.py::*"),
+    # SkyPilot's cluster on the Slurm bed runs on the node user's account: one launch at a time
+    "skypilot": ("test_engine_skypilot.py::*", "test_skypilot_failures.py::*",
+                 "test_mlflow_every_kind.py::*[[]skypilot[]]"),
+}  # fmt: skip
+
+
+def serial_group(nodeid: str) -> str | None:
+    """The serial group a test belongs to, if any."""
+    name = nodeid.rsplit("/", 1)[-1]
+    return next((g for g, patterns in SERIAL_GROUPS.items() if any(fnmatch(name, p) for p in patterns)), None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """xdist's load scheduling, with each serial group one unit of work.
+
+    Units are handed out largest first, so the groups start at once and end long before the single tests
+    around them. (xdist's own ``loadgroup`` marks tests by rewriting their ids, which pytest 9.2 ignores.)
+    """
+    if config.getoption("dist") != "load":
+        return None  # a --dist the caller chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_group(nodeid) or nodeid
+
+    return SerialGroupScheduling(config, log)
 
 
 @pytest.fixture
