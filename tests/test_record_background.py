@@ -208,8 +208,9 @@ def test_one_recorder_stays_up_between_the_jobs_of_a_workspace_and_records_each(
     assert len(jobs) == 2
     for job_id, job in jobs.items():
         assert job["mlflow_run_id"] and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [job["mlflow_run_id"]]
-    # Its socket takes requests (the secret values to hide travel in them) from this user only.
-    sock = bed["root"] / ".punica/recorder/v1.sock"
+    # Its socket takes requests (the secret values to hide travel in them) from this user only. (It is in
+    # the workspace, or in the user's private temporary folder where that path is too long for a socket.)
+    sock = record.socket_path(Workspace(bed["root"]))
     assert stat.S_ISSOCK(sock.lstat().st_mode) and sock.lstat().st_mode & 0o077 == 0
 
 
@@ -217,7 +218,7 @@ def test_the_recorder_goes_once_idle_and_the_next_job_starts_another(bed: dict[s
     _run_true(bed, JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE="1")
     first = _recorder_pid(bed["root"])
     wait_for(lambda: not _alive(first), timeout=60, message="the idle recorder to go")
-    assert not (bed["root"] / ".punica/recorder/v1.sock").exists()
+    assert not record.socket_path(Workspace(bed["root"])).exists()
     _run_true(bed, JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE="1")
     assert _recorder_pid(bed["root"]) != first
     assert all(job["mlflow_run_id"] for job in _jobs(bed).values())
