@@ -4,8 +4,8 @@ Elyra pins jupyter-ai<3 and downgrades packages, so it never goes into the share
 lives under a cache folder outside the clone, keyed by what it installs (Elyra's pin, this package's
 dependencies, the Python), and is reused while that stays the same, by every clone on the machine. Only
 this package itself is the clone's: it is installed editable, with no dependencies, from whichever clone
-runs the tests. uv (a dependency of this package) builds it: about 40 s here, where pip's resolver took
-five to eight minutes over the same 290 packages. A half-built venv is never reused (its ``.complete``
+runs the tests. uv (a dependency of this package) builds it: 18 to 26 s here, where pip's resolver took
+442 s over the same 290 packages. A half-built venv is never reused (its ``.complete``
 marker is written last).
 
 ``scripts/test.sh`` runs this module before pytest (``python tests/elyra_venv.py``), so no test waits on a

@@ -143,7 +143,7 @@ part=plain
 whole=
 while IFS= read -r line; do
   if [ "$line" = @@secrets ]; then part=secrets; continue; fi
-  if [ $part = secrets ] && [ "$line" = {ENV_END} ]; then whole=1; fi
+  if [ $part = secrets ] && [ "$line" = {ENV_END} ]; then whole=1; continue; fi
   if [ $part = plain ]; then plain="$plain$line
 "; else secrets="$secrets$line
 "; fi

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from ..errors import InvalidSettings
 from .base import WORK_DIR
-from .launcher import ENV_END, JOB_ENV_SH, READ_ENV_SH
+from .launcher import JOB_ENV_SH, READ_ENV_SH
 from .resources import Resources, format_memory, scheduler_name
 
 #: How long before its time limit a job is warned (sbatch --signal), unless the limit is shorter.
@@ -282,7 +282,7 @@ cd "$jobdir/{WORK_DIR}" || exit 97
 # environment, so slurmctld's saved job state does not hold them (a requeued attempt runs without).
 if [ -f "$jobdir/{SECRETS_FILE}" ]; then
   while IFS= read -r line; do
-    [ -n "$line" ] && [ "$line" != {ENV_END} ] || continue
+    [ -n "$line" ] || continue
     name=${{line%%=*}}
     value=$(printf '%s' "${{line#*=}}" | base64 -d) || exit 98
     export "$name=$value"
