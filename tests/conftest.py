@@ -14,6 +14,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+from recorders import OwnRecorder
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -21,7 +22,8 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 _KEYRING_HOME = tempfile.mkdtemp(prefix="jrc-keyring-")
 os.environ["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
 os.environ["XDG_DATA_HOME"] = _KEYRING_HOME
-# Each test workspace gets its own MLflow recorder: it goes soon after the test, not ten minutes on.
+# The tests' faces share one MLflow recorder (one per user, as a person's faces do; a test that holds or
+# kills it has its own, own_recorder): it goes half a minute after the last job recorded, not ten minutes on.
 os.environ.setdefault("JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE", "30")
 
 
@@ -65,6 +67,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return serial_group(nodeid) or nodeid
 
     return SerialGroupScheduling(config, log)
+
+
+@pytest.fixture
+def own_recorder() -> Iterator[OwnRecorder]:
+    """A recorder of the test's own, for a test that holds, kills or idles it out (``recorders.py``)."""
+    own = OwnRecorder()
+    yield own
+    own.close()
 
 
 @pytest.fixture

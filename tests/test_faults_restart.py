@@ -31,13 +31,12 @@ import pytest
 from conftest import job_runs
 from mlflow.tracking import MlflowClient
 from procs import group_members
+from recorders import OwnRecorder
 from server_process import Server, open_files
 from tmpfs import tmpfs
 from waiting import wait_for
 
-from jupyter_remote_compute.jobs import record
 from jupyter_remote_compute.jobs.store import JobStore
-from jupyter_remote_compute.workspace import Workspace
 
 BIG_INPUT = 150 << 20  # sparse: cheap to make, slow enough to hash and copy to be seen doing it
 BIG_OUTPUT = 32 << 20
@@ -94,7 +93,7 @@ exec {git} "$@"
 class Bed:
     """The workspace, its server and the files the jobs and the test bed's helpers look at."""
 
-    def __init__(self, root: Path, tmp: Path, scratch: Path, tracking_uri: str) -> None:
+    def __init__(self, root: Path, tmp: Path, scratch: Path, tracking_uri: str, recorder: OwnRecorder) -> None:
         self.root, self.scratch, self.tracking_uri = root, scratch, tracking_uri
         self.runs, self.gates, self.faults, self.bin = (tmp / n for n in ("runs", "gates", "faults", "bin"))
         for d in (self.runs, self.gates, self.faults, self.bin):
@@ -104,7 +103,9 @@ class Bed:
         for name, text in (("sh", HOLDING_SH), ("git", HOLDING_GIT)):
             (self.bin / name).write_text(text.format(faults=self.faults, git=git))
             (self.bin / name).chmod(0o755)
-        env = {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+        # Its own recorder: the test kills it.
+        self.recorder = recorder
+        env = {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", **recorder.env}
         self.server = Server(
             root, scratch, tracking_uri, tmp / "server.log", env=env,
             extra_args=("--RemoteComputeApp.cancel_grace=60",),
@@ -162,8 +163,10 @@ def in_background(call: Callable[[], Any]) -> Iterator[None]:
 
 
 @pytest.fixture
-def bed(quickstart: Path, tmp_path: Path, scratch_dir: Path, tracking_uri: str) -> Iterator[Bed]:
-    bed = Bed(quickstart, tmp_path, scratch_dir, tracking_uri)
+def bed(
+    quickstart: Path, tmp_path: Path, scratch_dir: Path, tracking_uri: str, own_recorder: OwnRecorder
+) -> Iterator[Bed]:
+    bed = Bed(quickstart, tmp_path, scratch_dir, tracking_uri, own_recorder)
     yield bed
     bed.server.stop()
     for gate in ("R", "E", "F", "C", "C.term", "L2", "M1", "M2", "X", "Y", "H"):
@@ -279,10 +282,9 @@ def _story(bed: Bed, server: Server, root: Path) -> None:
     bed.submit("M2", "succeeded", train=True)
     bed.open_gate("M2")
     wait_for(lambda: set(artifacts.glob("*/artifacts/metrics.json")) - before, 180, "M2's run to be replayed")
-    # The recording runs in the workspace's recorder, which outlives a killed server: it is the
-    # process killed half-way here, the server with it (before it could start another).
-    lock = record.recorder_dir(Workspace(root)) / f"v{record.PROTOCOL}.lock"
-    os.kill(int(lock.read_text().split()[0]), signal.SIGKILL)
+    # The recording runs in the user's recorder, which outlives a killed server: it is the process
+    # killed half-way here, the server with it (before it could start another).
+    os.kill(bed.recorder.pid(), signal.SIGKILL)
     server.kill()
     # A warm recorder may finish a run this small between its first artifact and the kill; either
     # way the last start must end it once, with one run and its metrics once (_everything_once).

@@ -14,12 +14,12 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import job_runs
+from conftest import QUICKSTART, job_runs
+from recorders import OwnRecorder
 from waiting import wait_for
 
 from jupyter_remote_compute.jobs import record
@@ -40,7 +40,9 @@ exec {git} "$@"
 
 
 @pytest.fixture
-def bed(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path) -> dict[str, Any]:
+def bed(
+    quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path, own_recorder: OwnRecorder
+) -> dict[str, Any]:
     faults, bin_dir = tmp_path / "faults", tmp_path / "bin"
     faults.mkdir()
     bin_dir.mkdir()
@@ -53,8 +55,9 @@ def bed(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path) 
         "MLFLOW_EXPERIMENT_NAME": "tests",
         "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        **own_recorder.env,  # these tests hold and kill it: no other test's
     }
-    return {"root": quickstart, "faults": faults, "env": env, "uri": tracking_uri}
+    return {"root": quickstart, "faults": faults, "env": env, "uri": tracking_uri, "recorder": own_recorder}
 
 
 def _cli(bed: dict[str, Any], *args: str, **popen: Any) -> subprocess.Popen[str]:
@@ -178,8 +181,8 @@ def test_a_recorder_dying_while_the_cli_waits_is_replaced_and_the_cli_reports_th
     assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
 
 
-def _recorder_pid(workspace: Path) -> int:
-    return int((workspace / ".punica/recorder/v1.lock").read_text())
+def _recorder_pid(bed: dict[str, Any]) -> int:
+    return bed["recorder"].pid()
 
 
 def _alive(pid: int) -> bool:
@@ -200,42 +203,54 @@ def _run_true(bed: dict[str, Any], cwd: Path | None = None, **env: str) -> str:
 def test_one_recorder_stays_up_between_the_jobs_of_a_workspace_and_records_each(bed: dict[str, Any]) -> None:
     """The second job's run is recorded by the recorder the first started, MLflow already loaded there."""
     _run_true(bed)
-    first = _recorder_pid(bed["root"])
+    first = _recorder_pid(bed)
     _run_true(bed)
-    assert _recorder_pid(bed["root"]) == first and _alive(first)
+    assert _recorder_pid(bed) == first and _alive(first)
     assert b"jupyter_remote_compute.jobs.record" in Path(f"/proc/{first}/cmdline").read_bytes()
     jobs = _jobs(bed)
     assert len(jobs) == 2
     for job_id, job in jobs.items():
         assert job["mlflow_run_id"] and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [job["mlflow_run_id"]]
-    # Its socket takes requests (the secret values to hide travel in them) from this user only. (It is in
-    # the workspace, or in the user's private temporary folder where that path is too long for a socket.)
-    sock = record.socket_path(Workspace(bed["root"]))
+    # Its socket takes requests (the secret values to hide, the face's environment) from this user only,
+    # in a folder only the user can open.
+    sock = bed["recorder"].file("sock")
     assert stat.S_ISSOCK(sock.lstat().st_mode) and sock.lstat().st_mode & 0o077 == 0
+    assert sock.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_the_recorder_goes_once_idle_and_the_next_job_starts_another(bed: dict[str, Any]) -> None:
     _run_true(bed, JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE="1")
-    first = _recorder_pid(bed["root"])
+    first = _recorder_pid(bed)
     wait_for(lambda: not _alive(first), timeout=60, message="the idle recorder to go")
-    assert not record.socket_path(Workspace(bed["root"])).exists()
+    assert not bed["recorder"].file("sock").exists()
     _run_true(bed, JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE="1")
-    assert _recorder_pid(bed["root"]) != first
+    assert _recorder_pid(bed) != first
     assert all(job["mlflow_run_id"] for job in _jobs(bed).values())
 
 
-def test_a_workspace_too_deep_for_a_socket_beside_it_records_through_a_private_temporary_folder(
-    bed: dict[str, Any], tmp_path: Path
-) -> None:
+def test_one_recorder_serves_every_workspace_each_in_its_faces_environment(bed: dict[str, Any], tmp_path: Path) -> None:
+    """A second workspace (one too deep for a Unix socket beside it, too) is recorded by the recorder the
+    first started, MLflow loaded once; its face's environment is what the recording sees: here, a PATH
+    whose git holds the recorder, which the face that started the recorder did not have."""
+    plain_env = {**bed["env"], "PATH": os.environ["PATH"]}
+    cli = _cli(bed, "run", "--new", "--", "true", env=plain_env)
+    _, err = cli.communicate(timeout=180)
+    assert cli.returncode == 0, err
+    first = _recorder_pid(bed)
     deep = tmp_path / ("deep-" * 20) / "workspace"
-    shutil.copytree(bed["root"], deep)
-    assert len(str(deep / ".punica/recorder/v1.sock")) > 108  # what a Unix socket's path can hold
-    _run_true(bed, cwd=deep)
-    (job_id,) = JobStore(deep / ".punica/jobs.json").jobs()
-    run_id = JobStore(deep / ".punica/jobs.json").get(job_id).mlflow_run_id
-    assert run_id and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
-    folder = record.socket_path(Workspace(deep)).parent
-    assert folder.parent == Path(tempfile.gettempdir()) and folder.stat().st_mode & 0o777 == 0o700
+    shutil.copytree(QUICKSTART, deep, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts", "jobs*"))
+    assert len(str(deep / ".punica/recorder.sock")) > 108  # what a Unix socket's path can hold
+    (bed["faults"] / "arm").touch()
+    cli = _cli(bed, "run", "--new", "--", "true", cwd=deep)
+    assert _held_recorder(bed) == first  # the faults' git, found on the second face's PATH
+    (bed["faults"] / "release").touch()
+    _, err = cli.communicate(timeout=180)
+    assert cli.returncode == 0, err
+    assert _recorder_pid(bed) == first and _alive(first)
+    for root in (bed["root"], deep):
+        (job_id,) = JobStore(root / ".punica/jobs.json").jobs()
+        run_id = JobStore(root / ".punica/jobs.json").get(job_id).mlflow_run_id
+        assert run_id and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
 
 
 def test_the_recorder_calls_only_this_packages_recording_functions(bed: dict[str, Any]) -> None:

@@ -1,12 +1,17 @@
-"""Recording finished jobs' MLflow runs: one recorder process per workspace, the one path for every face.
+"""Recording finished jobs' MLflow runs: one recorder process per user, the one path for every face.
 
 The server, the CLI, ``%remote_train`` and a pipeline step all record through the same child program,
-``python -m jupyter_remote_compute.jobs.record <workspace>``, and the same protocol: one JSON request
-line on a Unix socket only this user can open (``socket_path``), answered with one JSON line. MLflow
-is imported there, never in a face: it costs ~200 MiB and most of the seconds that recording a small
-job takes. The recorder is started on first use, in a session of its own (killing a face, Ctrl-C or
-SIGKILL, does not kill it), and stays up ``RECORDER_IDLE`` seconds after its last request, so the
-next job of the workspace is recorded with MLflow already loaded and its store open.
+``python -m jupyter_remote_compute.jobs.record``, and the same protocol: one JSON request line on a
+Unix socket only this user can open (``socket_path``), answered with one JSON line. MLflow is imported
+there, never in a face: it costs ~200 MiB and most of the seconds that recording a small job takes
+(importing it is ~4 s of CPU). The recorder is started on first use, in a session of its own (killing
+a face, Ctrl-C or SIGKILL, does not kill it), and stays up ``RECORDER_IDLE`` seconds after its last
+request, so the next job is recorded with MLflow already loaded and its store open.
+
+One recorder serves every workspace of the user that this installation's faces use (its files are
+named after the Python that runs it, so another environment's faces start their own). Every request
+carries the face's workspace and environment: the recorder works in that workspace's folder with that
+environment (an MLflow server's credentials, ``PATH``), as a recorder the face started itself would.
 
 Requests (``settings``: the face's ``TrackingSettings`` with its store's URI resolved, so every face
 of a workspace records where it means to, whoever started the recorder):
@@ -67,6 +72,7 @@ from ..secrets import mask
 from ..tracking import (
     JobRecord,
     TrackingSettings,
+    close_other_stores,
     load_mlflow,
     record_job,
     tracking_uri,
@@ -82,12 +88,10 @@ from .store import JobStore
 log = logging.getLogger(__name__)
 
 PENDING_DIR = "recording"
-#: The recorder's own files (its socket, its lock, its log), apart from the to-dos.
-RECORDER_DIR = "recorder"
 #: A to-do whose recorder died this many times (it cannot even start, say) is given up, with a reason.
 MAX_ATTEMPTS = 5
 #: In the socket's and the lock's names: a recorder of another version never gets this one's requests.
-PROTOCOL = 1
+PROTOCOL = 2
 #: Seconds a recorder stays up after its last request (the environment variable overrides it).
 RECORDER_IDLE = 600.0
 IDLE_ENV = "JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE"
@@ -112,22 +116,23 @@ def pending_file(workspace: Workspace, job_id: str) -> Path:
     return pending_dir(workspace) / f"{job_id}.json"
 
 
-def recorder_dir(workspace: Workspace) -> Path:
-    return workspace.punica_dir / RECORDER_DIR
+def recorder_file(suffix: str) -> Path:
+    """The recorder's own files, ``sock`` (where it listens), ``lock`` (held for its life, with its pid)
+    and ``log``: in a folder only this user can open, named after the Python that runs the recorder
+    and the protocol, so a face never reaches a recorder of another environment or version."""
+    digest = hashlib.sha256(os.fsencode(sys.executable)).hexdigest()[:16]
+    return _private_folder() / f"recorder-{digest}.v{PROTOCOL}.{suffix}"
 
 
-def socket_path(workspace: Workspace) -> Path:
-    """Where the workspace's recorder listens: in the workspace, or, when that path is too long for a
-    Unix socket (about 100 bytes), in a folder of this user's under the temporary folder."""
-    beside = recorder_dir(workspace) / f"v{PROTOCOL}.sock"
-    if len(os.fsencode(beside)) < 100:
-        return beside
-    digest = hashlib.sha256(os.fsencode(workspace.root.resolve())).hexdigest()[:24]
-    return _private_folder() / f"{digest}.v{PROTOCOL}.sock"
+def socket_path() -> Path:
+    return recorder_file("sock")
 
 
 def _private_folder() -> Path:
-    folder = Path(tempfile.gettempdir()) / f"jupyter-remote-compute-{os.getuid()}"
+    temporary = tempfile.gettempdir()
+    if len(os.fsencode(temporary)) > 50:  # a Unix socket's path holds about 100 bytes in all
+        temporary = "/tmp"
+    folder = Path(temporary) / f"jupyter-remote-compute-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
     info = os.lstat(folder)
@@ -178,12 +183,15 @@ def record_now(
 
 
 def ask(workspace: Workspace, request: Mapping[str, Any], timeout: float = START_TIMEOUT) -> dict[str, Any]:
-    """Send one request to the workspace's recorder, starting one if none listens, and return its answer.
+    """Send one request about the workspace to the user's recorder, starting one if none listens, and
+    return its answer.
 
     A recorder that closes without answering (it was going idle, or it died) is replaced and asked
     again: a record request twice is harmless, the second finds the to-do gone or the run by its tag."""
-    path = socket_path(workspace)
-    line = json.dumps(request).encode() + b"\n"
+    path = socket_path()
+    # The socket is this user's only: the environment (secrets among it) goes no further than a
+    # recorder of the user's own would have inherited.
+    line = json.dumps({**request, "workspace": str(workspace.root), "environ": dict(os.environ)}).encode() + b"\n"
     started = False
     deadline = time.monotonic() + START_TIMEOUT
     for _ in range(3):
@@ -196,7 +204,7 @@ def ask(workspace: Workspace, request: Mapping[str, Any], timeout: float = START
             except (FileNotFoundError, ConnectionRefusedError):
                 conn.close()
                 if not started:
-                    _spawn(workspace)
+                    _spawn()
                     started = True
                 elif time.monotonic() > deadline:
                     raise RecorderUnavailable(f"the recorder did not start within {START_TIMEOUT:.0f} s") from None
@@ -230,19 +238,17 @@ def _read_line(conn: socket.socket) -> bytes:
     return data
 
 
-def _spawn(workspace: Workspace) -> None:
-    recorder_dir(workspace).mkdir(parents=True, exist_ok=True)
-    with open(recorder_dir(workspace) / "log", "ab") as errors:
+def _spawn() -> None:
+    log_file = recorder_file("log")
+    with open(log_file, "ab") as errors:
         child = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_remote_compute.jobs.record", str(workspace.root)],
+            [sys.executable, "-m", "jupyter_remote_compute.jobs.record"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=errors,
             start_new_session=True,  # outlives the face: a Ctrl-C or a kill of its group does not reach it
             close_fds=True,
-            # A local MLflow store that the recorder creates puts the default experiment's artifacts
-            # under the working directory: the workspace, as the user's own `mlflow` run there would.
-            cwd=workspace.root,
+            cwd=log_file.parent,  # each request's workspace is its working directory while it is worked
         )
     # Reaped when it ends (a long-running server must not collect zombies); a face that exits first
     # leaves it to init.
@@ -468,10 +474,9 @@ def record_pending(
 
 
 class Recorder:
-    """The recorder process of one workspace: takes requests on its socket, works them one at a time."""
+    """The user's recorder process: takes requests on its socket, works them one at a time."""
 
-    def __init__(self, workspace: Workspace, idle: float) -> None:
-        self.workspace = workspace
+    def __init__(self, idle: float) -> None:
         self.idle = idle
         self.work: queues.Queue[tuple[dict[str, Any], socket.socket | None]] = queues.Queue()
         self.busy = 0  # requests taken and not yet done
@@ -479,15 +484,14 @@ class Recorder:
         self.guard = threading.Lock()
 
     def serve(self) -> int:
-        folder = recorder_dir(self.workspace)
-        folder.mkdir(parents=True, exist_ok=True)
-        lock = os.open(folder / f"v{PROTOCOL}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        folder = recorder_file("lock").parent
+        lock = os.open(recorder_file("lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if not _lock_within(lock, TAKE_OVER_WAIT):
-                return 0  # another recorder serves this workspace
+                return 0  # another recorder serves this user
             os.ftruncate(lock, 0)
             os.write(lock, f"{os.getpid()}\n".encode())  # who serves it, for a person (or a test) to see
-            path = socket_path(self.workspace)
+            path = socket_path()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # a recorder that died left it
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -509,8 +513,8 @@ class Recorder:
                         os.unlink(path)
                 # Its log stays only if it says what went wrong (MLflow's INFO lines on making a store do not).
                 with contextlib.suppress(FileNotFoundError):
-                    if b"Traceback" not in (folder / "log").read_bytes():
-                        os.unlink(folder / "log")
+                    if b"Traceback" not in recorder_file("log").read_bytes():
+                        os.unlink(recorder_file("log"))
         finally:
             os.close(lock)  # only now may the next recorder listen
         return 0
@@ -522,7 +526,7 @@ class Recorder:
             except TimeoutError:
                 with self.guard:
                     idle = self.busy == 0 and time.monotonic() - self.last > self.idle
-                if idle or not folder.is_dir():  # idle, or the workspace is gone
+                if idle or not folder.is_dir():  # idle, or its folder is gone
                     return
                 continue
             with self.guard:
@@ -531,7 +535,12 @@ class Recorder:
             try:
                 conn.settimeout(30.0)
                 request = json.loads(_read_line(conn) or b"null")
-                if not isinstance(request, dict) or request.get("op") not in ("warm", "record", "call"):
+                if (
+                    not isinstance(request, dict)
+                    or request.get("op") not in ("warm", "record", "call")
+                    or not isinstance(request.get("workspace"), str)
+                    or not isinstance(request.get("environ"), dict)
+                ):
                     raise ValueError("not a recorder request")
             except (OSError, ValueError) as e:
                 with contextlib.suppress(OSError):
@@ -569,13 +578,22 @@ class Recorder:
                 conn.close()
 
     def _handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        # As a recorder the face started itself: its environment, and its workspace as the working
+        # directory (a local store MLflow creates puts its default experiment's artifacts there, as the
+        # user's own `mlflow` run in the workspace would). One request at a time, so this is safe.
+        os.environ.clear()
+        os.environ.update(request["environ"])
+        workspace = Workspace(Path(request["workspace"]))
+        with contextlib.suppress(OSError):
+            os.chdir(workspace.root)
         if request["op"] == "call":
             return {"result": _call(str(request["target"]), request.get("args") or {})}
         settings = TrackingSettings(**request["settings"])
+        close_other_stores(keep=tracking_uri(workspace.root, settings))
         if request["op"] == "warm":
-            warm_up(self.workspace.root, settings)
+            warm_up(workspace.root, settings)
             return {}
-        done = record_pending(self.workspace, settings, str(request["job"]), request.get("mask_values"))
+        done = record_pending(workspace, settings, str(request["job"]), request.get("mask_values"))
         if done is None:
             return {"run_id": None, "problem": None, "taken": True}
         return {"run_id": done[0], "problem": done[1]}
@@ -609,8 +627,9 @@ def recorder_idle() -> float:
 
 
 def _main(argv: Sequence[str]) -> int:
-    (root,) = argv
-    return Recorder(Workspace(Path(root)), recorder_idle()).serve()
+    if argv:
+        raise SystemExit("usage: python -m jupyter_remote_compute.jobs.record (it serves every workspace)")
+    return Recorder(recorder_idle()).serve()
 
 
 if __name__ == "__main__":
