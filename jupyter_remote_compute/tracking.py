@@ -27,7 +27,9 @@ import getpass
 import json
 import logging
 import os
+import sqlite3
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -187,17 +189,54 @@ def find_job_run(client: Any, job_id: str) -> str | None:
     return None
 
 
+#: The first new sqlite store this process made, as MLflow made it: empty but for its Default experiment.
+#: MLflow makes a store by running every schema migration since its first (~2 s of CPU); a copy of one
+#: with its Default experiment pointed at the new workspace is the same store, made in milliseconds.
+_empty_store: bytes | None = None
+
+
 def _prepare_local_store(workspace: Path, uri: str) -> None:
     """A sqlite store made here gets its Default experiment's artifacts under the workspace.
 
     MLflow puts them under the creating process's working directory otherwise (the server's,
-    wherever it was started); a store that exists already is left as it is.
+    wherever it was started); a store that exists already is left as it is. Called under the
+    store's lock (``_store_lock``).
     """
     if not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists():
         return
+    global _empty_store
+    path, artifacts = Path(uri.removeprefix("sqlite:///")), (workspace / "mlartifacts").as_uri()
+    if _empty_store is not None:
+        try:
+            _copy_empty_store(_empty_store, path, artifacts)
+            return
+        except (OSError, sqlite3.Error) as e:
+            log.warning("a copy of an empty MLflow store could not be made at %s (%s): MLflow makes it", path, e)
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    SqlAlchemyStore(uri, (workspace / "mlartifacts").as_uri()).engine.dispose()
+    SqlAlchemyStore(uri, artifacts).engine.dispose()
+    with contextlib.closing(sqlite3.connect(path)) as made:
+        _empty_store = made.serialize()
+
+
+def _copy_empty_store(empty: bytes, path: Path, artifacts: str) -> None:
+    """Write ``empty`` at ``path`` with its Default experiment's artifacts under ``artifacts`` and its
+    times now, as MLflow would have made it; all or nothing (a half-made store would be used)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        partial.write_bytes(empty)
+        with contextlib.closing(sqlite3.connect(partial)) as store, store:
+            now = int(time.time() * 1000)
+            changed = store.execute(
+                "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?"
+                " WHERE experiment_id = 0",
+                (f"{artifacts}/{DEFAULT_EXPERIMENT_ID}", now, now),
+            ).rowcount
+            if changed != 1:
+                raise sqlite3.DatabaseError("its Default experiment is not where MLflow kept it")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
