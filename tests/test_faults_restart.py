@@ -59,7 +59,11 @@ exit "${{CODE:-0}}"
 HOLDING_SH = """\
 #!/bin/sh
 faults={faults}
-hold() {{ touch "$faults/held-$1"; while kill -0 "$PPID" 2>/dev/null; do sleep 0.05; done; }}
+# Until whoever asked is gone, or the test ends: the local kind's shell outlives a killed server.
+hold() {{
+  touch "$faults/held-$1"
+  while kill -0 "$PPID" 2>/dev/null && [ ! -e "$faults/release" ]; do sleep 0.05; done
+}}
 case "${{1:-}}" in
 */launch.sh)
   if mv "$faults/arm-before-launch" "$faults/claimed-before-launch" 2>/dev/null; then
@@ -169,6 +173,7 @@ def bed(
     bed = Bed(quickstart, tmp_path, scratch_dir, tracking_uri, own_recorder)
     yield bed
     bed.server.stop()
+    (bed.faults / "release").touch()  # a launcher still held lets go
     for gate in ("R", "E", "F", "C", "C.term", "L2", "M1", "M2", "X", "Y", "H"):
         bed.open_gate(gate)  # no job of this test outlives it
 
