@@ -21,6 +21,10 @@ mapfile -t skypilot_requirements < <(python scripts/test_requirements.py skypilo
 if [ "${#skypilot_requirements[@]}" != 0 ]; then
   python -m pip install -q "${skypilot_requirements[@]}"
 fi
+# jsonschema imports rfc3987-syntax whenever it is installed (jupyter-events asks for it, through
+# jsonschema[format-nongpl]), and that builds a parser at import: 3 s of CPU in every process that imports
+# jsonschema (each Jupyter server the tests start), for a format ("iri") nothing here checks.
+python -m pip uninstall -q -y rfc3987-syntax 2>/dev/null || true
 # Elyra's venv (tests/elyra_venv.py) is built once per machine, outside the clone: the whole suite
 # builds or finds it here first, so no test waits on it; its tests say why when it could not be built.
 if [ "$#" = 0 ]; then
