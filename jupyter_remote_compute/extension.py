@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Iterable
@@ -191,8 +192,13 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
         if self._poller is not None:
             return
         loop = asyncio.get_running_loop()
-        # Changes made by this process's worker threads reach the event bus on the loop's thread.
-        self.service.add_listener(lambda job: loop.call_soon_threadsafe(self._emit, job))
+
+        def heard(job: Job) -> None:
+            # Changes made by this process's worker threads reach the event bus on the loop's thread.
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                loop.call_soon_threadsafe(self._emit, job)
+
+        self.service.add_listener(heard)
         # Long-polled log and metrics reads wake on their job's news.
         self.context.wakeups.bind(loop)
         self.service.ctx.metrics.add_listener(self.context.wakeups.wake_threadsafe)
