@@ -72,6 +72,58 @@ async function startJob(
   return detail;
 }
 
+/**
+ * The WCAG contrast ratio of an element's text against its background, as the browser paints them
+ * (any CSS colour, alpha blended over the nearest opaque background).
+ */
+async function contrastOf(element: Locator): Promise<number> {
+  return element.evaluate(el => {
+    const ctx = document.createElement('canvas').getContext('2d')!;
+    const rgba = (css: string): number[] => {
+      ctx.clearRect(0, 0, 1, 1);
+      ctx.fillStyle = css;
+      ctx.fillRect(0, 0, 1, 1);
+      const [r, g, b, a] = ctx.getImageData(0, 0, 1, 1).data;
+      return [r, g, b, a / 255];
+    };
+    const over = (top: number[], below: number[]): number[] =>
+      [0, 1, 2].map(i => top[i] * top[3] + below[i] * (1 - top[3])).concat(1);
+    const layers: number[][] = [];
+    for (let node: Element | null = el; node; node = node.parentElement) {
+      const layer = rgba(getComputedStyle(node).backgroundColor);
+      layers.push(layer);
+      if (layer[3] === 1) {
+        break;
+      }
+    }
+    const background = layers.reduceRight((below, top) => over(top, below), [255, 255, 255, 1]);
+    const text = over(rgba(getComputedStyle(el).color), background);
+    const luminance = (c: number[]): number => {
+      const [r, g, b] = c.slice(0, 3).map(v => {
+        const s = v / 255;
+        return s <= 0.03928 ? s / 12.92 : ((s + 0.055) / 1.055) ** 2.4;
+      });
+      return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    const [light, dark] = [luminance(text), luminance(background)].sort((a, b) => b - a);
+    return (light + 0.05) / (dark + 0.05);
+  });
+}
+
+/** The element reads at WCAG AA (4.5:1) in the light theme and in the dark one. */
+async function expectReadableInBothThemes(
+  page: IJupyterLabPageFixture,
+  element: Locator
+): Promise<void> {
+  expect(await contrastOf(element)).toBeGreaterThanOrEqual(4.5);
+  await page.theme.setDarkTheme();
+  try {
+    expect(await contrastOf(element)).toBeGreaterThanOrEqual(4.5);
+  } finally {
+    await page.theme.setLightTheme();
+  }
+}
+
 test.describe('Compute panel', () => {
   test.use({ autoGoto: true });
 
@@ -270,6 +322,22 @@ test.describe('Compute panel', () => {
     await expect(detail.getByText('cancelled', { exact: true })).toBeVisible({ timeout: 60000 });
     await expect(detail).toContainText('cancelled by');
     await expect(detail.getByRole('button', { name: 'Cancel', exact: true })).toBeHidden();
+    await expectReadableInBothThemes(page, detail.locator('.jp-RemoteCompute-reason'));
+  });
+
+  test("a failed job's reason reads in both themes", async ({ page }) => {
+    const name = unique('ui-fail');
+    const panel = await openPanel(page);
+    await panel.getByRole('button', { name: 'New job' }).click();
+    const form = page.getByRole('form', { name: 'New job' });
+    await form.getByLabel('Command', { exact: true }).fill('echo the dataset is missing >&2; exit 3');
+    await form.getByLabel('Name (optional)', { exact: true }).fill(name);
+    await form.getByRole('button', { name: 'Run', exact: true }).click();
+    const detail = page.getByRole('region', { name: `Job ${name}` });
+    await expect(detail.getByText('failed', { exact: true })).toBeVisible({ timeout: 90000 });
+    const reason = detail.getByRole('alert');
+    await expect(reason).toContainText('the dataset is missing');
+    await expectReadableInBothThemes(page, reason);
   });
 
   test('follows a log of megabytes and keeps only the last lines', async ({ page, tmpPath }) => {
