@@ -12,6 +12,7 @@ beside its final place and renamed into it).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -26,8 +27,10 @@ ROOT = Path("/var/tmp/jrc-far-python")
 TRAINING_PACKAGES = ("scikit-learn", "numpy", "scipy", "pandas", "psutil")
 
 
+@functools.cache
 def far_python_bin() -> Path:
-    """The ``bin/`` folder of a virtualenv whose ``python`` imports MLflow; built on first use."""
+    """The ``bin/`` folder of a virtualenv whose ``python`` imports MLflow; built on first use, looked
+    for once per test process (every fixture of a far side asks)."""
     mlflow_version = version("mlflow")
     home = ROOT / f"mlflow-skinny-{mlflow_version}-sklearn-{version('scikit-learn')}"
     python = home / "bin" / "python"
@@ -41,8 +44,11 @@ def far_python_bin() -> Path:
 def _works(python: Path, mlflow_version: str) -> bool:
     if not python.exists():
         return False
+    # Its installed version, read from its metadata: importing MLflow would cost 2 s of CPU per look.
     probe = subprocess.run(
-        [str(python), "-c", "import mlflow; print(mlflow.__version__)"], capture_output=True, text=True
+        [str(python), "-c", "from importlib.metadata import version; print(version('mlflow-skinny'))"],
+        capture_output=True,
+        text=True,
     )
     return probe.returncode == 0 and probe.stdout.strip() == mlflow_version
 
