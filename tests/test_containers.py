@@ -1,7 +1,8 @@
 """Jobs in a container image: real podman (root here, rootless for the ssh test user), an image made offline.
 
-The image is a Debian rootfs from mmdebstrap, imported with ``podman import`` once per session and
-marked with /etc/jrc-image-marker, so a job that reads the marker ran inside it. Podman's own
+The image is a Debian rootfs from mmdebstrap (made once per machine, ``ROOTFS_CACHE``), imported with
+``podman import`` once per session and marked with /etc/jrc-image-marker, so a job that reads the
+marker ran inside it. Podman's own
 settings for this machine (runc, cgroupfs, ulimits it may set; ../shared/TESTBED.md "Containers") go
 into a private containers.conf: CONTAINERS_CONF for root, the test user's ~/.config/containers/.
 """
@@ -9,6 +10,7 @@ into a private containers.conf: CONTAINERS_CONF for root, the test user's ~/.con
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -27,6 +29,7 @@ import package_index
 import pytest
 import slurm_fixture
 import sshd_fixture
+from filelock import FileLock
 from mlflow.tracking import MlflowClient
 from required import require
 from waiting import wait_for
@@ -91,22 +94,43 @@ class BuiltImage:
             _stop_pause_process(user)
 
 
+#: The image's rootfs, made once per machine and kept by a digest of what made it (mmdebstrap, the suite,
+#: the package sources): every worker and every later run imports the same file, under a ref of its own.
+ROOTFS_CACHE = Path("/var/tmp/jrc-test-image")
+SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
+
+
+def _rootfs() -> tuple[Path, str]:
+    """The marked rootfs (readable by the rootless test user too) and its marker, made if missing."""
+    mmdebstrap = subprocess.run(["mmdebstrap", "--version"], capture_output=True, text=True).stdout
+    made_by = json.dumps([mmdebstrap, "bookworm", "python3", MARKER, SOURCES.read_text()])
+    folder = ROOTFS_CACHE / hashlib.sha256(made_by.encode()).hexdigest()[:16]
+    ROOTFS_CACHE.mkdir(mode=0o755, exist_ok=True)
+    with FileLock(str(ROOTFS_CACHE / ".build.lock"), timeout=900):
+        if not (folder / "marker").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(mode=0o755)
+            marker = f"jrc-{uuid.uuid4().hex[:8]}"
+            subprocess.run(
+                ["mmdebstrap", "--quiet", "--variant=apt", "--include=python3",
+                 f"--customize-hook=echo {marker} > \"$1{MARKER}\"",
+                 "bookworm", str(folder / "rootfs.tar"), str(SOURCES)],
+                check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=600,
+            )  # fmt: skip
+            os.chmod(folder / "rootfs.tar", 0o644)  # the rootless user imports the same rootfs
+            (folder / "marker").write_text(marker)  # last: the rootfs is whole once this exists
+    return folder / "rootfs.tar", (folder / "marker").read_text()
+
+
 def build_image(work: Path) -> BuiltImage:
-    """The marked image, built offline in ``work`` and imported into root's store; podman's settings
-    for this machine in ``work/containers.conf``, named by CONTAINERS_CONF for this process."""
+    """The marked image, imported into root's store under a ref of this session's own (``remove`` takes
+    it out again); podman's settings for this machine in ``work/containers.conf``, named by
+    CONTAINERS_CONF for this process."""
     conf = work / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
     os.environ["CONTAINERS_CONF"] = str(conf)
-    marker = f"jrc-{uuid.uuid4().hex[:8]}"
-    rootfs = work / "rootfs.tar"
-    subprocess.run(
-        ["mmdebstrap", "--quiet", "--variant=apt", "--include=python3",
-         f"--customize-hook=echo {marker} > \"$1{MARKER}\"",
-         "bookworm", str(rootfs), "/etc/apt/sources.list.d/debian.sources"],
-        check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=600,
-    )  # fmt: skip
-    os.chmod(rootfs, 0o644)  # the rootless user imports the same rootfs
-    image = BuiltImage(f"localhost/jrc-test-{marker}:1", marker, rootfs)
+    rootfs, marker = _rootfs()
+    image = BuiltImage(f"localhost/jrc-test-{uuid.uuid4().hex[:8]}:1", marker, rootfs)
     _podman("import", "--change", 'CMD ["/usr/bin/python3"]', str(rootfs), image.ref)
     return image
 
