@@ -42,16 +42,19 @@ REGISTERING_SCRIPT = textwrap.dedent(
 # Waits on its own run until MLflow's monitor has logged a few samples (a condition, with a deadline).
 SYSTEM_METRICS_SCRIPT = textwrap.dedent(
     """\
+    import os
     import time
     import mlflow
 
+    # Until three samples are in, or the window the test gives: ten sampling periods where none is
+    # expected (one would be logged in the first), a minute where they are.
     with mlflow.start_run() as run:
         mlflow.log_param("kind", "system")
-        client, deadline = mlflow.MlflowClient(), time.monotonic() + 60
+        client, deadline = mlflow.MlflowClient(), time.monotonic() + float(os.environ["SAMPLES_WINDOW"])
         while time.monotonic() < deadline:
-            sum(i * i for i in range(20000))
             if len(client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")) >= 3:
                 break
+            time.sleep(0.05)
     """
 )
 
@@ -179,6 +182,7 @@ def test_system_metrics_come_back_with_their_timestamps_when_the_job_asks(
     make_service: Callable[..., JobService], quickstart: Path, tracking_uri: str, asks: bool
 ) -> None:
     env = SYSTEM_ENV if asks else {k: v for k, v in SYSTEM_ENV.items() if k != "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"}
+    env = {**env, "SAMPLES_WINDOW": "60" if asks else "2"}
     job = _run_job(make_service(quickstart), quickstart, SYSTEM_METRICS_SCRIPT, env=env)
     client = MlflowClient(tracking_uri)
     run = client.get_run(job.mlflow_run_id)
