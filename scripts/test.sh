@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run every check: lint (Python and TypeScript), the Galata UI tests in Debian's Chromium, then the
-# Python suite (real sshd, real Jupyter servers, real MLflow, real kernels), whose summary ends the run.
+# Run every check: lint (Python and TypeScript), then the Galata UI tests in Debian's Chromium beside the
+# Python suite (real sshd, real Jupyter servers, real MLflow, real kernels); the UI tests' report ends the run.
 # Arguments go to pytest; set SKIP_UI_TESTS=1 to leave the browser tests out. The suite runs on
 # TEST_WORKERS pytest-xdist workers (default 2, the cores CI has; 0 runs it in this process), the
 # modules that share a machine-wide part kept on one worker (tests/conftest.py: SERIAL_GROUPS).
@@ -33,14 +33,26 @@ fi
 ruff check jupyter_remote_compute tests benchmarks examples
 ruff format --check jupyter_remote_compute tests benchmarks examples
 jlpm lint:check
-# The Python suite runs even when the UI tests fail; the run still fails then.
+# The UI tests run beside the Python suite, their report printed after its: each leaves about a fifth
+# of the two cores idle while it waits on jobs, servers and the browser (tests/README.md), and together
+# they fill it. Either failing fails the run.
 ui_status=0
+ui_pid=
+ui_log=$(mktemp -t remote-compute-ui-log-XXXXXX)
+trap 'rm -f "$ui_log"; [ -z "$ui_pid" ] || kill "$ui_pid" 2>/dev/null || true' EXIT
 if [ -z "${SKIP_UI_TESTS:-}" ]; then
-  bash ui-tests/run.sh || ui_status=$?
+  bash ui-tests/run.sh > "$ui_log" 2>&1 &
+  ui_pid=$!
 fi
 pytest_status=0
 # The report lists the 30 slowest tests and set-ups: where the suite's time goes (tests/README.md).
 python -m pytest -n "${TEST_WORKERS:-2}" --durations=30 "$@" || pytest_status=$?
+if [ -n "$ui_pid" ]; then
+  wait "$ui_pid" || ui_status=$?
+  ui_pid=
+  echo "== the UI tests (ui-tests/run.sh), run beside pytest =="
+  cat "$ui_log"
+fi
 if [ "$ui_status" -ne 0 ]; then
   echo "test.sh: the UI tests failed (status $ui_status)" >&2
 fi
