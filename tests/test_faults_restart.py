@@ -59,10 +59,11 @@ exit "${{CODE:-0}}"
 HOLDING_SH = """\
 #!/bin/sh
 faults={faults}
-# Until whoever asked is gone, or the test ends: the local kind's shell outlives a killed server.
+# Until whoever asked is gone, or the test ends (the local kind's shell outlives a killed server): the
+# teardown releases it, and pytest may remove the test's folder, release and all, before the next look.
 hold() {{
   touch "$faults/held-$1"
-  while kill -0 "$PPID" 2>/dev/null && [ ! -e "$faults/release" ]; do sleep 0.05; done
+  while kill -0 "$PPID" 2>/dev/null && [ -d "$faults" ] && [ ! -e "$faults/release" ]; do sleep 0.05; done
 }}
 case "${{1:-}}" in
 */launch.sh)
