@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .environment_record import log_environment
-from .fsutil import SharedFileLock
+from .fsutil import SharedFileLock, atomic_write
 from .jobs.image import log_image
 from .mlflow_replay import far_runs, find_tagged_run, hide, main_run, replay
 
@@ -222,21 +222,18 @@ def _prepare_local_store(workspace: Path, uri: str) -> None:
 def _copy_empty_store(empty: bytes, path: Path, artifacts: str) -> None:
     """Write ``empty`` at ``path`` with its Default experiment's artifacts under ``artifacts`` and its
     times now, as MLflow would have made it; all or nothing (a half-made store would be used)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        partial.write_bytes(empty)
-        with contextlib.closing(sqlite3.connect(partial)) as store, store:
-            now = int(time.time() * 1000)
-            changed = store.execute(
-                "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?"
-                " WHERE experiment_id = 0",
-                (f"{artifacts}/{DEFAULT_EXPERIMENT_ID}", now, now),
-            ).rowcount
-            if changed != 1:
-                raise sqlite3.DatabaseError("its Default experiment is not where MLflow kept it")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with contextlib.closing(sqlite3.connect(":memory:")) as store:
+        store.deserialize(empty)
+        now = int(time.time() * 1000)
+        changed = store.execute(
+            "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?"
+            " WHERE experiment_id = 0",
+            (f"{artifacts}/{DEFAULT_EXPERIMENT_ID}", now, now),
+        ).rowcount
+        if changed != 1:
+            raise sqlite3.DatabaseError("its Default experiment is not where MLflow kept it")
+        store.commit()
+        atomic_write(path, store.serialize())
 
 
 def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:

@@ -484,8 +484,9 @@ class Recorder:
         self.guard = threading.Lock()
 
     def serve(self) -> int:
-        folder = recorder_file("lock").parent
-        lock = os.open(recorder_file("lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        lock_file, log_file = recorder_file("lock"), recorder_file("log")
+        folder = lock_file.parent
+        lock = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if not _lock_within(lock, TAKE_OVER_WAIT):
                 return 0  # another recorder serves this user
@@ -513,8 +514,8 @@ class Recorder:
                         os.unlink(path)
                 # Its log stays only if it says what went wrong (MLflow's INFO lines on making a store do not).
                 with contextlib.suppress(FileNotFoundError):
-                    if b"Traceback" not in recorder_file("log").read_bytes():
-                        os.unlink(recorder_file("log"))
+                    if b"Traceback" not in log_file.read_bytes():
+                        os.unlink(log_file)
         finally:
             os.close(lock)  # only now may the next recorder listen
         return 0
