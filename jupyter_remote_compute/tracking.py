@@ -274,21 +274,18 @@ def warm_up(workspace: Path, settings: TrackingSettings) -> None:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
-#: Stores whose database connections a recorder keeps open at once: it serves all of a user's workspaces
-#: and lives on between their jobs, and MLflow never closes a store's connections by itself.
-OPEN_STORES = 8
+def close_stores() -> None:
+    """Close MLflow's pooled connections to every database store (a store used again reconnects).
 
-
-def close_other_stores(keep: str) -> None:
-    """Close MLflow's pooled connections to every database store but ``keep`` once more than
-    ``OPEN_STORES`` are open (a store used again reconnects)."""
+    A recorder serves all of a user's workspaces and lives on between their jobs, and MLflow never closes
+    a store's connections by itself: a connection kept to a workspace's ``mlflow.db`` that was deleted and
+    made again at the same path reads and writes the deleted file ("readonly database", "no such table").
+    """
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     engines = getattr(SqlAlchemyStore, "_engine_map", None)  # MLflow's cache of one engine per store
-    if not isinstance(engines, dict) or len(engines) <= OPEN_STORES:
-        return
-    for uri in [u for u in engines if u != keep]:
-        engines.pop(uri).dispose()
+    for engine in list(engines.values()) if isinstance(engines, dict) else ():
+        engine.dispose()
 
 
 def _default_uri(uri: str) -> contextlib.AbstractContextManager[object]:

@@ -72,7 +72,7 @@ from ..secrets import mask
 from ..tracking import (
     JobRecord,
     TrackingSettings,
-    close_other_stores,
+    close_stores,
     load_mlflow,
     record_job,
     tracking_uri,
@@ -572,6 +572,8 @@ class Recorder:
                 log.exception("recorder: %s failed", request.get("op"))
                 answer = {"problem": mask(str(e).encode(), request.get("mask_values") or ()).decode()[:500]}
             finally:
+                with contextlib.suppress(Exception):  # closing can only fail on a store already gone
+                    close_stores()
                 self._done()
             if conn is not None:
                 with contextlib.suppress(OSError):
@@ -590,7 +592,6 @@ class Recorder:
         if request["op"] == "call":
             return {"result": _call(str(request["target"]), request.get("args") or {})}
         settings = TrackingSettings(**request["settings"])
-        close_other_stores(keep=tracking_uri(workspace.root, settings))
         if request["op"] == "warm":
             warm_up(workspace.root, settings)
             return {}
