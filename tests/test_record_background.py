@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,9 @@ def test_recorders_racing_for_one_job_make_one_run(bed: dict[str, Any], monkeypa
     job_id = _orphan(bed)
     for name, value in bed["env"].items():
         monkeypatch.setenv(name, value)
+    # This process starts recorders itself: its own temporary folder too, not the one tempfile cached
+    # at its first use (where another test's recorder may listen, or none ever will).
+    monkeypatch.setattr(tempfile, "tempdir", str(bed["recorder"].temporary))
     # As a server's poll, a CLI's submit and a second server would, all at once.
     settings = TrackingSettings(tracking_uri=bed["uri"], experiment="tests")
     for _ in range(3):
@@ -268,3 +272,28 @@ def test_the_recorder_calls_only_this_packages_recording_functions(bed: dict[str
         {"op": "call", "target": "jupyter_remote_compute.fsutil:no_such_function", "args": {}, "wait": True},
     )
     assert "no_such_function" in answer["problem"]
+
+
+def test_a_workspace_made_again_at_the_same_path_has_its_runs_recorded(bed: dict[str, Any], tmp_path: Path) -> None:
+    """The recorder lives on between workspaces: a workspace deleted and made again where it was (a
+    fresh clone, a test's folder) gets a new ``mlflow.db``, which the recorder must open, not the
+    deleted one its connections still held."""
+    from jupyter_remote_compute.tracking import close_stores
+
+    root = tmp_path / "again"
+    env = {name: value for name, value in bed["env"].items() if name != "MLFLOW_TRACKING_URI"}
+    env["PATH"] = os.environ["PATH"]
+    first = None
+    for _ in range(3):
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(QUICKSTART, root, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts", "jobs*"))
+        cli = _cli(bed, "run", "--new", "--", "true", cwd=root, env=env)
+        _, err = cli.communicate(timeout=180)
+        assert cli.returncode == 0, err
+        first = first or _recorder_pid(bed)
+        assert _recorder_pid(bed) == first
+        (job_id,) = JobStore(root / ".punica/jobs.json").jobs()
+        run_id = JobStore(root / ".punica/jobs.json").get(job_id).mlflow_run_id
+        close_stores()  # this test's own reads hold connections too
+        uri = f"sqlite:///{root / 'mlflow.db'}"  # the workspace's own store: no MLFLOW_TRACKING_URI
+        assert run_id and [r.info.run_id for r in job_runs(uri, job_id)] == [run_id], err
