@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from jupyter_remote_compute.jobs.job import parse_time  # noqa: E402 - after the path
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings  # noqa: E402
 from jupyter_remote_compute.jobs.spec import JobSpec  # noqa: E402
-from jupyter_remote_compute.tracking import TrackingSettings  # noqa: E402
+from jupyter_remote_compute.recording.tracking import TrackingSettings  # noqa: E402
 from jupyter_remote_compute.workspace import Workspace  # noqa: E402
 
 GOAL_S = 0.3
@@ -204,7 +204,7 @@ def _python_for_far(tmp: Path) -> tuple[str, str]:
 
 def same_as_here(service: JobService, bed, tmp: Path, base: dict, runs: int) -> None:  # type: ignore[no-untyped-def]
     """This interpreter's environment built anew on the far side (its uv cache warm), against uv by hand."""
-    from jupyter_remote_compute.jobs.environment import here_distributions
+    from jupyter_remote_compute.environments.environment import here_distributions
 
     pinned, left_out = here_distributions()
     python, lib = _python_for_far(tmp)
@@ -262,7 +262,7 @@ def same_as_here(service: JobService, bed, tmp: Path, base: dict, runs: int) -> 
 
 def _resolving(workspace: Path, packages: list[str]) -> float:
     """Seconds of the product's own resolution at a from_here start (uv pip compile here), alone."""
-    from jupyter_remote_compute.jobs.environment import Environment, _locked_wheels, _this_sides_uv, resolve
+    from jupyter_remote_compute.environments.environment import Environment, _locked_wheels, _this_sides_uv, resolve
 
     resolved = resolve(Environment(packages=tuple(packages)), workspace)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -118,7 +118,7 @@ def bench_fresh_input(runs: int, size_mib: int, tmp: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from sshd_fixture import build_testbed
 
-    from jupyter_remote_compute.machines import MachineRegistry
+    from jupyter_remote_compute.machines.registry import MachineRegistry
 
     bed = build_testbed()
     try:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings  # noqa: E402 - after the path
 from jupyter_remote_compute.jobs.spec import JobSpec  # noqa: E402
-from jupyter_remote_compute.tracking import TrackingSettings  # noqa: E402
+from jupyter_remote_compute.recording.tracking import TrackingSettings  # noqa: E402
 from jupyter_remote_compute.workspace import Workspace  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

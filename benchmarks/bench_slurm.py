@@ -40,7 +40,7 @@ from jupyter_remote_compute.engines.base import RemoteJob  # noqa: E402
 from jupyter_remote_compute.jobs.context import remote_of  # noqa: E402
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings  # noqa: E402
 from jupyter_remote_compute.jobs.spec import JobSpec  # noqa: E402
-from jupyter_remote_compute.tracking import TrackingSettings  # noqa: E402
+from jupyter_remote_compute.recording.tracking import TrackingSettings  # noqa: E402
 from jupyter_remote_compute.workspace import Workspace  # noqa: E402
 
 # Runs on the login node: submit, then ask squeue every 10 ms until the job runs (a loop without

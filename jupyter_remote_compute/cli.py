@@ -20,13 +20,13 @@ from typing import Any
 
 from .engines.faces import CliCommand, all_faces, faces_of
 from .errors import RemoteComputeError
-from .jobs.admin import HostKeyNotConfirmed
 from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.logs import waiting_line
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.transitions import TERMINAL_STATES
+from .machines.admin import HostKeyNotConfirmed
 from .run_options import add_run_options, command_of, is_python_version, spec_settings
 from .workspace import Workspace
 
@@ -36,7 +36,7 @@ EXIT_DETACHED = 3
 
 
 def _service(args: argparse.Namespace) -> JobService:
-    # The CLI exits when its job ends: the MLflow run is recorded by a detached recorder (jobs/record.py).
+    # The CLI exits when its job ends: the MLflow run is recorded by a detached recorder (recording/recorder.py).
     settings = ServiceSettings(record_in_background=True)
     return JobService(Workspace.find(args.workspace, fallback=args.workspace), settings)
 
@@ -321,7 +321,7 @@ def _hours(value: float) -> str:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    from .jobs.usage import summary_csv
+    from .usage.ledger import summary_csv
 
     summary = _service(args).usage(args.by, args.since, args.until)
     if args.json:

@@ -22,12 +22,12 @@ from .jobs.job import Job
 from .jobs.listing import index_of
 from .jobs.service import JobService, ServiceSettings
 from .jobs.snapshot import Snapshot
-from .machines import MachineRegistry
+from .machines.registry import MachineRegistry
 from .mlflow_ui import MlflowUI
 from .mlflow_ui_handlers import MLFLOW_UI_PROXY
 from .pipelines.events import publish_runs
 from .pipelines.runner import PipelineRunner
-from .tracking import TrackingSettings, tracking_uri
+from .recording.tracking import TrackingSettings, tracking_uri
 from .workspace import Workspace
 
 EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"

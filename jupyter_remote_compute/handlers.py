@@ -536,7 +536,7 @@ class UsageHandler(RemoteComputeHandler):
         if form == "json":
             self.reply(summary)
             return
-        from .jobs.usage import summary_csv
+        from .usage.ledger import summary_csv
 
         self.set_header("Content-Disposition", 'attachment; filename="usage.csv"')
         self.finish(summary_csv(summary), set_content_type="text/csv; charset=utf-8")

@@ -145,7 +145,7 @@ class RemoteComputeMagics(Magics):
             service = self._services.get(workspace.root)
             if service is None:
                 # MLflow is not imported into the kernel: a detached recorder records the run once the
-                # job has ended (jobs/record.py), so a short job returns as soon as its outputs landed.
+                # job has ended (recording/recorder.py), so a short job returns as soon as its outputs landed.
                 settings = ServiceSettings(record_in_background=True)
                 service = self._services[workspace.root] = JobService(workspace, settings)
             return service

@@ -49,7 +49,7 @@ class Workspace:
 
     @property
     def usage_record(self) -> Path:
-        """One line per ended attempt of every job (``jobs/usage.py``); kept when jobs are pruned."""
+        """One line per ended attempt of every job (``usage/ledger.py``); kept when jobs are pruned."""
         return self.punica_dir / "usage.jsonl"
 
     @property

@@ -119,7 +119,7 @@ def tracking_uri(tmp_path: Path) -> str:
 def make_service(scratch_dir: Path, tracking_uri: str):  # type: ignore[no-untyped-def]
     """Build the lifecycle service over a workspace, with fast polls and a private MLflow store."""
     from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
-    from jupyter_remote_compute.tracking import TrackingSettings
+    from jupyter_remote_compute.recording.tracking import TrackingSettings
     from jupyter_remote_compute.workspace import Workspace
 
     services = []

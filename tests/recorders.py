@@ -1,6 +1,6 @@
 """A recorder of a test's own: for tests that hold, kill or idle out the MLflow recorder.
 
-The recorder is one per user (``jobs/record.py``), so every other test of a worker shares it. Faces
+The recorder is one per user (``recording/recorder.py``), so every other test of a worker shares it. Faces
 started with ``OwnRecorder.env`` keep its files under a temporary folder of their own and reach (and
 start) only their own recorder; removing that folder ends the recorder within a second.
 """
@@ -23,7 +23,9 @@ class OwnRecorder:
 
     def file(self, suffix: str) -> Path:
         """The recorder's ``sock``, ``lock`` or ``log``, as a face with ``env`` finds it."""
-        from jupyter_remote_compute.jobs import record  # not at conftest's import: the keyring is chosen first
+        from jupyter_remote_compute.recording import (
+            recorder as record,  # not at conftest's import: the keyring is chosen first
+        )
 
         return self.temporary / f"jupyter-remote-compute-{os.getuid()}" / record.recorder_file(suffix).name
 

@@ -26,8 +26,8 @@ from waiting import wait_for
 from jupyter_remote_compute.engines import farside
 from jupyter_remote_compute.engines.farside import parse_facts
 from jupyter_remote_compute.engines.resources import Resources
+from jupyter_remote_compute.environments import image as images
 from jupyter_remote_compute.errors import InvalidSettings
-from jupyter_remote_compute.jobs import image as images
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed

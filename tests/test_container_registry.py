@@ -32,7 +32,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.machine_options import check_options
+from jupyter_remote_compute.machines.options import check_options
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -465,7 +465,7 @@ def test_run_takes_the_registry_secret():
 
 
 def test_the_registry_of_a_reference():
-    from jupyter_remote_compute.jobs.registry import registry_of, split_credentials
+    from jupyter_remote_compute.environments.image_registry import registry_of, split_credentials
 
     assert registry_of("python:3.12") == registry_of("library/python") == "docker.io"
     assert registry_of("ghcr.io/team/train:2") == "ghcr.io"

@@ -16,7 +16,7 @@ from test_container_gpus import IMAGE_ID, _executable
 from waiting import wait_for
 
 from jupyter_remote_compute.engines import farside
-from jupyter_remote_compute.jobs import image as images
+from jupyter_remote_compute.environments import image as images
 
 # `run` announces itself, takes a second to create the container, and then runs the entry in the
 # working directory it was given unless the container was removed meanwhile; `stop` fails while there

@@ -34,8 +34,8 @@ from mlflow.tracking import MlflowClient
 from required import require
 from waiting import wait_for
 
+from jupyter_remote_compute.environments import image as images
 from jupyter_remote_compute.errors import InvalidSettings
-from jupyter_remote_compute.jobs import image as images
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
@@ -221,7 +221,7 @@ def test_a_python_environment_is_built_inside_the_image_once_and_is_the_images_o
     """The image has python3 but neither uv nor venv: this side's uv, mounted, builds the environment in
     it, under the machine's env cache; the next job takes it cached; the same content outside the image
     is another environment."""
-    from jupyter_remote_compute.environment_record import TAG as TAG_ENVIRONMENT
+    from jupyter_remote_compute.recording.environment import TAG as TAG_ENVIRONMENT
 
     (workspace / "fit.py").write_text(
         f"import os, rcdemo_a, sys\nm = open({MARKER!r}).read().strip() if os.path.exists({MARKER!r}) else '-'\n"
@@ -934,7 +934,7 @@ def test_the_image_is_part_of_the_key():
 
 
 def test_the_machines_image_options_and_environment_option_are_defaults_the_jobs_own_win():
-    from jupyter_remote_compute.jobs.environment import with_machine_default
+    from jupyter_remote_compute.environments.environment import with_machine_default
 
     bare = JobSpec.from_json({"command": "true"})
     own = JobSpec.from_json({"command": "true", "environment": {"image": "mine:1", "packages": ["a"]}})

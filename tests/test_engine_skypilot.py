@@ -34,8 +34,8 @@ from waiting import wait_for
 from jupyter_remote_compute.engines import engine_class, engine_kinds
 from jupyter_remote_compute.engines.base import EngineContext, EngineError
 from jupyter_remote_compute.engines.resources import Resources
+from jupyter_remote_compute.environments import image as images
 from jupyter_remote_compute.errors import InvalidSettings, RemoteComputeError
-from jupyter_remote_compute.jobs import image as images
 from jupyter_remote_compute.jobs.service import JobService, require_trained
 from jupyter_remote_compute.jobs.spec import JobSpec
 
@@ -195,7 +195,7 @@ import json, sys, time
 from pathlib import Path
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.tracking import TrackingSettings
+from jupyter_remote_compute.recording.tracking import TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 root, scratch, uri = sys.argv[1:4]
 service = JobService(Workspace(Path(root)), ServiceSettings(

@@ -28,7 +28,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.jobs.usage import remember_facts
+from jupyter_remote_compute.usage.ledger import remember_facts
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -127,7 +127,7 @@ def test_a_lock_is_synced_as_it_is_and_packages_on_top_are_resolved_after(worksp
 
 
 def test_same_as_here_alone_is_a_closed_set_and_with_packages_is_not(workspace):
-    from jupyter_remote_compute.jobs.environment import CLOSED_SET, Environment, resolve
+    from jupyter_remote_compute.environments.environment import CLOSED_SET, Environment, resolve
 
     alone = resolve(Environment(same_as_here=True), workspace)
     assert set(alone.files) == {CLOSED_SET}
@@ -286,7 +286,7 @@ def job_run(client, service, job_id: str):  # type: ignore[no-untyped-def]
 
 def test_same_as_here_pins_this_interpreters_distributions_and_leaves_local_installs_out(workspace):
 
-    from jupyter_remote_compute.jobs.environment import Environment, resolve
+    from jupyter_remote_compute.environments.environment import Environment, resolve
 
     resolved = resolve(Environment(same_as_here=True), workspace)
     pinned = resolved.files["pinned.txt"].splitlines()
@@ -392,7 +392,7 @@ def test_where_no_uv_can_run_the_far_side_builds_with_venv_and_pip_and_says_so(i
     """env.sh itself, as a job's command.sh runs it, on a PATH with no uv and no uv passed or sent."""
     import subprocess
 
-    from jupyter_remote_compute.jobs.environment import Environment, far_command, resolve
+    from jupyter_remote_compute.environments.environment import Environment, far_command, resolve
 
     (tmp_path / "ws").mkdir()
     resolved = resolve(Environment(packages=("rcdemo-a==1.0",)), tmp_path)

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.tracking import USAGE_METRICS, TrackingSettings
+from jupyter_remote_compute.recording.tracking import USAGE_METRICS, TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 
 # Logs without naming an experiment or a run, and reports the experiment variable it was given.

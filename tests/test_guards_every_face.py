@@ -29,7 +29,7 @@ from jupyter_remote_compute.engines import ssh_transfer
 from jupyter_remote_compute.errors import PolicyDenied, SecretInSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
 from jupyter_remote_compute.jobs.store import JobStore
-from jupyter_remote_compute.machines import MachineRegistry
+from jupyter_remote_compute.machines.registry import MachineRegistry
 from jupyter_remote_compute.steps import run_step
 
 sshd_bed = sshd_fixture.sshd_bed

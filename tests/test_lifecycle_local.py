@@ -335,7 +335,7 @@ def test_nested_runs_are_replayed_as_children_with_artifacts_and_tags(workspace,
     assert sorted(c.data.params["lr"] for c in children) == ["0.01", "0.1"]
     assert all(c.info.status == "FINISHED" for c in children)
     # Collecting again (as after a crash) finds every run instead of creating new ones.
-    from jupyter_remote_compute import tracking
+    from jupyter_remote_compute.recording import tracking
 
     assert len(client.search_runs([experiment_id])) == 3
     record = tracking.JobRecord(
@@ -362,7 +362,7 @@ def test_the_run_carries_the_workspace_git_commit(workspace, make_service, track
 
 
 def test_the_experiment_follows_mlflows_own_variable(monkeypatch):
-    from jupyter_remote_compute.tracking import TrackingSettings
+    from jupyter_remote_compute.recording.tracking import TrackingSettings
 
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     assert TrackingSettings().experiment is None  # MLflow's default experiment, as a local run
@@ -375,7 +375,7 @@ import json, sys
 from pathlib import Path
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.tracking import TrackingSettings
+from jupyter_remote_compute.recording.tracking import TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 
 root, scratch, uri = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

@@ -15,10 +15,10 @@ import filelock
 import pytest
 
 import jupyter_remote_compute.engines
-from jupyter_remote_compute import machines as machines_module
 from jupyter_remote_compute.engines.base import Engine, OptionField
 from jupyter_remote_compute.errors import ConfigFileError, Conflict, InvalidSettings, NotFound
-from jupyter_remote_compute.machines import HEADER, LOCAL_MACHINE, MachineRegistry
+from jupyter_remote_compute.machines import registry as machines_module
+from jupyter_remote_compute.machines.registry import HEADER, LOCAL_MACHINE, MachineRegistry
 from jupyter_remote_compute.workspace import Workspace
 
 CREATED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -685,7 +685,7 @@ def test_a_held_lock_gives_a_clear_error(path: Path) -> None:
 WRITER = """
 import sys
 from jupyter_remote_compute import engines
-from jupyter_remote_compute.machines import MachineRegistry
+from jupyter_remote_compute.machines.registry import MachineRegistry
 sys.path.insert(0, {tests!r})
 from test_machines import FakeEngine
 engines._registry()["fake"] = FakeEngine

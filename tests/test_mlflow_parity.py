@@ -19,10 +19,11 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from jupyter_remote_compute import mlflow_replay, tracking
 from jupyter_remote_compute.jobs.service import JobService
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.tracking import JobRecord, TrackingSettings
+from jupyter_remote_compute.recording import replay as mlflow_replay
+from jupyter_remote_compute.recording import tracking
+from jupyter_remote_compute.recording.tracking import JobRecord, TrackingSettings
 
 REGISTERED = "rf-parity"
 REGISTERING_SCRIPT = textwrap.dedent(

@@ -16,7 +16,7 @@ import pytest
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
-from jupyter_remote_compute import tracking
+from jupyter_remote_compute.recording import tracking
 
 
 def _record(workspace: Path, job_id: str) -> str:

@@ -23,9 +23,9 @@ from conftest import QUICKSTART, job_runs
 from recorders import OwnRecorder
 from waiting import wait_for
 
-from jupyter_remote_compute.jobs import record
 from jupyter_remote_compute.jobs.store import JobStore
-from jupyter_remote_compute.tracking import TrackingSettings
+from jupyter_remote_compute.recording import recorder as record
+from jupyter_remote_compute.recording.tracking import TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 
 # Test bed only: the recorder asks git for the commit just before it creates the job's run.
@@ -90,7 +90,7 @@ def _held_recorder(bed: dict[str, Any]) -> int:
     held = wait_for(lambda: (bed["faults"] / "held").exists(), timeout=120, message="the recorder to reach git")
     assert held
     pid = int((bed["faults"] / "held").read_text())
-    assert b"jupyter_remote_compute.jobs.record" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert b"jupyter_remote_compute.recording.recorder" in Path(f"/proc/{pid}/cmdline").read_bytes()
     return pid
 
 
@@ -210,7 +210,7 @@ def test_one_recorder_stays_up_between_the_jobs_of_a_workspace_and_records_each(
     first = _recorder_pid(bed)
     _run_true(bed)
     assert _recorder_pid(bed) == first and _alive(first)
-    assert b"jupyter_remote_compute.jobs.record" in Path(f"/proc/{first}/cmdline").read_bytes()
+    assert b"jupyter_remote_compute.recording.recorder" in Path(f"/proc/{first}/cmdline").read_bytes()
     jobs = _jobs(bed)
     assert len(jobs) == 2
     for job_id, job in jobs.items():
@@ -278,7 +278,7 @@ def test_a_workspace_made_again_at_the_same_path_has_its_runs_recorded(bed: dict
     """The recorder lives on between workspaces: a workspace deleted and made again where it was (a
     fresh clone, a test's folder) gets a new ``mlflow.db``, which the recorder must open, not the
     deleted one its connections still held."""
-    from jupyter_remote_compute.tracking import close_stores
+    from jupyter_remote_compute.recording.tracking import close_stores
 
     root = tmp_path / "again"
     env = {name: value for name, value in bed["env"].items() if name != "MLFLOW_TRACKING_URI"}

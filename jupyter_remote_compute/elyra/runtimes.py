@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..machines import Machine, MachineRegistry
+from ..machines.registry import Machine, MachineRegistry
 from . import RUNTIME_NAME, RUNTIME_TITLE
 
 log = logging.getLogger(__name__)

@@ -344,7 +344,7 @@ class Engine(abc.ABC):
     options: ClassVar[Mapping[str, OptionField]] = {}
     features: ClassVar[Features] = Features()
     #: The machine gives each job GPUs of its own choosing (CUDA_VISIBLE_DEVICES) without the job
-    #: asking for any: the agent's --gpus-per-job. A job's container gets those (jobs/image.py).
+    #: asking for any: the agent's --gpus-per-job. A job's container gets those (environments/image.py).
     gpus_chosen_per_job: ClassVar[bool] = False
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
@@ -414,7 +414,7 @@ class Engine(abc.ABC):
         """
 
     def image_runtimes(self) -> tuple[str, ...]:
-        """The container runtimes a job's image may run in here (``jobs/image.py``); none: no images."""
+        """The container runtimes a job's image may run in here (``environments/image.py``); none: no images."""
         return ()
 
     def image_pins(self) -> str:

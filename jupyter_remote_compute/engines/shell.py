@@ -63,7 +63,7 @@ class Launcher:
     reaches the machine only through its engine's transport and far-side folders.
     """
 
-    #: The container runtimes a job's image may run in here (jobs/image.py, farside/container.sh).
+    #: The container runtimes a job's image may run in here (environments/image.py, farside/container.sh).
     image_runtimes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, engine: ShellEngine) -> None:

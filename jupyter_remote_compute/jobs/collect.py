@@ -20,14 +20,14 @@ from typing import Any
 from ..engines.base import WORK_DIR, EngineError, FetchResult
 from ..errors import InvalidSettings, RemoteComputeError
 from ..fsutil import sha256_file
-from ..tracking import JobRecord, without_far_records
-from . import record as record_later
+from ..recording import recorder as record_later
+from ..recording.tracking import JobRecord, without_far_records
+from ..usage.ledger import job_metrics, known_facts, meter, remember_facts
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .spec import check_relative_path
-from .usage import job_metrics, known_facts, meter, remember_facts
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..engines.base import Engine, RemoteJob
+from ..machines.admin import MachineAdmin
+from ..recording.tracking import TrackingSettings
 from ..secrets import SecretStore
-from ..tracking import TrackingSettings
+from ..usage.ledger import UsageRecord
 from ..workspace import Workspace
-from .admin import MachineAdmin
 from .job import Job
 from .metrics import MetricWatch
 from .store import JobStore
-from .usage import UsageRecord
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,21 +25,21 @@ from typing import Any
 
 from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, NotReady, ProgressCallback, RemoteStatus
 from ..engines.farside import BUILDING
+from ..environments import image as images
+from ..environments import image_registry as registry
+from ..environments.environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
 from ..errors import InvalidSettings, RemoteComputeError
+from ..recording import recorder as record_later
 from ..transfer.manifest import DigestCache
-from . import image as images
-from . import record as record_later
-from . import registry
+from ..usage.ledger import REQUEUED, known_facts, meter
 from .collect import Collector
 from .context import JobContext, remote_of
-from .environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
 from .logs import secret_env
 from .spec import format_duration
 from .transitions import ON_MACHINE_STATES, State, move
-from .usage import REQUEUED, known_facts, meter
 
 log = logging.getLogger(__name__)
 

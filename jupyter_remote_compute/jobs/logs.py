@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..engines.base import Engine, EngineError, ProgressCallback, RemoteJob
+from ..environments import image_registry as registry
 from ..errors import InvalidSettings, RemoteComputeError, SecretStoreUnavailable
 from ..secrets import SecretStore, mask
-from . import registry
 from .context import JobContext, remote_of
 from .job import Job
 from .metrics import MetricsPage

@@ -27,6 +27,9 @@ from typing import Any
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
 from ..engines.resources import Resources
+from ..environments import environment as environments
+from ..environments import image as images
+from ..environments import image_registry as registry
 from ..errors import (
     Conflict,
     InvalidSettings,
@@ -38,16 +41,15 @@ from ..errors import (
 )
 from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, load_detectors, screen_settings
-from ..machine_options import COMMON_OPTIONS
-from ..machines import Machine, MachineRegistry
+from ..machines.admin import MachineAdmin, snapshot_of
+from ..machines.options import COMMON_OPTIONS
+from ..machines.registry import Machine, MachineRegistry
+from ..recording import recorder as record_later
 from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
+from ..usage.ledger import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
 from ..workspace import Workspace
-from . import environment as environments
-from . import image as images
-from . import logs, registry
-from . import record as record_later
-from .admin import MachineAdmin, snapshot_of
+from . import logs
 from .collect import Collector
 from .context import JobContext, ServiceSettings, remote_of
 from .job import Job, new_job_id, utcnow
@@ -61,7 +63,6 @@ from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
 from .store import JobStore
 from .transitions import ACTIVE_STATES, TERMINAL_STATES
-from .usage import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
 
 __all__ = ["JobService", "LogChunk", "ServiceSettings", "SubmitResult", "require_trained"]
 

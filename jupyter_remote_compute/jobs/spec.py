@@ -17,12 +17,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..engines.resources import Resources
+from ..environments.environment import Environment
+from ..environments.image import Image
+from ..environments.image_registry import PULL_VARS
+from ..environments.image_registry import check_name as check_registry_secret
 from ..errors import InvalidSettings
 from ..secrets import resolve_reference
-from .environment import Environment
-from .image import Image
-from .registry import PULL_VARS
-from .registry import check_name as check_registry_secret
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(d|h|m|s)", re.IGNORECASE)
@@ -116,9 +116,10 @@ class JobSpec:
     # What the job asks its machine for (gpus, cpus, memory, nodes, partition); empty: the machine's defaults.
     resources: Resources = dataclasses.field(default_factory=Resources)
     # The Python environment the command runs in, and the container image it runs in
-    # (jobs/environment.py, jobs/image.py); None: the machine's own Python and shell.
+    # (environments/environment.py, environments/image.py); None: the machine's own Python and shell.
     environment: Environment | None = None
-    # The Secret Manager entry (user:password) for pulling the image from a private registry (jobs/registry.py).
+    # The Secret Manager entry (user:password) for pulling the image from a private registry
+    # (environments/image_registry.py).
     registry_secret: str | None = None
 
     @property

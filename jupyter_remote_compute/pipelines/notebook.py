@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from importlib.resources import files
 from typing import Any
 
+from ..environments.environment import Environment
 from ..errors import InvalidSettings
-from ..jobs.environment import Environment
 from ..jobs.spec import JobSpec, check_relative_path, parse_duration
 
 NOTEBOOK_STEP = "run-notebook-on-remote-machine"

@@ -377,8 +377,8 @@ class PipelineRunner:
     def _record_parent(self, run: PipelineRun) -> None:
         """Start recording the run's MLflow parent run, its nodes' job runs as children (``parent_run.py``);
         the run's ``mlflow_run_id`` shows it once recorded."""
-        from ..tracking import tracking_uri
-        from .parent_run import record_parent
+        from ..recording.parent_run import record_parent
+        from ..recording.tracking import tracking_uri
 
         children = {}
         for node_id, node in run.nodes.items():

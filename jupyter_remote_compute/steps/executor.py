@@ -10,7 +10,7 @@ training again. Only otherwise does it start a job.
 It returns only a trained job (``require_trained``): outputs back and
 verified. Anything else is ``NotTrained`` with the job's state and reason; a
 job still running when the wait ends keeps running. The MLflow run is recorded
-by a detached recorder once the job has ended (``jobs/record.py``, exactly one
+by a detached recorder once the job has ended (``recording/recorder.py``, exactly one
 run per job), so the step neither imports MLflow nor waits for its store: the
 result carries the run id when it is already known (a job taken as it was),
 else None, and the job shows it once recorded (``jobs show``).

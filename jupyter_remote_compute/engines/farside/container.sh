@@ -1,6 +1,6 @@
 #!/bin/sh
 # container.sh JOBDIR PINS IMAGE RUNTIME NETWORK NAMES ENTRY GPUS [RUNTIME ARG...]: the job's command.sh,
-# run inside IMAGE (jobs/image.py writes the call into command.sh). RUNTIME is podman, docker or auto
+# run inside IMAGE (environments/image.py writes the call into command.sh). RUNTIME is podman, docker or auto
 # (podman, else docker); NETWORK is host or none, never the runtime's own bridge. NAMES are the job's
 # variables (set in this shell by launch.sh): their values go through a 0600 file in the job folder,
 # never a command line or the container's config, and ENTRY (run by the image's sh with that file and
@@ -10,7 +10,7 @@
 # (a Python environment built in the image is named by it). The image is pinned on first use: PINS
 # (<base>/images) keeps the id it had, and later jobs run that id. A pull is watched
 # (REMOTE_COMPUTE_PULL_TIMEOUT) and may use a private registry's user:password
-# (REMOTE_COMPUTE_REGISTRY_AUTH, jobs/registry.py); pinned images no job used for
+# (REMOTE_COMPUTE_REGISTRY_AUTH, environments/image_registry.py); pinned images no job used for
 # REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS are removed. The container is the runtime's foreground `run --rm`,
 # so its exit code is the job's and it is gone when this script ends; a TERM (cancel.sh, scancel) stops
 # it (cancel.sh removes one left behind by a KILL, named in JOBDIR/container). GPUS is what the job
@@ -21,7 +21,7 @@ jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7 gpus=$8
 shift 8
 # From the run's start on (stopping set), whatever ends this script takes the job's files with it.
 fail() { printf 'container: %s\n' "$*" >&2; [ -z "${stopping:-}" ] || tidy; exit 125; }
-# The pull's settings and a private registry's user:password (jobs/registry.py), from the launcher's
+# The pull's settings and a private registry's user:password (environments/image_registry.py), from the launcher's
 # stdin: plain shell variables from here on, out of the environment every later program is given.
 auth=${REMOTE_COMPUTE_REGISTRY_AUTH-}
 pull_timeout=${REMOTE_COMPUTE_PULL_TIMEOUT:-600} max_age=${REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS:-30}
@@ -183,7 +183,7 @@ else
   printf '%s %s %s\n' "$id" "${repo:--}" "${version:-unknown}" > "$pin.$$" && mv -f -- "$pin.$$" "$pin"
 fi
 case $id in sha256:*) digest=$id ;; *) digest=sha256:$id ;; esac
-# jobs/image.py reads this line back from the log (the MLflow run's image tags).
+# environments/image.py reads this line back from the log (the MLflow run's image tags).
 printf 'image %s %s (%s %s, %s)\n' "$image" "$digest" "$rt" "${version:-unknown}" "$mode"
 
 name="jrc-$(basename -- "$jobdir")"

@@ -1,7 +1,7 @@
 # env.sh: the job's Python environment, made ready by the far side itself. Sourced (not run) by the
 # job's command.sh, in <base>/[jobs/]<job id>/work, before the job's command, on every kind; so it leaves the
 # environment's bin first on PATH (and VIRTUAL_ENV) for the command, or exits and fails the job.
-# command.sh sets, before sourcing (jobs/environment.py writes them):
+# command.sh sets, before sourcing (environments/environment.py writes them):
 #   rc_env_digest  the environment's content digest: <base>/envs/<digest>/ holds it
 #   rc_env_spec    a folder holding what to install: requirements.txt | pyproject.toml [uv.lock] |
 #                  pylock.toml | pinned.txt (a closed set: every distribution pinned), and
@@ -62,7 +62,7 @@ rc_env_unlock() {
   if [ -d "$rc_env_held" ]; then rm -rf -- "$rc_env_held"; else exec 9>&-; fi
 }
 
-# A uv this side sent (jobs/environment.py tool_inputs) leaves the work tree at once for
+# A uv this side sent (environments/environment.py tool_inputs) leaves the work tree at once for
 # <base>/tools/uv-<its digest>, kept for the next jobs; the work tree's link goes.
 if [ -n "${rc_env_sent_uv-}" ] && [ -f _remote_compute_tools/uv ]; then
   rc_env_tool=$rc_env_base/tools/uv-$rc_env_sent_uv
@@ -214,7 +214,7 @@ while :; do
 done
 rm -rf -- _remote_compute_wheels # installed (or already there): the job's work tree does not keep them
 echo "environment $rc_env_short: $rc_env_how ($(sed -n 's/^tool=//p' "$rc_env_dir/info"), Python $(sed -n 's/^python=//p' "$rc_env_dir/info"))"
-# What the recorder puts on the MLflow run (environment_record.py): which environment, what it holds.
+# What the recorder puts on the MLflow run (recording/environment.py): which environment, what it holds.
 echo "environment $rc_env_digest: installed $(tr '\n' ' ' < "$rc_env_dir/environment.txt")"
 VIRTUAL_ENV=$rc_env_dir
 PATH=$rc_env_dir/bin:$PATH

@@ -20,7 +20,7 @@ fi
 d=${1:-.}
 while [ ! -d "$d" ]; do d=$(dirname -- "$d"); done
 printf 'disk_kb=%s\n' "$(df -Pk -- "$d" | tail -n 1 | awk '{print $4}')"
-# container=<runtime> <version> <rootless|rootful>, once per container runtime installed (jobs/image.py;
+# container=<runtime> <version> <rootless|rootful>, once per container runtime installed (environments/image.py;
 # apptainer and singularity are named so a refusal can say the machine has one jobs do not run in yet)
 for rt in podman docker apptainer singularity; do
   command -v "$rt" >/dev/null 2>&1 || continue
@@ -42,7 +42,7 @@ for rt in podman docker apptainer singularity; do
       printf 'container_nvidia=podman %s\n' "$nv" ;;
   esac
 done
-# uv=<version> when a uv that runs is on PATH: env.sh builds with it, so none is sent (jobs/environment.py)
+# uv=<version> when a uv that runs is on PATH: env.sh builds with it, so none is sent (environments/environment.py)
 if command -v uv >/dev/null 2>&1 && v=$(uv --version 2>/dev/null); then
   printf 'uv=%s\n' "$(printf '%s' "$v" | cut -d' ' -f2)"
 fi

@@ -14,12 +14,12 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-from .engines import engine_class, engine_kinds
-from .engines.base import Engine, OptionField
-from .errors import Conflict, InvalidSettings
-from .machine_yaml import YamlDocument
-from .secrets import NAME_RULE as SECRET_NAME_RULE
-from .secrets import is_secret_name
+from ..engines import engine_class, engine_kinds
+from ..engines.base import Engine, OptionField
+from ..errors import Conflict, InvalidSettings
+from ..secrets import NAME_RULE as SECRET_NAME_RULE
+from ..secrets import is_secret_name
+from .yaml_document import YamlDocument
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 NAME_RULE = "1 to 40 characters: lowercase letters, digits and '-', starting with a letter or digit"
@@ -28,7 +28,7 @@ FIELDS = ("kind", "address", "enabled", "created")
 #: Options every kind takes, beside its own.
 COMMON_OPTIONS: Mapping[str, OptionField] = {
     "price_per_hour": OptionField(float, "What an hour of this machine costs, for usage cost estimates"),
-    # The Python environment of jobs (jobs/environment.py): a default, where packages come from, eviction.
+    # The Python environment of jobs (environments/environment.py): a default, where packages come from, eviction.
     "environment": OptionField(dict, "The Python environment jobs run in unless they ask for their own"),
     "index_url": OptionField(str, "The package index environments are installed from (default: the installer's)"),
     "find_links": OptionField(str, "A folder or page of wheels environments may be installed from, beside the index"),
@@ -40,12 +40,12 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     ),
     "env_max_age_days": OptionField(int, "Days an unused Python environment stays on the machine (default 30)"),
     "env_max_bytes": OptionField(int, "Most bytes the machine's Python environments take together (default 20 GiB)"),
-    # Container images (jobs/image.py): run on local and ssh machines, refused at submit elsewhere.
+    # Container images (environments/image.py): run on local and ssh machines, refused at submit elsewhere.
     "image": OptionField(str, "The container image jobs run in unless they, or the environment option, name one"),
     "container_runtime": OptionField(str, "auto (podman, else docker), podman or docker"),
     "container_network": OptionField(str, "host (default) or none: the containers' network"),
     "container_gpus": OptionField(str, "none (default) or all: whether jobs' containers get all the machine's GPUs"),
-    # Pulling images (jobs/registry.py): a private registry's credentials, the stall limit, eviction.
+    # Pulling images (environments/image_registry.py): a private registry's credentials, the stall limit, eviction.
     "registry_secret": OptionField(
         str,
         "Name of the Secret Manager entry (user:password) for the private registry images are pulled from",

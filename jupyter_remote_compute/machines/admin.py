@@ -20,10 +20,10 @@ from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineContext, EngineError
 from ..engines.faces import faces_of
 from ..errors import InvalidSettings, MachineError, RemoteComputeError
-from ..machines import Machine, MachineRegistry
 from ..secrets import SecretStore
+from ..usage.ledger import remember_facts
 from ..workspace import default_scratch_dir
-from .usage import remember_facts
+from .registry import Machine, MachineRegistry
 
 log = logging.getLogger(__name__)
 

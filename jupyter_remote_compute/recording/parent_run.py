@@ -1,6 +1,6 @@
 """One MLflow parent run per pipeline run, with its nodes' job runs as children.
 
-Recorded by the workspace's recorder (``jobs/record.py``, its ``call`` request), as job runs are:
+Recorded by the workspace's recorder (``recording/recorder.py``, its ``call`` request), as job runs are:
 MLflow never loads into the process that drives the pipeline, and a run (a reused one takes a
 fraction of a second) ends without waiting for MLflow. The
 parent goes to the experiment of the first node's run and is found again by its tag before one is
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..jobs.record import ask
 from ..workspace import Workspace
+from .recorder import ask
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> st
 
 def record_request(args: Mapping[str, Any]) -> str:
     """The recorder's side: record the parent, then keep its id on the pipeline run's record."""
-    from .runner import RunStore
+    from ..pipelines.runner import RunStore
 
     parent = _record(args["uri"], args["run"], args["children"])
 

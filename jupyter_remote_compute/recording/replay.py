@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .secrets import mask
+from ..secrets import mask
 
 TAG_SOURCE_RUN = "remote_compute.source_run_id"
 TAG_SOURCE_MODEL = "remote_compute.source_model_id"

@@ -29,9 +29,9 @@ from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.reader import ReaderError
 
-from .errors import ConfigFileError, Conflict, InvalidSettings, NotFound
-from .fsutil import SharedFileLock, atomic_write
-from .machine_options import (
+from ..errors import ConfigFileError, Conflict, InvalidSettings, NotFound
+from ..fsutil import SharedFileLock, atomic_write
+from .options import (
     FIELDS,
     LOCAL,
     check_address,
@@ -43,7 +43,7 @@ from .machine_options import (
     engine_of_kind,
     option_position,
 )
-from .machine_yaml import (
+from .yaml_document import (
     YamlDocument,
     append_entry,
     delete_entry,

@@ -24,7 +24,7 @@ from ruamel.yaml.scalarfloat import ScalarFloat
 from ruamel.yaml.scalarint import ScalarInt
 from ruamel.yaml.tokens import CommentToken
 
-from .errors import ConfigFileError
+from ..errors import ConfigFileError
 
 
 # -- YAML round trip ----------------------------------------------------------------

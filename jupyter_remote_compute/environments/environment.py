@@ -35,7 +35,7 @@ from ..engines.base import InputFile
 from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write
-from ..machine_options import URL_CREDENTIALS
+from ..machines.options import URL_CREDENTIALS
 from . import image as images
 
 #: What makes a Python environment; ``image`` and ``runtime`` say where it (or the bare command) runs.
@@ -71,7 +71,7 @@ class Environment:
     @classmethod
     def from_json(cls, data: Any, field: str = "environment") -> Environment | None:
         """Check the shape of a request; None (or {}) asks for no environment."""
-        from .spec import check_relative_path  # spec imports this module
+        from ..jobs.spec import check_relative_path  # spec imports this module
 
         if data is None:
             return None
@@ -359,7 +359,7 @@ def builds(spec: Any) -> bool:
 
 def local_uv(job: Any) -> Path | None:
     """This side's uv when ``job`` builds an environment on the built-in machine (this one), which runs
-    it as it is; in an image it is mounted read-only at its own path (jobs/image.py)."""
+    it as it is; in an image it is mounted read-only at its own path (environments/image.py)."""
     return _this_sides_uv() if job.kind == "local" and builds(job.spec) else None
 
 

@@ -1,7 +1,7 @@
 """Recording finished jobs' MLflow runs: one recorder process per user, the one path for every face.
 
 The server, the CLI, ``%remote_train`` and a pipeline step all record through the same child program,
-``python -m jupyter_remote_compute.jobs.record``, and the same protocol: one JSON request line on a
+``python -m jupyter_remote_compute.recording.recorder``, and the same protocol: one JSON request line on a
 Unix socket only this user can open (``socket_path``), answered with one JSON line. MLflow is imported
 there, never in a face: it costs ~200 MiB and most of the seconds that recording a small job takes
 (importing it is ~4 s of CPU). The recorder is started on first use, in a session of its own (killing
@@ -36,7 +36,7 @@ Exactly one run per job, always:
   recorder dies, however it dies, so "nobody holds it" means "nobody is recording";
 - every ``submit`` and every poll pass (the server's, the CLI's) asks for each to-do nobody holds
   whose job has ended; two recorders that race (two of them can run when faces disagree on the
-  temporary folder) both find the run by its job tag under the store's lock (tracking.py);
+  temporary folder) both find the run by its job tag under the store's lock (recording/tracking.py);
 - the recorder writes the run id (or why it could not record) onto the job, then removes the to-do.
 
 Done means recorded: a face that reports a job's end (``run``, ``jobs wait``, ``%remote_train``, a
@@ -68,8 +68,13 @@ from typing import Any
 
 from ..errors import NotFound
 from ..fsutil import atomic_write
+from ..jobs.context import JobContext
+from ..jobs.job import Job, utcnow
+from ..jobs.logs import mask_values
+from ..jobs.store import JobStore
 from ..secrets import mask
-from ..tracking import (
+from ..workspace import Workspace
+from .tracking import (
     JobRecord,
     TrackingSettings,
     close_stores,
@@ -79,11 +84,6 @@ from ..tracking import (
     warm_up,
     without_far_records,
 )
-from ..workspace import Workspace
-from .context import JobContext
-from .job import Job, utcnow
-from .logs import mask_values
-from .store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def _spawn() -> None:
     log_file = recorder_file("log")
     with open(log_file, "ab") as errors:
         child = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_remote_compute.jobs.record"],
+            [sys.executable, "-m", "jupyter_remote_compute.recording.recorder"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=errors,
@@ -630,7 +630,7 @@ def recorder_idle() -> float:
 
 def _main(argv: Sequence[str]) -> int:
     if argv:
-        raise SystemExit("usage: python -m jupyter_remote_compute.jobs.record (it serves every workspace)")
+        raise SystemExit("usage: python -m jupyter_remote_compute.recording.recorder (it serves every workspace)")
     return Recorder(recorder_idle()).serve()
 
 

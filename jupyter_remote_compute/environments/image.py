@@ -4,7 +4,7 @@ A job whose ``environment.image`` names one runs its command inside it (``engine
 the body of its ``command.sh``) on the kinds whose engine names runtimes (``Engine.image_runtimes``):
 local and ssh (detached processes), slurm (in the batch job, podman only) and agent: the job folder
 mounted at its own path, so the launcher, the log, the outputs and the job's MLflow store are the same
-as outside. A Python environment asked for beside the image is built inside it (``jobs/environment.py``),
+as outside. A Python environment asked for beside the image is built inside it (``environments/environment.py``),
 in the machine's env cache mounted at its own path. The machine's ``environment`` option, else its
 options ``image`` and ``container_runtime``, give the default image; ``container_network`` (host, none)
 and ``container_gpus`` (none, all) are the machine's.

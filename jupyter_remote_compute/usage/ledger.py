@@ -33,8 +33,8 @@ from typing import Any
 
 from ..errors import InvalidSettings
 from ..fsutil import SharedFileLock, atomic_write
-from .job import Job, parse_given_time, parse_time
-from .transitions import ACTIVE_STATES
+from ..jobs.job import Job, parse_given_time, parse_time
+from ..jobs.transitions import ACTIVE_STATES
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> 
             "gpus": len(gpus),
             "checked": time.time(),
             **{key: facts.get(key) for key in ("os", "kernel", "python", "cpus")},
-            # what the job's environment needs to know (jobs/environment.py): absent when not reported
+            # what the job's environment needs to know (environments/environment.py): absent when not reported
             **{key: facts[key] for key in ("arch", "uv") if key in facts},
             "gpu_names": [str(gpu.get("name") or "") for gpu in gpus if isinstance(gpu, Mapping)],
         }

@@ -2,11 +2,11 @@
 
 The job wrote its own records (params, metrics with steps, tags, artifacts)
 into a file store inside its job directory; collection brought that store back
-and ``record_job`` replays it into the local run (``mlflow_replay``), so a run
+and ``record_job`` replays it into the local run (``replay``), so a run
 trained elsewhere reads like one trained here and the far side never reaches
 this store. Here: the run itself (found or made, its tags, the job's artifacts
 and usage figures, its end); ``record_job`` runs in the workspace's recorder
-process (``jobs/record.py``), where MLflow is loaded.
+process (``recording/recorder.py``), where MLflow is loaded.
 
 Exactly once: the run is looked up by its job-id tag (in every experiment) before
 one is created, under a file lock beside a sqlite store, so a crash between
@@ -34,10 +34,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .environment_record import log_environment
-from .fsutil import SharedFileLock, atomic_write
-from .jobs.image import log_image
-from .mlflow_replay import far_runs, find_tagged_run, hide, main_run, replay
+from ..environments.image import log_image
+from ..fsutil import SharedFileLock, atomic_write
+from .environment import log_environment
+from .replay import far_runs, find_tagged_run, hide, main_run, replay
 
 log = logging.getLogger(__name__)
 TAG_JOB_ID = "remote_compute.job_id"
@@ -52,7 +52,7 @@ STORE_LOCK_TIMEOUT = 300.0  # seconds to wait for another process recording into
 #: MLflow's own default experiment (every store has it): where a run goes when nobody named one.
 DEFAULT_EXPERIMENT_ID = "0"
 DEFAULT_EXPERIMENT_NAME = "Default"
-#: Usage figures every job's run carries as metrics (``jobs/usage.py`` computes them).
+#: Usage figures every job's run carries as metrics (``usage/ledger.py`` computes them).
 USAGE_METRICS = (
     "remote_compute.wall_s",
     "remote_compute.gpu_s",
@@ -247,7 +247,7 @@ def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
 def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
     """Create (or find) the job's run, replay what the job logged, attach artifacts, close it.
 
-    Called in the workspace's recorder process (``jobs/record.py``), where MLflow is loaded."""
+    Called in the workspace's recorder process (``recording/recorder.py``), where MLflow is loaded."""
     uri = tracking_uri(workspace, settings)
     with _store_lock(uri), _default_uri(uri):
         return _record_job(workspace, uri, settings, job)

@@ -1,0 +1,1 @@
+"""What every job used: the usage ledger and the facts machines were checked to have."""
