@@ -8,6 +8,8 @@ import { Locator } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
 
+import { unique } from './helpers';
+
 const COMPUTE_YAML = path.join(
   process.env.REMOTE_COMPUTE_UI_TMP ?? '',
   'workspace',
@@ -17,10 +19,6 @@ const COMPUTE_YAML = path.join(
 
 function computeYaml(): string {
   return fs.readFileSync(COMPUTE_YAML, 'utf-8');
-}
-
-function unique(prefix: string): string {
-  return `${prefix}-${Date.now().toString(36)}${Math.floor(Math.random() * 1000)}`;
 }
 
 const SLOW_SCRIPT = `import os, sys, time

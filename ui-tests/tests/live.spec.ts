@@ -12,6 +12,8 @@ import { WebSocketRoute } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
 
+import { unique } from './helpers';
+
 const WORKSPACE = path.join(process.env.REMOTE_COMPUTE_UI_TMP ?? '', 'workspace');
 
 // Logs three points, waits until the file named in argv exists, logs a last one, ends.
@@ -26,10 +28,6 @@ with mlflow.start_run():
     mlflow.log_metric("loss", 0.125, step=3)
 print("trained", flush=True)
 `;
-
-function unique(prefix: string): string {
-  return `${prefix}-${Date.now().toString(36)}${Math.floor(Math.random() * 1000)}`;
-}
 
 /**
  * The panel's requests to the server extension, as "METHOD path?query".

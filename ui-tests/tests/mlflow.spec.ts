@@ -9,6 +9,8 @@
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as path from 'path';
 
+import { api, unique } from './helpers';
+
 const WORKSPACE = path.join(process.env.REMOTE_COMPUTE_UI_TMP ?? '', 'workspace');
 const OUT = process.env.UPDATE_SCREENSHOTS
   ? path.resolve(__dirname, '..', '..', 'docs', 'screenshots')
@@ -35,16 +37,6 @@ with mlflow.start_run():
         time.sleep(0.05)
 print("done", flush=True)
 `;
-
-function unique(prefix: string): string {
-  return `${prefix}-${Date.now().toString(36)}${Math.floor(Math.random() * 1000)}`;
-}
-
-async function api(page: IJupyterLabPageFixture, method: string, url: string, data?: unknown): Promise<any> {
-  const response = await page.request.fetch(`/remote-compute/${url}`, { method, data });
-  expect(response.ok(), await response.text()).toBeTruthy();
-  return response.json();
-}
 
 async function jobWith(page: IJupyterLabPageFixture, id: string, done: (job: any) => boolean): Promise<any> {
   let job: any = null;

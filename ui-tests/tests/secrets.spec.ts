@@ -10,11 +10,9 @@ import * as crypto from 'crypto';
 import * as fs from 'fs';
 import * as path from 'path';
 
-const WORKSPACE = path.join(process.env.REMOTE_COMPUTE_UI_TMP ?? '', 'workspace');
+import { api, unique } from './helpers';
 
-function unique(prefix: string): string {
-  return `${prefix}-${Date.now().toString(36)}${Math.floor(Math.random() * 1000)}`;
-}
+const WORKSPACE = path.join(process.env.REMOTE_COMPUTE_UI_TMP ?? '', 'workspace');
 
 /** Every file under a folder, recursively. */
 function filesUnder(dir: string): string[] {
@@ -44,12 +42,6 @@ async function openSecrets(page: IJupyterLabPageFixture): Promise<Locator> {
   await expect(section.getByRole('note').filter({ hasText: /^Not encrypted: the keyring backend / })).toBeVisible();
   await expect(section.getByText(/New secrets go to|SAFE_BACKENDS|known to encrypt/)).toHaveCount(0);
   return section;
-}
-
-async function api(page: IJupyterLabPageFixture, method: string, url: string, data?: unknown): Promise<any> {
-  const response = await page.request.fetch(`/remote-compute/${url}`, { method, data });
-  expect(response.ok(), await response.text()).toBeTruthy();
-  return response.status() === 204 ? null : response.json();
 }
 
 async function waitJob(page: IJupyterLabPageFixture, id: string, state: string): Promise<any> {
