@@ -7,7 +7,7 @@ import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
 import { IMachine, requestAPI } from './api';
-import { relativeTime } from './format';
+import { RelativeTime } from './components/common';
 import { IKindFaces } from './kindFaces';
 import { asAPIError, ComputeModel } from './model';
 
@@ -78,31 +78,35 @@ export async function revokeAgentToken(name: string): Promise<void> {
 export function AgentPresence(props: {
   machine: IMachine;
   trans: TranslationBundle;
-  now: number;
 }): JSX.Element | null {
-  const { machine, trans, now } = props;
+  const { machine, trans } = props;
   const presence = presenceOf(machine);
   if (!presence) {
     return null;
   }
-  const seen = presence.last_seen
-    ? new Date(presence.last_seen * 1000).toISOString()
-    : null;
-  let text: string;
+  const seen = presence.last_seen;
+  let text: React.ReactNode;
   if (!presence.token) {
     text = trans.__('no agent token');
   } else if (!seen) {
     text = trans.__('agent never connected');
-  } else if (presence.online) {
-    text = trans.__('online · heartbeat %1', relativeTime(seen, trans, now));
   } else {
-    text = trans.__('offline · last seen %1', relativeTime(seen, trans, now));
+    text = (
+      <RelativeTime
+        when={seen}
+        trans={trans}
+        format={ago =>
+          presence.online
+            ? trans.__('online · heartbeat %1', ago)
+            : trans.__('offline · last seen %1', ago)
+        }
+      />
+    );
   }
   return (
     <span
       className="jp-RemoteCompute-agentPresence"
       data-online={presence.online ? 'true' : 'false'}
-      title={seen ?? undefined}
     >
       {' · '}
       {text}

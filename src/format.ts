@@ -3,39 +3,77 @@
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 
+// An ISO 8601 date and time: its fraction and offset apart, to read them exactly.
+const ISO_TIME =
+  /^(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2})?)(?:[.,](\d+))?(Z|[+-]\d{2}(?::?\d{2})?)?$/i;
+
 /**
- * "3 min ago", "in 2 h", "just now" — through the translation bundle.
+ * Milliseconds since the epoch of a time the server gave: an ISO 8601 string (the server writes
+ * UTC, `2026-11-29T10:02:00.123Z`; one without an offset is read as UTC too, where `Date.parse`
+ * would take it for the browser's local time; digits past the milliseconds are cut, as Python's
+ * microseconds) or epoch seconds (a number). NaN when it is neither.
+ */
+export function parseServerTime(
+  value: string | number | null | undefined
+): number {
+  if (typeof value === 'number') {
+    return Number.isFinite(value) ? value * 1000 : NaN;
+  }
+  const match = ISO_TIME.exec((value ?? '').trim());
+  if (!match) {
+    return NaN;
+  }
+  const [, dateTime, fraction, offset] = match;
+  const millis = fraction ? `.${fraction.slice(0, 3).padEnd(3, '0')}` : '';
+  let zone = (offset ?? 'Z').toUpperCase();
+  if (/^[+-]\d{2}$/.test(zone)) {
+    zone += ':00';
+  } else if (/^[+-]\d{4}$/.test(zone)) {
+    zone = `${zone.slice(0, 3)}:${zone.slice(3)}`;
+  }
+  return Date.parse(`${dateTime.replace(' ', 'T')}${millis}${zone}`);
+}
+
+/**
+ * How long ago something happened, through the translation bundle: "just now" under 45 s, then
+ * the whole units passed ("2 min ago" from 2 min to 2 min 59 s, "3 h ago", "5 d ago"). Every time
+ * shown this way is a past event's, so one ahead of `now` (the browser's clock behind the
+ * server's) reads "just now", never "in …". `now` is the shared clock's (`clock.ts`).
  */
 export function relativeTime(
-  iso: string | null | undefined,
+  when: string | number | null | undefined,
   trans: TranslationBundle,
-  now: number = Date.now()
+  now: number
 ): string {
-  if (!iso) {
+  if (when === null || when === undefined || when === '') {
     return '';
   }
-  const then = Date.parse(iso);
+  const then = parseServerTime(when);
   if (Number.isNaN(then)) {
-    return iso;
+    return String(when);
   }
-  const seconds = Math.round((now - then) / 1000);
-  const abs = Math.abs(seconds);
-  if (abs < 45) {
+  const seconds = Math.floor((now - then) / 1000);
+  if (seconds < 45) {
     return trans.__('just now');
   }
-  const steps: [number, number, string][] = [
-    [3600, 60, 'min'],
-    [86400, 3600, 'h'],
-    [86400 * 30, 86400, 'd'],
-    [86400 * 365, 86400 * 30, 'mo'],
-    [Infinity, 86400 * 365, 'y']
-  ];
-  const [, size, unit] = steps.find(([limit]) => abs < limit)!;
-  const n = abs / size;
-  const amount = Math.max(1, Math.round(n));
-  return seconds >= 0
-    ? trans.__('%1 %2 ago', amount, unit)
-    : trans.__('in %1 %2', amount, unit);
+  const minutes = Math.max(1, Math.floor(seconds / 60));
+  const hours = Math.floor(minutes / 60);
+  const days = Math.floor(hours / 24);
+  const months = Math.floor(days / 30);
+  const years = Math.floor(days / 365);
+  if (minutes < 60) {
+    return trans._n('%1 min ago', '%1 min ago', minutes);
+  }
+  if (hours < 24) {
+    return trans._n('%1 h ago', '%1 h ago', hours);
+  }
+  if (days < 30) {
+    return trans._n('%1 d ago', '%1 d ago', days);
+  }
+  if (years < 1) {
+    return trans._n('%1 mo ago', '%1 mo ago', months);
+  }
+  return trans._n('%1 y ago', '%1 y ago', years);
 }
 
 /**
@@ -58,17 +96,18 @@ export function formatDuration(ms: number): string {
 }
 
 /**
- * How long a job ran (or has been running): from started (else created) to ended (else now).
+ * How long a job ran (or has been running): from started to ended (else `now`, the shared
+ * clock's); empty before it started.
  */
 export function jobDuration(
-  job: { started: string | null; created: string | null; ended: string | null },
-  now: number = Date.now()
+  job: { started: string | null; ended: string | null },
+  now: number
 ): string {
-  const from = Date.parse(job.started ?? '');
+  const from = parseServerTime(job.started);
   if (Number.isNaN(from)) {
     return '';
   }
-  const to = job.ended ? Date.parse(job.ended) : now;
+  const to = job.ended ? parseServerTime(job.ended) : now;
   return formatDuration((Number.isNaN(to) ? now : to) - from);
 }
 

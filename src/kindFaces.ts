@@ -16,7 +16,6 @@ export interface IKindFaces {
   readonly Beside?: (props: {
     machine: IMachine;
     trans: TranslationBundle;
-    now: number;
   }) => JSX.Element | null;
   /** Called once with what the server answered when a machine of this kind was added. */
   readonly afterAdd?: (

@@ -19,20 +19,19 @@ import { Message } from '@lumino/messaging';
 import { Menu } from '@lumino/widgets';
 import * as React from 'react';
 
-import {
-  ALL_STATES,
-  APIError,
-  IJob,
-  IMachine,
-  isActive,
-  SERVER_EXTENSION
-} from '../api';
-import { jobDuration, relativeTime } from '../format';
+import { ALL_STATES, APIError, IJob, IMachine, SERVER_EXTENSION } from '../api';
 import { computeIcon } from '../icons';
 import { facesOf } from '../kindFaces';
 import { ComputeModel } from '../model';
 import { PipelineRuns } from '../pipelineRuns';
-import { KindIcon, StateBadge, stateLabel, useNow, useSignal } from './common';
+import {
+  JobDuration,
+  KindIcon,
+  RelativeTime,
+  StateBadge,
+  stateLabel,
+  useSignal
+} from './common';
 import { PipelineRunList } from './PipelineRunList';
 import { Secrets } from './Secrets';
 
@@ -140,9 +139,8 @@ function MachineRow(props: {
   model: ComputeModel;
   commands: CommandRegistry;
   trans: TranslationBundle;
-  now: number;
 }): JSX.Element {
-  const { machine, model, commands, trans, now } = props;
+  const { machine, model, commands, trans } = props;
   const check = model.lastCheck(machine.name);
   const kindLabel =
     model.kinds.find(k => k.kind === machine.kind)?.label || machine.kind;
@@ -208,16 +206,15 @@ function MachineRow(props: {
               ? trans.__('built in, always there')
               : machine.address}
           </span>
-          {Beside && <Beside machine={machine} trans={trans} now={now} />}
+          {Beside && <Beside machine={machine} trans={trans} />}
           {machine.created && (
             <>
               {' · '}
-              <time dateTime={machine.created} title={machine.created}>
-                {trans.__(
-                  'added %1',
-                  relativeTime(machine.created, trans, now)
-                )}
-              </time>
+              <RelativeTime
+                when={machine.created}
+                trans={trans}
+                format={ago => trans.__('added %1', ago)}
+              />
             </>
           )}
         </span>
@@ -226,15 +223,17 @@ function MachineRow(props: {
         <div
           className="jp-RemoteCompute-check"
           data-ok={check.ok ? 'true' : 'false'}
-          title={check.ok ? JSON.stringify(check.facts) : check.message}
         >
-          {check.ok
-            ? trans.__('Check passed %1', relativeTime(check.at, trans, now))
-            : trans.__(
-                'Check failed %1: %2',
-                relativeTime(check.at, trans, now),
-                check.message
-              )}
+          <RelativeTime
+            when={check.at}
+            trans={trans}
+            title={check.ok ? JSON.stringify(check.facts) : check.message}
+            format={ago =>
+              check.ok
+                ? trans.__('Check passed %1', ago)
+                : trans.__('Check failed %1: %2', ago, check.message)
+            }
+          />
         </div>
       )}
     </li>
@@ -247,7 +246,6 @@ function Machines(props: {
   trans: TranslationBundle;
 }): JSX.Element {
   const { model, commands, trans } = props;
-  const now = useNow(true, 30000);
   const builtin = model.machines.filter(m => m.builtin);
   const others = model.machines.filter(m => !m.builtin);
   return (
@@ -282,7 +280,6 @@ function Machines(props: {
             model={model}
             commands={commands}
             trans={trans}
-            now={now}
           />
         ))}
       </ul>
@@ -297,7 +294,6 @@ function Machines(props: {
               model={model}
               commands={commands}
               trans={trans}
-              now={now}
             />
           ))}
         </ul>
@@ -351,11 +347,10 @@ function EmptyMachines(props: { trans: TranslationBundle }): JSX.Element {
 function JobRow(props: {
   job: IJob;
   top: number;
-  now: number;
   commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { job, top, now, commands, trans } = props;
+  const { job, top, commands, trans } = props;
   const open = (): void =>
     void commands.execute('remote-compute:show-job', { id: job.id });
   const failed = job.state === 'failed' || job.state === 'lost';
@@ -386,15 +381,15 @@ function JobRow(props: {
           {job.started || job.created ? (
             <>
               {' · '}
-              <time
-                dateTime={job.started ?? job.created ?? ''}
-                title={job.started ?? job.created ?? ''}
-              >
-                {relativeTime(job.started ?? job.created, trans, now)}
-              </time>
+              <RelativeTime when={job.started ?? job.created} trans={trans} />
             </>
           ) : null}
-          {job.started ? ` · ${jobDuration(job, now)}` : ''}
+          {job.started ? (
+            <>
+              {' · '}
+              <JobDuration job={job} />
+            </>
+          ) : null}
         </span>
         {/* Why it failed, or why the scheduler keeps it waiting (Slurm's reason in words). */}
         {(failed || job.state === 'pending') && job.reason && (
@@ -437,7 +432,6 @@ function JobList(props: {
     Math.ceil((scrollTop + height) / JOB_ROW_HEIGHT) + overscan
   );
   const visible = jobs.slice(first, last);
-  const now = useNow(visible.some(j => isActive(j.state)));
   // Ask for the next page while a page's worth of rows is still below the fold.
   const nearEnd = last + PREFETCH_ROWS >= jobs.length;
   React.useEffect(() => {
@@ -462,7 +456,6 @@ function JobList(props: {
             key={job.id}
             job={job}
             top={(first + i) * JOB_ROW_HEIGHT}
-            now={now}
             commands={commands}
             trans={trans}
           />

@@ -11,16 +11,11 @@ import { Panel } from '@lumino/widgets';
 import * as React from 'react';
 
 import { IJob, IResources, isActive, isTerminal, readLog } from '../api';
-import {
-  formatDuration,
-  formatSize,
-  jobDuration,
-  relativeTime
-} from '../format';
+import { formatDuration, formatSize } from '../format';
 import { computeIcon } from '../icons';
 import { LogView } from '../logview';
 import { asAPIError, ComputeModel } from '../model';
-import { StateBadge, useNow, useSignal } from './common';
+import { JobDuration, RelativeTime, StateBadge, useSignal } from './common';
 import { JobMetrics, MetricsFollower } from './JobMetrics';
 
 const LOG_CHUNK = 1 << 20;
@@ -28,21 +23,6 @@ const LOG_CHUNK = 1 << 20;
  * Seconds the server may hold a log read until new bytes exist (its long poll).
  */
 const LOG_WAIT = 25;
-
-function Time(props: {
-  iso: string | null | undefined;
-  trans: TranslationBundle;
-  now: number;
-}): JSX.Element | null {
-  if (!props.iso) {
-    return null;
-  }
-  return (
-    <time dateTime={props.iso} title={props.iso}>
-      {relativeTime(props.iso, props.trans, props.now)}
-    </time>
-  );
-}
 
 function List(props: { items: string[]; empty: string }): JSX.Element {
   if (props.items.length === 0) {
@@ -123,7 +103,6 @@ function JobInfo(props: {
   const { model, trans, commands, jobId } = props;
   useSignal(model.changed);
   const job: IJob | undefined = model.job(jobId);
-  const now = useNow(!!job && isActive(job.state));
   if (!job) {
     return (
       <div className="jp-RemoteCompute-jobInfo">
@@ -225,12 +204,12 @@ function JobInfo(props: {
         </dd>
         <dt>{trans.__('Created')}</dt>
         <dd>
-          <Time iso={job.created} trans={trans} now={now} />
+          <RelativeTime when={job.created} trans={trans} />
         </dd>
         <dt>{trans.__('Started')}</dt>
         <dd>
           {job.started ? (
-            <Time iso={job.started} trans={trans} now={now} />
+            <RelativeTime when={job.started} trans={trans} />
           ) : (
             trans.__('not yet')
           )}
@@ -239,12 +218,14 @@ function JobInfo(props: {
           <>
             <dt>{trans.__('Ended')}</dt>
             <dd>
-              <Time iso={job.ended} trans={trans} now={now} />
+              <RelativeTime when={job.ended} trans={trans} />
             </dd>
           </>
         )}
         <dt>{trans.__('Duration')}</dt>
-        <dd>{jobDuration(job, now)}</dd>
+        <dd>
+          <JobDuration job={job} />
+        </dd>
         {typeof job.exit_code === 'number' && (
           <>
             <dt>{trans.__('Exit code')}</dt>

@@ -8,9 +8,8 @@ import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
 import { IPipelineRun } from '../api';
-import { relativeTime } from '../format';
 import { PipelineRuns } from '../pipelineRuns';
-import { stateLabel, useNow, useSignal } from './common';
+import { RelativeTime, stateLabel, useSignal } from './common';
 
 function NodeRows(props: {
   run: IPipelineRun;
@@ -68,11 +67,10 @@ function NodeRows(props: {
 
 function RunRow(props: {
   run: IPipelineRun;
-  now: number;
   commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { run, now, commands, trans } = props;
+  const { run, commands, trans } = props;
   const [expanded, setExpanded] = React.useState(false);
   const nodes = Object.values(run.nodes);
   const done = nodes.filter(
@@ -107,9 +105,7 @@ function RunRow(props: {
       <div className="jp-RemoteCompute-itemDetail jp-RemoteCompute-runMeta">
         {trans.__('%1 of %2 nodes done', done, nodes.length)}
         {' · '}
-        <time dateTime={run.created} title={run.created}>
-          {relativeTime(run.created, trans, now)}
-        </time>
+        <RelativeTime when={run.created} trans={trans} />
         {run.reason && run.state !== 'succeeded' ? ` · ${run.reason}` : ''}
       </div>
       {expanded && <NodeRows run={run} commands={commands} trans={trans} />}
@@ -127,10 +123,6 @@ export function PipelineRunList(props: {
 }): JSX.Element | null {
   const { runs, commands, trans } = props;
   useSignal(runs.changed);
-  const now = useNow(
-    runs.runs.some(r => r.state === 'running'),
-    10000
-  );
   if (runs.runs.length === 0 && !runs.error) {
     return null;
   }
@@ -157,13 +149,7 @@ export function PipelineRunList(props: {
         aria-label={trans.__('Pipeline runs')}
       >
         {runs.runs.map(run => (
-          <RunRow
-            key={run.id}
-            run={run}
-            now={now}
-            commands={commands}
-            trans={trans}
-          />
+          <RunRow key={run.id} run={run} commands={commands} trans={trans} />
         ))}
       </ul>
     </section>

@@ -7,6 +7,8 @@ import { ISignal } from '@lumino/signaling';
 import * as React from 'react';
 
 import { IJob, isActive } from '../api';
+import { clock } from '../clock';
+import { jobDuration, parseServerTime, relativeTime } from '../format';
 import { computeIcon } from '../icons';
 
 /**
@@ -24,18 +26,52 @@ export function useSignal<T>(signal: ISignal<T, unknown>): void {
 }
 
 /**
- * The current time, re-read every `interval` ms while `live` is true (for live durations).
+ * What `read` makes of the shared clock's time, read again on every tick; the component renders
+ * again only when that changes (a text, a duration), so a list of times costs a call a second.
  */
-export function useNow(live: boolean, interval = 1000): number {
-  const [now, setNow] = React.useState(Date.now());
-  React.useEffect(() => {
-    if (!live) {
-      return;
-    }
-    const timer = window.setInterval(() => setNow(Date.now()), interval);
-    return () => window.clearInterval(timer);
-  }, [live, interval]);
-  return live ? now : Date.now();
+export function useClock<T extends string | number | boolean>(
+  read: (now: number) => T
+): T {
+  return React.useSyncExternalStore(clock.subscribe, () => read(clock.now));
+}
+
+/**
+ * A past time as "3 min ago" that follows the shared clock, its exact time (ISO 8601) as the
+ * element's `dateTime` and tooltip. `format` puts the relative text in a sentence ("added %1").
+ */
+export function RelativeTime(props: {
+  when: string | number | null | undefined;
+  trans: TranslationBundle;
+  format?: (ago: string) => string;
+  /**
+   * The tooltip, when it should say more than the exact time.
+   */
+  title?: string;
+}): JSX.Element | null {
+  const { when, trans, format } = props;
+  const ago = useClock(now => relativeTime(when, trans, now));
+  const then = parseServerTime(when);
+  if (when === null || when === undefined || when === '') {
+    return null;
+  }
+  const exact = Number.isNaN(then)
+    ? String(when)
+    : new Date(then).toISOString();
+  return (
+    <time dateTime={exact} title={props.title ?? exact}>
+      {format ? format(ago) : ago}
+    </time>
+  );
+}
+
+/**
+ * How long a job ran, or has run so far while it runs (it follows the shared clock).
+ */
+export function JobDuration(props: {
+  job: Pick<IJob, 'started' | 'ended'>;
+}): JSX.Element {
+  const { started, ended } = props.job;
+  return <>{useClock(now => jobDuration({ started, ended }, now))}</>;
 }
 
 /**

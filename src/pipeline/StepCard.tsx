@@ -7,8 +7,7 @@ import { Handle, Node, NodeProps, Position } from '@xyflow/react';
 import * as React from 'react';
 
 import { IPipelineNodeRun, IPipelineProblem } from '../api';
-import { stateLabel } from '../components/common';
-import { relativeTime } from '../format';
+import { RelativeTime, stateLabel } from '../components/common';
 
 export type StepCardData = {
   nodeId: string;
@@ -189,9 +188,15 @@ export function StepCard(props: NodeProps<StepCardNode>): JSX.Element {
       </div>
       {run && (run.ended || run.job_id) && (
         <div className="jp-RemoteCompute-stepCard-last">
-          {run.ended
-            ? trans.__('last run %1', relativeTime(run.ended, trans))
-            : trans.__('job %1', run.job_id ?? '')}
+          {run.ended ? (
+            <RelativeTime
+              when={run.ended}
+              trans={trans}
+              format={ago => trans.__('last run %1', ago)}
+            />
+          ) : (
+            trans.__('job %1', run.job_id ?? '')
+          )}
           {run.job_id && (
             <button
               type="button"
