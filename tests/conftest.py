@@ -43,6 +43,8 @@ SERIAL_GROUPS = {
     # SkyPilot's cluster on the Slurm bed runs on the node user's account: one launch at a time
     "skypilot": ("test_engine_skypilot.py::*", "test_skypilot_failures.py::*",
                  "test_mlflow_every_kind.py::*[[]skypilot[]]"),
+    # the hub's Linux users (rcadmin, rcalice, rcbob, rceve), their homes and their servers
+    "hub": ("test_hub_bed.py::*",),
 }  # fmt: skip
 
 

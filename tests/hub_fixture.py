@@ -1,0 +1,548 @@
+"""A real multi-user JupyterHub on loopback, for the organization service of "Teams on JupyterHub".
+
+What it starts: JupyterHub with configurable-http-proxy, the shared-password authenticator and the
+local-process spawner, so each user's single-user server runs as that Linux user; users made here with
+``useradd`` (homes 0700), a hub group ``rcteam`` (rcalice, rcbob) granted ``custom:remote-compute:use``
+and rcadmin granted ``custom:remote-compute:admin``, rceve outside both; and one managed service,
+``remote-compute``, whose command the caller gives (``HubBed.start``), so the organization service can be
+plugged in where ``tests/data/hub_probe_service.py`` stands now.
+
+Built once per machine, outside the clone (``/var/tmp/jrc-hub/<key>/``, keyed by what made it): a venv
+from Debian's ``/usr/bin/python3`` (the default ``python3`` is pyenv's, under root's 0700 home, which the
+spawned users cannot run) holding JupyterHub, JupyterLab and this package's dependencies, and
+configurable-http-proxy from npm. It is built beside its place and renamed into it whole (``uv venv
+--relocatable``: its scripts do not name the folder they were built in), so a half-built one is never
+used. This package itself is the clone's: every process the hub starts gets the clone on ``PYTHONPATH``
+and a session folder (world-readable) with a ``jupyter-remote-compute`` command and the server
+extension's config, so the cached venv never changes and two clones can run hubs from it at once.
+
+Machine-wide, so its tests are the serial group ``hub`` (``conftest.py``): the Linux users and their
+homes. Everything else is the session's: ports from the OS, the hub's files in a temp folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import grp
+import hashlib
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from importlib.metadata import requires
+from pathlib import Path
+
+import pytest
+import requests
+from procs import proc_stats
+from required import require
+from sshd_fixture import free_port
+from uv import find_uv_bin
+from waiting import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+DEBIAN_PYTHON = "/usr/bin/python3"
+CACHE = Path("/var/tmp/jrc-hub")
+#: What the venv holds besides this package's dependencies (the file keyring the servers' extension uses).
+HUB_REQUIREMENTS = ["jupyterhub==6.1.1", "jupyterlab==4.6.6", "keyrings.alt>=5"]
+PROXY = "configurable-http-proxy@5.3.0"
+BUILD_TIMEOUT = 20 * 60
+
+SERVICE = "remote-compute"
+USE = "custom:remote-compute:use"
+ADMIN = "custom:remote-compute:admin"
+GROUP = "rcteam"
+ADMIN_USER = "rcadmin"
+MEMBERS = ("rcalice", "rcbob")
+OUTSIDER = "rceve"
+USERS = (ADMIN_USER, *MEMBERS, OUTSIDER)
+CUSTOM_SCOPES = {
+    USE: {"description": "Run jobs on the organization's machines."},
+    ADMIN: {"description": "Manage the organization's machines and everyone's jobs.", "subscopes": [USE]},
+}
+#: What a single-user server's own token (JUPYTERHUB_API_TOKEN, which its kernels inherit) asks for; the hub
+#: gives it the subset its user holds. Without the service's access scope and the custom ones (the default
+#: is activity and the server alone) the service answers that token with 403.
+SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", f"access:services!service={SERVICE}", USE, ADMIN]
+#: The bed's own token (``Hub.admin_token``): users, servers and their state, tokens, groups, services.
+BED_ADMIN_SCOPES = ["admin:users", "admin:servers", "admin:server_state", "tokens", "admin:groups", "read:roles",
+                    "list:services", "read:services"]  # fmt: skip
+
+
+# -- the build, once per machine ----------------------------------------------
+
+
+def hub_key() -> str:
+    """Changes when what the build installs changes: the pins, this package's dependencies, the Python, uv."""
+    dependencies = [r for r in requires("jupyter-remote-compute") or [] if "extra ==" not in r]
+    python = subprocess.run([DEBIAN_PYTHON, "-c", "import sys; print(sys.version)"], capture_output=True, text=True)
+    uv = subprocess.run([find_uv_bin(), "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256()
+    for part in (*HUB_REQUIREMENTS, PROXY, *sorted(dependencies), python.stdout, uv):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class HubBuild:
+    """The cached venv and proxy: ``folder/venv``, ``folder/proxy``."""
+
+    folder: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.folder / "venv" / "bin"
+
+    @property
+    def python(self) -> Path:
+        return self.bin / "python"
+
+    @property
+    def proxy(self) -> Path:
+        return self.folder / "proxy" / "bin" / "configurable-http-proxy"
+
+
+def build_hub(folder: Path | None = None) -> tuple[HubBuild | None, str]:
+    """The build (made now unless cached) and what happened; None and why when it cannot be made.
+
+    One builder at a time per machine (a lock beside the folder); a later one finds it done."""
+    folder = folder or CACHE / hub_key()
+    build = HubBuild(folder)
+    CACHE.mkdir(mode=0o755, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / ".complete").exists():
+            return build, "cached"
+        return _build(build)
+
+
+def _run(step: Sequence[str]) -> str:
+    """Run one build step; what went wrong, or "" when it worked."""
+    done = subprocess.run(list(step), capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    if done.returncode == 0:
+        return ""
+    return f"{' '.join(step[:6])} failed: " + (done.stderr or done.stdout)[-2000:]
+
+
+def _build(build: HubBuild) -> tuple[HubBuild | None, str]:
+    for tool in (DEBIAN_PYTHON, shutil.which("npm")):
+        if not tool or not os.path.exists(tool):
+            return None, f"{tool or 'npm'} is missing"
+    t0 = time.monotonic()
+    staging = build.folder.with_name(build.folder.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    venv = staging / "venv"
+    dependencies = [r for r in requires("jupyter-remote-compute") or [] if "extra ==" not in r]
+    steps = [
+        [find_uv_bin(), "venv", "--quiet", "--relocatable", "--python", DEBIAN_PYTHON, str(venv)],
+        # The system's certificates, as pip here uses them: a TLS-inspecting proxy's CA is among them.
+        [find_uv_bin(), "pip", "install", "--quiet", "--system-certs", "--python", str(venv / "bin" / "python"),
+         *HUB_REQUIREMENTS, *dependencies],
+        # 3 s of CPU at each server's start for a format nothing checks (tests/README.md).
+        [find_uv_bin(), "pip", "uninstall", "--quiet", "--python", str(venv / "bin" / "python"), "rfc3987-syntax"],
+        ["npm", "install", "--silent", "--no-fund", "--no-audit", "--prefix", str(staging / "proxy"), "-g", PROXY],
+    ]  # fmt: skip
+    for step in steps:
+        failed = _run(step)
+        if failed:
+            shutil.rmtree(staging, ignore_errors=True)
+            return None, failed
+    # The spawned users run it; nothing in it is secret.
+    subprocess.run(["chmod", "-R", "a+rX", str(staging)], check=True)
+    (staging / ".complete").write_text(f"built in {time.monotonic() - t0:.0f} s\n")
+    shutil.rmtree(build.folder, ignore_errors=True)
+    staging.rename(build.folder)
+    return build, f"built in {time.monotonic() - t0:.0f} s"
+
+
+# -- the users, once per machine ----------------------------------------------
+
+
+def ensure_users() -> None:
+    """The test users, their Linux group and their homes (0700; Debian's ``useradd -m`` leaves 0755).
+
+    Idempotent, and one session at a time (a lock in the cache folder): a later one finds them made."""
+    CACHE.mkdir(mode=0o755, exist_ok=True)
+    with open(CACHE / "users.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            grp.getgrnam(GROUP)
+        except KeyError:
+            subprocess.run(["groupadd", GROUP], check=True, capture_output=True)
+        for name in USERS:
+            try:
+                pwd.getpwnam(name)
+            except KeyError:
+                extra = ["-G", GROUP] if name in MEMBERS else []
+                subprocess.run(["useradd", "-m", "-s", "/bin/sh", *extra, name], check=True, capture_output=True)
+            os.chmod(pwd.getpwnam(name).pw_dir, 0o700)
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """A process's environment as it started, from /proc (root reads anyone's)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode(errors="replace").split("=", 1) for e in environ if b"=" in e)
+
+
+def processes_of(hub_url: str) -> list[int]:
+    """The test users' processes that one hub started: servers and their kernels carry its API URL."""
+    uids = {pwd.getpwnam(name).pw_uid for name in USERS}
+    found = []
+    for pid, _fields in proc_stats():
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}").st_uid not in uids:
+                continue
+            if environment_of(pid).get("JUPYTERHUB_API_URL", "").startswith(hub_url):
+                found.append(pid)
+    return found
+
+
+# -- one hub -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Server:
+    """A user's running single-user server."""
+
+    user: str
+    url: str  # through the proxy: http://127.0.0.1:P/user/NAME/
+    pid: int
+    environment: dict[str, str]  # the process's own, read from /proc (JUPYTERHUB_API_TOKEN, JUPYTERHUB_API_URL, …)
+
+    @property
+    def token(self) -> str:
+        """The server's own ``JUPYTERHUB_API_TOKEN``, which its kernels inherit."""
+        return self.environment["JUPYTERHUB_API_TOKEN"]
+
+
+@dataclasses.dataclass
+class Hub:
+    """A running hub, its proxy and its ``remote-compute`` service, and how to act as each user."""
+
+    workdir: Path  # the session's folder: public/ (world-readable) and hub/ (root's only)
+    url: str  # the proxy's public URL, http://127.0.0.1:P/
+    hub_url: str  # the hub's own bind URL (what servers and services see as JUPYTERHUB_API_URL's base)
+    service_url: str  # the service's own listening URL, http://127.0.0.1:S
+    admin_token: str  # a token (the ``bed-admin`` service's) for the REST API: users, servers, tokens, groups
+    password: str  # every test user's (SharedPasswordAuthenticator)
+    proc: subprocess.Popen  # type: ignore[type-arg]
+    log: Path
+    build: HubBuild
+    started: set[str] = dataclasses.field(default_factory=set)
+
+    def api(
+        self, method: str, path: str, token: str | None = None, timeout: float = 30, **kwargs: object
+    ) -> requests.Response:
+        """The hub's REST API (``/hub/api/`` + path), as the bed's admin unless another token is given."""
+        headers = {"Authorization": f"token {token or self.admin_token}"}
+        return loopback_session().request(
+            method, f"{self.url}hub/api/{path}", headers=headers, timeout=timeout, **kwargs
+        )  # type: ignore[arg-type]
+
+    def service(self, path: str = "") -> str:
+        """A URL of the ``remote-compute`` service through the proxy, as browsers and servers reach it."""
+        return f"{self.url}services/{SERVICE}/{path}"
+
+    def start_server(self, user: str, timeout: float = 90) -> Server:
+        """Start ``user``'s default server (as a browser's spawn would) and return it once it answers."""
+        started = self.api("POST", f"users/{user}/server")
+        if started.status_code not in (201, 202, 400):  # 400: it is already running
+            raise RuntimeError(f"spawn of {user}: {started.status_code} {started.text}")
+        self.started.add(user)
+
+        def ready() -> dict | None:  # type: ignore[type-arg]
+            self._check_alive()
+            model = self.api("GET", f"users/{user}").json()
+            server = model.get("servers", {}).get("")
+            return server if server and server.get("ready") else None
+
+        server = wait_for(ready, timeout, f"{user}'s server to be ready")
+        pid = int(server["state"]["pid"])
+        return Server(user, f"{self.url}user/{user}/", pid, environment_of(pid))
+
+    def stop_server(self, user: str, timeout: float = 60) -> None:
+        """Stop ``user``'s default server and wait until the hub says it is gone."""
+        self.api("DELETE", f"users/{user}/server")
+
+        def gone() -> bool:
+            return "" not in self.api("GET", f"users/{user}").json().get("servers", {})
+
+        wait_for(gone, timeout, f"{user}'s server to stop")
+
+    def user_token(self, user: str, scopes: Sequence[str] | None = None, note: str = "test") -> str:
+        """A new API token of ``user``'s with ``scopes`` (what the user holds of them; None: all they hold)."""
+        body: dict[str, object] = {"note": note, "expires_in": 3600}
+        if scopes is not None:
+            body["scopes"] = list(scopes)
+        made = self.api("POST", f"users/{user}/tokens", json=body)
+        made.raise_for_status()
+        return made.json()["token"]
+
+    def login(self, user: str, password: str | None = None) -> requests.Session:
+        """A browser-like session logged in as ``user`` through the hub's login form (cookies kept).
+
+        ``session.get(hub.service("…"))`` then follows the OAuth redirects to the service, as a browser
+        would: the hub's authorize, the service's ``oauth_callback``, back to the page asked for."""
+        session = loopback_session()
+        form = session.get(f"{self.url}hub/login", timeout=30)
+        form.raise_for_status()
+        xsrf = re.search(r'name="_xsrf" value="([^"]+)"', form.text)
+        action = re.search(r'<form action="([^"]+)"', form.text)
+        if not xsrf or not action:
+            raise RuntimeError(f"the hub's login page has no form: {form.text[:500]}")
+        target = requests.compat.urljoin(form.url, action.group(1).replace("&amp;", "&"))
+        body = {"_xsrf": xsrf.group(1), "username": user, "password": password or self.password}
+        # Not followed: the hub's next stop after a login is the user's server, which it would spawn.
+        done = session.post(target, data=body, timeout=30, allow_redirects=False)
+        if done.status_code != 302 or "jupyterhub-hub-login" not in session.cookies:
+            raise PermissionError(f"{user} could not log in: {done.status_code} {done.text[:300]}")
+        return session
+
+    def _check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the hub exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """Stop the servers it started, the hub (which stops its proxy and service), then anything the
+        test users left running; remove the session's folder."""
+        if self.proc.poll() is None:
+            for user in sorted(self.started):
+                with contextlib.suppress(Exception):
+                    self.stop_server(user, timeout=30)
+        # The hub stops its service (SIGINT, then SIGTERM) and its proxy on SIGTERM.
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(45)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for pid in processes_of(self.hub_url):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def loopback_session() -> requests.Session:
+    """A requests session for the bed's loopback URLs."""
+    session = requests.Session()
+    session.trust_env = False  # loopback only: never through a proxy the environment names
+    return session
+
+
+def _public_folder(public: Path, build: HubBuild) -> dict[str, str]:
+    """The clone's package for every process the hub starts, without touching the cached venv.
+
+    ``bin/jupyter-remote-compute`` (so ``jupyter remote-compute …`` finds this clone's command),
+    the server extension enabled as an install would (``etc/jupyter``), and the environment that
+    points at them."""
+    (public / "bin").mkdir(parents=True)
+    command = public / "bin" / "jupyter-remote-compute"
+    command.write_text(f"#!{build.python}\nimport sys\nfrom jupyter_remote_compute.cli import main\nsys.exit(main())\n")
+    command.chmod(0o755)
+    config = public / "etc" / "jupyter" / "jupyter_server_config.d"
+    config.mkdir(parents=True)
+    shutil.copy(REPO / "jupyter-config" / "server-config" / "jupyter_remote_compute.json", config)
+    subprocess.run(["chmod", "-R", "a+rX", str(public)], check=True)
+    return {
+        "PATH": f"{public / 'bin'}:{build.bin}:/usr/local/bin:/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "JUPYTER_CONFIG_PATH": str(public / "etc" / "jupyter"),
+        "LANG": "C.UTF-8",
+    }
+
+
+def _config(
+    hub_dir: Path,
+    build: HubBuild,
+    environment: dict[str, str],
+    ports: dict[str, int],
+    password: str,
+    admin_token: str,
+    service: dict[str, object],
+    service_scopes: Sequence[str],
+) -> str:
+    """``jupyterhub_config.py`` for one hub; every value is written as a Python literal."""
+    v = repr
+    roles = [
+        # The default ``user`` role, and the service's door: without it no user reaches the service.
+        {"name": "user", "scopes": ["self", f"access:services!service={SERVICE}"]},
+        {"name": "remote-compute-users", "scopes": [USE], "groups": [GROUP]},
+        {"name": "remote-compute-admins", "scopes": [ADMIN], "users": [ADMIN_USER]},
+        {
+            "name": "bed-admin",
+            "scopes": BED_ADMIN_SCOPES,
+            "services": ["bed-admin"],
+        },
+    ]
+    if service_scopes:
+        roles.append({"name": "remote-compute-service", "scopes": list(service_scopes), "services": [SERVICE]})
+    return f"""# Written by tests/hub_fixture.py for one test session.
+c = get_config()  # noqa
+c.JupyterHub.bind_url = {v(f"http://127.0.0.1:{ports['proxy']}/")}
+c.JupyterHub.hub_bind_url = {v(f"http://127.0.0.1:{ports['hub']}")}
+c.ConfigurableHTTPProxy.api_url = {v(f"http://127.0.0.1:{ports['proxy_api']}")}
+c.ConfigurableHTTPProxy.command = [{v(str(build.proxy))}]
+c.ConfigurableHTTPProxy.pid_file = {v(str(hub_dir / "proxy.pid"))}
+c.JupyterHub.pid_file = {v(str(hub_dir / "hub.pid"))}
+c.JupyterHub.db_url = {v(f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}")}
+c.JupyterHub.cookie_secret_file = {v(str(hub_dir / "cookie_secret"))}
+c.JupyterHub.cleanup_servers = True
+
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = {v(password)}
+c.Authenticator.allowed_users = {v(set(USERS))}
+
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.cmd = [{v(str(build.bin / "jupyterhub-singleuser"))}]
+c.Spawner.ip = "127.0.0.1"
+c.Spawner.environment = {v(environment)}
+c.Spawner.start_timeout = 90
+c.Spawner.http_timeout = 90
+c.Spawner.server_token_scopes = {v(SERVER_TOKEN_SCOPES)}
+
+c.JupyterHub.custom_scopes = {v(CUSTOM_SCOPES)}
+c.JupyterHub.load_groups = {v({GROUP: {"users": list(MEMBERS)}})}
+c.JupyterHub.load_roles = {v(roles)}
+c.JupyterHub.services = {v([service, {"name": "bed-admin", "api_token": admin_token}])}
+"""
+
+
+def start_hub(
+    build: HubBuild,
+    service_command: Sequence[str],
+    service_environment: dict[str, str] | None = None,
+    service_scopes: Sequence[str] = (),
+    oauth_scopes: Sequence[str] = (USE, ADMIN),
+    service_options: dict[str, object] | None = None,
+    timeout: float = 60,
+) -> Hub:
+    """Start a hub whose ``remote-compute`` service runs ``service_command`` and wait until it answers.
+
+    The service's environment is the clone's (``PYTHONPATH``, ``PATH`` with ``jupyter-remote-compute``)
+    plus ``service_environment``; ``service_scopes`` are what the service's own token may do in the hub's
+    API; ``oauth_scopes`` what users' OAuth tokens for it may carry; ``service_options`` any other keys
+    of its ``c.JupyterHub.services`` entry (``user``, ``cwd``, …)."""
+    workdir = Path(tempfile.mkdtemp(prefix="jrc-hub-"))
+    try:
+        os.chmod(workdir, 0o755)  # the spawned users read public/
+        environment = _public_folder(workdir / "public", build)
+        hub_dir = workdir / "hub"
+        hub_dir.mkdir(mode=0o700)  # the config (passwords, tokens), the database, the cookie secret
+        ports = {name: free_port() for name in ("proxy", "hub", "proxy_api", "service")}
+        password = secrets.token_urlsafe(12)
+        admin_token = secrets.token_hex(32)
+        service_url = f"http://127.0.0.1:{ports['service']}"
+        service = {
+            "name": SERVICE,
+            "url": service_url,
+            "command": list(service_command),
+            "environment": {**environment, **(service_environment or {})},
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": list(oauth_scopes),
+            **(service_options or {}),
+        }
+        config = hub_dir / "jupyterhub_config.py"
+        config.write_text(_config(hub_dir, build, environment, ports, password, admin_token, service, service_scopes))
+        log = hub_dir / "jupyterhub.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                # SIGINT at its default, whatever this process inherited: the hub stops its service with
+                # SIGINT first, and a service started with SIGINT ignored holds the hub's stop up.
+                [str(build.python), "-c", _DEFAULT_SIGINT, str(build.bin / "jupyterhub"), "-f", str(config)],
+                cwd=hub_dir,
+                env={"PATH": environment["PATH"], "LANG": "C.UTF-8", "HOME": str(hub_dir)},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    hub = Hub(workdir, f"http://127.0.0.1:{ports['proxy']}/", f"http://127.0.0.1:{ports['hub']}/", service_url,
+              admin_token, password, proc, log, build)  # fmt: skip
+
+    def up() -> bool:
+        hub._check_alive()
+        with contextlib.suppress(requests.RequestException):
+            return hub.api("GET", "services", timeout=2).ok and _answers(service_url)
+        return False
+
+    try:
+        wait_for(up, timeout, f"the hub on {hub.url} and its service on {service_url}")
+    except TimeoutError as e:
+        said = log.read_text(errors="replace")[-4000:]
+        hub.stop()
+        raise TimeoutError(f"{e}; the hub's log ends:\n{said}") from None
+    except BaseException:
+        hub.stop()
+        raise
+    return hub
+
+
+_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _answers(url: str) -> bool:
+    try:
+        loopback_session().get(url, timeout=2, allow_redirects=False)
+    except requests.RequestException:
+        return False
+    return True
+
+
+# -- pytest fixtures -----------------------------------------------------------
+
+
+class HubBed:
+    """Starts hubs for a session's tests and stops every one at its end."""
+
+    def __init__(self, build: HubBuild) -> None:
+        self.build = build
+        self.hubs: list[Hub] = []
+
+    def start(self, service_command: Sequence[str], **options: object) -> Hub:
+        """``start_hub`` with this machine's build (its keyword arguments as there)."""
+        hub = start_hub(self.build, service_command, **options)  # type: ignore[arg-type]
+        self.hubs.append(hub)
+        return hub
+
+    def stop(self) -> None:
+        for hub in self.hubs:
+            hub.stop()
+
+
+@pytest.fixture(scope="session")
+def hub_bed() -> Iterator[HubBed]:
+    """Test users and the cached build; ``hub_bed.start(service_command=[…])`` starts a hub."""
+    require(os.geteuid() == 0, "root, to add the hub's Linux users and spawn their servers")
+    require(shutil.which("useradd") is not None, "useradd (apt-get install passwd)")
+    require(shutil.which("npm") is not None, "npm, for configurable-http-proxy (apt-get install npm)")
+    venv_module = subprocess.run([DEBIAN_PYTHON, "-c", "import ensurepip, venv"], capture_output=True)
+    require(venv_module.returncode == 0, f"{DEBIAN_PYTHON} with its venv module (apt-get install python3-venv)")
+    build, how = build_hub()
+    require(build is not None, f"the hub's venv and proxy ({how})")
+    assert build is not None
+    ensure_users()
+    bed = HubBed(build)
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+if __name__ == "__main__":
+    built, how = build_hub()
+    print(f"JupyterHub for tests/test_hub_bed.py: {how}")
+    sys.exit(0 if built else 1)
