@@ -1,0 +1,146 @@
+"""The JupyterHub test bed itself (hub_fixture.py): logins, scopes, spawns as Linux users, closed homes.
+
+What the organization service's tests will stand on, proved with a probe service in its place
+(tests/data/hub_probe_service.py).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import hub_fixture
+import pytest
+from hub_fixture import ADMIN, GROUP, USE, Hub, HubBed, Server, loopback_session
+
+hub_bed = hub_fixture.hub_bed
+PROBE = Path(__file__).parent / "data" / "hub_probe_service.py"
+
+
+@pytest.fixture(scope="module")
+def hub(hub_bed: HubBed) -> Iterator[Hub]:
+    hub = hub_bed.start([str(hub_bed.build.python), str(PROBE)])
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def alice_server(hub: Hub) -> Server:
+    return hub.start_server("rcalice")
+
+
+def test_a_member_logs_in_through_the_hub_and_reaches_the_service_with_use_and_not_admin(hub: Hub) -> None:
+    session = hub.login("rcalice")
+    answer = session.get(hub.service("whoami"), timeout=30)
+    assert answer.status_code == 200, answer.text
+    # The cookie alone did not open it: the hub's OAuth ran (authorize, then the service's callback).
+    hops = [r.url for r in answer.history]
+    assert any("/hub/api/oauth2/authorize" in u for u in hops) and any("/oauth_callback" in u for u in hops), hops
+    assert answer.url == hub.service("whoami")
+    who = answer.json()
+    assert who["name"] == "rcalice" and GROUP in who["groups"]
+    assert USE in who["scopes"] and ADMIN not in who["scopes"]
+    assert session.get(hub.service("use"), timeout=30).status_code == 200
+
+
+def test_a_user_outside_the_group_is_refused_the_use_route(hub: Hub) -> None:
+    session = hub.login("rceve")
+    who = session.get(hub.service("whoami"), timeout=30).json()
+    assert who["name"] == "rceve" and who["groups"] == [] and USE not in who["scopes"]
+    assert session.get(hub.service("use"), timeout=30).status_code == 403
+    assert hub.api("GET", "users/rceve").json()["servers"] == {}  # reaching the service spawned nothing
+
+
+def test_the_admin_holds_admin_and_with_it_use(hub: Hub) -> None:
+    session = hub.login("rcadmin")
+    who = session.get(hub.service("whoami"), timeout=30).json()
+    assert who["name"] == "rcadmin" and GROUP not in who["groups"]
+    assert {USE, ADMIN} <= set(who["scopes"])
+    assert session.get(hub.service("use"), timeout=30).status_code == 200
+
+
+def test_a_wrong_password_does_not_log_in(hub: Hub) -> None:
+    with pytest.raises(PermissionError):
+        hub.login("rcalice", password="not-the-password")
+
+
+def test_a_server_runs_as_its_user_on_loopback(alice_server: Server) -> None:
+    alice = pwd.getpwnam("rcalice")
+    status = Path(f"/proc/{alice_server.pid}/status").read_text()
+    uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+    assert uids == [str(alice.pw_uid)] * 4  # real, effective, saved, filesystem
+    assert alice_server.environment["HOME"] == alice.pw_dir
+    listening = _listening_addresses(alice_server.pid)
+    assert listening and all(address == "127.0.0.1" for address in listening), listening
+
+
+def test_a_servers_own_token_reaches_the_service_with_its_users_scopes(hub: Hub, alice_server: Server) -> None:
+    headers = {"Authorization": f"token {alice_server.token}"}
+    session = loopback_session()
+    who = session.get(hub.service("whoami"), headers=headers, timeout=30, allow_redirects=False)
+    assert who.status_code == 200, who.text
+    assert who.json()["name"] == "rcalice" and USE in who.json()["scopes"]
+    assert session.get(hub.service("use"), headers=headers, timeout=30).status_code == 200
+    # A token without the custom scope is answered 403 there: the server's token is what carries it.
+    bare = hub.user_token("rcalice", scopes=["access:services!service=remote-compute"])
+    assert session.get(hub.service("use"), headers={"Authorization": f"token {bare}"}, timeout=30).status_code == 403
+
+
+def test_a_server_loads_this_clones_extension(alice_server: Server) -> None:
+    headers = {"Authorization": f"token {alice_server.token}"}
+    answer = loopback_session().get(f"{alice_server.url}remote-compute/kinds", headers=headers, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert alice_server.environment["PYTHONPATH"] == str(hub_fixture.REPO)
+
+
+def test_alices_home_and_her_servers_files_are_closed_to_bob(hub: Hub, alice_server: Server) -> None:
+    home = Path(pwd.getpwnam("rcalice").pw_dir)
+    runtime = sorted((home / ".local" / "share" / "jupyter" / "runtime").glob("jpserver-*.json"))
+    assert runtime, "the server wrote no runtime file"
+    # Each readable by its owner, none by bob: the server's connection file and environment (its token),
+    # and the hub's config (the users' password and the bed's admin token).
+    owned = {
+        runtime[0]: "rcalice",
+        Path(f"/proc/{alice_server.pid}/environ"): "rcalice",
+        hub.workdir / "hub" / "jupyterhub_config.py": "root",
+    }
+    for path, owner in owned.items():
+        assert _as_user(owner, "cat", str(path)).returncode == 0, path
+        refused = _as_user("rcbob", "cat", str(path))
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr, (path, refused)
+    assert _as_user("rcbob", "ls", str(home)).returncode != 0
+    assert _as_user("rcbob", "ls", pwd.getpwnam("rcbob").pw_dir).returncode == 0  # his own he reads
+
+
+def _as_user(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as a Linux user with their groups (rcteam too), as their own shell would."""
+    entry = pwd.getpwnam(name)
+    groups = os.getgrouplist(name, entry.pw_gid)
+    return subprocess.run(
+        list(argv), user=entry.pw_uid, group=entry.pw_gid, extra_groups=groups, capture_output=True, text=True
+    )
+
+
+def _listening_addresses(pid: int) -> list[str]:
+    """The local addresses of the TCP sockets ``pid`` listens on (IPv4 and IPv6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    addresses = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                addresses.append(_address(fields[1].split(":")[0], width))
+    return addresses
+
+
+def _address(hexed: str, width: int) -> str:
+    if width == 8:
+        return ".".join(str(int(hexed[i : i + 2], 16)) for i in (6, 4, 2, 0))
+    return hexed  # an IPv6 listener: never loopback's 127.0.0.1, so the test fails naming it
