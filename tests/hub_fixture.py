@@ -344,7 +344,8 @@ def _public_folder(public: Path, build: HubBuild) -> dict[str, str]:
 
     ``bin/jupyter-remote-compute`` (so ``jupyter remote-compute …`` finds this clone's command),
     the server extension enabled as an install would (``etc/jupyter``), and the environment that
-    points at them."""
+    points at them. The package is imported from the clone, or from a copy here when the test users
+    could not read the clone (one under root's 0700 home)."""
     (public / "bin").mkdir(parents=True)
     command = public / "bin" / "jupyter-remote-compute"
     command.write_text(f"#!{build.python}\nimport sys\nfrom jupyter_remote_compute.cli import main\nsys.exit(main())\n")
@@ -352,13 +353,28 @@ def _public_folder(public: Path, build: HubBuild) -> dict[str, str]:
     config = public / "etc" / "jupyter" / "jupyter_server_config.d"
     config.mkdir(parents=True)
     shutil.copy(REPO / "jupyter-config" / "server-config" / "jupyter_remote_compute.json", config)
+    package = REPO
+    if not readable_by_all(REPO / "jupyter_remote_compute" / "__init__.py"):
+        package = public / "python"
+        ignore = shutil.ignore_patterns("__pycache__", "labextension")
+        shutil.copytree(REPO / "jupyter_remote_compute", package / "jupyter_remote_compute", ignore=ignore)
     subprocess.run(["chmod", "-R", "a+rX", str(public)], check=True)
     return {
         "PATH": f"{public / 'bin'}:{build.bin}:/usr/local/bin:/usr/bin:/bin",
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": str(package),
         "JUPYTER_CONFIG_PATH": str(public / "etc" / "jupyter"),
         "LANG": "C.UTF-8",
     }
+
+
+def readable_by_all(path: Path) -> bool:
+    """Whether any user can read the file ``path``: it is world-readable, every folder above searchable."""
+    return bool(path.stat().st_mode & 0o004) and searchable_by_all(path.parent)
+
+
+def searchable_by_all(folder: Path) -> bool:
+    """Whether any user can reach what is in ``folder`` (it and every folder above it are o+x)."""
+    return all(p.stat().st_mode & 0o001 for p in (folder, *folder.parents))
 
 
 def _config(
@@ -432,7 +448,9 @@ def start_hub(
     plus ``service_environment``; ``service_scopes`` are what the service's own token may do in the hub's
     API; ``oauth_scopes`` what users' OAuth tokens for it may carry; ``service_options`` any other keys
     of its ``c.JupyterHub.services`` entry (``user``, ``cwd``, …)."""
-    workdir = Path(tempfile.mkdtemp(prefix="jrc-hub-"))
+    # The spawned users read its public/: under the TMPDIR unless that is closed to them.
+    tmp = Path(tempfile.gettempdir())
+    workdir = Path(tempfile.mkdtemp(prefix="jrc-hub-", dir=tmp if searchable_by_all(tmp) else "/tmp"))
     try:
         os.chmod(workdir, 0o755)  # the spawned users read public/
         environment = _public_folder(workdir / "public", build)

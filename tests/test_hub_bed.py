@@ -89,11 +89,16 @@ def test_a_servers_own_token_reaches_the_service_with_its_users_scopes(hub: Hub,
     assert session.get(hub.service("use"), headers={"Authorization": f"token {bare}"}, timeout=30).status_code == 403
 
 
-def test_a_server_loads_this_clones_extension(alice_server: Server) -> None:
+def test_a_server_loads_this_clones_extension_and_its_user_has_its_command(alice_server: Server) -> None:
     headers = {"Authorization": f"token {alice_server.token}"}
     answer = loopback_session().get(f"{alice_server.url}remote-compute/kinds", headers=headers, timeout=60)
     assert answer.status_code == 200, answer.text
-    assert alice_server.environment["PYTHONPATH"] == str(hub_fixture.REPO)
+    # What the organization service's command will be: `jupyter remote-compute …`, from this clone.
+    environment = {name: alice_server.environment[name] for name in ("PATH", "PYTHONPATH", "HOME")}
+    done = _as_user("rcalice", "jupyter", "remote-compute", "--help", env=environment)
+    assert done.returncode == 0 and "usage: jupyter remote-compute" in done.stdout, done.stderr
+    package = Path(environment["PYTHONPATH"]) / "jupyter_remote_compute" / "__init__.py"
+    assert package.read_text() == (hub_fixture.REPO / "jupyter_remote_compute" / "__init__.py").read_text()
 
 
 def test_alices_home_and_her_servers_files_are_closed_to_bob(hub: Hub, alice_server: Server) -> None:
@@ -115,12 +120,19 @@ def test_alices_home_and_her_servers_files_are_closed_to_bob(hub: Hub, alice_ser
     assert _as_user("rcbob", "ls", pwd.getpwnam("rcbob").pw_dir).returncode == 0  # his own he reads
 
 
-def _as_user(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+def _as_user(name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as a Linux user with their groups (rcteam too), as their own shell would."""
     entry = pwd.getpwnam(name)
     groups = os.getgrouplist(name, entry.pw_gid)
     return subprocess.run(
-        list(argv), user=entry.pw_uid, group=entry.pw_gid, extra_groups=groups, capture_output=True, text=True
+        list(argv),
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        extra_groups=groups,
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
     )
 
 
