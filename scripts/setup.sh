@@ -2,7 +2,7 @@
 # Set up a fresh clone: system packages the tests use (sshd for SSH machines, Debian's python3 and
 # venv for the far side's MLflow, Chromium for the UI tests, gnome-keyring for a real Secret Service,
 # munge and Slurm for the single-node cluster tests/slurm_fixture.py starts, podman and mmdebstrap for
-# the container tests), a virtualenv in .venv,
+# the container tests, npm and useradd for the JupyterHub bed), a virtualenv in .venv,
 # and the extension installed into it in editable mode (this builds the JupyterLab front end). Only
 # what the product needs goes into .venv: scripts/test.sh adds the test extras itself.
 set -euo pipefail
@@ -22,6 +22,10 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt_packages+=(podman runc catatonit uidmap slirp4netns fuse-overlayfs containers-storage mmdebstrap docker.io docker-registry apache2-utils)
   # The front-end build needs Node.js; Debian's will do where the machine has none of its own.
   command -v node >/dev/null 2>&1 || apt_packages+=(nodejs npm)
+  # The JupyterHub bed (tests/hub_fixture.py): npm installs configurable-http-proxy, useradd (passwd)
+  # makes its users. A NodeSource nodejs carries its own npm, which Debian's npm package would conflict with.
+  command -v npm >/dev/null 2>&1 || apt_packages+=(npm)
+  apt_packages+=(passwd)
   missing=()
   for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ "${#missing[@]}" -gt 0 ]; then

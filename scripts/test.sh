@@ -29,6 +29,8 @@ python -m pip uninstall -q -y rfc3987-syntax 2>/dev/null || true
 # builds or finds it here first, so no test waits on it; its tests say why when it could not be built.
 if [ "$#" = 0 ]; then
   python tests/elyra_venv.py || echo "test.sh: the Elyra venv was not built; tests/test_elyra.py says why" >&2
+  # The same for the JupyterHub bed's venv and proxy (tests/hub_fixture.py).
+  python tests/hub_fixture.py || echo "test.sh: the JupyterHub bed was not built; tests/test_hub_bed.py says why" >&2
 fi
 ruff check jupyter_remote_compute tests benchmarks examples
 ruff format --check jupyter_remote_compute tests benchmarks examples
