@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,3 +157,26 @@ def _address(hexed: str, width: int) -> str:
     if width == 8:
         return ".".join(str(int(hexed[i : i + 2], 16)) for i in (6, 4, 2, 0))
     return hexed  # an IPv6 listener: never loopback's 127.0.0.1, so the test fails naming it
+
+
+def test_a_stopped_hub_leaves_no_process_of_its_users_and_no_folder(hub_bed: HubBed) -> None:
+    other = hub_bed.start([str(hub_bed.build.python), str(PROBE)])
+    server = other.start_server("rcbob")
+    bob = pwd.getpwnam("rcbob")
+    # A process the server's user left behind in a session of its own, as a detached job would be.
+    left = subprocess.Popen(
+        ["sleep", "600"], user=bob.pw_uid, group=bob.pw_gid, env=server.environment, cwd="/", start_new_session=True
+    )
+    try:
+        other.stop()
+        assert left.wait(10) == -signal.SIGKILL
+    finally:
+        left.kill()
+        left.wait()
+    assert not Path(f"/proc/{server.pid}").exists() or _state(server.pid) == "Z"
+    assert not other.workdir.exists()
+    assert other.proc.poll() is not None
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
