@@ -13,8 +13,10 @@ spawned users cannot run) holding JupyterHub, JupyterLab and this package's depe
 configurable-http-proxy from npm. It is built beside its place and renamed into it whole (``uv venv
 --relocatable``: its scripts do not name the folder they were built in), so a half-built one is never
 used. This package itself is the clone's: every process the hub starts gets the clone on ``PYTHONPATH``
-and a session folder (world-readable) with a ``jupyter-remote-compute`` command and the server
-extension's config, so the cached venv never changes and two clones can run hubs from it at once.
+(a copy of its package when the users cannot read the clone) and a session folder (world-readable) with
+a ``jupyter-remote-compute`` command and the server extension's config, so the cached venv never changes
+and two clones can run hubs from it at once. A service command may name ``jupyter remote-compute …`` or
+``python``: they are looked up on that ``PATH``.
 
 Machine-wide, so its tests are the serial group ``hub`` (``conftest.py``): the Linux users and their
 homes. Everything else is the session's: ports from the OS, the hub's files in a temp folder.
@@ -547,8 +549,8 @@ def hub_bed() -> Iterator[HubBed]:
     require(os.geteuid() == 0, "root, to add the hub's Linux users and spawn their servers")
     require(shutil.which("useradd") is not None, "useradd (apt-get install passwd)")
     require(shutil.which("npm") is not None, "npm, for configurable-http-proxy (apt-get install npm)")
-    venv_module = subprocess.run([DEBIAN_PYTHON, "-c", "import ensurepip, venv"], capture_output=True)
-    require(venv_module.returncode == 0, f"{DEBIAN_PYTHON} with its venv module (apt-get install python3-venv)")
+    # uv makes the venv itself: Debian's python3 is needed, its venv module (python3-venv) is not.
+    require(os.path.exists(DEBIAN_PYTHON), f"Debian's {DEBIAN_PYTHON} (apt-get install python3)")
     build, how = build_hub()
     require(build is not None, f"the hub's venv and proxy ({how})")
     assert build is not None
