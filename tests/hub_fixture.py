@@ -548,7 +548,8 @@ def hub_bed() -> Iterator[HubBed]:
     """Test users and the cached build; ``hub_bed.start(service_command=[…])`` starts a hub."""
     require(os.geteuid() == 0, "root, to add the hub's Linux users and spawn their servers")
     require(shutil.which("useradd") is not None, "useradd (apt-get install passwd)")
-    require(shutil.which("npm") is not None, "npm, for configurable-http-proxy (apt-get install npm)")
+    # configurable-http-proxy runs on node; npm is needed only for a build (build_hub says so then).
+    require(shutil.which("node") is not None, "node, for configurable-http-proxy (apt-get install nodejs npm)")
     # uv makes the venv itself: Debian's python3 is needed, its venv module (python3-venv) is not.
     require(os.path.exists(DEBIAN_PYTHON), f"Debian's {DEBIAN_PYTHON} (apt-get install python3)")
     build, how = build_hub()
