@@ -196,13 +196,11 @@ def environment_of(pid: int) -> dict[str, str]:
 
 
 def processes_of(hub_url: str) -> list[int]:
-    """The test users' processes that one hub started: servers and their kernels carry its API URL."""
-    uids = {pwd.getpwnam(name).pw_uid for name in USERS}
+    """What one hub started and left: the users' servers and kernels, the service and its children (each
+    carries the hub's API URL), and its proxy (named by its pid file, read by the caller)."""
     found = []
     for pid, _fields in proc_stats():
         with contextlib.suppress(OSError):
-            if os.stat(f"/proc/{pid}").st_uid not in uids:
-                continue
             if environment_of(pid).get("JUPYTERHUB_API_URL", "").startswith(hub_url):
                 found.append(pid)
     return found
@@ -311,11 +309,11 @@ class Hub:
 
     def _check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"the hub exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            raise HubExited(self, f"the hub exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        """Stop the servers it started, the hub (which stops its proxy and service), then anything the
-        test users left running; remove the session's folder."""
+        """Stop the servers it started, the hub (which stops its proxy and service), then anything of
+        its still running; remove the session's folder."""
         if self.proc.poll() is None:
             for user in sorted(self.started):
                 with contextlib.suppress(Exception):
@@ -328,10 +326,24 @@ class Hub:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        for pid in processes_of(self.hub_url):
+        # A hub that exited on its own (its service died) leaves its proxy and may leave the rest.
+        leftovers = processes_of(self.hub_url)
+        with contextlib.suppress(OSError, ValueError):
+            proxy = int((self.workdir / "hub" / "proxy.pid").read_text())
+            if str(self.build.proxy) in Path(f"/proc/{proxy}/cmdline").read_text():
+                leftovers.append(proxy)
+        for pid in leftovers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class HubExited(RuntimeError):
+    """The hub ended while a test waited on it (its service exiting ends it); ``hub`` says which."""
+
+    def __init__(self, hub: Hub, message: str) -> None:
+        super().__init__(message)
+        self.hub = hub
 
 
 def loopback_session() -> requests.Session:
