@@ -27,6 +27,7 @@ from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.transitions import TERMINAL_STATES
 from .machines.admin import HostKeyNotConfirmed
+from .org.client import with_organization
 from .run_options import add_run_options, command_of, is_python_version, spec_settings
 from .workspace import Workspace
 
@@ -86,13 +87,26 @@ def cmd_machines(args: argparse.Namespace) -> int:
     admin = _service(args).admin
     action = args.action
     if action == "list":
-        machines = admin.list()
+        # On a hub with an organization service, its machines follow the user's own.
+        machines, organization = with_organization([m.to_json() for m in admin.list()])
+        if organization and organization.get("problem"):
+            print(f"warning: the organization's machines are not listed: {organization['problem']}", file=sys.stderr)
         if args.json:
-            _print_json([m.to_json() for m in machines])
+            _print_json(machines)
         else:
             _table(
-                [[m.name, m.kind, m.address, "yes" if m.enabled else "no", m.created or "built-in"] for m in machines],
-                ["NAME", "KIND", "ADDRESS", "ENABLED", "CREATED"],
+                [
+                    [
+                        m["name"],
+                        m["kind"],
+                        m["address"],
+                        "yes" if m["enabled"] else "no",
+                        m["created"] or "built-in",
+                        m["owner"],
+                    ]
+                    for m in machines
+                ],
+                ["NAME", "KIND", "ADDRESS", "ENABLED", "CREATED", "OWNER"],
             )
         return 0
     if action == "show":
@@ -502,6 +516,10 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     for action in ("set", "delete"):
         ssub.add_parser(action).add_argument("name")
 
+    # Listed for --help; main() hands it its arguments before this parser sees them.
+    p = sub.add_parser("organization", help="serve the organization's machines as a JupyterHub service")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
     # The kinds' own commands: top-level ones, and actions of the groups above.
     groups = {None: sub, "machines": msub}
     for command in _kind_commands(plugins):
@@ -536,6 +554,11 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["organization"]:
+        # The hub's service, not a workspace's command: its own options, and JupyterHub imported only here.
+        from .org.service import main as organization
+
+        return organization(argv[1:])
     # This package's own commands need no plugin's: the scan of installed packages is spared them.
     plugins = not argv or argv[0] not in COMMANDS or argv[0] == "machines"
     for command in _kind_commands(plugins):

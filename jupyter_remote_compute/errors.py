@@ -112,3 +112,10 @@ class NotTrained(RemoteComputeError):
         self.job_id = job_id
         self.state = state
         self.reason = reason
+
+
+class Forbidden(RemoteComputeError):
+    """The caller is known but lacks the permission (a JupyterHub scope) the action needs."""
+
+    code = "forbidden"
+    status = 403

@@ -29,6 +29,8 @@ from .jobs.job import Job
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
 from .jobs.spec import JobSpec
+from .json_routes import JsonRoute
+from .org.client import with_organization
 
 T = TypeVar("T")
 PREFIX = r"/remote-compute"
@@ -126,7 +128,7 @@ class RemoteComputeContext:
     wakeups: Wakeups = dataclasses.field(default_factory=Wakeups)
 
 
-class RemoteComputeHandler(APIHandler):
+class RemoteComputeHandler(JsonRoute, APIHandler):
     #: jupyter_server's Authorizer sees every call as read/write on this resource (submitting a job
     #: is "execute"), so a deployment can let some users watch jobs without running anything.
     auth_resource = "remote-compute"
@@ -143,20 +145,6 @@ class RemoteComputeHandler(APIHandler):
         """Run blocking service code in the worker pool, never on the IOLoop."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.context.executor, lambda: fn(*args, **kwargs))
-
-    def body(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.request.body or b"{}")
-        except ValueError:
-            raise InvalidSettings("the request body is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise InvalidSettings("the request body must be a JSON object")
-        return data
-
-    def reply(self, data: Any, status: int = 200) -> None:
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data, default=str))
 
     def fail(self, error: RemoteComputeError) -> None:
         self.reply(error.to_json(), error.status)
@@ -254,21 +242,14 @@ class MachinesHandler(RemoteComputeHandler):
         machines = await self.call(admin.list)
         # What a kind adds may read files (a machine's presence): off the IOLoop.
         shown = await self.call(lambda: [admin.describe(m) for m in machines])
-        self.reply({"machines": shown, "version": version, "kinds": kinds_json()})
+        # On a hub with an organization service, its machines follow the user's own (off the IOLoop too).
+        shown, organization = await self.call(with_organization, shown)
+        body = {"machines": shown, "version": version, "kinds": kinds_json()}
+        self.reply({**body, "organization": organization} if organization else body)
 
     @api
     async def post(self) -> None:
-        body = self.body()
-        machine = await self.call(
-            self.service.admin.add,
-            body.get("name"),
-            body.get("kind"),
-            body.get("address"),
-            body.get("options") or {},
-            enabled=body.get("enabled", True),
-            token=body.get("token"),
-            expected_version=body.get("version"),
-        )
+        machine = await self.call(self.service.admin.add_from, self.body())
         data = machine.to_json()
         # What the kind shows this once (a token and the command to run on the machine, say).
         data.update(await self.call(self.service.admin.introduce, machine, self.server_url()))
@@ -283,16 +264,7 @@ class MachineHandler(RemoteComputeHandler):
 
     @api
     async def patch(self, name: str) -> None:
-        body = self.body()
-        machine = await self.call(
-            self.service.admin.update,
-            name,
-            address=body.get("address"),
-            options=body.get("options"),
-            enabled=body.get("enabled"),
-            token=body.get("token"),
-            expected_version=body.get("version"),
-        )
+        machine = await self.call(self.service.admin.update_from, name, self.body())
         self.reply(machine.to_json())
 
     @api

@@ -73,6 +73,7 @@ export interface paths {
                             /** @description compute.yaml's version; send it back to refuse stale writes */
                             version: string;
                             kinds: components["schemas"]["Kind"][];
+                            organization?: components["schemas"]["Organization"];
                         };
                     };
                 };
@@ -1441,6 +1442,23 @@ export interface components {
             options: {
                 [key: string]: unknown;
             };
+            /** @description whose machine it is: `organization`, or the user's name (in lists) */
+            owner?: string;
+            /** @description an organization machine's: the admin who set it */
+            admin?: string | null;
+        };
+        /** @description The hub's organization service, as it answered this user (or why it could not be asked) */
+        Organization: {
+            url: string;
+            /** @description the user, as the hub knows them */
+            name?: string;
+            groups?: string[];
+            /** @description may use the organization's machines */
+            use?: boolean;
+            /** @description may change them */
+            admin?: boolean;
+            /** @description why the organization's machines are not listed */
+            problem?: string;
         };
         MachineInput: {
             name: string;

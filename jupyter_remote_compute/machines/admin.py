@@ -85,6 +85,29 @@ class MachineAdmin:
             self._engines.clear()
 
     # -- changing ---------------------------------------------------------------
+    def add_from(self, body: Mapping[str, Any]) -> Machine:
+        """``add`` with a REST ``MachineInput`` (the panel's server and the organization service take one)."""
+        return self.add(
+            body.get("name"),
+            body.get("kind"),
+            body.get("address"),
+            body.get("options") or {},
+            enabled=body.get("enabled", True),
+            token=body.get("token"),
+            expected_version=body.get("version"),
+        )
+
+    def update_from(self, name: str, body: Mapping[str, Any]) -> Machine:
+        """``update`` with a REST patch body: only the fields it holds change."""
+        return self.update(
+            name,
+            address=body.get("address"),
+            options=body.get("options"),
+            enabled=body.get("enabled"),
+            token=body.get("token"),
+            expected_version=body.get("version"),
+        )
+
     def add(
         self,
         name: Any,

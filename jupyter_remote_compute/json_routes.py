@@ -1,0 +1,35 @@
+"""What every JSON route of this package's servers shares: the body it reads and the reply it writes.
+
+A mixin for tornado handlers, used by the Jupyter server's routes (``handlers.py``) and the
+organization service's (``org/service.py``), so both refuse a bad body with the same error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import tornado.web
+
+from .errors import InvalidSettings
+
+
+def json_object(body: bytes | None) -> dict[str, Any]:
+    """A request's JSON object body (empty: ``{}``), or the error that says what is wrong with it."""
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        raise InvalidSettings("the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidSettings("the request body must be a JSON object")
+    return data
+
+
+class JsonRoute(tornado.web.RequestHandler):
+    def body(self) -> dict[str, Any]:
+        return json_object(self.request.body)
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data, default=str))

@@ -1,0 +1,133 @@
+"""The organization service as a user's server, kernel or CLI reaches it: with the hub token it holds.
+
+Inside a server the hub spawned, ``JUPYTERHUB_API_TOKEN`` is that server's token (kernels and
+terminals inherit it), so nothing needs setting up: the token says who the user is, and the hub's
+roles say what they may do. The service is found at ``REMOTE_COMPUTE_ORG_URL`` when the hub's
+configuration sets it for its servers (``c.Spawner.environment``), else asked of the hub by name
+(``REMOTE_COMPUTE_ORG_SERVICE``, default ``remote-compute``). Outside a hub there is none, and each
+user works alone as before.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+
+from ..errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
+
+DEFAULT_SERVICE = "remote-compute"
+TIMEOUT = 10.0
+#: The service's errors, by their ``code``, raised here as the same errors (the field named stays named).
+ERRORS = {cls.code: cls for cls in (InvalidSettings, Conflict, NotFound, Forbidden)}
+
+
+class OrganizationUnavailable(MachineError):
+    """The organization service is configured but did not answer as it should."""
+
+
+class OrganizationClient:
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url.rstrip("/") + "/"
+        self._session = requests.Session()
+        self._session.headers["Authorization"] = f"token {token}"
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> OrganizationClient | None:
+        """The service of the hub that started this server, or None outside a hub or where it has none."""
+        env = os.environ if environ is None else environ
+        token = env.get("JUPYTERHUB_API_TOKEN")
+        if not token:
+            return None
+        if env.get("REMOTE_COMPUTE_ORG_URL"):
+            return cls(env["REMOTE_COMPUTE_ORG_URL"], token)
+        api = env.get("JUPYTERHUB_API_URL")
+        if not api:
+            return None
+        name = env.get("REMOTE_COMPUTE_ORG_SERVICE") or DEFAULT_SERVICE
+        try:
+            answer = requests.get(
+                f"{api.rstrip('/')}/services/{name}", headers={"Authorization": f"token {token}"}, timeout=TIMEOUT
+            )
+        except requests.RequestException:
+            return None
+        if answer.status_code != 200:
+            return None  # no such service, or this token may not look it up: no organization here
+        service = answer.json()
+        if not service.get("url"):
+            return None
+        return cls(f"{service['url'].rstrip('/')}{service.get('prefix') or f'/services/{name}/'}", token)
+
+    def me(self) -> dict[str, Any]:
+        return self._ask("GET", "api/me")
+
+    def machines(self) -> list[dict[str, Any]]:
+        return list(self._ask("GET", "api/machines")["machines"])
+
+    def add_machine(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._ask("POST", "api/machines", body)
+
+    def update_machine(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._ask("PATCH", f"api/machines/{name}", body)
+
+    def remove_machine(self, name: str) -> None:
+        self._ask("DELETE", f"api/machines/{name}")
+
+    def _ask(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        try:
+            answer = self._session.request(method, self.url + path, json=body, timeout=TIMEOUT, allow_redirects=False)
+        except requests.RequestException as e:
+            raise OrganizationUnavailable(f"the organization service at {self.url} did not answer: {e}") from None
+        if answer.status_code == 204:
+            return None
+        try:
+            data = answer.json()
+        except ValueError:
+            data = None
+        if answer.ok and data is not None:
+            return data
+        if isinstance(data, dict) and data.get("message") and 400 <= answer.status_code < 500:
+            error = ERRORS.get(str(data.get("code")), InvalidSettings if answer.status_code == 400 else Forbidden)
+            raise error(str(data["message"]), field=data.get("field"))
+        message = data.get("message") if isinstance(data, dict) else None
+        raise OrganizationUnavailable(
+            f"the organization service at {self.url} answered {answer.status_code}: {message or answer.reason}"
+        )
+
+
+_found: OrganizationClient | None = None
+_finding = threading.Lock()
+
+
+def organization() -> OrganizationClient | None:
+    """This process's organization service, found once (a hub without one is asked again next time)."""
+    global _found
+    with _finding:
+        if _found is None:
+            _found = OrganizationClient.from_environment()
+        return _found
+
+
+def user_name() -> str:
+    """Who owns this server's own machines: the hub's user name, else the OS user's."""
+    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+
+
+def with_organization(own: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A face's machine list: the user's own machines (``owner``: the user) and then the organization's,
+    with what the organization says of this user — or, when it could not be asked, why (the user's own
+    machines are listed all the same). ``None``: no organization here."""
+    mine = [{**m, "owner": user_name()} for m in own]
+    client = organization()
+    if client is None:
+        return mine, None
+    try:
+        me = client.me()
+        shared = client.machines() if me.get("use") else []
+    except (OrganizationUnavailable, Forbidden) as e:
+        return mine, {"url": client.url, "problem": e.message}
+    return mine + shared, {"url": client.url, **me}
