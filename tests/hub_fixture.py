@@ -484,7 +484,9 @@ def start_hub(
             **(service_options or {}),
         }
         config = hub_dir / "jupyterhub_config.py"
-        config.write_text(_config(hub_dir, build, environment, ports, password, admin_token, service, service_scopes))
+        # Users' servers find the service as the README's configuration tells them to.
+        servers = {**environment, "REMOTE_COMPUTE_ORG_URL": f"{service_url}/services/{SERVICE}/"}
+        config.write_text(_config(hub_dir, build, servers, ports, password, admin_token, service, service_scopes))
         log = hub_dir / "jupyterhub.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
