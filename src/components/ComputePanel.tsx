@@ -145,6 +145,8 @@ function MachineRow(props: {
   const kindLabel =
     model.kinds.find(k => k.kind === machine.kind)?.label || machine.kind;
   const displayName = machine.builtin ? trans.__('This machine') : machine.name;
+  // The organization's machines are set by its admins in the hub's service: shown, not changed here.
+  const ours = isOrganizations(machine);
   const args = { name: machine.name };
   const Beside = facesOf(machine.kind).Beside;
   return (
@@ -156,7 +158,7 @@ function MachineRow(props: {
       <div className="jp-RemoteCompute-machineMain">
         <KindIcon kind={machine.kind} label={kindLabel} />
         <span className="jp-RemoteCompute-itemName">{displayName}</span>
-        {!machine.builtin && (
+        {!machine.builtin && !ours && (
           <label
             className="jp-RemoteCompute-switch"
             title={
@@ -180,14 +182,16 @@ function MachineRow(props: {
           </label>
         )}
         <span className="jp-RemoteCompute-rowActions">
-          <ToolbarButtonComponent
-            icon={checkIcon}
-            tooltip={trans.__('Check %1', displayName)}
-            onClick={() =>
-              void commands.execute('remote-compute:check-machine', args)
-            }
-          />
-          {!machine.builtin && (
+          {!ours && (
+            <ToolbarButtonComponent
+              icon={checkIcon}
+              tooltip={trans.__('Check %1', displayName)}
+              onClick={() =>
+                void commands.execute('remote-compute:check-machine', args)
+              }
+            />
+          )}
+          {!machine.builtin && !ours && (
             <ToolbarButtonComponent
               icon={ellipsesIcon}
               tooltip={trans.__('More actions for %1', machine.name)}
@@ -207,6 +211,14 @@ function MachineRow(props: {
               : machine.address}
           </span>
           {Beside && <Beside machine={machine} trans={trans} />}
+          {ours && (
+            <span className="jp-RemoteCompute-owner">
+              {' · '}
+              {machine.admin
+                ? trans.__("the organization's, set by %1", machine.admin)
+                : trans.__("the organization's")}
+            </span>
+          )}
           {machine.created && (
             <>
               {' · '}
@@ -247,7 +259,8 @@ function Machines(props: {
 }): JSX.Element {
   const { model, commands, trans } = props;
   const builtin = model.machines.filter(m => m.builtin);
-  const others = model.machines.filter(m => !m.builtin);
+  const others = model.machines.filter(m => !m.builtin && !isOrganizations(m));
+  const organizations = model.machines.filter(isOrganizations);
   return (
     <section
       className="jp-RemoteCompute-machines"
@@ -298,8 +311,36 @@ function Machines(props: {
           ))}
         </ul>
       )}
+      {organizations.length > 0 && (
+        <>
+          <h4 className="jp-RemoteCompute-subsectionTitle">
+            {trans.__('Organization')}
+          </h4>
+          <ul
+            className="jp-RemoteCompute-list"
+            aria-label={trans.__("The organization's machines")}
+          >
+            {organizations.map(machine => (
+              <MachineRow
+                key={machine.name}
+                machine={machine}
+                model={model}
+                commands={commands}
+                trans={trans}
+              />
+            ))}
+          </ul>
+        </>
+      )}
     </section>
   );
+}
+
+/**
+ * Whether a machine is the organization's (set in the hub's service), not this user's own.
+ */
+export function isOrganizations(machine: IMachine): boolean {
+  return machine.owner === 'organization';
 }
 
 /**

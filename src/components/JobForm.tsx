@@ -225,8 +225,9 @@ function JobForm(props: {
     setEnvRows(rows => rows.map(r => (r.key === key ? { ...r, ...patch } : r)));
     setEnvErrors({});
   };
+  // The organization's machines are listed in the panel; jobs do not run through its service yet.
   const machines = model.machines.filter(
-    m => m.enabled || m.name === values.machine
+    m => (m.enabled || m.name === values.machine) && m.owner !== 'organization'
   );
 
   const set = (patch: Partial<Values>): void => {
