@@ -23,6 +23,7 @@ from .errors import RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.logs import waiting_line
+from .jobs.reasons import shorten
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.transitions import TERMINAL_STATES
@@ -268,7 +269,7 @@ def _list_jobs(service: JobService, args: argparse.Namespace) -> int:
     more = total is not None and len(jobs) > total
     _table(
         [
-            [j.id, j.machine, j.state, j.created, j.name[:40], (j.reason or "").split("\n", 1)[0][:60]]
+            [j.id, j.machine, j.state, j.created, j.name[:40], shorten((j.reason or "").split("\n", 1)[0], 100)]
             for j in jobs[:total]
         ],
         ["ID", "MACHINE", "STATE", "CREATED", "NAME", "REASON"],

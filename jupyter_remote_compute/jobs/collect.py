@@ -22,16 +22,17 @@ from ..errors import InvalidSettings, RemoteComputeError
 from ..fsutil import sha256_file
 from ..recording import recorder as record_later
 from ..recording.tracking import JobRecord, without_far_records
+from ..secrets import mask
 from ..usage.ledger import job_metrics, known_facts, meter, remember_facts
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
+from .reasons import failure_reason
 from .spec import check_relative_path
 
 log = logging.getLogger(__name__)
 
-REASON_TAIL_LINES = 10
 #: A machine's facts (OS, Python, GPUs) older than this are read again when one of its jobs ends.
 FACTS_MAX_AGE = 24 * 3600.0
 
@@ -88,7 +89,9 @@ class Collector:
             else:
                 landed = self._land(incoming, verified)
         if outcome.state == "failed" and outcome.reason is None:
-            outcome = dataclasses.replace(outcome, reason=f"exit code {job.exit_code}: {_tail(log_path)}")
+            reason = failure_reason(job.exit_code, log_path)
+            # The log is masked already; a secret printed in pieces between terminal codes is whole here.
+            outcome = dataclasses.replace(outcome, reason=mask(reason.encode(), secrets or []).decode())
 
         ended = utcnow()
         attempt = meter(
@@ -280,13 +283,3 @@ def _bytes_under(folder: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
-
-
-def _tail(log_path: Path | None) -> str:
-    if log_path is None or not log_path.exists():
-        return "(no log)"
-    with open(log_path, "rb") as f:
-        f.seek(max(0, log_path.stat().st_size - 4096))
-        lines = f.read().decode(errors="replace").splitlines()
-    tail = "\n".join(lines[-REASON_TAIL_LINES:]).strip()
-    return tail or "(empty log)"

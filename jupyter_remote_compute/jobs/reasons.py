@@ -1,0 +1,137 @@
+"""Why a job failed, in one line: the line of its log that says why.
+
+A failed job's reason is ``exit code N: <line>``, where the line is picked from the end of the log: the
+notebook runner's own summary, the far side's environment message, a Python traceback's final
+exception, the installer's error, else the last line that is not empty. Terminal codes (colours, cursor
+moves, window titles) are taken out first, and the reason is kept short without cutting a word (a path)
+in two.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+#: How much of the end of a log is read for its reason: a deep traceback fits.
+TAIL_BYTES = 64 << 10
+#: The longest reason made from a log, in characters.
+REASON_MAX = 300
+
+# ECMA-48: CSI (ESC [ or the 8-bit CSI, parameters, intermediates, a final byte); the strings OSC,
+# DCS, SOS, PM and APC, ended by BEL or ST (or the line's end when cut short); other escapes of two.
+_TERMINAL_CODES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b[]PX^_]|[\x90\x98\x9d\x9e\x9f]).*?(?:\x07|\x1b\\|\x9c|$)"
+    r"|\x1b[ -/]*[0-~]"
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+#: The notebook runner's lines (pipelines/farside/run_notebook.py): the last says how it ended.
+_RUNNER = "run-notebook: "
+#: env.sh's own words, for the environment as a whole: "environment: Python 3.99 was asked for; …".
+_ENVIRONMENT = "environment: "
+#: env.sh's last line when a build fails; the installer's message is what the reason says.
+_NOT_BUILT = re.compile(r"^(environment \w+: could not be built); the installer's message is above$")
+_TRACEBACK = re.compile(r"^\s*(?:\+ )?(?:Exception Group )?Traceback \(most recent call last\):")
+#: A traceback's last line: ``ValueError: boom``, ``mod.CustomError``, ``KeyboardInterrupt``.
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?: .*)?)?$")
+#: The same without a ``Traceback`` line above it (cut off, or a SyntaxError): a name that says so.
+_EXCEPTION_NAMED = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Warning)(?:: .*)?$")
+# uv: "error: …" (or "\u00d7 …" on a terminal), then its causes ("cause: …", "Caused by: …", "╰─▶ …").
+_UV_ERROR = re.compile(r"^\s*(?:error:|\u00d7)\s+(.*)$")
+_UV_CAUSE = re.compile(r"^\s*(?:cause:|Caused by:|[├╰]─▶)\s*(.*)$")
+_UV_NOTE = re.compile(r"^\s*(?:hint|help|note|warning):")
+_PIP_ERROR = re.compile(r"^ERROR: (.*)$")
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal codes or other control characters (tabs kept)."""
+    return _CONTROL.sub("", _TERMINAL_CODES.sub("", text))
+
+
+def log_tail(log_path: Path | None) -> str | None:
+    """The end of a log (``TAIL_BYTES``), decoded; None when there is no log."""
+    if log_path is None or not log_path.exists():
+        return None
+    with open(log_path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - TAIL_BYTES))
+        return f.read().decode(errors="replace")
+
+
+def explaining_line(text: str) -> str | None:
+    """The line of a log's tail that says why its command failed; None when every line is empty."""
+    lines = [line.rstrip() for line in plain(text).splitlines()]
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return None
+    not_built = next((m.group(1) for m in map(_NOT_BUILT.match, lines) if m), None)
+    lines = [line for line in lines if not _NOT_BUILT.match(line)]
+    pickers: tuple[Callable[[list[str]], str | None], ...] = (
+        _runner_summary,
+        _environment_message,
+        _final_exception,
+        _installer_error,
+    )
+    found = next((line for pick in pickers if (line := pick(lines))), None)
+    if found is None:
+        found = lines[-1].strip() if lines else None
+    if not_built:
+        return f"{not_built}: {found}" if found else not_built
+    return found
+
+
+def failure_reason(exit_code: int | None, log_path: Path | None) -> str:
+    """``exit code N: <the explaining line>``."""
+    tail = log_tail(log_path)
+    line = "(no log)" if tail is None else (explaining_line(tail) or "(empty log)")
+    return shorten(f"exit code {exit_code}: {line}")
+
+
+def shorten(text: str, limit: int = REASON_MAX) -> str:
+    """``text`` at most ``limit`` characters, cut at a space (never inside a word or path) and marked."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip() + "…"
+
+
+def _runner_summary(lines: list[str]) -> str | None:
+    return next((line for line in reversed(lines) if line.startswith(_RUNNER)), None)
+
+
+def _environment_message(lines: list[str]) -> str | None:
+    return next((line for line in reversed(lines) if line.startswith(_ENVIRONMENT)), None)
+
+
+def _final_exception(lines: list[str]) -> str | None:
+    """The exception a Python traceback ends with (of a chain, the last raised)."""
+    headers = [i for i, line in enumerate(lines) if _TRACEBACK.match(line)]
+    if headers:
+        for line in lines[headers[-1] + 1 :]:
+            if not line[:1].isspace():
+                return line if _EXCEPTION.match(line) else None
+        return None
+    for i in range(len(lines) - 1, 0, -1):
+        if _EXCEPTION_NAMED.match(lines[i]) and lines[i - 1][:1].isspace():
+            return lines[i]
+    return None
+
+
+def _installer_error(lines: list[str]) -> str | None:
+    """uv's last error with its deepest cause, or pip's first ``ERROR:`` line."""
+    heads = [i for i, line in enumerate(lines) if _UV_ERROR.match(line)]
+    if heads:
+        head = _UV_ERROR.match(lines[heads[-1]]).group(1)  # type: ignore[union-attr]
+        causes: list[str] = []
+        for line in lines[heads[-1] + 1 :]:
+            if _UV_NOTE.match(line) or not line[:1].isspace():
+                break
+            if cause := _UV_CAUSE.match(line):
+                causes.append(cause.group(1))
+            elif causes:  # a cause wrapped over lines
+                causes[-1] += " " + line.strip()
+        return f"{head.rstrip(':')}: {causes[-1]}" if causes else head
+    return next((m.group(1) for m in map(_PIP_ERROR.match, lines) if m), None)

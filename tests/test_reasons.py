@@ -1,0 +1,156 @@
+"""The line a failed job's reason is made of, picked from what real programs print when they fail.
+
+Each log is made here by running the program that prints it (python, uv, pip), offline; the end to end
+tests (test_failure_reasons.py) run the same failures as jobs on local and ssh.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from uv import find_uv_bin
+
+from jupyter_remote_compute.jobs.reasons import REASON_MAX, explaining_line, failure_reason, plain, shorten
+
+
+def output_of(*argv: str, cwd: Path | None = None) -> str:
+    """What a failing program printed, stdout and stderr as a log has them."""
+    proc = subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stdout
+    return proc.stdout
+
+
+def python_failing(source: str, tmp_path: Path) -> str:
+    (tmp_path / "fit.py").write_text(source)
+    return output_of(sys.executable, "fit.py", cwd=tmp_path)
+
+
+def test_a_traceback_gives_its_exception(tmp_path):
+    log = python_failing("print('epoch 1')\ndef f():\n    return {}['lr']\nf()\n", tmp_path)
+    assert explaining_line(log) == "KeyError: 'lr'"
+
+
+def test_a_chained_traceback_gives_the_exception_raised_last(tmp_path):
+    source = "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise RuntimeError('no step size') from e\n"
+    log = python_failing(source, tmp_path)
+    assert "ZeroDivisionError: division by zero" in log
+    assert explaining_line(log) == "RuntimeError: no step size"
+
+
+def test_an_exception_with_a_message_over_lines_gives_its_first_line(tmp_path):
+    log = python_failing("raise ValueError('bad shape\\nexpected (3, 4)')\n", tmp_path)
+    assert explaining_line(log) == "ValueError: bad shape"
+
+
+def test_a_syntax_error_without_a_traceback_line_gives_the_error(tmp_path):
+    log = python_failing("def broken(:\n    pass\n", tmp_path)
+    assert "Traceback" not in log
+    assert explaining_line(log) == "SyntaxError: invalid syntax"
+
+
+def test_a_traceback_whose_start_was_cut_off_still_gives_its_exception(tmp_path):
+    log = python_failing("import sys\nsys.setrecursionlimit(60)\ndef f(n):\n    return f(n + 1)\nf(0)\n", tmp_path)
+    cut = log.split("\n", 3)[3]  # the "Traceback" line is gone, as past the tail read
+    assert explaining_line(cut) == "RecursionError: maximum recursion depth exceeded"
+
+
+def _uv_fails(tmp_path: Path, *more: str) -> str:
+    uv = find_uv_bin()
+    subprocess.run([uv, "venv", "-q", str(tmp_path / "env")], check=True)
+    (tmp_path / "none").mkdir()
+    return output_of(
+        uv, "pip", "install", *more, "--no-index", "--find-links", str(tmp_path / "none"), "rcbarpkg==9.9",
+        "--python", str(tmp_path / "env/bin/python"),
+    )  # fmt: skip
+
+
+UV_NO_SOLUTION = (
+    "No solution found when resolving dependencies: Because rcbarpkg was not found in the provided package "
+    "locations and you require rcbarpkg==9.9, we can conclude that your requirements are unsatisfiable."
+)
+
+
+def test_uv_s_error_gives_its_cause(tmp_path):
+    assert explaining_line(_uv_fails(tmp_path)) == UV_NO_SOLUTION
+
+
+def test_uv_in_colour_gives_the_same_words(tmp_path):
+    log = _uv_fails(tmp_path, "--color", "always")
+    assert "\x1b[" in log
+    assert explaining_line(log) == UV_NO_SOLUTION
+
+
+def test_an_environment_that_could_not_be_built_says_so_with_the_installer_s_error(tmp_path):
+    # env.sh's lines around the installer's output (engines/farside/env.sh)
+    log = (
+        "environment 23ca9d0e1f2a: building with uv 0.9.5\n"
+        + _uv_fails(tmp_path)
+        + "environment 23ca9d0e1f2a: could not be built; the installer's message is above\n"
+    )
+    assert explaining_line(log) == f"environment 23ca9d0e1f2a: could not be built: {UV_NO_SOLUTION}"
+
+
+def test_pip_s_first_error_says_why(tmp_path):
+    (tmp_path / "none").mkdir()
+    log = output_of(
+        sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-index",
+        "--find-links", str(tmp_path / "none"), "rcbarpkg==9.9",
+    )  # fmt: skip
+    assert "ERROR: No matching distribution found" in log
+    assert (
+        explaining_line(log)
+        == "Could not find a version that satisfies the requirement rcbarpkg==9.9 (from versions: none)"
+    )
+
+
+def test_the_notebook_runner_s_summary_wins_over_the_kernel_s_coloured_traceback():
+    log = (
+        "\x1b[31m---------------------------------------------------------------------------\x1b[39m\n"
+        "\x1b[31mZeroDivisionError\x1b[39m                         Traceback (most recent call last)\n"
+        "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[3]\x1b[39m\x1b[32m, line 2\x1b[39m\n"
+        "\x1b[31mZeroDivisionError\x1b[39m: division by zero\n"
+        "run-notebook: broken.ipynb: cell 3 failed: ZeroDivisionError: division by zero\n"
+    )
+    assert explaining_line(log) == "run-notebook: broken.ipynb: cell 3 failed: ZeroDivisionError: division by zero"
+
+
+def test_otherwise_the_last_line_without_its_terminal_codes():
+    log = "step 1\n\x1b]0;a title\x07\x1b[2K\x1b[1;31mfatal:\x1b[0m disk quota exceeded\r\n\n  \n"
+    assert explaining_line(log) == "fatal: disk quota exceeded"
+    assert explaining_line("\n \n") is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "\x1b[38;5;196mred\x1b[0m",
+        "\x1b]8;;https://x.test\x1b\\red\x1b]8;;\x1b\\",
+        "\x9b1mred",
+        "\x1b(Bred\x1b>",
+        "r\x00e\x7fd",
+    ],
+)
+def test_plain_takes_out_every_kind_of_terminal_code(raw):
+    assert plain(raw) == "red"
+
+
+def test_a_long_reason_is_cut_at_a_space_never_inside_a_path():
+    path = "/home/someone/projects/a-rather-long-project-name/data/" + "x" * 80 + "/points.csv"
+    reason = "exit code 1: FileNotFoundError: " + "the file is not there " * 8 + path
+    short = shorten(reason)
+    assert len(short) <= REASON_MAX and short.endswith("…")
+    assert path not in short and "/home" not in short  # the path is left out whole, not cut
+
+
+def _log(folder: Path, text: str) -> Path:
+    path = folder / "log"
+    path.write_text(text)
+    return path
+
+
+def test_no_log_and_an_empty_log_say_so(tmp_path):
+    assert failure_reason(2, None) == "exit code 2: (no log)"
+    assert failure_reason(2, _log(tmp_path, "\n\n")) == "exit code 2: (empty log)"
