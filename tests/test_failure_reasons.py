@@ -97,6 +97,30 @@ def test_a_traceback_s_reason_is_the_exception_raised_last(bench, workspace, tra
     assert listed_reason(workspace, job_id, tracking_uri) == "exit code 1: RuntimeError: could not divide 3 by zero"
 
 
+def test_a_workspace_file_the_job_did_not_send_is_named_with_how_to_send_it(bench, workspace, tracking_uri):
+    service, machine = bench
+    (workspace / "fit.py").write_text("open('data.csv').read()\n")
+    (workspace / "data.csv").write_text("x,y\n1,2\n")
+    job_id = _run(
+        service, JobSpec.from_json({"machine": machine, "command": ["python3", "fit.py"], "send": ["fit.py"]})
+    )
+    assert listed_reason(workspace, job_id, tracking_uri) == (
+        "exit code 1: FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'; "
+        "data.csv is in the workspace but was not sent: send it with the job (--send data.csv)"
+    )
+
+
+def test_a_file_missing_from_the_workspace_too_gets_no_hint(bench, workspace, tracking_uri):
+    service, machine = bench
+    (workspace / "fit.py").write_text("open('data.csv').read()\n")
+    job_id = _run(
+        service, JobSpec.from_json({"machine": machine, "command": ["python3", "fit.py"], "send": ["fit.py"]})
+    )
+    assert listed_reason(workspace, job_id, tracking_uri) == (
+        "exit code 1: FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'"
+    )
+
+
 def test_terminal_codes_are_taken_out_and_a_secret_printed_between_them_stays_hidden(bench, workspace, tracking_uri):
     service, machine = bench
     value = "tok-" + os.urandom(12).hex()

@@ -145,6 +145,23 @@ def test_a_long_reason_is_cut_at_a_space_never_inside_a_path():
     assert path not in short and "/home" not in short  # the path is left out whole, not cut
 
 
+def test_a_missing_file_the_workspace_has_is_named_with_how_to_send_it(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/points.csv").write_text("x\n")
+    (tmp_path / "fit.py").write_text("open('data/points.csv')\n")
+    log = output_of(sys.executable, "../fit.py", cwd=tmp_path / "data")  # run where the file is not
+    reason = failure_reason(1, _log(tmp_path, log), ["fit.py"], tmp_path)
+    assert reason == (
+        "exit code 1: FileNotFoundError: [Errno 2] No such file or directory: 'data/points.csv'; "
+        "data/points.csv is in the workspace but was not sent: send it with the job (--send data/points.csv)"
+    )
+    # sent (by name, folder or pattern), or not in the workspace: no hint
+    for sent in (["data/points.csv"], ["data"], ["data/*.csv"], ["./data/"]):
+        assert "not sent" not in failure_reason(1, _log(tmp_path, log), sent, tmp_path)
+    (tmp_path / "data/points.csv").unlink()
+    assert "not sent" not in failure_reason(1, _log(tmp_path, log), ["fit.py"], tmp_path)
+
+
 def _log(folder: Path, text: str) -> Path:
     path = folder / "log"
     path.write_text(text)
@@ -152,5 +169,5 @@ def _log(folder: Path, text: str) -> Path:
 
 
 def test_no_log_and_an_empty_log_say_so(tmp_path):
-    assert failure_reason(2, None) == "exit code 2: (no log)"
-    assert failure_reason(2, _log(tmp_path, "\n\n")) == "exit code 2: (empty log)"
+    assert failure_reason(2, None, [], tmp_path) == "exit code 2: (no log)"
+    assert failure_reason(2, _log(tmp_path, "\n\n"), [], tmp_path) == "exit code 2: (empty log)"

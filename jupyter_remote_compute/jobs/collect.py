@@ -89,7 +89,7 @@ class Collector:
             else:
                 landed = self._land(incoming, verified)
         if outcome.state == "failed" and outcome.reason is None:
-            reason = failure_reason(job.exit_code, log_path)
+            reason = failure_reason(job.exit_code, log_path, job.spec.send, self.ctx.workspace.root)
             # The log is masked already; a secret printed in pieces between terminal codes is whole here.
             outcome = dataclasses.replace(outcome, reason=mask(reason.encode(), secrets or []).decode())
 

@@ -4,13 +4,14 @@ A failed job's reason is ``exit code N: <line>``, where the line is picked from 
 notebook runner's own summary, the far side's environment message, a Python traceback's final
 exception, the installer's error, else the last line that is not empty. Terminal codes (colours, cursor
 moves, window titles) are taken out first, and the reason is kept short without cutting a word (a path)
-in two.
+in two. A file the command could not find that is in the workspace but was not sent adds what to do.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 #: How much of the end of a log is read for its reason: a deep traceback fits.
@@ -43,6 +44,8 @@ _UV_ERROR = re.compile(r"^\s*(?:error:|\u00d7)\s+(.*)$")
 _UV_CAUSE = re.compile(r"^\s*(?:cause:|Caused by:|[├╰]─▶)\s*(.*)$")
 _UV_NOTE = re.compile(r"^\s*(?:hint|help|note|warning):")
 _PIP_ERROR = re.compile(r"^ERROR: (.*)$")
+#: Python's words for a missing file: ``[Errno 2] No such file or directory: 'data.csv'``.
+_NO_SUCH_FILE = re.compile(r"\[Errno 2\] No such file or directory: '([^']+)'")
 
 
 def plain(text: str) -> str:
@@ -82,11 +85,13 @@ def explaining_line(text: str) -> str | None:
     return found
 
 
-def failure_reason(exit_code: int | None, log_path: Path | None) -> str:
-    """``exit code N: <the explaining line>``."""
+def failure_reason(exit_code: int | None, log_path: Path | None, inputs: Sequence[str], workspace: Path) -> str:
+    """``exit code N: <the explaining line>``, with what to send when the command missed a workspace file."""
     tail = log_tail(log_path)
     line = "(no log)" if tail is None else (explaining_line(tail) or "(empty log)")
-    return shorten(f"exit code {exit_code}: {line}")
+    reason = f"exit code {exit_code}: {line}"
+    hint = _unsent_file_hint(line, inputs, workspace)
+    return shorten(reason, REASON_MAX - len(hint)) + hint
 
 
 def shorten(text: str, limit: int = REASON_MAX) -> str:
@@ -135,3 +140,22 @@ def _installer_error(lines: list[str]) -> str | None:
                 causes[-1] += " " + line.strip()
         return f"{head.rstrip(':')}: {causes[-1]}" if causes else head
     return next((m.group(1) for m in map(_PIP_ERROR.match, lines) if m), None)
+
+
+def _unsent_file_hint(line: str, inputs: Sequence[str], workspace: Path) -> str:
+    """For a missing file the workspace has and the job did not send: how to send it."""
+    found = _NO_SUCH_FILE.search(line)
+    if not found:
+        return ""
+    rel = found.group(1).removeprefix("./")
+    if rel.startswith("/") or ".." in rel.split("/") or not (workspace / rel).is_file() or _sent(rel, inputs):
+        return ""
+    return f"; {rel} is in the workspace but was not sent: send it with the job (--send {rel})"
+
+
+def _sent(rel: str, inputs: Sequence[str]) -> bool:
+    for pattern in inputs:
+        pattern = pattern.removeprefix("./").rstrip("/")
+        if rel == pattern or rel.startswith(pattern + "/") or fnmatch.fnmatchcase(rel, pattern):
+            return True
+    return False
