@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .engines.faces import CliCommand, all_faces, faces_of
-from .errors import RemoteComputeError
+from .errors import InvalidSettings, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from .jobs.logs import waiting_line
@@ -30,11 +30,13 @@ from .jobs.transitions import TERMINAL_STATES
 from .machines.admin import HostKeyNotConfirmed
 from .org.client import with_organization
 from .run_options import add_run_options, command_of, is_python_version, spec_settings
-from .workspace import Workspace
+from .workspace import Workspace, relative_to_note
 
 _DECIMAL = re.compile(r"\d+\.\d*|\.\d+")
 EXIT_FAILED = 1
 EXIT_DETACHED = 3
+#: The spec's fields that hold workspace-relative paths (``--send``, ``--bring-back``).
+WORKSPACE_PATH_FIELDS = ("send", "bring_back")
 
 
 def _service(args: argparse.Namespace) -> JobService:
@@ -235,12 +237,19 @@ def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
 
 def cmd_run(args: argparse.Namespace) -> int:
     command = command_of(args)
-    if args.notebook:
-        spec = _notebook_spec(args, command)
-    elif not command:
-        raise RemoteComputeError("run: give the command after --, e.g. run --machine local -- python train.py")
-    else:
-        spec = JobSpec.from_json(spec_settings(args, command))
+    try:
+        if args.notebook:
+            spec = _notebook_spec(args, command)
+        elif not command:
+            raise RemoteComputeError("run: give the command after --, e.g. run --machine local -- python train.py")
+        else:
+            spec = JobSpec.from_json(spec_settings(args, command))
+    except InvalidSettings as e:
+        # A path given from a folder inside the workspace is taken from the workspace's folder: say which.
+        if e.field and e.field.split("[", 1)[0] in WORKSPACE_PATH_FIELDS:
+            root = Workspace.find(args.workspace, fallback=args.workspace).root
+            raise InvalidSettings(f"{e.message}; {relative_to_note(root)}", field=e.field) from None
+        raise
     service = _service(args)
     result = service.submit(spec, new=args.new)
     job = result.job

@@ -23,6 +23,11 @@ def find_workspace(start: Path | str | None = None, fallback: Path | str | None 
     return Path(fallback).resolve() if fallback else here
 
 
+def relative_to_note(root: Path) -> str:
+    """What a refused workspace path adds to its message: where such paths start (not the current folder)."""
+    return f"paths are relative to the workspace's folder {root}, not to the current folder"
+
+
 @dataclasses.dataclass(frozen=True)
 class Workspace:
     root: Path

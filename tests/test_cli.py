@@ -73,6 +73,31 @@ def test_bad_input_is_a_clear_error(cli) -> None:
     assert proc.stderr.startswith("error: send[0]:") and "Traceback" not in proc.stderr
 
 
+def test_a_path_refused_from_a_folder_inside_the_workspace_names_the_workspace_s_folder(cli, quickstart) -> None:
+    def run_in_data(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "jupyter_remote_compute.cli", "run", *args, "--", "true"],
+            cwd=quickstart / "data", env=cli.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 1
+        return proc.stderr
+
+    note = f"paths are relative to the workspace's folder {quickstart.resolve()}, not to the current folder\n"
+    assert (
+        run_in_data("--send", "points.csv") == f"error: send[0]: 'points.csv' matches no file in the workspace; {note}"
+    )
+    assert run_in_data("--send", "../train.py") == (
+        f"error: send[0]: '../train.py' leads out of the workspace ('..' is not allowed); {note}"
+    )
+    assert run_in_data("--bring-back", "/tmp/model.pkl") == (
+        f"error: bring_back[0]: '/tmp/model.pkl' must be relative to the workspace, not absolute; {note}"
+    )
+    assert run_in_data("--requirements", "requirements.txt") == (
+        f"error: environment.requirements: requirements.txt is not a file in the workspace; {note}"
+    )
+    assert json.loads(cli("jobs", "list", "--json").stdout) == []
+
+
 def test_secrets_are_read_from_stdin_and_listed_by_name(cli) -> None:
     cli("secrets", "set", "cli/token", stdin="tok-" + "x" * 20 + "\n")
     listed = cli("secrets", "list").stdout

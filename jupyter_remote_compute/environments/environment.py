@@ -36,6 +36,7 @@ from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write
 from ..machines.options import URL_CREDENTIALS
+from ..workspace import relative_to_note
 from . import image as images
 
 #: What makes a Python environment; ``image`` and ``runtime`` say where it (or the bare command) runs.
@@ -149,7 +150,7 @@ def _read_workspace_file(root: Path, rel: str, field: str) -> str:
     if not path.is_relative_to(root.resolve()):
         raise InvalidSettings(f"{field}: {rel} leads out of the workspace; put the file inside it", field=field)
     if not path.is_file():
-        raise InvalidSettings(f"{field}: {rel} is not a file in the workspace", field=field)
+        raise InvalidSettings(f"{field}: {rel} is not a file in the workspace; {relative_to_note(root)}", field=field)
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

@@ -19,6 +19,7 @@ from pathlib import Path
 from ..engines.base import InputFile
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write, sha256_file
+from ..workspace import relative_to_note
 
 _SKIP_DIRS = {".punica", ".git", "__pycache__", ".ipynb_checkpoints"}
 
@@ -85,7 +86,9 @@ def expand_send(root: Path, patterns: Sequence[str]) -> list[tuple[str, str]]:
         else:
             matches = [root / pattern] if os.path.lexists(root / pattern) else []
         if not matches:
-            raise InvalidSettings(f"{field}: {pattern!r} matches no file in the workspace", field=field)
+            raise InvalidSettings(
+                f"{field}: {pattern!r} matches no file in the workspace; {relative_to_note(root)}", field=field
+            )
         for match in matches:
             real = match.resolve()
             if not _inside(root, real):
