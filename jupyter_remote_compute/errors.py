@@ -98,6 +98,19 @@ class MachineError(RemoteComputeError):
         return {**super().to_json(), **({"details": self.details} if self.details else {})}
 
 
+class MachineUnreachable(MachineError):
+    """The machine did not answer (refused, timed out, no such host): ``reason`` says why.
+
+    To a check or a trust this is an answer, not a failed request: the REST API gives it with 200.
+    """
+
+    code = "unreachable"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class NotTrained(RemoteComputeError):
     """A job is not (yet) trained: still running, failed, cancelled, lost or missing outputs.
 

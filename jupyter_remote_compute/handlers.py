@@ -24,7 +24,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
-from .errors import InvalidSettings, RemoteComputeError
+from .errors import InvalidSettings, MachineUnreachable, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
@@ -277,8 +277,13 @@ class MachineHandler(RemoteComputeHandler):
 class MachineCheckHandler(RemoteComputeHandler):
     @api
     async def post(self, name: str) -> None:
-        facts = await self.call(self.service.admin.check, name)
-        self.reply({"name": name, "ok": True, "facts": facts})
+        """The check's answer: the facts, or that the machine could not be reached and why."""
+        try:
+            facts = await self.call(self.service.admin.check, name)
+        except MachineUnreachable as e:
+            self.reply({"name": name, "ok": False, "reachable": False, "reason": e.reason})
+            return
+        self.reply({"name": name, "ok": True, "reachable": True, "facts": facts})
 
 
 class MachineTrustHandler(RemoteComputeHandler):
@@ -288,7 +293,12 @@ class MachineTrustHandler(RemoteComputeHandler):
         fingerprint = self.body().get("fingerprint")
         if fingerprint is not None and not isinstance(fingerprint, str):
             raise InvalidSettings("fingerprint: must be a string like SHA256:...", field="fingerprint")
-        self.reply(await self.call(self.service.admin.trust, name, fingerprint))
+        try:
+            trusted = await self.call(self.service.admin.trust, name, fingerprint)
+        except MachineUnreachable as e:
+            self.reply({"name": name, "trusted": False, "reachable": False, "reason": e.reason})
+            return
+        self.reply({**trusted, "reachable": True})
 
 
 # -- jobs -------------------------------------------------------------------

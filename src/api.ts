@@ -237,11 +237,15 @@ export interface IMachinePatch {
   version?: string;
 }
 
-export interface ICheckResult {
-  name: string;
-  ok: boolean;
-  facts: Record<string, unknown>;
-}
+/**
+ * A check's answer: the machine's facts, or (`ok` false) why it could not be reached.
+ */
+export type ICheckResult = Schemas['CheckResult'];
+
+/**
+ * A trust's answer: the fingerprint recorded, or (`trusted` false) why the machine could not be reached.
+ */
+export type ITrustResult = Schemas['TrustResult'];
 
 export type JobState = Schemas['State'];
 
@@ -474,8 +478,8 @@ export function trustMachine(
   name: string,
   fingerprint: string,
   settings?: ServerConnection.ISettings
-): Promise<{ name: string; fingerprint: string }> {
-  return requestAPI<{ name: string; fingerprint: string }>(
+): Promise<ITrustResult> {
+  return requestAPI<ITrustResult>(
     `machines/${enc(name)}/trust`,
     { method: 'POST', body: JSON.stringify({ fingerprint }) },
     settings

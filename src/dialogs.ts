@@ -108,18 +108,26 @@ export function confirmTrustHost(
 }
 
 /**
+ * Why a check failed: the server's error, or the answer that the machine could not be reached.
+ */
+export interface ICheckFailure {
+  message: string;
+  code: string;
+  field?: string | null;
+}
+
+/**
  * The whole answer of a failed check; resolves to true when the person asked to edit the machine.
  */
 export async function showCheckFailure(
   name: string,
-  error: unknown,
+  failure: ICheckFailure,
   trans: TranslationBundle
 ): Promise<boolean> {
-  const apiError = asAPIError(error);
   const result = await showDialog({
     title: trans.__('Check of %1 failed', name),
-    body: `${apiError.message}\n\n(${apiError.code}${
-      apiError.field ? `, ${apiError.field}` : ''
+    body: `${failure.message}\n\n(${failure.code}${
+      failure.field ? `, ${failure.field}` : ''
     })`,
     buttons: [
       Dialog.cancelButton({ label: trans.__('Close') }),

@@ -365,16 +365,17 @@ export class ComputeModel implements IDisposable {
   }
 
   /**
-   * Reach a machine and remember the outcome; rejects with an APIError when it fails.
+   * Reach a machine and remember the outcome. A machine that could not be reached is an answer
+   * (`ok` false, with the reason); a check that failed otherwise rejects with an APIError.
    */
   async check(name: string): Promise<ICheckResult> {
     try {
       const result = await checkMachine(name);
       this._checks.set(name, {
-        ok: true,
+        ok: result.ok,
         at: new Date().toISOString(),
         facts: result.facts ?? {},
-        message: ''
+        message: result.ok ? '' : (result.reason ?? '')
       });
       return result;
     } catch (error) {

@@ -239,7 +239,13 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Reach the machine and report its facts */
+        /**
+         * Reach the machine and report its facts
+         * @description A machine that cannot be reached (a refused or timed-out connection, a name not resolved) is the
+         *     check's answer, not a failed request: 200 with `ok` and `reachable` false and the `reason`. A
+         *     machine reached that fails the check (an unknown host key, a far side without what it needs)
+         *     answers with an error, code machine_error.
+         */
         post: {
             parameters: {
                 query?: never;
@@ -251,20 +257,13 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description The machine answered */
+                /** @description The check's answer */
                 200: {
                     headers: {
                         [name: string]: unknown;
                     };
                     content: {
-                        "application/json": {
-                            name: string;
-                            /** @enum {boolean} */
-                            ok: true;
-                            facts: {
-                                [key: string]: unknown;
-                            };
-                        };
+                        "application/json": components["schemas"]["CheckResult"];
                     };
                 };
                 400: components["responses"]["Invalid"];
@@ -315,16 +314,13 @@ export interface paths {
                 };
             };
             responses: {
-                /** @description The key was recorded */
+                /** @description The key was recorded, or the machine could not be reached to read it */
                 200: {
                     headers: {
                         [name: string]: unknown;
                     };
                     content: {
-                        "application/json": {
-                            name?: string;
-                            fingerprint?: string;
-                        };
+                        "application/json": components["schemas"]["TrustResult"];
                     };
                 };
                 400: components["responses"]["Invalid"];
@@ -1342,6 +1338,27 @@ export interface components {
             details?: {
                 [key: string]: unknown;
             };
+        };
+        /** @description `ok` and `reachable` true with the facts; or false with why the machine could not be reached */
+        CheckResult: {
+            name: string;
+            ok: boolean;
+            reachable: boolean;
+            /** @description the machine's facts, when it answered */
+            facts?: {
+                [key: string]: unknown;
+            };
+            /** @description why the machine could not be reached, when it was not */
+            reason?: string;
+        };
+        /** @description `trusted` true with the recorded fingerprint; or false with why the machine could not be reached */
+        TrustResult: {
+            name: string;
+            trusted: boolean;
+            reachable: boolean;
+            fingerprint?: string;
+            /** @description why the machine could not be reached, when it was not */
+            reason?: string;
         };
         PipelineRunStarted: {
             run: components["schemas"]["PipelineRun"];

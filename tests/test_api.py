@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 from tornado.httpclient import HTTPClientError
 
+import jupyter_remote_compute
 from jupyter_remote_compute import engines
 from jupyter_remote_compute.engines.local import LocalEngine
 
@@ -152,6 +156,46 @@ async def test_machines_are_added_checked_and_removed(jp_fetch, server_workspace
     assert code == 204
     code, err = await _error(jp_fetch, "machines", "box")
     assert code == 404
+
+
+def _closed_port() -> int:
+    """A loopback port the OS gave and nothing listens on now: a connection to it is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _schema(name: str) -> dict:
+    return yaml.safe_load((Path(jupyter_remote_compute.__file__).parent / "openapi.yaml").read_text())["components"][
+        "schemas"
+    ][name]
+
+
+@pytest.mark.parametrize("transport", ["openssh", "paramiko"])
+async def test_a_machine_that_cannot_be_reached_is_the_check_s_answer_not_an_error(jp_fetch, transport):
+    port = _closed_port()
+    _, data = await _json(jp_fetch, "machines")
+    options = {"port": port, "user": "nobody", "ssh_transport": transport}
+    body = {"name": "gone", "kind": "ssh", "address": "127.0.0.1", "options": options, "version": data["version"]}
+    await _json(jp_fetch, "machines", method="POST", body=body)
+    why = f"connection refused by 127.0.0.1:{port}: no SSH server listens on that port"
+    if transport == "openssh":
+        why += f" (ssh: connect to host 127.0.0.1 port {port}: Connection refused)"
+    code, checked = await _json(jp_fetch, "machines", "gone", "check", method="POST", body={})
+    assert code == 200 and checked == {"name": "gone", "ok": False, "reachable": False, "reason": why}
+    jsonschema.validate(checked, _schema("CheckResult"))
+    code, trusted = await _json(jp_fetch, "machines", "gone", "trust", method="POST", body={})
+    assert code == 200 and trusted == {"name": "gone", "trusted": False, "reachable": False, "reason": why}
+    jsonschema.validate(trusted, _schema("TrustResult"))
+
+
+async def test_a_machine_that_answers_is_checked_reachable(jp_fetch, testbox_kind):
+    _, data = await _json(jp_fetch, "machines")
+    body = {"name": "box", "kind": "testbox", "address": "here", "version": data["version"]}
+    await _json(jp_fetch, "machines", method="POST", body=body)
+    code, checked = await _json(jp_fetch, "machines", "box", "check", method="POST", body={})
+    assert code == 200 and checked["ok"] is True and checked["reachable"] is True and "reason" not in checked
+    jsonschema.validate(checked, _schema("CheckResult"))
 
 
 async def test_a_stale_machine_write_is_refused(jp_fetch, server_workspace: Path, testbox_kind):

@@ -19,7 +19,7 @@ from typing import Any
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineContext, EngineError
 from ..engines.faces import faces_of
-from ..errors import InvalidSettings, MachineError, RemoteComputeError
+from ..errors import InvalidSettings, MachineError, MachineUnreachable, RemoteComputeError
 from ..secrets import SecretStore
 from ..usage.ledger import remember_facts
 from ..workspace import default_scratch_dir
@@ -214,7 +214,7 @@ class MachineAdmin:
         try:
             facts = self.engine(name).check()
         except EngineError as e:
-            raise MachineError(f"{name}: {e}", details=e.details) from e
+            raise _machine_error(name, e) from e
         # What the machine holds, for metering jobs that asked for no GPUs (they hold the machine).
         try:
             remember_facts(self.registry.path.parent, name, facts)
@@ -252,8 +252,16 @@ class MachineAdmin:
         except EngineError as e:
             if e.details.get("mismatch"):
                 raise HostKeyNotConfirmed(f"{name}: {e}", details={"host_key": e.details["host_key"]}) from e
-            raise MachineError(f"{name}: {e}", details=e.details) from e
+            raise _machine_error(name, e) from e
         return {"name": name, "fingerprint": recorded, "trusted": True}
+
+
+def _machine_error(name: str, e: EngineError) -> MachineError:
+    """What a check or a trust that failed reports: unreachable when trying again later may answer
+    (a refused or timed-out connection, a name not resolved); else what the machine said, with its details."""
+    if e.transient and not e.details:
+        return MachineUnreachable(f"{name}: {e}", reason=str(e))
+    return MachineError(f"{name}: {e}", details=e.details)
 
 
 def _given(token: Any) -> bool:

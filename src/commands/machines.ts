@@ -14,6 +14,7 @@ import { removeMachine, trustMachine, updateMachine } from '../api';
 import {
   confirmRemoveMachine,
   confirmTrustHost,
+  ICheckFailure,
   showCheckFailure,
   showError
 } from '../dialogs';
@@ -147,8 +148,33 @@ export function registerMachineCommands(
         Notification.dismiss(id);
         Notification.emit(message, type, options);
       };
+      // The whole answer, and the machine's form to fix it (not for the built-in machine).
+      const details = (failure: ICheckFailure) => ({
+        label: trans.__('Details'),
+        caption: trans.__('Show the whole answer and edit the machine'),
+        callback: () => {
+          void showCheckFailure(name, failure, trans).then(edit => {
+            if (edit && model.machine(name)?.builtin === false) {
+              openers.machineForm('edit', name);
+            }
+          });
+        }
+      });
       try {
         const result = await model.check(name);
+        if (!result.ok) {
+          // Unreachable is the check's answer, not a failed request: a failed check, with the reason.
+          const reason = result.reason ?? '';
+          answer(
+            trans.__('%1 could not be reached: %2', name, reason),
+            'error',
+            {
+              autoClose: false,
+              actions: [details({ message: reason, code: 'unreachable' })]
+            }
+          );
+          return false;
+        }
         const facts = formatFacts(result.facts ?? {});
         answer(
           facts
@@ -177,7 +203,20 @@ export function registerMachineCommands(
                         return;
                       }
                       try {
-                        await trustMachine(name, hostKey.fingerprint);
+                        const trusted = await trustMachine(
+                          name,
+                          hostKey.fingerprint
+                        );
+                        if (!trusted.trusted) {
+                          Notification.error(
+                            trans.__(
+                              '%1 could not be reached: %2',
+                              name,
+                              trusted.reason ?? ''
+                            )
+                          );
+                          return;
+                        }
                         await commands.execute(CommandIDs.checkMachine, {
                           name
                         });
@@ -195,20 +234,7 @@ export function registerMachineCommands(
           'error',
           {
             autoClose: false,
-            actions: [
-              ...trustAction,
-              {
-                label: trans.__('Details'),
-                caption: trans.__('Show the whole answer and edit the machine'),
-                callback: () => {
-                  void showCheckFailure(name, apiError, trans).then(edit => {
-                    if (edit && model.machine(name)?.builtin === false) {
-                      openers.machineForm('edit', name);
-                    }
-                  });
-                }
-              }
-            ]
+            actions: [...trustAction, details(apiError)]
           }
         );
         return false;
