@@ -198,6 +198,29 @@ async def test_a_machine_that_answers_is_checked_reachable(jp_fetch, testbox_kin
     jsonschema.validate(checked, _schema("CheckResult"))
 
 
+@pytest.mark.parametrize(
+    ("kind", "address"),
+    [
+        ("ssh", "h\ud800st"),  # a lone surrogate (JSON may carry one: "\\ud800")
+        ("ssh", "\udfffhost"),
+        ("ssh", "lab\x01box"),
+        ("ssh", "box\x7f"),
+        ("agent", "lab-gpu-1\x1b[31m"),  # a terminal's colour code
+        ("agent", "lab\x85gpu"),  # C1 control: a line break to some
+        ("agent", "h\ud800st"),
+    ],
+)
+async def test_an_address_with_control_characters_or_lone_surrogates_is_refused(
+    jp_fetch, server_workspace: Path, address, kind
+):
+    _, data = await _json(jp_fetch, "machines")
+    before = (server_workspace / ".punica/compute.yaml").read_bytes()
+    body = {"name": "odd", "kind": kind, "address": address, "options": {}, "version": data["version"]}
+    code, err = await _error(jp_fetch, "machines", method="POST", body=body)
+    assert code == 400 and err["field"] == "address" and "control characters or lone surrogates" in err["message"]
+    assert (server_workspace / ".punica/compute.yaml").read_bytes() == before
+
+
 async def test_a_stale_machine_write_is_refused(jp_fetch, server_workspace: Path, testbox_kind):
     _, data = await _json(jp_fetch, "machines")
     compute = server_workspace / ".punica/compute.yaml"

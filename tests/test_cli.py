@@ -98,6 +98,17 @@ def test_a_path_refused_from_a_folder_inside_the_workspace_names_the_workspace_s
     assert json.loads(cli("jobs", "list", "--json").stdout) == []
 
 
+def test_a_hand_written_address_with_a_control_character_is_refused_with_its_line(cli, quickstart) -> None:
+    compute = quickstart / ".punica/compute.yaml"
+    compute.write_text('machines:\n  box:\n    kind: agent\n    address: "lab\\e[31mgpu"\n')
+    proc = cli("machines", "list", "--json", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"error: {compute}, line 4: machine 'box': address must not hold control characters or lone surrogates "
+        "(it holds '\\x1b')\n"
+    )
+
+
 def test_secrets_are_read_from_stdin_and_listed_by_name(cli) -> None:
     cli("secrets", "set", "cli/token", stdin="tok-" + "x" * 20 + "\n")
     listed = cli("secrets", "list").stdout

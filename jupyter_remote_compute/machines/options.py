@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -110,9 +111,26 @@ def engine_of_kind(kind: object) -> type[Engine]:
         raise InvalidSettings(f"unknown kind {kind!r}; known kinds: {known}", field="kind") from None
 
 
+_UNPRINTABLE = "must not hold control characters or lone surrogates (it holds {})"
+
+
+def unprintable(text: str) -> str | None:
+    """The first control character or lone surrogate in ``text``, written as Python escapes it; else None.
+
+    Neither belongs in an address: a terminal would act on one where it is shown, and the other is no
+    character at all (compute.yaml could not be written as UTF-8).
+    """
+    for c in text:
+        if unicodedata.category(c) in ("Cc", "Cs"):
+            return ascii(c)
+    return None
+
+
 def check_address(cls: type[Engine], address: object) -> str:
     if not isinstance(address, str):
         raise InvalidSettings("address must be text (a host name or a URL)", field="address")
+    if (found := unprintable(address)) is not None:
+        raise InvalidSettings("address " + _UNPRINTABLE.format(found), field="address")
     try:
         return cls.validate_address(address)
     except ValueError as e:
@@ -224,6 +242,8 @@ def check_entry(doc: YamlDocument, name: Any, entry: Any) -> None:
             raise doc.error(at, f"machine {name!r} has no {key}")
         if not isinstance(entry[key], str) or not entry[key]:
             raise doc.error(doc.line(entry, key, value=True), f"machine {name!r}: {key} must be non-empty text")
+        if (found := unprintable(entry[key])) is not None:
+            raise doc.error(doc.line(entry, key, value=True), f"machine {name!r}: {key} {_UNPRINTABLE.format(found)}")
     if entry["kind"] == LOCAL:
         raise doc.error(doc.line(entry, "kind", value=True), f"machine {name!r}: kind 'local' is built in")
     if "enabled" in entry and not isinstance(entry["enabled"], (bool, ScalarBoolean)):
