@@ -57,6 +57,18 @@ def test_a_traceback_whose_start_was_cut_off_still_gives_its_exception(tmp_path)
     assert explaining_line(cut) == "RecursionError: maximum recursion depth exceeded"
 
 
+def test_a_traceback_the_command_printed_and_went_on_from_is_not_why_it_failed(tmp_path):
+    source = (
+        "import traceback, sys\n"
+        "try:\n    {}['lr']\nexcept KeyError:\n    traceback.print_exc()\n"
+        "for epoch in range(5):\n    print('epoch', epoch)\n"
+        "sys.exit('fatal: the loss is nan')\n"
+    )
+    log = python_failing(source, tmp_path)
+    assert "KeyError: 'lr'" in log
+    assert explaining_line(log) == "fatal: the loss is nan"
+
+
 def _uv_fails(tmp_path: Path, *more: str) -> str:
     uv = find_uv_bin()
     subprocess.run([uv, "venv", "-q", str(tmp_path / "env")], check=True)

@@ -18,6 +18,9 @@ from pathlib import Path
 TAIL_BYTES = 64 << 10
 #: The longest reason made from a log, in characters.
 REASON_MAX = 300
+#: How many lines may follow a traceback's exception for it to still be why the command failed
+#: (what an exit handler prints on the way out).
+AFTER_TRACEBACK = 3
 
 # ECMA-48: CSI (ESC [ or the 8-bit CSI, parameters, intermediates, a final byte); the strings OSC,
 # DCS, SOS, PM and APC, ended by BEL or ST (or the line's end when cut short); other escapes of two.
@@ -112,16 +115,22 @@ def _environment_message(lines: list[str]) -> str | None:
 
 
 def _final_exception(lines: list[str]) -> str | None:
-    """The exception a Python traceback ends with (of a chain, the last raised)."""
+    """The exception a Python traceback ends with (of a chain, the last raised), when the traceback is
+    how the log ends: one the command printed and went on from is not why it failed."""
+    at = _exception_at(lines)
+    return lines[at] if at is not None and len(lines) - 1 - at <= AFTER_TRACEBACK else None
+
+
+def _exception_at(lines: list[str]) -> int | None:
     headers = [i for i, line in enumerate(lines) if _TRACEBACK.match(line)]
     if headers:
-        for line in lines[headers[-1] + 1 :]:
-            if not line[:1].isspace():
-                return line if _EXCEPTION.match(line) else None
+        for i in range(headers[-1] + 1, len(lines)):
+            if not lines[i][:1].isspace():
+                return i if _EXCEPTION.match(lines[i]) else None
         return None
     for i in range(len(lines) - 1, 0, -1):
         if _EXCEPTION_NAMED.match(lines[i]) and lines[i - 1][:1].isspace():
-            return lines[i]
+            return i
     return None
 
 
