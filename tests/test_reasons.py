@@ -6,6 +6,8 @@ tests (test_failure_reasons.py) run the same failures as jobs on local and ssh.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +95,26 @@ def test_uv_in_colour_gives_the_same_words(tmp_path):
     log = _uv_fails(tmp_path, "--color", "always")
     assert "\x1b[" in log
     assert explaining_line(log) == UV_NO_SOLUTION
+
+
+def test_uv_at_a_terminal_spinner_and_all_gives_the_same_words(tmp_path):
+    """What a job run under a terminal (script(1), a pty) logs: a spinner redrawn with CR and erase-line."""
+    uv = find_uv_bin()
+    subprocess.run([uv, "venv", "-q", str(tmp_path / "env")], check=True)
+    (tmp_path / "none").mkdir()
+    argv = [uv, "pip", "install", "--no-index", "--find-links", str(tmp_path / "none"), "rcbarpkg==9.9",
+            "--python", str(tmp_path / "env/bin/python")]  # fmt: skip
+    controller, terminal = os.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    log = b""
+    with contextlib.suppress(OSError):  # EIO once uv has ended and closed its side
+        while chunk := os.read(controller, 4096):
+            log += chunk
+    os.close(controller)
+    assert proc.wait(timeout=60) != 0
+    assert b"\r\x1b[2K" in log
+    assert explaining_line(log.decode()) == UV_NO_SOLUTION
 
 
 def test_an_environment_that_could_not_be_built_says_so_with_the_installer_s_error(tmp_path):

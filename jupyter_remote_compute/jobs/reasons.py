@@ -68,7 +68,8 @@ def log_tail(log_path: Path | None) -> str | None:
 
 def explaining_line(text: str) -> str | None:
     """The line of a log's tail that says why its command failed; None when every line is empty."""
-    lines = [line.rstrip() for line in plain(text).splitlines()]
+    # Lines first: a carriage return redraws a line (a spinner, a progress bar), the last drawing stays.
+    lines = [plain(line).rstrip() for line in text.splitlines()]
     lines = [line for line in lines if line.strip()]
     if not lines:
         return None
