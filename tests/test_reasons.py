@@ -71,10 +71,27 @@ def test_a_traceback_the_command_printed_and_went_on_from_is_not_why_it_failed(t
     assert explaining_line(log) == "fatal: the loss is nan"
 
 
-def _uv_fails(tmp_path: Path, *more: str) -> str:
+def in_env_sh(installer_output: str) -> str:
+    """The installer's output as env.sh logs it (engines/farside/env.sh): its lines before and after."""
+    return (
+        "environment 23ca9d0e1f2a: building with uv 0.9.5\n"
+        + installer_output
+        + "environment 23ca9d0e1f2a: could not be built; the installer's message is above\n"
+    )
+
+
+NOT_BUILT = "environment 23ca9d0e1f2a: could not be built: "
+
+
+def _uv(tmp_path: Path) -> str:
     uv = find_uv_bin()
     subprocess.run([uv, "venv", "-q", str(tmp_path / "env")], check=True)
-    (tmp_path / "none").mkdir()
+    (tmp_path / "none").mkdir(exist_ok=True)
+    return uv
+
+
+def _uv_fails(tmp_path: Path, *more: str) -> str:
+    uv = _uv(tmp_path)
     return output_of(
         uv, "pip", "install", *more, "--no-index", "--find-links", str(tmp_path / "none"), "rcbarpkg==9.9",
         "--python", str(tmp_path / "env/bin/python"),
@@ -87,21 +104,20 @@ UV_NO_SOLUTION = (
 )
 
 
-def test_uv_s_error_gives_its_cause(tmp_path):
-    assert explaining_line(_uv_fails(tmp_path)) == UV_NO_SOLUTION
+def test_an_environment_that_could_not_be_built_says_so_with_uv_s_error_and_its_cause(tmp_path):
+    assert explaining_line(in_env_sh(_uv_fails(tmp_path))) == NOT_BUILT + UV_NO_SOLUTION
 
 
 def test_uv_in_colour_gives_the_same_words(tmp_path):
     log = _uv_fails(tmp_path, "--color", "always")
     assert "\x1b[" in log
-    assert explaining_line(log) == UV_NO_SOLUTION
+    assert explaining_line(in_env_sh(log)) == NOT_BUILT + UV_NO_SOLUTION
 
 
 def test_uv_at_a_terminal_spinner_and_all_gives_the_same_words(tmp_path):
-    """What a job run under a terminal (script(1), a pty) logs: a spinner redrawn with CR and erase-line."""
-    uv = find_uv_bin()
-    subprocess.run([uv, "venv", "-q", str(tmp_path / "env")], check=True)
-    (tmp_path / "none").mkdir()
+    """What a job run under a terminal (script(1), a pty) logs: a spinner redrawn with CR and erase-line,
+    the cause wrapped to the terminal's width."""
+    uv = _uv(tmp_path)
     argv = [uv, "pip", "install", "--no-index", "--find-links", str(tmp_path / "none"), "rcbarpkg==9.9",
             "--python", str(tmp_path / "env/bin/python")]  # fmt: skip
     controller, terminal = os.openpty()
@@ -114,17 +130,28 @@ def test_uv_at_a_terminal_spinner_and_all_gives_the_same_words(tmp_path):
     os.close(controller)
     assert proc.wait(timeout=60) != 0
     assert b"\r\x1b[2K" in log
-    assert explaining_line(log.decode()) == UV_NO_SOLUTION
+    assert explaining_line(in_env_sh(log.decode())) == NOT_BUILT + UV_NO_SOLUTION
 
 
-def test_an_environment_that_could_not_be_built_says_so_with_the_installer_s_error(tmp_path):
-    # env.sh's lines around the installer's output (engines/farside/env.sh)
-    log = (
-        "environment 23ca9d0e1f2a: building with uv 0.9.5\n"
-        + _uv_fails(tmp_path)
-        + "environment 23ca9d0e1f2a: could not be built; the installer's message is above\n"
+def test_a_package_that_fails_to_build_gives_the_build_s_own_exception(tmp_path):
+    # an in-tree build backend, so nothing is fetched: its build_wheel imports what is not there
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+        '[project]\nname = "rcbroken"\nversion = "1.0"\n'
     )
-    assert explaining_line(log) == f"environment 23ca9d0e1f2a: could not be built: {UV_NO_SOLUTION}"
+    (pkg / "backend.py").write_text(
+        "def get_requires_for_build_wheel(*a, **k):\n    return []\ndef build_wheel(*a, **k):\n    import rc_not_here\n"
+    )
+    uv = _uv(tmp_path)
+    install = [uv, "pip", "install", "--no-index", str(pkg), "--python", str(tmp_path / "env/bin/python")]
+    want = f"{NOT_BUILT}Failed to build `rcbroken @ {pkg.as_uri()}`: ModuleNotFoundError: No module named 'rc_not_here'"
+    for columns in ("", "80"):  # uv wraps its words, the quoted traceback's too, to COLUMNS when set
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+        proc = subprocess.run(install, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.returncode != 0 and "[stderr]" in proc.stdout and "hint:" in proc.stdout  # quoted, then hints
+        assert explaining_line(in_env_sh(proc.stdout)) == want, proc.stdout
 
 
 def test_pip_s_first_error_says_why(tmp_path):
@@ -134,10 +161,15 @@ def test_pip_s_first_error_says_why(tmp_path):
         "--find-links", str(tmp_path / "none"), "rcbarpkg==9.9",
     )  # fmt: skip
     assert "ERROR: No matching distribution found" in log
-    assert (
-        explaining_line(log)
-        == "Could not find a version that satisfies the requirement rcbarpkg==9.9 (from versions: none)"
+    assert explaining_line(in_env_sh(log)) == (
+        NOT_BUILT + "Could not find a version that satisfies the requirement rcbarpkg==9.9 (from versions: none)"
     )
+
+
+def test_outside_an_environment_s_build_an_error_line_above_is_not_the_reason():
+    # a command's own output that happens to look like an installer's
+    log = "error: cache miss for step 3, recomputing\n  cause: no cache\nepoch 1\nfatal: the loss is nan\n"
+    assert explaining_line(log) == "fatal: the loss is nan"
 
 
 def test_the_notebook_runner_s_summary_wins_over_the_kernel_s_coloured_traceback():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 #: How much of the end of a log is read for its reason: a deep traceback fits.
@@ -69,24 +69,18 @@ def log_tail(log_path: Path | None) -> str | None:
 def explaining_line(text: str) -> str | None:
     """The line of a log's tail that says why its command failed; None when every line is empty."""
     # Lines first: a carriage return redraws a line (a spinner, a progress bar), the last drawing stays.
-    lines = [plain(line).rstrip() for line in text.splitlines()]
-    lines = [line for line in lines if line.strip()]
+    raw = [plain(line).rstrip() for line in text.splitlines()]
+    not_built = next((m.group(1) for m in map(_NOT_BUILT.match, raw) if m), None)
+    raw = [line for line in raw if not _NOT_BUILT.match(line)]
+    lines = [line for line in raw if line.strip()]
+    if not_built:
+        # env.sh ran the installer and says its message is above: that message is why.
+        found = _environment_message(lines) or _installer_error(raw) or _final_exception(lines)
+        found = found or (lines[-1].strip() if lines else None)
+        return f"{not_built}: {found}" if found else not_built
     if not lines:
         return None
-    not_built = next((m.group(1) for m in map(_NOT_BUILT.match, lines) if m), None)
-    lines = [line for line in lines if not _NOT_BUILT.match(line)]
-    pickers: tuple[Callable[[list[str]], str | None], ...] = (
-        _runner_summary,
-        _environment_message,
-        _final_exception,
-        _installer_error,
-    )
-    found = next((line for pick in pickers if (line := pick(lines))), None)
-    if found is None:
-        found = lines[-1].strip() if lines else None
-    if not_built:
-        return f"{not_built}: {found}" if found else not_built
-    return found
+    return _runner_summary(lines) or _environment_message(lines) or _final_exception(lines) or lines[-1].strip()
 
 
 def failure_reason(exit_code: int | None, log_path: Path | None, inputs: Sequence[str], workspace: Path) -> str:
@@ -119,15 +113,21 @@ def _final_exception(lines: list[str]) -> str | None:
     """The exception a Python traceback ends with (of a chain, the last raised), when the traceback is
     how the log ends: one the command printed and went on from is not why it failed."""
     at = _exception_at(lines)
-    return lines[at] if at is not None and len(lines) - 1 - at <= AFTER_TRACEBACK else None
+    return lines[at].strip() if at is not None and len(lines) - 1 - at <= AFTER_TRACEBACK else None
 
 
 def _exception_at(lines: list[str]) -> int | None:
+    """Where the last traceback's exception is: the first line after its ``Traceback`` line, at that
+    line's indentation, that reads as one (the frames are deeper; a traceback another program quotes
+    is indented)."""
     headers = [i for i, line in enumerate(lines) if _TRACEBACK.match(line)]
     if headers:
+        indent = _indent(lines[headers[-1]])
         for i in range(headers[-1] + 1, len(lines)):
-            if not lines[i][:1].isspace():
-                return i if _EXCEPTION.match(lines[i]) else None
+            if _indent(lines[i]) < indent:
+                return None
+            if _indent(lines[i]) == indent and _EXCEPTION.match(lines[i].strip()):
+                return i  # (a frame wrapped to a terminal's width is at that indentation too)
         return None
     for i in range(len(lines) - 1, 0, -1):
         if _EXCEPTION_NAMED.match(lines[i]) and lines[i - 1][:1].isspace():
@@ -135,21 +135,37 @@ def _exception_at(lines: list[str]) -> int | None:
     return None
 
 
-def _installer_error(lines: list[str]) -> str | None:
-    """uv's last error with its deepest cause, or pip's first ``ERROR:`` line."""
-    heads = [i for i, line in enumerate(lines) if _UV_ERROR.match(line)]
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _installer_error(raw: list[str]) -> str | None:
+    """uv's last error with its deepest cause (the build's own exception, when uv quotes one), or pip's
+    first ``ERROR:`` line. ``raw`` keeps the empty lines: a cause wrapped over lines ends at one."""
+    heads = [i for i, line in enumerate(raw) if _UV_ERROR.match(line)]
     if heads:
-        head = _UV_ERROR.match(lines[heads[-1]]).group(1)  # type: ignore[union-attr]
+        head = _UV_ERROR.match(raw[heads[-1]]).group(1)  # type: ignore[union-attr]
+        block = []  # the error's indented lines: its causes, then what uv quotes ("[stderr]")
+        for line in raw[heads[-1] + 1 :]:
+            if line.strip() and (not line[:1].isspace() or _UV_NOTE.match(line)):
+                break
+            block.append(line)
         causes: list[str] = []
-        for line in lines[heads[-1] + 1 :]:
-            if _UV_NOTE.match(line) or not line[:1].isspace():
+        for line in block:
+            if not line.strip():
                 break
             if cause := _UV_CAUSE.match(line):
                 causes.append(cause.group(1))
-            elif causes:  # a cause wrapped over lines
+            elif causes:  # the error or a cause wrapped to the terminal's width (COLUMNS)
                 causes[-1] += " " + line.strip()
-        return f"{head.rstrip(':')}: {causes[-1]}" if causes else head
-    return next((m.group(1) for m in map(_PIP_ERROR.match, lines) if m), None)
+            else:
+                head += " " + line.strip()
+        quoted = [line for line in block if line.strip()]
+        at = _exception_at(quoted)
+        deepest = quoted[at].strip() if at is not None else (causes[-1] if causes else None)
+        head = head.rstrip(":")
+        return f"{head}: {deepest}" if deepest else head
+    return next((m.group(1) for m in map(_PIP_ERROR.match, raw) if m), None)
 
 
 def _unsent_file_hint(line: str, inputs: Sequence[str], workspace: Path) -> str:
