@@ -51,6 +51,8 @@ from sshd_fixture import free_port
 from uv import find_uv_bin
 from waiting import wait_for
 
+from jupyter_remote_compute.org import scopes
+
 REPO = Path(__file__).resolve().parent.parent
 DEBIAN_PYTHON = "/usr/bin/python3"
 CACHE = Path("/var/tmp/jrc-hub")
@@ -60,17 +62,13 @@ PROXY = "configurable-http-proxy@5.3.0"
 BUILD_TIMEOUT = 20 * 60
 
 SERVICE = "remote-compute"
-USE = "custom:remote-compute:use"
-ADMIN = "custom:remote-compute:admin"
+USE, ADMIN = scopes.USE, scopes.ADMIN
 GROUP = "rcteam"
 ADMIN_USER = "rcadmin"
 MEMBERS = ("rcalice", "rcbob")
 OUTSIDER = "rceve"
 USERS = (ADMIN_USER, *MEMBERS, OUTSIDER)
-CUSTOM_SCOPES = {
-    USE: {"description": "Run jobs on the organization's machines."},
-    ADMIN: {"description": "Manage the organization's machines and everyone's jobs.", "subscopes": [USE]},
-}
+CUSTOM_SCOPES = scopes.custom_scopes()
 #: What a single-user server's own token (JUPYTERHUB_API_TOKEN, which its kernels inherit) asks for; the hub
 #: gives it the subset its user holds. Without the service's access scope and the custom ones (the default
 #: is activity and the server alone) the service answers that token with 403.

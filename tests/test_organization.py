@@ -149,3 +149,28 @@ def test_the_cli_in_a_users_server_marks_each_machines_owner(org: tuple[Hub, Pat
     assert listed.returncode == 0, listed.stderr
     owners = {m["name"]: m["owner"] for m in json.loads(listed.stdout)}
     assert owners["local"] == "rcbob" and owners["gpu-box"] == "organization"
+
+
+def test_the_readmes_hub_configuration_grants_what_the_bed_runs_with() -> None:
+    """The README's jupyterhub_config.py, run as JupyterHub runs it: the same service command, scopes,
+    roles and server token scopes as the hub these tests start (hub_fixture.py)."""
+    from traitlets.config import Config
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Teams on JupyterHub") :]
+    block = section[
+        section.index("```python\n") + len("```python\n") : section.index("\n```", section.index("```python"))
+    ]
+    config = Config()
+    exec(compile(block, "README.md", "exec"), {"get_config": lambda: config})  # as JupyterHub's loader does
+    hub = config.JupyterHub
+    (service,) = hub.services
+    assert service["name"] == hub_fixture.SERVICE and service["command"][1:3] == ["organization", "--state-dir"]
+    assert set(service["oauth_client_allowed_scopes"]) == {USE, ADMIN}
+    subscopes = {name: scope.get("subscopes") for name, scope in hub.custom_scopes.items()}
+    assert subscopes == {name: scope.get("subscopes") for name, scope in hub_fixture.CUSTOM_SCOPES.items()}
+    roles = {role["name"]: role for role in hub.load_roles}
+    assert f"access:services!service={hub_fixture.SERVICE}" in roles["user"]["scopes"]
+    assert roles["remote-compute-users"]["scopes"] == [USE] and roles["remote-compute-admins"]["scopes"] == [ADMIN]
+    assert sorted(config.Spawner.server_token_scopes) == sorted(hub_fixture.SERVER_TOKEN_SCOPES)
+    assert config.Spawner.environment["REMOTE_COMPUTE_ORG_URL"].endswith(f"/services/{hub_fixture.SERVICE}/")
