@@ -10,8 +10,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import getpass
 import hashlib
 import json
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -146,6 +149,17 @@ class RemoteComputeHandler(JsonRoute, APIHandler):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.context.executor, lambda: fn(*args, **kwargs))
 
+    def person(self) -> str:
+        """Who is asking, as a person reads it (a job's submitter, who cancelled it, ``mlflow.user``).
+
+        Without an identity of its own (a token, JupyterLab alone) jupyter_server names every
+        visitor with a random hex id: the person is then whoever runs this server. On a hub it is
+        the hub's user name."""
+        username = getattr(self.current_user, "username", None) or ""
+        if not username or ANONYMOUS_ID.fullmatch(username):
+            return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+        return username
+
     def fail(self, error: RemoteComputeError) -> None:
         self.reply(error.to_json(), error.status)
 
@@ -171,6 +185,9 @@ class RemoteComputeHandler(JsonRoute, APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"code": HTTP_ERROR_CODES.get(status_code, "error"), "message": message}))
 
+
+#: The username jupyter_server gives a visitor it cannot name (``IdentityProvider``: a uuid4's hex).
+ANONYMOUS_ID = re.compile(r"[0-9a-f]{32}")
 
 #: The ``code`` of an ``Error`` raised outside the domain (by tornado or jupyter_server), by status.
 HTTP_ERROR_CODES = {
@@ -340,8 +357,7 @@ class JobsHandler(RemoteComputeHandler):
         if not isinstance(new, bool):
             raise InvalidSettings("new: expected true or false", field="new")
         spec = JobSpec.from_json(body)
-        user = getattr(self.current_user, "username", None)
-        result = await self.call(self.service.submit, spec, new=new, user=user)
+        result = await self.call(self.service.submit, spec, new=new, user=self.person())
         if not result.attached:
             # Start sending now; the poller would pick it up too, a little later.
             self.context.transfers.advance(result.job)
@@ -389,8 +405,7 @@ class JobHandler(RemoteComputeHandler):
 class JobCancelHandler(RemoteComputeHandler):
     @api(action="execute")
     async def post(self, job_id: str) -> None:
-        who = self.current_user.username if getattr(self.current_user, "username", None) else "user"
-        job = await self.call(self.service.cancel, job_id, by=who)
+        job = await self.call(self.service.cancel, job_id, by=self.person())
         self.reply(job.public_json())
 
 

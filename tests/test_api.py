@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import socket
 import time
@@ -103,11 +104,13 @@ async def test_the_server_loads_the_secret_detectors_at_start_not_on_the_first_s
 async def test_cancel_through_the_api(jp_fetch):
     _, data = await _json(jp_fetch, "jobs", method="POST", body={"command": "echo go; sleep 120"})
     job_id = data["job"]["id"]
+    assert data["job"]["user"] == getpass.getuser()  # who submitted: mlflow.user on its run
     await _wait_job(jp_fetch, job_id, {"running"})
     code, job = await _json(jp_fetch, "jobs", job_id, "cancel", method="POST", body={})
     assert code == 200
     job = await _wait_job(jp_fetch, job_id, {"cancelled"})
-    assert job["reason"].startswith("cancelled by")
+    # The person, not jupyter_server's random id for a visitor it cannot name: who runs this server.
+    assert job["reason"] == f"cancelled by {getpass.getuser()}"
     code, err = await _error(jp_fetch, "jobs", job_id, "cancel", method="POST", body={})
     assert code == 409 and err["code"] == "conflict"
 
