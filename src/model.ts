@@ -276,6 +276,15 @@ export class ComputeModel implements IDisposable {
     return this._byId.get(id);
   }
 
+  /**
+   * Whether the model holds the whole job as it is now (spec, outputs, MLflow run): not for a
+   * summary from the list, nor, after an event or a page said the job changed, until the job is
+   * read again (what was read of its outputs and run is older than its state until then).
+   */
+  isWhole(id: string): boolean {
+    return !!this._byId.get(id)?.spec && !this._outdated.has(id);
+  }
+
   machine(name: string): IMachine | undefined {
     return this._machines.find(m => m.name === name);
   }
@@ -406,6 +415,9 @@ export class ComputeModel implements IDisposable {
     const previous = this._byId.get(job.id);
     const merged: IJob = previous ? { ...previous, ...job } : job;
     this._byId.set(job.id, merged);
+    if (!this._pending.has(job.id)) {
+      this._outdated.delete(job.id);
+    }
     this._place(merged);
     this._noteTransition(previous?.state, merged);
     this._jobChanged.emit(merged);
@@ -413,6 +425,7 @@ export class ComputeModel implements IDisposable {
   }
 
   removeJob(id: string): void {
+    this._outdated.delete(id);
     if (!this._byId.delete(id)) {
       return;
     }
@@ -528,10 +541,10 @@ export class ComputeModel implements IDisposable {
       this._byId.set(job.id, merged);
       this._noteTransition(previous?.state, merged);
       if (previous) {
-        this._jobChanged.emit(merged);
         if (previous.spec) {
           this._scheduleFetch(job.id);
         }
+        this._jobChanged.emit(merged);
       }
       return merged;
     });
@@ -624,13 +637,17 @@ export class ComputeModel implements IDisposable {
             : known.log_size
       };
       this._byId.set(id, patched);
+      // A new state brings outputs or a run; an ended job changes when its MLflow run is recorded.
+      if (
+        known.state !== patched.state ||
+        (isTerminal(patched.state) && known.updated !== patched.updated)
+      ) {
+        this._scheduleFetch(id);
+      }
       this._place(patched);
       this._noteTransition(known.state, patched);
       this._jobChanged.emit(patched);
       this._changed.emit();
-      if (known.state !== patched.state) {
-        this._scheduleFetch(id);
-      }
     } else {
       // A job this model has not seen (submitted elsewhere): fetch it whole.
       this._scheduleFetch(id);
@@ -638,9 +655,11 @@ export class ComputeModel implements IDisposable {
   }
 
   /**
-   * Fetch one job soon, coalescing bursts of events about it.
+   * Fetch one job soon, coalescing bursts of events about it; until it is read, what the model
+   * holds of it is not the whole job (`isWhole`).
    */
   private _scheduleFetch(id: string): void {
+    this._outdated.add(id);
     if (this._pending.has(id)) {
       return;
     }
@@ -656,6 +675,9 @@ export class ComputeModel implements IDisposable {
           const apiError = asAPIError(error);
           if (apiError.status === 404 && apiError.fromServerExtension) {
             this.removeJob(id);
+          } else if (this._outdated.delete(id)) {
+            // What was read before stands; the next change reads the job again.
+            this._changed.emit();
           }
         });
     }, 200);
@@ -683,6 +705,7 @@ export class ComputeModel implements IDisposable {
   private _missingReported = false;
   private _more: Promise<void> | null = null;
   private _nextCursor: string | null = null;
+  private _outdated = new Set<string>();
   private _pagedFilter = '';
   private _pending = new Map<string, number>();
   private _poll: Poll;

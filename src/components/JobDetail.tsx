@@ -10,12 +10,18 @@ import { Message } from '@lumino/messaging';
 import { Panel } from '@lumino/widgets';
 import * as React from 'react';
 
-import { IJob, IResources, isActive, isTerminal, readLog } from '../api';
-import { formatDuration, formatSize } from '../format';
+import { IJob, isActive, isTerminal, readLog } from '../api';
 import { computeIcon } from '../icons';
 import { LogView } from '../logview';
 import { asAPIError, ComputeModel } from '../model';
 import { JobDuration, RelativeTime, StateBadge, useSignal } from './common';
+import {
+  formatPlacement,
+  MlflowRun,
+  Muted,
+  Outputs,
+  SpecFacts
+} from './JobFacts';
 import { JobMetrics, MetricsFollower } from './JobMetrics';
 
 const LOG_CHUNK = 1 << 20;
@@ -23,74 +29,6 @@ const LOG_CHUNK = 1 << 20;
  * Seconds the server may hold a log read until new bytes exist (its long poll).
  */
 const LOG_WAIT = 25;
-
-function List(props: { items: string[]; empty: string }): JSX.Element {
-  if (props.items.length === 0) {
-    return <span className="jp-RemoteCompute-muted">{props.empty}</span>;
-  }
-  return (
-    <ul className="jp-RemoteCompute-plainList">
-      {props.items.map(item => (
-        <li key={item}>
-          <code>{item}</code>
-        </li>
-      ))}
-    </ul>
-  );
-}
-
-/**
- * "4h00m" for 14400 (seconds) or the spec's own words ("4h"): a timeout as a person reads it.
- */
-export function formatTimeout(timeout: number | string): string {
-  const seconds = typeof timeout === 'number' ? timeout : Number(timeout);
-  return Number.isFinite(seconds)
-    ? formatDuration(seconds * 1000)
-    : String(timeout);
-}
-
-/**
- * "2 GPUs · 8 CPUs · 32G memory · 1 node · partition gpu": what the job asked of its machine.
- */
-export function formatResources(
-  resources: IResources | null | undefined,
-  trans: TranslationBundle
-): string {
-  if (!resources) {
-    return '';
-  }
-  const parts: string[] = [];
-  const count = (n: number | null | undefined, one: string, many: string) => {
-    if (typeof n === 'number') {
-      parts.push(trans._n(one, many, n, n));
-    }
-  };
-  count(resources.gpus, '%1 GPU', '%1 GPUs');
-  count(resources.cpus, '%1 CPU', '%1 CPUs');
-  if (resources.memory) {
-    parts.push(trans.__('%1 memory', resources.memory));
-  }
-  count(resources.nodes, '%1 node', '%1 nodes');
-  if (resources.partition) {
-    parts.push(trans.__('partition %1', resources.partition));
-  }
-  return parts.join(' · ');
-}
-
-/**
- * What the job got, as far as its machine's record says: a Slurm job, a SkyPilot cluster.
- */
-export function formatPlacement(job: IJob, trans: TranslationBundle): string {
-  const handle = (job.handle ?? {}) as Record<string, unknown>;
-  const parts: string[] = [];
-  if (handle.slurm_job_id) {
-    parts.push(trans.__('Slurm job %1', String(handle.slurm_job_id)));
-  }
-  if (job.kind === 'skypilot' && typeof handle.cluster === 'string') {
-    parts.push(trans.__('SkyPilot cluster %1', handle.cluster));
-  }
-  return parts.join(' · ');
-}
 
 function JobInfo(props: {
   model: ComputeModel;
@@ -112,18 +50,12 @@ function JobInfo(props: {
       </div>
     );
   }
-  const spec = job.spec ?? { command: job.name };
-  const command = Array.isArray(spec.command)
-    ? spec.command.join(' ')
-    : spec.command;
-  const envNames = Object.keys(spec.env ?? {});
-  const outputs = Object.entries(job.outputs ?? {});
+  const spec = job.spec;
+  const whole = model.isWhole(job.id);
   const runId = job.mlflow_run_id;
   const openRun = (): void =>
     void commands.execute('remote-compute:open-mlflow', { id: job.id });
-  const resources = formatResources(spec.resources, trans);
   const placement = formatPlacement(job, trans);
-  const inputs = job.inputs ?? {};
 
   return (
     <section
@@ -232,107 +164,29 @@ function JobInfo(props: {
             <dd>{job.exit_code}</dd>
           </>
         )}
-        <dt>{trans.__('Command')}</dt>
-        <dd>
-          <code className="jp-RemoteCompute-codeBlock">{command}</code>
-        </dd>
-        <dt>{trans.__('Files sent')}</dt>
-        <dd>
-          <List items={spec.send ?? []} empty={trans.__('none')} />
-          {typeof inputs.files === 'number' && (
-            <span className="jp-RemoteCompute-muted">
-              {trans.__('%1 files, %2', inputs.files, formatSize(inputs.bytes))}
-            </span>
-          )}
-        </dd>
-        <dt>{trans.__('Bring back')}</dt>
-        <dd>
-          <List items={spec.bring_back ?? []} empty={trans.__('none')} />
-        </dd>
-        <dt>{trans.__('Environment')}</dt>
-        <dd>
-          {envNames.length > 0 ? (
-            <span title={trans.__('Names only; values are never shown.')}>
-              {envNames.join(', ')}
-            </span>
-          ) : (
-            <span className="jp-RemoteCompute-muted">{trans.__('none')}</span>
-          )}
-        </dd>
-        <dt>{trans.__('Resources')}</dt>
-        <dd>
-          {resources || (
-            <span className="jp-RemoteCompute-muted">
-              {trans.__("the machine's defaults")}
-            </span>
-          )}
-        </dd>
+        {spec ? (
+          <SpecFacts job={job} spec={spec} trans={trans} />
+        ) : (
+          <>
+            <dt>{trans.__('Command')}</dt>
+            <dd>
+              <Muted text={trans.__('reading…')} />
+            </dd>
+          </>
+        )}
         {placement && (
           <>
             <dt>{trans.__('Placed on')}</dt>
             <dd>{placement}</dd>
           </>
         )}
-        {spec.timeout !== undefined && spec.timeout !== null && (
-          <>
-            <dt>{trans.__('Timeout')}</dt>
-            <dd title={trans.__('%1 seconds', String(spec.timeout))}>
-              {formatTimeout(spec.timeout)}
-            </dd>
-          </>
-        )}
         <dt>{trans.__('Outputs')}</dt>
         <dd>
-          {outputs.length === 0 ? (
-            <span className="jp-RemoteCompute-muted">
-              {isTerminal(job.state)
-                ? trans.__('none')
-                : trans.__('when the job ends')}
-            </span>
-          ) : (
-            <ul className="jp-RemoteCompute-plainList">
-              {outputs.map(([path, info]) => (
-                <li key={path}>
-                  <a
-                    href="#"
-                    className="jp-RemoteCompute-link"
-                    title={info.sha256 ? `sha256 ${info.sha256}` : path}
-                    onClick={e => {
-                      e.preventDefault();
-                      void commands.execute('docmanager:open', { path });
-                    }}
-                  >
-                    {path}
-                  </a>{' '}
-                  <span className="jp-RemoteCompute-muted">
-                    {formatSize(info.size)}
-                  </span>
-                </li>
-              ))}
-            </ul>
-          )}
+          <Outputs job={job} whole={whole} commands={commands} trans={trans} />
         </dd>
         <dt>{trans.__('MLflow run')}</dt>
         <dd>
-          {runId ? (
-            <a
-              href="#"
-              className="jp-RemoteCompute-link"
-              title={trans.__('Open run %1 in MLflow', runId)}
-              onClick={e => {
-                e.preventDefault();
-                openRun();
-              }}
-            >
-              <code>{runId}</code>
-            </a>
-          ) : (
-            <span className="jp-RemoteCompute-muted">
-              {isTerminal(job.state)
-                ? trans.__('none')
-                : trans.__('when the job ends')}
-            </span>
-          )}
+          <MlflowRun job={job} open={openRun} trans={trans} />
         </dd>
       </dl>
       <JobMetrics follower={props.metrics} trans={trans} />

@@ -1,0 +1,126 @@
+/**
+ * A job's detail says what the job is: the environment its spec asks for, the files it sent in
+ * one text, and, from the moment its badge says succeeded, its outputs and MLflow run (or that
+ * the run is being recorded), never "none" for what the job has.
+ */
+import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import * as fs from 'fs';
+import * as path from 'path';
+
+import { api, unique } from './helpers';
+
+const WORKSPACE = path.join(process.env.REMOTE_COMPUTE_UI_TMP ?? '', 'workspace');
+
+// Writes out.txt beside itself once the file named in argv exists, then ends.
+const TRAIN = `import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out.txt"), "w") as f:
+    f.write("done\\n")
+print("trained", flush=True)
+`;
+
+async function openDetail(page: IJupyterLabPageFixture, name: string) {
+  await page.sidebar.openTab('jp-remote-compute-panel');
+  const panel = page.locator('#jp-remote-compute-panel');
+  await panel.getByRole('listitem', { name, exact: true }).click();
+  const detail = page.getByRole('region', { name: `Job ${name}` });
+  await expect(detail).toBeVisible();
+  return detail;
+}
+
+/** The value beside a label of the detail's facts. */
+function fact(detail: ReturnType<IJupyterLabPageFixture['locator']>, label: string) {
+  return detail.locator(`dt:text-is("${label}") + dd`);
+}
+
+test.use({ autoGoto: true });
+
+test.describe('Job detail', () => {
+  test('shows the environment the job asked for and what it sent, one text each', async ({ page, tmpPath }) => {
+    await page.contents.uploadContent('print("hi")\n', 'text', `${tmpPath}/train.py`);
+    await page.contents.uploadContent('scipy\n', 'text', `${tmpPath}/requirements.txt`);
+    const name = unique('ui-env');
+    const { job } = await api(page, 'POST', 'jobs', {
+      machine: 'local',
+      command: `python ${tmpPath}/train.py`,
+      send: [`${tmpPath}/train.py`],
+      environment: { requirements: `${tmpPath}/requirements.txt`, packages: ['numpy'] },
+      name
+    });
+    const plain = unique('ui-plain');
+    await api(page, 'POST', 'jobs', { machine: 'local', command: 'true', name: plain });
+
+    try {
+      const detail = await openDetail(page, name);
+      const environment = fact(detail, 'Environment');
+      await expect(environment.getByRole('listitem')).toHaveText([
+        `Requirements file: ${tmpPath}/requirements.txt`,
+        'Packages: numpy'
+      ]);
+      await expect(environment).not.toContainText('none');
+      // The file it names, then how many files went with the environment's, apart.
+      const sent = fact(detail, 'Files sent');
+      await expect(sent.getByRole('listitem')).toHaveText([`${tmpPath}/train.py`]);
+      await expect(sent.getByText(/^\d+ files?, \d+(\.\d)? (B|KB)$/)).toBeVisible();
+      await expect(sent).not.toContainText('none');
+
+      const other = await openDetail(page, plain);
+      await expect(fact(other, 'Environment')).toHaveText("the machine's default");
+      await expect(fact(other, 'Files sent')).toHaveText('none');
+      await expect(fact(other, 'Variables')).toHaveText('none');
+    } finally {
+      await page.request.post(`/remote-compute/jobs/${job.id}/cancel`);
+    }
+  });
+
+  test('from the moment it succeeds, its outputs and MLflow run, never "none"', async ({ page, tmpPath }) => {
+    test.setTimeout(300000);
+    const name = unique('ui-ends');
+    const go = path.join(WORKSPACE, tmpPath, 'go');
+    await page.contents.uploadContent(TRAIN, 'text', `${tmpPath}/train.py`);
+    const { job } = await api(page, 'POST', 'jobs', {
+      machine: 'local',
+      command: `python ${tmpPath}/train.py ${go}`,
+      send: [`${tmpPath}/train.py`],
+      bring_back: [`${tmpPath}/out.txt`],
+      name
+    });
+    const detail = await openDetail(page, name);
+    await expect(detail.getByText('running', { exact: true })).toBeVisible({ timeout: 120000 });
+    await expect(fact(detail, 'Outputs')).toHaveText('when the job ends');
+
+    // Every state the detail shows from here on, with what it says of the outputs and the run.
+    await detail.evaluate(el => {
+      const seen: string[][] = [];
+      (window as any).__detailSeen = seen;
+      const read = (label: string): string => {
+        const dt = [...el.querySelectorAll('dt')].find(d => d.textContent === label);
+        return dt?.nextElementSibling?.textContent ?? '';
+      };
+      const note = (): void => {
+        const state = el.querySelector('.jp-RemoteCompute-jobHeader .jp-RemoteCompute-state')?.textContent ?? '';
+        seen.push([state, read('Outputs'), read('MLflow run')]);
+      };
+      note();
+      new MutationObserver(note).observe(el, { subtree: true, childList: true, characterData: true });
+    });
+    fs.writeFileSync(go, '');
+
+    await expect(detail.getByText('succeeded', { exact: true })).toBeVisible({ timeout: 120000 });
+    // The server ends a job with its run recorded: the answer that says succeeded names it.
+    const run = (await api(page, 'GET', `jobs/${job.id}`)).mlflow_run_id;
+    expect(run).toBeTruthy();
+    await expect(detail.getByRole('link', { name: `${tmpPath}/out.txt` })).toBeVisible();
+    await expect(detail.getByRole('link', { name: run })).toBeVisible();
+    await expect(detail.getByRole('button', { name: 'Open in MLflow' })).toBeVisible();
+
+    const seen: string[][] = await page.evaluate(() => (window as any).__detailSeen);
+    const ended = seen.filter(([state]) => state === 'succeeded');
+    expect(ended.length).toBeGreaterThan(0);
+    for (const [, outputs, mlflow] of ended) {
+      expect(outputs).not.toBe('none');
+      expect(mlflow).not.toBe('none');
+    }
+  });
+});
