@@ -205,20 +205,25 @@ function MachineRow(props: {
       </div>
       <div className="jp-RemoteCompute-machineLine">
         <span className="jp-RemoteCompute-itemDetail jp-RemoteCompute-machineFacts">
+          {ours && machine.admin && (
+            <span
+              className="jp-RemoteCompute-owner"
+              title={trans.__(
+                "The organization's machine, set by %1 in the hub's service",
+                machine.admin
+              )}
+            >
+              {trans.__('set by %1', machine.admin)}
+              {' · '}
+            </span>
+          )}
           <span className="jp-RemoteCompute-address" title={machine.address}>
             {machine.builtin
               ? trans.__('built in, always there')
               : machine.address}
           </span>
           {Beside && <Beside machine={machine} trans={trans} />}
-          {ours && (
-            <span className="jp-RemoteCompute-owner">
-              {' · '}
-              {machine.admin
-                ? trans.__("the organization's, set by %1", machine.admin)
-                : trans.__("the organization's")}
-            </span>
-          )}
+
           {machine.created && (
             <>
               {' · '}
@@ -296,9 +301,7 @@ function Machines(props: {
           />
         ))}
       </ul>
-      {others.length === 0 ? (
-        <EmptyMachines trans={trans} />
-      ) : (
+      {others.length > 0 && (
         <ul className="jp-RemoteCompute-list" aria-label={trans.__('Machines')}>
           {others.map(machine => (
             <MachineRow
@@ -310,6 +313,9 @@ function Machines(props: {
             />
           ))}
         </ul>
+      )}
+      {others.length === 0 && organizations.length === 0 && (
+        <EmptyMachines trans={trans} />
       )}
       {organizations.length > 0 && (
         <>
