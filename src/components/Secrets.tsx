@@ -229,9 +229,7 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
         </p>
       )}
       {store && !store.usable && store.problem && (
-        <div className="jp-RemoteCompute-banner" role="alert">
-          {store.problem}
-        </div>
+        <StoreProblem problem={store.problem} trans={trans} />
       )}
       {error && (
         <div className="jp-RemoteCompute-banner" role="alert">
@@ -306,5 +304,27 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
         ))}
       </ul>
     </section>
+  );
+}
+
+/**
+ * Why secrets cannot be kept here, in a sidebar's width: one line says so, and the store's own
+ * explanation (which keyrings were tried, what to install or set) opens on request.
+ */
+function StoreProblem(props: {
+  problem: string;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { problem, trans } = props;
+  return (
+    <div
+      className="jp-RemoteCompute-banner jp-RemoteCompute-storeProblem"
+      role="alert"
+    >
+      <details>
+        <summary>{trans.__('Secrets cannot be stored here')}</summary>
+        <p>{problem}</p>
+      </details>
+    </div>
   );
 }
