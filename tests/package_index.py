@@ -3,16 +3,21 @@ for the tests that build a job's Python environment; machines reach it through t
 option (or a job's ``UV_DEFAULT_INDEX``), so no test uses the public index.
 
 Use the fixture in a test module with ``index = package_index.index``; ``notebook_index`` holds the
-notebook runner's packages (nbclient, ipykernel and what they need), made from this interpreter's.
+notebook runner's packages (nbclient, ipykernel and what they need), made from this interpreter's;
+``tls_index`` serves the same wheels over HTTPS with a certificate from a private CA of its own
+(``PrivateCA``), as an index behind a company proxy that inspects TLS is seen.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import http.server
 import importlib.metadata
+import ipaddress
 import re
+import ssl
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -48,10 +53,82 @@ def core_metadata(wheel: Path) -> str:
     return f' data-core-metadata="sha256={hashlib.sha256(meta.read_bytes()).hexdigest()}"' if meta.is_file() else ""
 
 
-class Index:
-    """The test's package index; ``hold`` makes requests for one project wait until ``release``."""
+class PrivateCA:
+    """A CA of the test's own (``ca``, PEM) and a server certificate it signed for 127.0.0.1 (``server``,
+    certificate and key); ``bundle`` holds the system's roots and this CA, as a machine that trusts it has."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, folder: Path) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        now = datetime.datetime.now(datetime.timezone.utc)
+        ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+
+        def named(cn: str) -> x509.Name:
+            return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+        def built(subject: str, public: object, issuer: str) -> x509.CertificateBuilder:
+            return (
+                x509.CertificateBuilder()
+                .subject_name(named(subject))
+                .issuer_name(named(issuer))
+                .public_key(public)  # type: ignore[arg-type]
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(days=1))
+            )
+
+        usage = dict.fromkeys(("content_commitment", "key_encipherment", "data_encipherment", "key_agreement"), False)
+        ca = (
+            built("jrc test CA", ca_key.public_key(), "jrc test CA")
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                    **usage,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        cert = (
+            built("127.0.0.1", key.public_key(), "jrc test CA")
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        pem = serialization.Encoding.PEM
+        self.ca = folder / "ca.pem"
+        self.ca.write_bytes(ca.public_bytes(pem))
+        self.server = folder / "server.pem"
+        self.server.write_bytes(
+            cert.public_bytes(pem)
+            + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
+        self.server.chmod(0o600)
+        system = Path(ssl.get_default_verify_paths().openssl_cafile or "")
+        roots = Path("/etc/ssl/certs/ca-certificates.crt")
+        system_roots = roots.read_bytes() if roots.is_file() else system.read_bytes() if system.is_file() else b""
+        self.bundle = folder / "bundle.pem"
+        self.bundle.write_bytes(system_roots + self.ca.read_bytes())
+        self.system_roots = folder / "system.pem"  # the system's roots alone: this CA not trusted
+        self.system_roots.write_bytes(system_roots)
+
+
+class Index:
+    """The test's package index; ``hold`` makes requests for one project wait until ``release``;
+    ``tls``: served over HTTPS with that certificate (and key) file."""
+
+    def __init__(self, root: Path, tls: Path | None = None) -> None:
         self.root = root
         self.held: str | None = None
         self.uv_cache = root
@@ -75,7 +152,12 @@ class Index:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple/"
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}/simple/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -95,7 +177,27 @@ class Index:
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     root = tmp_path_factory.mktemp("index")
-    uv_cache = tmp_path_factory.mktemp("uv-cache")  # the built-in machine's uv: a cache of this run's own
+    served = Index(_demo_projects(root))
+    served.uv_cache = tmp_path_factory.mktemp("uv-cache")  # the built-in machine's uv: a cache of this run's own
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def private_ca(tmp_path_factory: pytest.TempPathFactory) -> PrivateCA:
+    return PrivateCA(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture(scope="module")
+def tls_index(tmp_path_factory: pytest.TempPathFactory, private_ca: PrivateCA) -> Iterator[Index]:
+    """The demo projects over HTTPS on 127.0.0.1, with a certificate from ``private_ca``."""
+    served = Index(_demo_projects(tmp_path_factory.mktemp("tls-index")), tls=private_ca.server)
+    yield served
+    served.stop()
+
+
+def _demo_projects(root: Path) -> Path:
+    """The demo projects' wheels and simple pages in ``root``."""
     files = root / "files"
     files.mkdir()
     wheel(files, "rcdemo-a", "1.0", "VALUE = 'a1'\n")
@@ -121,10 +223,7 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
             for w in sorted(files.glob(project.replace("-", "_") + "-*.whl"))
         )
         (root / "simple" / project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
-    served = Index(root)
-    served.uv_cache = uv_cache
-    yield served
-    served.stop()
+    return root
 
 
 def installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:

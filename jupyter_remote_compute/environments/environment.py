@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.base import InputFile
+from ..engines.farside import tls_script
 from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write
@@ -239,7 +240,8 @@ def _limit(options: Mapping[str, Any], name: str, default: int) -> int:
 
 def env_script() -> str:
     """The far side's env.sh (package data beside the other far-side scripts)."""
-    return resources.files("jupyter_remote_compute.engines.farside").joinpath("env.sh").read_text(encoding="utf-8")
+    env = resources.files("jupyter_remote_compute.engines.farside").joinpath("env.sh").read_text(encoding="utf-8")
+    return tls_script() + env
 
 
 #: Where a job's environment files land in its work tree; command.sh moves them out at once.
@@ -273,7 +275,7 @@ def far_command(
     """The job's command with its environment made ready first: env.sh ahead of it, which builds from
     the files ``environment_inputs`` sent.
 
-    ``options`` are the machine's (``index_url``, ``find_links``, ``wheels``, ``env_max_age_days``,
+    ``options`` are the machine's (``index_url``, ``index_ca_bundle``, ``find_links``, ``wheels``, ``env_max_age_days``,
     ``env_max_bytes``); ``uv``
     a uv binary the far side can run, when this side knows one (the built-in machine shares it);
     ``sent_uv`` the digest of the uv sent with the job (``tool_inputs``).
@@ -285,6 +287,7 @@ def far_command(
         f"rc_env_python={q(resolved.python or '')}",
         f"rc_env_index={q(str(options.get('index_url') or ''))}",
         f"rc_env_find_links={q(str(options.get('find_links') or ''))}",
+        f"rc_env_ca_bundle={q(str(options.get('index_ca_bundle') or ''))}",
         f"rc_env_offline={'1' if options.get('wheels') == 'from_here' else ''}",
         f"rc_env_uv={q(uv or '')}",
         f"rc_env_sent_uv={sent_uv or ''}",

@@ -32,6 +32,11 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     # The Python environment of jobs (environments/environment.py): a default, where packages come from, eviction.
     "environment": OptionField(dict, "The Python environment jobs run in unless they ask for their own"),
     "index_url": OptionField(str, "The package index environments are installed from (default: the installer's)"),
+    "index_ca_bundle": OptionField(
+        str,
+        "Path on the machine to the CA bundle the index's certificate is checked with (default: the machine's "
+        "SSL_CERT_FILE, pip's cert, its system store)",
+    ),
     "find_links": OptionField(str, "A folder or page of wheels environments may be installed from, beside the index"),
     "wheels": OptionField(
         str, "'from_here': this side resolves and sends the wheels, the machine installs offline (no index there)"

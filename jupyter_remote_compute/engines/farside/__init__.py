@@ -82,6 +82,12 @@ def script(name: str) -> str:
 
 
 @functools.cache
+def tls_script() -> str:
+    """``tls.sh``: the trust a package index's certificate is checked with, ahead of env.sh."""
+    return resources.files(__package__).joinpath("tls.sh").read_text(encoding="utf-8")
+
+
+@functools.cache
 def kernel_program() -> str:
     """The source of the Jupyter kind's far-side program (``kernel.py``), run by the server's kernel."""
     return resources.files(__package__).joinpath("kernel.py").read_text(encoding="utf-8")

@@ -9,6 +9,7 @@
 #   rc_env_python  a Python version, or empty for the machine's python3
 #   rc_env_index   a package index URL, or empty for the installer's default
 #   rc_env_find_links  a folder or page of wheels beside the index, or empty
+#   rc_env_ca_bundle   the machine's index_ca_bundle: the CA bundle the index is trusted with, or empty
 #   rc_env_offline 1 for wheels: from_here: install only from the wheels sent in _remote_compute_wheels/
 #   rc_env_uv      a uv binary this side knows of (the built-in machine), or empty
 #   rc_env_days rc_env_max_bytes   eviction: unused for longer than this, or beyond this size together
@@ -105,8 +106,20 @@ rc_env_build() {
   # then (uv) how many packages they resolved to.
   rc_env_count=$(cat -- ${req:+"$req"} ${pkgs:+"$pkgs"} < /dev/null 2> /dev/null | grep -cE '^[A-Za-z0-9]')
   case $req in *pylock.toml) rc_env_count=$(grep -c '^\[\[packages\]\]' "$req") ;; esac
+  # The index's certificate is checked as the machine checks it (tls.sh): its CA bundle, its
+  # SSL_CERT_FILE or pip's cert, and its system store rather than the public roots uv carries, unless
+  # the job says which (UV_SYSTEM_CERTS, or UV_NATIVE_TLS as uv before 0.9 names it). A subshell:
+  # none of it stays for the job's command.
+  rc_tls "$rc_env_ca_bundle"
   if uv=$(rc_env_find_uv); then
     tool="uv $("$uv" --version | cut -d' ' -f2)"
+    if [ -n "$rc_tls_system" ] && [ -z "${UV_SYSTEM_CERTS-}${UV_NATIVE_TLS-}" ]; then
+      if "$uv" help 2> /dev/null | grep -q -- --system-certs; then
+        UV_SYSTEM_CERTS=1 && export UV_SYSTEM_CERTS
+      else
+        UV_NATIVE_TLS=1 && export UV_NATIVE_TLS
+      fi
+    fi
     printf 'uv %s\n' "$rc_env_count" > "$rc_env_jobdir/env.state"
     echo "environment $rc_env_short: building with $tool"
     if [ -f "$rc_env_spec/uv.lock" ] && [ "${req##*/}" = pyproject.toml ]; then
@@ -187,7 +200,7 @@ while :; do
   rc_env_lock "$rc_env_name" || { echo "environment: cannot lock $rc_env_root" >&2; exit 96; }
   if [ -f "$rc_env_dir/complete" ]; then
     rc_env_how=cached
-  elif rc_env_build 2>&1; rc_env_built=$?; rm -f -- "$rc_env_jobdir/env.state"; [ "$rc_env_built" = 0 ]; then
+  elif (rc_env_build) 2>&1; rc_env_built=$?; rm -f -- "$rc_env_jobdir/env.state"; [ "$rc_env_built" = 0 ]; then
     rc_env_how="built in $(sed -n 's/^seconds=//p' "$rc_env_dir/info") s"
   else
     if [ -n "$rc_env_python" ] && ! [ -x "$rc_env_dir/bin/python" ]; then
@@ -221,4 +234,4 @@ PATH=$rc_env_dir/bin:$PATH
 export VIRTUAL_ENV PATH
 unset PYTHONHOME
 [ -z "${rc_env_nocache-}" ] || unset UV_NO_CACHE
-unset -f rc_env_lock rc_env_unlock rc_env_find_uv rc_env_uv_pip rc_env_build rc_env_in_use rc_env_evict
+unset -f rc_env_lock rc_env_unlock rc_env_find_uv rc_env_uv_pip rc_env_build rc_env_in_use rc_env_evict rc_tls rc_tls_pip_cert

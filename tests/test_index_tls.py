@@ -1,0 +1,84 @@
+"""A package index behind TLS from a private CA, as behind a company proxy that inspects TLS.
+
+The test makes its own CA and a certificate for 127.0.0.1 (``package_index.PrivateCA``) and serves the
+demo wheels over HTTPS on loopback (``tls_index``). Where the machine trusts that CA (pip's ``cert``,
+the machine's ``index_ca_bundle``), a job's environment is built from it; where it does not, the job
+fails naming the certificate.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import package_index
+import pytest
+import sshd_fixture
+
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+private_ca = package_index.private_ca
+tls_index = package_index.tls_index
+
+SCRIPT = "import rcdemo_a\nprint('value', rcdemo_a.VALUE)\n"
+
+
+def _spec(machine: str) -> JobSpec:
+    # an environment of its own per test (the exclusion is never met): none is found built already
+    package = f"rcdemo-a!=0.{uuid.uuid4().int % 10**9}"
+    env = {"UV_NO_CACHE": "1"}  # the index is asked, never a cache a test before filled
+    data = {"machine": machine, "command": ["python", "fit.py"], "send": ["fit.py"], "env": env}
+    return JobSpec.from_json({**data, "environment": {"packages": [package]}})
+
+
+@pytest.fixture
+def local(workspace: Path, make_service, tls_index, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The built-in machine, its installer pointed at the TLS index; SSL_CERT_FILE unset, so pip's
+    cert (PIP_CERT) is what says which CAs it trusts."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.setenv("UV_DEFAULT_INDEX", tls_index.url)
+    (workspace / "fit.py").write_text(SCRIPT)
+    return make_service(workspace)
+
+
+def test_the_built_in_machine_builds_from_an_index_its_pip_cert_trusts(local, private_ca, monkeypatch):
+    monkeypatch.setenv("PIP_CERT", str(private_ca.bundle))
+    job = local.wait(local.submit(_spec("local")).job.id)
+    assert job.state == "succeeded", job.reason
+    assert "value a2" in local.read_log(job.id).data.decode()
+
+
+def test_the_built_in_machine_fails_naming_the_certificate_where_nothing_trusts_the_ca(local, private_ca, monkeypatch):
+    monkeypatch.setenv("PIP_CERT", str(private_ca.system_roots))
+    job = local.wait(local.submit(_spec("local")).job.id)
+    assert job.state == "failed"
+    assert "could not be built" in job.reason and "certificate" in job.reason, job.reason
+
+
+@pytest.fixture
+def ssh(workspace: Path, make_service, tls_index, ssh_agent_env):  # type: ignore[no-untyped-def]
+    """An ssh machine whose index_url is the TLS index, and the test's CA bundle in its user's home."""
+    (workspace / "fit.py").write_text(SCRIPT)
+    bundle = ssh_agent_env.far_path(f"ca-{uuid.uuid4().hex}.pem")
+    yield make_service(workspace), ssh_agent_env.options(ssh_transport="openssh", index_url=tls_index.url), bundle
+    bundle.unlink(missing_ok=True)
+
+
+def test_an_ssh_machine_builds_from_an_index_its_ca_bundle_option_trusts(ssh, private_ca):
+    service, options, bundle = ssh
+    bundle.write_bytes(private_ca.bundle.read_bytes())
+    bundle.chmod(0o644)  # the machine's user reads it
+    service.machines.add("box", "ssh", "127.0.0.1", {**options, "index_ca_bundle": str(bundle)})
+    job = service.wait(service.submit(_spec("box")).job.id)
+    assert job.state == "succeeded", job.reason
+    assert "value a2" in service.read_log(job.id).data.decode()
+
+
+def test_an_ssh_machine_without_the_ca_fails_naming_the_certificate(ssh):
+    service, options, _ = ssh
+    service.machines.add("box", "ssh", "127.0.0.1", options)
+    job = service.wait(service.submit(_spec("box")).job.id)
+    assert job.state == "failed"
+    assert "could not be built" in job.reason and "certificate" in job.reason, job.reason
