@@ -2,8 +2,9 @@
 
 The test makes its own CA and a certificate for 127.0.0.1 (``package_index.PrivateCA``) and serves the
 demo wheels over HTTPS on loopback (``tls_index``). Where the machine trusts that CA (pip's ``cert``,
-the machine's ``index_ca_bundle``), a job's environment is built from it; where it does not, the job
-fails naming the certificate.
+the machine's ``index_ca_bundle``), a job's environment is built from it and ``machines check`` says
+the index is trusted; where it does not, the job fails naming the certificate and the check says
+untrusted, before any job.
 """
 
 from __future__ import annotations
@@ -43,15 +44,19 @@ def local(workspace: Path, make_service, tls_index, monkeypatch: pytest.MonkeyPa
     return make_service(workspace)
 
 
-def test_the_built_in_machine_builds_from_an_index_its_pip_cert_trusts(local, private_ca, monkeypatch):
+def test_the_built_in_machine_builds_from_an_index_its_pip_cert_trusts_and_its_check_says_so(
+    local, private_ca, monkeypatch
+):
     monkeypatch.setenv("PIP_CERT", str(private_ca.bundle))
     job = local.wait(local.submit(_spec("local")).job.id)
     assert job.state == "succeeded", job.reason
     assert "value a2" in local.read_log(job.id).data.decode()
+    assert local.check_machine("local")["index"] == "trusted"
 
 
 def test_the_built_in_machine_fails_naming_the_certificate_where_nothing_trusts_the_ca(local, private_ca, monkeypatch):
     monkeypatch.setenv("PIP_CERT", str(private_ca.system_roots))
+    assert local.check_machine("local")["index"].startswith("untrusted (certificate verify failed")
     job = local.wait(local.submit(_spec("local")).job.id)
     assert job.state == "failed"
     assert "could not be built" in job.reason and "certificate" in job.reason, job.reason
@@ -66,7 +71,7 @@ def ssh(workspace: Path, make_service, tls_index, ssh_agent_env):  # type: ignor
     bundle.unlink(missing_ok=True)
 
 
-def test_an_ssh_machine_builds_from_an_index_its_ca_bundle_option_trusts(ssh, private_ca):
+def test_an_ssh_machine_builds_from_an_index_its_ca_bundle_option_trusts_and_its_check_says_so(ssh, private_ca):
     service, options, bundle = ssh
     bundle.write_bytes(private_ca.bundle.read_bytes())
     bundle.chmod(0o644)  # the machine's user reads it
@@ -74,11 +79,13 @@ def test_an_ssh_machine_builds_from_an_index_its_ca_bundle_option_trusts(ssh, pr
     job = service.wait(service.submit(_spec("box")).job.id)
     assert job.state == "succeeded", job.reason
     assert "value a2" in service.read_log(job.id).data.decode()
+    assert service.check_machine("box")["index"] == "trusted"
 
 
-def test_an_ssh_machine_without_the_ca_fails_naming_the_certificate(ssh):
+def test_an_ssh_machine_without_the_ca_fails_naming_the_certificate_and_its_check_says_untrusted(ssh):
     service, options, _ = ssh
     service.machines.add("box", "ssh", "127.0.0.1", options)
+    assert service.check_machine("box")["index"].startswith("untrusted (certificate verify failed")
     job = service.wait(service.submit(_spec("box")).job.id)
     assert job.state == "failed"
     assert "could not be built" in job.reason and "certificate" in job.reason, job.reason

@@ -279,7 +279,9 @@ class JupyterEngine(Engine):
         rtt_ms = (time.monotonic() - started) * 1000
         version = (self.client.call("GET", "api") or {}).get("version")
         specs = self.client.call("GET", "api/kernelspecs") or {}
-        found = self._sh("facts", self.base_dir)
+        found = self._sh(
+            "facts", self.base_dir, *(str(self.machine_options.get(k) or "") for k in farside.INDEX_OPTIONS)
+        )
         extras = {
             "server_version": version,
             "kernel_name": self._python_kernel(),

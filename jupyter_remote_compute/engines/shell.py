@@ -201,7 +201,8 @@ class ShellEngine(Engine):
 
     def check(self) -> dict[str, Any]:
         rtt_ms = self.transport.round_trip() * 1000
-        res = self._run(farside.command_line("facts", self.base_expr()), timeout=60)
+        index = (quote(str(self.machine_options.get(k) or "")) for k in farside.INDEX_OPTIONS)
+        res = self._run(farside.command_line("facts", self.base_expr(), *index), timeout=60)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: check"))
         common = farside.parse_facts(res.text(), rtt_ms, transport=self.transport.transport_name).to_json()

@@ -10,7 +10,8 @@ an exec channel, jupyter from its kernel), and its answer is read here, once:
 ``cancel.sh``   TERM the group, KILL after the grace, verify none of it remains
 ``manifest.sh`` one tar of the declared outputs, their sha256 (hashed as they stream) at its end
 ``cache.sh``    the content-addressed input cache: have, link, adopt, evict
-``facts.sh``    OS, kernel, Python, CPUs, memory, GPUs (nvidia-smi), free disk
+``facts.sh``    OS, kernel, Python, CPUs, memory, GPUs (nvidia-smi), free disk, whether the
+                package index is reached and trusted (after ``tls.sh``, as env.sh is)
 ``prepare.sh``  make a job's folder and mark it (job.json); another job's folder is refused
 ``log.sh``      a window of a job's log (a removed job folder is an error, not an empty log)
 ``envfile.sh``  a job's environment as a 0600 file, for a job another program starts (sbatch)
@@ -55,6 +56,8 @@ from ..launcher import LAUNCH_SH, RUN_SH
 from ..ssh_transfer import ArchiveCut, SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
 
 SCRIPTS = ("status", "cancel", "manifest", "cache", "facts", "prepare", "log", "envfile", "cleanup", "container")
+#: The machine options facts.sh takes after its folder: the index it checks and the CA bundle it trusts.
+INDEX_OPTIONS = ("index_url", "index_ca_bundle")
 #: A job id as the far side's scripts take it: one plain name, so it is a folder name and a word in sh.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -78,12 +81,14 @@ def script(name: str) -> str:
     """The text of one far-side script (one of ``SCRIPTS``)."""
     if name not in SCRIPTS:
         raise KeyError(f"no far-side script {name!r}")
-    return resources.files(__package__).joinpath(f"{name}.sh").read_text(encoding="utf-8")
+    text = resources.files(__package__).joinpath(f"{name}.sh").read_text(encoding="utf-8")
+    # facts.sh checks the package index with the trust env.sh builds with: tls.sh's, ahead of both
+    return tls_script() + text if name == "facts" else text
 
 
 @functools.cache
 def tls_script() -> str:
-    """``tls.sh``: the trust a package index's certificate is checked with, ahead of env.sh."""
+    """``tls.sh``: the trust a package index's certificate is checked with, ahead of env.sh and facts.sh."""
     return resources.files(__package__).joinpath("tls.sh").read_text(encoding="utf-8")
 
 
@@ -295,6 +300,8 @@ def parse_facts(out: str, rtt_ms: float, **extras: Any) -> Facts:
     if facts.get("arch"):
         # the facts.sh that names the architecture also says whether uv runs there: None for "none"
         extras = {**extras, "arch": facts["arch"], "uv": facts.get("uv") or None}
+    if facts.get("index"):
+        extras = {**extras, "index": facts["index"]}
     return Facts(
         os=facts.get("distro") or facts.get("os", ""),
         kernel=f"{facts.get('os', '')} {facts.get('kernel', '')}".strip(),

@@ -1,6 +1,9 @@
 #!/bin/sh
-# facts.sh DIR: what this machine is, as name=value lines (gpu= once per GPU: "name, MiB").
-# DIR (or its nearest existing parent) is where free disk space is measured.
+# facts.sh DIR [INDEX_URL [CA_BUNDLE]]: what this machine is, as name=value lines (gpu= once per GPU:
+# "name, MiB"). DIR (or its nearest existing parent) is where free disk space is measured; INDEX_URL
+# (the machine's index_url option) and CA_BUNDLE (its index_ca_bundle) are what builds install from
+# and trust: the index= line says whether it is reached and its certificate trusted. tls.sh comes
+# before this script (farside.script), as before env.sh.
 printf 'os=%s\n' "$(uname -s)"
 printf 'kernel=%s\n' "$(uname -r)"
 printf 'arch=%s\n' "$(uname -m)"
@@ -45,4 +48,25 @@ done
 # uv=<version> when a uv that runs is on PATH: env.sh builds with it, so none is sent (environments/environment.py)
 if command -v uv >/dev/null 2>&1 && v=$(uv --version 2>/dev/null); then
   printf 'uv=%s\n' "$(printf '%s' "$v" | cut -d' ' -f2)"
+fi
+# index=trusted | untrusted (why) | unreachable (why): one HEAD request to the package index builds
+# install from (the option, else the installer's settings here, else PyPI's), 10 s at most, with the
+# trust the build has (tls.sh). No python3: not measured.
+rc_tls "${3-}"
+url=${2:-${UV_DEFAULT_INDEX:-${UV_INDEX_URL:-${PIP_INDEX_URL:-https://pypi.org/simple/}}}}
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$url" <<'PY' 2>/dev/null || printf 'index=unreachable (the check could not run)\n'
+import ssl, sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="HEAD"), timeout=10)
+    print("index=trusted")
+except urllib.error.HTTPError:
+    print("index=trusted")  # an answer: the certificate held
+except (urllib.error.URLError, OSError) as e:
+    why = getattr(e, "reason", e)
+    if isinstance(why, ssl.SSLCertVerificationError):
+        print(f"index=untrusted (certificate verify failed: {why.verify_message})")
+    else:
+        print(f"index=unreachable ({why})".replace(chr(10), " "))
+PY
 fi

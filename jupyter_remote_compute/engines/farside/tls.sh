@@ -1,5 +1,5 @@
-# tls.sh: the trust a package index's certificate is checked with by the build (env.sh, which
-# begins with it). Behind a company proxy that inspects TLS
+# tls.sh: the trust a package index's certificate is checked with, the same for the build (env.sh)
+# and for the check (facts.sh), which both begin with it. Behind a company proxy that inspects TLS
 # the index's certificate comes from a private CA the machine trusts, not from the public roots uv
 # carries. rc_tls CA_BUNDLE exports, in the shell it runs in:
 #   SSL_CERT_FILE  the machine option index_ca_bundle (CA_BUNDLE) if given; else the far side's own
