@@ -4,7 +4,8 @@ The test makes its own CA and a certificate for 127.0.0.1 (``package_index.Priva
 demo wheels over HTTPS on loopback (``tls_index``). Where the machine trusts that CA (pip's ``cert``,
 the machine's ``index_ca_bundle``), a job's environment is built from it and ``machines check`` says
 the index is trusted; where it does not, the job fails naming the certificate and the check says
-untrusted, before any job.
+untrusted, before any job. env.sh itself is run too: uv gets the system's store under the name it
+knows, and pip's configured cert where SSL_CERT_FILE is not set.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 private_ca = package_index.private_ca
 tls_index = package_index.tls_index
+index = package_index.index
 
 SCRIPT = "import rcdemo_a\nprint('value', rcdemo_a.VALUE)\n"
 
@@ -89,3 +91,58 @@ def test_an_ssh_machine_without_the_ca_fails_naming_the_certificate_and_its_chec
     job = service.wait(service.submit(_spec("box")).job.id)
     assert job.state == "failed"
     assert "could not be built" in job.reason and "certificate" in job.reason, job.reason
+
+
+def _run_env_sh(tmp_path: Path, index_url: str, uv: str, **env: str) -> str:
+    """env.sh as a job's command.sh runs it, building ``rcdemo-a`` with ``uv``; the command prints the
+    uv trust settings it sees. Its output, the build's log."""
+    import subprocess
+
+    from jupyter_remote_compute.environments.environment import Environment, far_command, resolve
+
+    resolved = resolve(Environment(packages=("rcdemo-a==1.0",)), tmp_path)
+    work = tmp_path / "base" / "job-1" / "work"
+    (work / "_remote_compute_env").mkdir(parents=True)  # as environment_inputs sends them
+    for name, text in resolved.files.items():
+        (work / "_remote_compute_env" / name).write_text(text)
+    command = 'echo "command sees [${UV_SYSTEM_CERTS-}${UV_NATIVE_TLS-}]"; python -c "import rcdemo_a"'
+    script = far_command(command, resolved, {"index_url": index_url}, uv=uv)
+    (work.parent / "command.sh").write_text("#!/bin/sh\n" + script)
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    run = subprocess.run(
+        ["sh", "../command.sh"], cwd=work, env={**base, **env}, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+@pytest.mark.parametrize(("help_names", "setting"), [("--system-certs", "UV_SYSTEM_CERTS"), ("", "UV_NATIVE_TLS")])
+def test_uv_builds_with_the_systems_store_under_the_name_it_knows_and_the_command_keeps_none(
+    tmp_path: Path, index, help_names: str, setting: str
+):
+    """A uv whose ``uv help`` names --system-certs gets UV_SYSTEM_CERTS; an older one UV_NATIVE_TLS."""
+    from uv import find_uv_bin
+
+    seen = tmp_path / "seen"
+    uv = tmp_path / "uv"  # the real uv, recording what each call was given; its help as the version has it
+    uv.write_text(
+        "#!/bin/sh\n"
+        f'echo "$1 [${{UV_SYSTEM_CERTS-}}|${{UV_NATIVE_TLS-}}]" >> {seen}\n'
+        f'[ "$1" != help ] || {{ echo "{help_names}"; exit 0; }}\n'
+        f'exec {find_uv_bin()} "$@"\n'
+    )
+    uv.chmod(0o755)
+    out = _run_env_sh(tmp_path, index.url, str(uv))
+    expected = "[1|]" if setting == "UV_SYSTEM_CERTS" else "[|1]"
+    assert f"pip {expected}" in seen.read_text().splitlines(), seen.read_text()
+    assert "command sees []" in out
+
+
+def test_pips_configured_cert_is_what_uv_trusts_where_ssl_cert_file_is_not_set(tmp_path: Path, private_ca, tls_index):
+    from uv import find_uv_bin
+
+    conf = tmp_path / ".config" / "pip" / "pip.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f"[global]\ncert = {private_ca.bundle}\n")
+    out = _run_env_sh(tmp_path, tls_index.url, find_uv_bin())
+    assert ": built in " in out
