@@ -1,8 +1,9 @@
 """Replaying a job's own MLflow file store into its local run, as MLflow would have logged it here.
 
-The far side's runs (the main one becomes the job's run, the others its children), then what MLflow 3
-keeps beside them: each logged model (artifacts, params, model-linked metrics, tags, status), each
-run's dataset and model inputs and its model outputs, and the registry's versions of those models.
+The far side's runs (the main one becomes the job's run, the others its children, each tagged with its
+far run's id), then what MLflow 3 keeps beside them: each logged model (artifacts, params, model-linked
+metrics, tags, status), each run's dataset and model inputs and its model outputs, and the registry's
+versions of those models.
 Each step finds its earlier result before it makes one, so a replay cut short and run again makes
 nothing twice. What the far store holds that is not carried (traces, prompts, versions of models the
 job did not log) is counted for the run to say (``tracking._say_not_replayed``).
@@ -87,6 +88,9 @@ def replay(
         return _not_replayed(far_store)
     main = main_pair[1]
     mapping = {main.info.run_id: job_run_id}
+    # A child says where it came from as the job's run does, as a child run here says what its parent says.
+    job_tags = client.get_run(job_run_id).data.tags
+    inherited = {k: job_tags[k] for k in _TAGS_CHILDREN_INHERIT if k in job_tags}
     for store, run in far:
         source_id = run.info.run_id
         if source_id not in mapping:
@@ -97,6 +101,7 @@ def replay(
                     experiment_id,
                     start_time=run.info.start_time,
                     tags={
+                        **inherited,
                         TAG_SOURCE_RUN: source_id,
                         "mlflow.parentRunId": parent,
                         "mlflow.runName": run.info.run_name or source_id,
@@ -116,6 +121,18 @@ def replay(
     return _not_replayed(far_store)
 
 
+#: MLflow's tags (``mlflow.utils.mlflow_tags``) that say what the script did, not where: carried as
+#: they are. The others name the far side (its user, paths, git) or its run ids, and are made here.
+_TAGS_CARRIED = ("mlflow.note.content", "mlflow.autologging")
+#: What the job's run says of where it came from (``tracking._record_job``), and a child run here says too.
+_TAGS_CHILDREN_INHERIT = (
+    "mlflow.user",
+    "mlflow.source.name",
+    "mlflow.source.type",
+    "mlflow.source.git.commit",
+)
+
+
 def _copy_run(client: Any, store: Any, run: Any, target: str, far_store: Path, secrets: tuple[str, ...]) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
@@ -124,8 +141,10 @@ def _copy_run(client: Any, store: Any, run: Any, target: str, far_store: Path, s
     tags = [
         RunTag(k, hide(v, secrets))
         for k, v in run.data.tags.items()
-        if not k.startswith(("mlflow.", "remote_compute.")) or k in ("mlflow.note.content",)
+        if not k.startswith(("mlflow.", "remote_compute.")) or k in _TAGS_CARRIED
     ]
+    # The far run's id, on the main run too: the id the job's log printed finds the job's run here.
+    tags.append(RunTag(TAG_SOURCE_RUN, run.info.run_id))
     metrics: dict[tuple[str, int, int, float], Metric] = {}
     for key in run.data.metrics:
         for m in store.get_metric_history(run.info.run_id, key):
