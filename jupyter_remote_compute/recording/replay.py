@@ -1,9 +1,9 @@
 """Replaying a job's own MLflow file store into its local run, as MLflow would have logged it here.
 
 The far side's runs (the main one becomes the job's run, the others its children, each tagged with its
-far run's id), then what MLflow 3 keeps beside them: each logged model (artifacts, params, model-linked
-metrics, tags, status), each run's dataset and model inputs and its model outputs, and the registry's
-versions of those models.
+far run's id), then what MLflow 3 keeps beside them: each logged model (artifacts with an ``MLmodel``
+naming the local store, params, model-linked metrics with every step, tags, status), each run's
+dataset and model inputs and its model outputs, and the registry's versions of those models.
 Each step finds its earlier result before it makes one, so a replay cut short and run again makes
 nothing twice. What the far store holds that is not carried (traces, prompts, versions of models the
 job did not log) is counted for the run to say (``tracking._say_not_replayed``).
@@ -233,7 +233,7 @@ def _replay_models(
                     dataset_digest=m.dataset_digest,
                     run_id=mapping.get(m.run_id or "", run_id),
                 )
-                for m in far_model.metrics or []
+                for m in _far_model_metrics(far_store, far_model)
             ]
             by_run: dict[str, list[Any]] = {}
             for m in metrics:
@@ -247,8 +247,40 @@ def _replay_models(
     return models
 
 
+def _far_model_metrics(far_store: Path, far_model: Any) -> list[Any]:
+    """Every point a far model's metrics have: the file store keeps each one (``<key>`` holds lines of
+    ``timestamp value step run_id [dataset_name dataset_digest]``) but reads back only each key's last."""
+    from mlflow.entities import Metric
+
+    folder = far_store / far_model.experiment_id / "models" / far_model.model_id / "metrics"
+    if not folder.is_dir():
+        return []
+    points = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        key = path.relative_to(folder).as_posix()
+        for line in path.read_text().splitlines():
+            parts = line.split(" ")
+            if len(parts) < 4:
+                continue
+            dataset = (" ".join(parts[4:-1]), parts[-1]) if len(parts) >= 6 else (None, None)
+            points.append(
+                Metric(
+                    key,
+                    float(parts[1]),
+                    int(parts[0]),
+                    int(parts[2]),
+                    model_id=far_model.model_id,
+                    dataset_name=dataset[0],
+                    dataset_digest=dataset[1],
+                    run_id=parts[3],
+                )
+            )
+    return points
+
+
 def _upload_model_artifacts(client: Any, far_store: Path, far_model: Any, model_id: str, run_id: str) -> None:
-    """The model's files, its ``MLmodel`` naming the local run and model (what loading it here reads)."""
+    """The model's files, its ``MLmodel`` naming the local model, its place and its run, as a model
+    logged here does (what loading it here reads)."""
     import tempfile
 
     source = far_store / far_model.experiment_id / "models" / far_model.model_id / "artifacts"
@@ -259,12 +291,30 @@ def _upload_model_artifacts(client: Any, far_store: Path, far_model: Any, model_
         shutil.copytree(source, copy, symlinks=False)
         mlmodel = copy / "MLmodel"
         if mlmodel.is_file():
-            text = mlmodel.read_text()
-            text = text.replace(far_model.model_id, model_id)
-            if far_model.source_run_id:
-                text = text.replace(far_model.source_run_id, run_id)
-            mlmodel.write_text(text)
+            mlmodel.write_text(
+                _local_mlmodel(mlmodel.read_text(), far_model, client.get_logged_model(model_id), run_id)
+            )
         client.log_model_artifacts(model_id, str(copy))
+
+
+def _local_mlmodel(text: str, far_model: Any, local: Any, run_id: str) -> str:
+    """An ``MLmodel`` as MLflow would have written it for ``local``: its ``artifact_path`` is the model's
+    location (MLflow writes ``artifact_location`` there), its ids and run the local ones."""
+    import yaml
+
+    described = yaml.safe_load(text)
+    if not isinstance(described, dict):
+        return text
+    far_ids = {far_model.model_id: local.model_id}
+    if far_model.source_run_id:
+        far_ids[far_model.source_run_id] = run_id
+    for field in ("model_id", "model_uuid", "run_id"):
+        if described.get(field) in far_ids:
+            described[field] = far_ids[described[field]]
+    if "artifact_path" in described:
+        described["artifact_path"] = local.artifact_location
+    # As MLflow writes it (``Model.save``: safe_dump, block style, keys sorted).
+    return yaml.safe_dump(described, default_flow_style=False)
 
 
 def _replay_lineage(client: Any, run: Any, target: str, models: Mapping[str, str]) -> None:
