@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,9 @@ import pytest
 import skypilot_fixture
 import slurm_fixture
 import sshd_fixture
+import yaml
 from conftest import job_runs
+from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from jupyter_remote_compute.engines import engine_kinds
@@ -78,17 +81,54 @@ AUTOLOG_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def trained_here(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """The autolog script run here with plain ``python`` into a store of its own: (tracking URI, run id)."""
+# A grid search under autolog: GridSearchCV makes a parent run (autolog's own) and a child per candidate.
+# Then a metric logged against the model for each step, as XGBoost's autolog does for each boosting round.
+STEPS = 5
+GRID_SCRIPT = textwrap.dedent(
+    f"""\
+    import mlflow
+    from sklearn.datasets import load_iris
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.svm import SVC
+
+    mlflow.sklearn.autolog()
+    X, y = load_iris(return_X_y=True, as_frame=True)
+    GridSearchCV(SVC(), {{"C": [0.5, 1.0]}}, cv=3).fit(X, y)
+    run_id = mlflow.last_active_run().info.run_id
+    print(f"far run id: {{run_id}}", flush=True)
+    model_id = mlflow.last_logged_model().model_id
+    for step in range({STEPS}):
+        mlflow.MlflowClient().log_metric(run_id, "train-mlogloss", 1.0 / (step + 1), step=step, model_id=model_id)
+    """
+)
+AUTOLOGGED = "tags.mlflow.autologging = 'sklearn'"
+#: What a local child run says of where it came from, as its parent does.
+SOURCE_TAGS = ("mlflow.user", "mlflow.source.name", "mlflow.source.type")
+
+
+def _train_here(tmp_path_factory: pytest.TempPathFactory, name: str, script: str) -> str:
+    """``script`` run here as ``name`` with plain ``python`` into a store of its own: its tracking URI."""
     folder = tmp_path_factory.mktemp("here")
-    (folder / "train_rf.py").write_text(AUTOLOG_SCRIPT)
+    (folder / name).write_text(script)
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    done = subprocess.run([sys.executable, "train_rf.py"], cwd=folder, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, name], cwd=folder, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    return uri
+
+
+@pytest.fixture(scope="module")
+def trained_here(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The autolog script trained here: (tracking URI, run id)."""
+    uri = _train_here(tmp_path_factory, "train_rf.py", AUTOLOG_SCRIPT)
     (run,) = MlflowClient(uri).search_runs(["0"])
     return uri, run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def grid_trained_here(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The grid search trained here: its tracking URI."""
+    return _train_here(tmp_path_factory, "grid.py", GRID_SCRIPT)
 
 
 def _user_tags(run: Any) -> dict[str, str]:
@@ -106,6 +146,42 @@ def _datasets(run: Any) -> list[tuple[Any, ...]]:
 def _models(client: MlflowClient, run: Any) -> list[tuple[str, dict[str, str], dict[str, float]]]:
     models = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
     return sorted((m.name, dict(m.params), {x.key: x.value for x in m.metrics}) for m in models)
+
+
+def _autologged(client: MlflowClient) -> list[Any]:
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    return client.search_runs(experiments, filter_string=AUTOLOGGED)
+
+
+def _tree(runs: list[Any]) -> tuple[Any, list[Any]]:
+    """(the parent, its children) of one grid search's runs."""
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == len(runs) - 1
+    return parent, children
+
+
+def _models_by_name(client: MlflowClient, experiment_id: str) -> dict[str, Any]:
+    """Each logged model of the experiment by name, read whole (``get_logged_model``)."""
+    return {m.name: client.get_logged_model(m.model_id) for m in client.search_logged_models([experiment_id])}
+
+
+def _steps(model: Any) -> dict[str, list[int]]:
+    """The steps each of a model's metrics has (timings differ from run to run; steps do not)."""
+    found: dict[str, list[int]] = {}
+    for m in model.metrics:
+        found.setdefault(m.key, []).append(m.step)
+    return {key: sorted(steps) for key, steps in found.items()}
+
+
+def _model_files(model: Any, into: Path) -> dict[str, str]:
+    """The model's text files as they are stored (read from its artifact location, as a loader does)."""
+    folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=model.artifact_location, dst_path=str(into)))
+    return {
+        str(p.relative_to(folder)): p.read_text()
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix in ("", ".yaml", ".txt", ".json")
+    }
 
 
 def _predict(uri: str, run_id: str, rows: Any) -> list[float]:
@@ -285,3 +361,52 @@ def test_the_run_names_the_os_python_and_gpus_of_the_machine_it_ran_on(
     assert tags["remote_compute.cpus"] == str(facts["cpus"])
     assert tags["remote_compute.gpus"] == str(len(facts["gpus"]))
     assert ("remote_compute.gpu_names" in tags) == bool(facts["gpus"])
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_a_grid_search_trained_there_is_found_and_read_like_one_trained_here(
+    kind: str, request: pytest.FixtureRequest, tracking_uri: str, grid_trained_here: str, tmp_path: Path
+) -> None:
+    service, name = request.getfixturevalue(f"{kind}_machine")
+    (service.workspace.root / "grid.py").write_text(GRID_SCRIPT)
+    spec = {"machine": name, "command": "python grid.py", "send": ["grid.py"], "name": "grid"}
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    here_client, there_client = MlflowClient(grid_trained_here), MlflowClient(tracking_uri)
+
+    # The query a user types finds the job's runs as it finds the local ones: the parent and each child.
+    here_parent, here_children = _tree(_autologged(here_client))
+    there_parent, there_children = _tree(_autologged(there_client))
+    assert there_parent.info.run_id == job.mlflow_run_id
+    assert len(there_children) == len(here_children) == 2
+    # Each child says where it came from as its parent does, as a local child does.
+    for parent, children in ((here_parent, here_children), (there_parent, there_children)):
+        for child in children:
+            assert {k: child.data.tags.get(k) for k in SOURCE_TAGS} == {k: parent.data.tags[k] for k in SOURCE_TAGS}
+    assert there_parent.data.tags["mlflow.user"] == job.user
+
+    # The run id the job's log printed (the far side's) finds the job's run here.
+    log = service.read_log(job.id).data.decode()
+    (far_run_id,) = re.findall(r"^far run id: (\w+)$", log, re.MULTILINE)
+    assert there_parent.data.tags["remote_compute.source_run_id"] == far_run_id
+
+    # Every model's metrics have every step, as here (get_logged_model is what reads them).
+    here_models = _models_by_name(here_client, here_parent.info.experiment_id)
+    there_models = _models_by_name(there_client, there_parent.info.experiment_id)
+    assert sorted(there_models) == sorted(here_models) == ["best_estimator", "model"]
+    assert {n: _steps(m) for n, m in there_models.items()} == {n: _steps(m) for n, m in here_models.items()}
+    for models in (here_models, there_models):
+        trained = sorted(
+            (m.step, m.value) for model in models.values() for m in model.metrics if m.key == "train-mlogloss"
+        )
+        assert trained == [(s, 1.0 / (s + 1)) for s in range(STEPS)]
+
+    # The model's files name the local store (where it is), as a model logged here does; nothing of
+    # the far side's job folder is left in them.
+    for where, models in (("here", here_models), ("there", there_models)):
+        for model_name, model in models.items():
+            files = _model_files(model, tmp_path / where / model_name)
+            mlmodel = yaml.safe_load(files["MLmodel"])
+            assert mlmodel["artifact_path"] == model.artifact_location
+            assert (mlmodel["model_id"], mlmodel["run_id"]) == (model.model_id, model.source_run_id)
+            assert [path for path, text in files.items() if job.id in text] == []
