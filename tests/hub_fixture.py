@@ -330,10 +330,30 @@ class Hub:
             proxy = int((self.workdir / "hub" / "proxy.pid").read_text())
             if str(self.build.proxy) in Path(f"/proc/{proxy}/cmdline").read_text():
                 leftovers.append(proxy)
-        for pid in leftovers:
+        # Its proxy also by what it was told (a hub that died early may not have written the pid file).
+        error_target = f"--error-target {self.hub_url}hub/error"
+        leftovers += [pid for pid, _ in proc_stats() if error_target in cmdline_of(pid)]
+        for pid in set(leftovers):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # Stopped means gone: a killed process is listed until the kernel has taken it down.
+        wait_for(lambda: not [pid for pid in set(leftovers) if _running(pid)], 30, "the hub's processes to end")
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def cmdline_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    """Listed and not a zombie (one nobody reaped yet has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 class HubExited(RuntimeError):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import hub_fixture
 import pytest
-from hub_fixture import ADMIN, GROUP, USE, Hub, HubBed, HubExited, Server, loopback_session
+from hub_fixture import ADMIN, GROUP, USE, Hub, HubBed, HubExited, Server, cmdline_of, loopback_session
 from procs import proc_stats
 
 hub_bed = hub_fixture.hub_bed
@@ -188,12 +188,5 @@ def test_a_hub_whose_service_exits_says_why_and_leaves_no_proxy(hub_bed: HubBed)
         hub_bed.start(["python", "-c", "raise SystemExit(3)"])
     assert "Service remote-compute exited with status 3" in str(failed.value)
     error_target = f"--error-target {failed.value.hub.hub_url}hub/error"
-    assert not [pid for pid, _ in proc_stats() if error_target in _cmdline(pid)]
+    assert not [pid for pid, _ in proc_stats() if error_target in cmdline_of(pid)]
     assert not failed.value.hub.workdir.exists()
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
