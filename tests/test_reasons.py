@@ -237,3 +237,18 @@ def _log(folder: Path, text: str) -> Path:
 def test_no_log_and_an_empty_log_say_so(tmp_path):
     assert failure_reason(2, None, [], tmp_path) == "exit code 2: (no log)"
     assert failure_reason(2, _log(tmp_path, "\n\n"), [], tmp_path) == "exit code 2: (empty log)"
+
+
+def test_a_container_that_never_started_gives_the_runtimes_error_not_its_pointer_to_it() -> None:
+    """container.sh says the runtime's words are above: the reason is those words (its error, not the
+    warnings rootless podman prints on every call)."""
+    log = (
+        'time="2026-12-04T03:35:30Z" level=warning msg="The cgroupv2 manager is set to systemd but there is no'
+        ' systemd user session available"\n'
+        "Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=3\n"
+        "container: podman could not start image localhost/jrc-gpu-a6e6193a:1 (its words are above)\n"
+    )
+    assert explaining_line(log) == (
+        "container: podman could not start image localhost/jrc-gpu-a6e6193a:1: "
+        "Error: setting up CDI devices: unresolvable CDI devices nvidia.com/gpu=3"
+    )

@@ -37,6 +37,10 @@ _RUNNER = "run-notebook: "
 _ENVIRONMENT = "environment: "
 #: env.sh's last line when a build fails; the installer's message is what the reason says.
 _NOT_BUILT = re.compile(r"^(environment \w+: could not be built); the installer's message is above$")
+#: container.sh's line when the runtime could not start the image; the runtime's words are above it.
+_NOT_STARTED = re.compile(r"^(container: .* could not start image \S+) \(its words are above\)$")
+#: The runtime's own error lines (podman's ``Error: …``, docker's ``docker: Error …``), not its warnings.
+_RUNTIME_ERROR = re.compile(r"^(?:docker: )?error", re.IGNORECASE)
 _TRACEBACK = re.compile(r"^\s*(?:\+ )?(?:Exception Group )?Traceback \(most recent call last\):")
 #: A traceback's last line: ``ValueError: boom``, ``mod.CustomError``, ``KeyboardInterrupt``.
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?: .*)?)?$")
@@ -80,6 +84,13 @@ def explaining_line(text: str) -> str | None:
         return f"{not_built}: {found}" if found else not_built
     if not lines:
         return None
+    not_started = [i for i, line in enumerate(lines) if _NOT_STARTED.match(line)]
+    if not_started:
+        # The runtime's last error above container.sh's line is why (rootless podman warns on every call).
+        head = _NOT_STARTED.match(lines[not_started[-1]]).group(1)  # type: ignore[union-attr]
+        above = lines[: not_started[-1]]
+        said = next((line.strip() for line in reversed(above) if _RUNTIME_ERROR.match(line.strip())), None)
+        return f"{head}: {said}" if said else lines[not_started[-1]].strip()
     return _runner_summary(lines) or _environment_message(lines) or _final_exception(lines) or lines[-1].strip()
 
 
