@@ -307,7 +307,11 @@ class Hub:
 
     def _check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise HubExited(self, f"the hub exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            log = self.log.read_text(errors="replace")
+            # Why it ended first (its proxy goes on logging after it): the hub's lines on its service.
+            why = [line for line in log.splitlines() if re.search(r"Service \S+ exited|exited with status", line)]
+            said = "\n".join([*why, "… the log ends:", log[-3000:]])
+            raise HubExited(self, f"the hub exited with {self.proc.returncode}:\n{said}")
 
     def stop(self) -> None:
         """Stop the servers it started, the hub (which stops its proxy and service), then anything of
