@@ -266,6 +266,7 @@ function Machines(props: {
   const builtin = model.machines.filter(m => m.builtin);
   const others = model.machines.filter(m => !m.builtin && !isOrganizations(m));
   const organizations = model.machines.filter(isOrganizations);
+  const rowProps = { model, commands, trans };
   return (
     <section
       className="jp-RemoteCompute-machines"
@@ -287,32 +288,19 @@ function Machines(props: {
           onClick={() => void commands.execute('remote-compute:add-machine')}
         />
       </div>
-      <ul
+      <MachineList
+        machines={builtin}
         className="jp-RemoteCompute-list jp-RemoteCompute-builtin"
-        aria-label={trans.__('Built-in machine')}
-      >
-        {builtin.map(machine => (
-          <MachineRow
-            key={machine.name}
-            machine={machine}
-            model={model}
-            commands={commands}
-            trans={trans}
-          />
-        ))}
-      </ul>
+        label={trans.__('Built-in machine')}
+        {...rowProps}
+      />
       {others.length > 0 && (
-        <ul className="jp-RemoteCompute-list" aria-label={trans.__('Machines')}>
-          {others.map(machine => (
-            <MachineRow
-              key={machine.name}
-              machine={machine}
-              model={model}
-              commands={commands}
-              trans={trans}
-            />
-          ))}
-        </ul>
+        <MachineList
+          machines={others}
+          className="jp-RemoteCompute-list"
+          label={trans.__('Machines')}
+          {...rowProps}
+        />
       )}
       {others.length === 0 && organizations.length === 0 && (
         <EmptyMachines trans={trans} />
@@ -322,23 +310,42 @@ function Machines(props: {
           <h4 className="jp-RemoteCompute-subsectionTitle">
             {trans.__('Organization')}
           </h4>
-          <ul
+          <MachineList
+            machines={organizations}
             className="jp-RemoteCompute-list"
-            aria-label={trans.__("The organization's machines")}
-          >
-            {organizations.map(machine => (
-              <MachineRow
-                key={machine.name}
-                machine={machine}
-                model={model}
-                commands={commands}
-                trans={trans}
-              />
-            ))}
-          </ul>
+            label={trans.__("The organization's machines")}
+            {...rowProps}
+          />
         </>
       )}
     </section>
+  );
+}
+
+/**
+ * One group of machines, a row each.
+ */
+function MachineList(props: {
+  machines: readonly IMachine[];
+  className: string;
+  label: string;
+  model: ComputeModel;
+  commands: CommandRegistry;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { machines, className, label, model, commands, trans } = props;
+  return (
+    <ul className={className} aria-label={label}>
+      {machines.map(machine => (
+        <MachineRow
+          key={machine.name}
+          machine={machine}
+          model={model}
+          commands={commands}
+          trans={trans}
+        />
+      ))}
+    </ul>
   );
 }
 
