@@ -46,7 +46,7 @@ import pytest
 from far_python import far_python_bin
 from required import require
 from slurm_fixture import SlurmBed
-from sshd_fixture import free_port
+from sshd_fixture import reserved_port
 from waiting import wait_for
 
 #: The node user SkyPilot signs in as on the login node (bash login shell).
@@ -60,10 +60,11 @@ HOSTS = Path("/etc/hosts")
 HOSTS_LOCK = Path("/tmp/jrc-sky-etc-hosts.lock")
 #: Where SkyPilot's client finds its local API server, and where that server listens (default 46580).
 API_PORT_VARIABLE = "SKYPILOT_API_SERVER_LOCAL_PORT"
-# This test process's own port, from the OS, set before SkyPilot is first imported (its client caches the
-# server's URL for the process): another test run on this machine, whose server listens on SkyPilot's
-# default port or on one of its own, is never talked to nor stopped by this one.
-os.environ.setdefault(API_PORT_VARIABLE, str(free_port()))
+# This test process's own port, set before SkyPilot is first imported (its client caches the server's URL
+# for the process): another test run on this machine, whose server listens on SkyPilot's default port or
+# on one of its own, is never talked to nor stopped by this one. The server binds it minutes later, when
+# the first SkyPilot test runs: from the ephemeral range, the run's other sockets could hold it by then.
+os.environ.setdefault(API_PORT_VARIABLE, str(reserved_port()))
 
 
 def skypilot_installed() -> bool:
