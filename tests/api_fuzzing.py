@@ -14,13 +14,14 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from ports import free_port
 
 import jupyter_remote_compute
 
@@ -29,12 +30,6 @@ SPEC = Path(jupyter_remote_compute.__file__).parent / "openapi.yaml"
 QUICKSTART = HERE.parent / "examples" / "quickstart"
 #: What the fuzz run asserts (issue 16): no 5xx, every response as documented, invalid input refused.
 CHECKS = ("not_a_server_error", "response_schema_conformance", "status_code_conformance", "negative_data_rejection")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FuzzTarget:
@@ -47,7 +42,7 @@ class FuzzTarget:
         self.home = base / "home"
         self.home.mkdir()
         self.token = secrets.token_hex(16)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = base / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None

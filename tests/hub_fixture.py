@@ -45,9 +45,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from ports import free_port
 from procs import proc_stats
 from required import require
-from sshd_fixture import free_port
 from uv import find_uv_bin
 from waiting import wait_for
 

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,15 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 # Server extensions installed in this venv that a plain remote server does without.
 _DISABLED_EXTENSIONS = ("jupyter_remote_compute", "jupyterlab", "jupyter_lsp", "notebook_shim", "notebook")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RemoteServer:

@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -18,13 +17,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ports import free_port
 from waiting import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ApiError(Exception):

@@ -44,9 +44,9 @@ from typing import Any
 
 import pytest
 from far_python import far_python_bin
+from ports import reserved_port
 from required import require
 from slurm_fixture import SlurmBed
-from sshd_fixture import reserved_port
 from waiting import wait_for
 
 #: The node user SkyPilot signs in as on the login node (bash login shell).

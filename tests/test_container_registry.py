@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import ports
 import pytest
 import sshd_fixture
 import test_containers
@@ -72,7 +73,7 @@ def serving_registry(rootfs: Path) -> Iterator[Registry]:
     root = Path(tempfile.mkdtemp(prefix="jrc-registry-"))
     password = "pw-" + uuid.uuid4().hex
     subprocess.run(["htpasswd", "-Bbc", str(root / "htpasswd"), USER, password], check=True, capture_output=True)
-    port = sshd_fixture.free_port()
+    port = ports.free_port()
     host = f"127.0.0.1:{port}"
     (root / "config.yml").write_text(
         f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import ports
 import pytest
 import sshd_fixture
 from procs import group_members
@@ -843,7 +844,7 @@ def test_certificate_signs_in(sshd_bed: TestBed, tmp_path: Path, monkeypatch, tr
 
 
 def test_network_errors_are_specific_and_transient(ssh_agent_env: TestBed, tmp_path: Path, transport: str):
-    closed = make_engine(ssh_agent_env, tmp_path, transport=transport, port=sshd_fixture.free_port())
+    closed = make_engine(ssh_agent_env, tmp_path, transport=transport, port=ports.free_port())
     with pytest.raises(EngineError, match="connection refused") as err:
         closed.check()
     assert err.value.transient

@@ -10,6 +10,7 @@ import dataclasses
 import uuid
 from pathlib import Path
 
+import ports
 import sshd_fixture
 
 from jupyter_remote_compute.jobs.service import JobService
@@ -54,7 +55,7 @@ def test_a_machine_that_cannot_be_reached_is_retried_until_the_grace_runs_out(
     workspace: Path, make_service, ssh_agent_env: sshd_fixture.TestBed
 ) -> None:
     service = make_service(workspace)
-    service.machines.add("gone", "ssh", "127.0.0.1", ssh_agent_env.options(port=sshd_fixture.free_port()))
+    service.machines.add("gone", "ssh", "127.0.0.1", ssh_agent_env.options(port=ports.free_port()))
     job = service.submit(JobSpec.from_json({"machine": "gone", "command": "true"})).job
     first = service.advance(job.id)
     second = service.advance(job.id)
