@@ -17,17 +17,17 @@ from traitlets import Float, HasTraits, Int, Unicode
 
 from . import secret_sources
 from .engines.faces import PeriodicTask, ServerView, all_faces
-from .handlers import FALLBACK_HANDLER, HANDLERS, RemoteComputeContext, TransferPool
+from .handlers import RemoteComputeContext, TransferPool
 from .jobs.job import Job
 from .jobs.listing import index_of
 from .jobs.service import JobService, ServiceSettings
 from .jobs.snapshot import Snapshot
 from .machines.registry import MachineRegistry
 from .mlflow_ui import MlflowUI
-from .mlflow_ui_handlers import MLFLOW_UI_PROXY
 from .pipelines.events import publish_runs
 from .pipelines.runner import PipelineRunner
 from .recording.tracking import TrackingSettings, tracking_uri
+from .routes import server_routes
 from .workspace import Workspace
 
 EVENT_SCHEMA = Path(__file__).parent / "events" / "job.yaml"
@@ -183,7 +183,7 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
 
     def initialize_handlers(self) -> None:
         kind_routes = [route for faces in all_faces().values() for route in faces.routes()]
-        self.handlers.extend([*HANDLERS, *kind_routes, MLFLOW_UI_PROXY, FALLBACK_HANDLER])
+        self.handlers.extend(server_routes(kind_routes))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self._start_poller()

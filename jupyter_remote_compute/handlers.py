@@ -568,9 +568,5 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/secrets/(?P<secret_name>.+)", SecretHandler),
 ]
 
-#: Registered after HANDLERS (and every other handler of the extension): catches the rest of the prefix.
+#: Registered after every other handler of the extension (``routes.py``): catches the rest of the prefix.
 FALLBACK_HANDLER: tuple[str, type[RemoteComputeHandler]] = (rf"{PREFIX}/.*", UnknownRouteHandler)
-
-# MLflow's UI has its own module, whose handlers build on the classes above: importing it adds its routes to HANDLERS.
-from . import mlflow_ui_handlers  # noqa: E402, F401
-from .pipelines import handlers as pipeline_handlers  # noqa: E402, F401  (the pipelines' routes, likewise)

@@ -18,7 +18,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import JupyterHandler
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from .handlers import HANDLERS, PREFIX, RemoteComputeHandler, api
+from .handlers import PREFIX, RemoteComputeHandler, api
 from .mlflow_ui import MlflowUI, MlflowUIUnavailable
 
 #: Headers that belong to one hop, never forwarded either way.
@@ -144,8 +144,7 @@ class MlflowUIProxyHandler(JupyterHandler):
         self.finish()
 
 
-#: Part of the API (openapi.yaml): added to ``handlers.HANDLERS``, which imports this module at its end.
+#: Part of the API (openapi.yaml); ``routes.py`` registers them.
 MLFLOW_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [(rf"{PREFIX}/mlflow", MlflowHandler)]
-HANDLERS.extend(h for h in MLFLOW_HANDLERS if h not in HANDLERS)
 #: A page and its assets, not part of the API: registered before the prefix's fallback.
 MLFLOW_UI_PROXY: tuple[str, type[JupyterHandler]] = (rf"{PREFIX}/mlflow-ui(?P<rest>/.*)?", MlflowUIProxyHandler)

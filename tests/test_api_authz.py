@@ -14,7 +14,7 @@ import pytest
 from jupyter_server.auth import Authorizer
 from tornado.httpclient import HTTPClientError
 
-from jupyter_remote_compute.handlers import HANDLERS
+from jupyter_remote_compute.routes import API_ROUTES
 
 #: (path under /remote-compute/, verb) → the Authorizer action it needs.
 ACTIONS: dict[tuple[str, str], str] = {
@@ -79,7 +79,7 @@ async def _status(client: Any, url: str, verb: str, headers: dict[str, str]) -> 
 
 def test_the_table_covers_every_route_and_verb_served() -> None:
     served = set()
-    for pattern, handler in HANDLERS:
+    for pattern, handler in API_ROUTES:
         route = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern).removeprefix("/remote-compute/")
         served |= {(route, verb) for verb in ("GET", "POST", "PATCH", "PUT", "DELETE") if verb.lower() in vars(handler)}
     assert served == set(ACTIONS)

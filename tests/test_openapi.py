@@ -9,7 +9,7 @@ import yaml
 from openapi_spec_validator import validate
 
 import jupyter_remote_compute
-from jupyter_remote_compute.handlers import HANDLERS
+from jupyter_remote_compute.routes import API_ROUTES
 
 SPEC = Path(jupyter_remote_compute.__file__).parent / "openapi.yaml"
 VERBS = {"get", "post", "put", "patch", "delete"}
@@ -25,7 +25,7 @@ def test_the_description_is_valid_openapi() -> None:
 
 def test_every_route_and_verb_is_described_and_nothing_else() -> None:
     served = {}
-    for pattern, handler in HANDLERS:
+    for pattern, handler in API_ROUTES:
         path = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern)
         served[path] = {verb for verb in VERBS if verb in vars(handler)}
     described = {path: {verb for verb in ops if verb in VERBS} for path, ops in _spec()["paths"].items()}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import InvalidSettings
-from ..handlers import HANDLERS, PREFIX, RemoteComputeHandler, api
+from ..handlers import PREFIX, RemoteComputeHandler, api
 from .runner import PipelineRunner
 
 RUN_ID = r"(?P<run_id>[A-Za-z0-9_-]+)"
@@ -61,11 +61,10 @@ class PipelineRunCancelHandler(PipelineHandler):
         self.reply(run.public_json())
 
 
-#: Part of the API (openapi.yaml): added to ``handlers.HANDLERS``, which imports this module at its end.
+#: Part of the API (openapi.yaml); ``routes.py`` registers them.
 PIPELINE_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/pipelines/runs", PipelineRunsHandler),
     (rf"{PREFIX}/pipelines/validate", PipelineValidateHandler),
     (rf"{PREFIX}/pipelines/runs/{RUN_ID}", PipelineRunHandler),
     (rf"{PREFIX}/pipelines/runs/{RUN_ID}/cancel", PipelineRunCancelHandler),
 ]
-HANDLERS.extend(h for h in PIPELINE_HANDLERS if h not in HANDLERS)
