@@ -67,7 +67,7 @@ def run_here(runner: PipelineRunner, file: str):  # type: ignore[no-untyped-def]
 
 
 def parent_of(runner: PipelineRunner, run) -> str:  # type: ignore[no-untyped-def]
-    """The run's MLflow parent run, once its detached recorder has written it into the run's record."""
+    """The run's MLflow parent run, once its detached recorder has left its id for the run store."""
     return wait_for(lambda: runner.get(run.id).mlflow_run_id, timeout=120, message="the MLflow parent run")
 
 

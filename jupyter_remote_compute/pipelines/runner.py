@@ -118,13 +118,21 @@ class RunStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         return SharedFileLock(self.folder / f".{run_id}.lock", LOCK_TIMEOUT)
 
+    def parent_id_path(self, run_id: str) -> Path:
+        """Where the recorder leaves the id of the run's MLflow parent run once it has made it."""
+        return self.folder / f"{run_id}.mlflow-run"
+
     def get(self, run_id: str) -> PipelineRun:
         try:
-            return PipelineRun.from_json(json.loads(self.path(run_id).read_text(encoding="utf-8")))
+            run = PipelineRun.from_json(json.loads(self.path(run_id).read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise NotFound(f"no pipeline run {run_id!r}") from None
         except (ValueError, TypeError) as e:
             raise RemoteComputeError(f"{self.path(run_id)}: the run's record cannot be read ({e})") from None
+        if run.mlflow_run_id is None:
+            with contextlib.suppress(FileNotFoundError):
+                run.mlflow_run_id = self.parent_id_path(run_id).read_text(encoding="utf-8").strip() or None
+        return run
 
     def put(self, run: PipelineRun) -> None:
         with self._lock(run.id):
@@ -389,7 +397,7 @@ class PipelineRunner:
                         children[node_id] = mlflow_run_id
         try:
             uri = tracking_uri(self.workspace.root, self.service.settings.tracking)
-            record_parent(self.workspace, uri, run.to_json(), children, self.store.folder)
+            record_parent(self.workspace, uri, run.to_json(), children, self.store.parent_id_path(run.id))
         except Exception as e:  # MLflow down must not lose the run's outcome
             log.warning("pipeline run %s: its MLflow parent run was not recorded: %s", run.id, e)
 

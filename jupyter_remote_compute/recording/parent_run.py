@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import atomic_write
 from ..workspace import Workspace
 from .recorder import ask
 
@@ -25,16 +26,17 @@ STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
 def record_parent(
-    workspace: Workspace, uri: str, run: Mapping[str, Any], children: Mapping[str, str], runs_folder: Path
+    workspace: Workspace, uri: str, run: Mapping[str, Any], children: Mapping[str, str], parent_id_file: Path
 ) -> bool:
     """Have the workspace's recorder record the parent run; False when no node has a run.
 
-    ``children``: node id -> its job's MLflow run. The recorder writes the parent's id into the run's
-    record (``runs_folder``) once made, so a pipeline run ends without waiting for MLflow.
+    ``children``: node id -> its job's MLflow run. The recorder writes the parent's id to
+    ``parent_id_file`` once made (the pipeline's run store names it and reads it), so a pipeline run
+    ends without waiting for MLflow, and recording needs to know nothing of how runs are stored.
     """
     if not children:
         return False
-    args = {"uri": uri, "run": dict(run), "children": dict(children), "runs": str(runs_folder)}
+    args = {"uri": uri, "run": dict(run), "children": dict(children), "parent_id_file": str(parent_id_file)}
     ask(workspace, {"op": "call", "target": f"{__name__}:record_request", "args": args, "wait": False})
     return True
 
@@ -67,13 +69,7 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> st
 
 
 def record_request(args: Mapping[str, Any]) -> str:
-    """The recorder's side: record the parent, then keep its id on the pipeline run's record."""
-    from ..pipelines.runner import RunStore
-
+    """The recorder's side: record the parent, then leave its id where the caller asked."""
     parent = _record(args["uri"], args["run"], args["children"])
-
-    def keep(run: Any) -> None:
-        run.mlflow_run_id = parent
-
-    RunStore(Path(args["runs"])).change(args["run"]["id"], keep)
+    atomic_write(Path(args["parent_id_file"]), parent.encode())
     return parent
