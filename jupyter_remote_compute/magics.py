@@ -121,11 +121,11 @@ def write_cell(root: Path, body: str) -> str:
     rel = f"{CELLS_DIR}/{digest}.py"
     path = root / rel
     if not path.is_file() or path.read_text(encoding="utf-8") != body:
-        atomic_write(path, body.encode())
+        atomic_write(path, body.encode(), mode=0o644)  # a file of the user's, as a notebook is
     ignore = root / CELLS_DIR / ".gitignore"
     if not ignore.exists():
         # Copies of notebook cells, not sources: the notebook is what is versioned.
-        atomic_write(ignore, b"*\n")
+        atomic_write(ignore, b"*\n", mode=0o644)
     return rel
 
 

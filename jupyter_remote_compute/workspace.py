@@ -12,6 +12,8 @@ import dataclasses
 import os
 from pathlib import Path
 
+from .fsutil import private_dir, tighten
+
 PUNICA_DIR = ".punica"
 
 
@@ -66,7 +68,17 @@ class Workspace:
         return self.punica_dir / "jobs" / job_id
 
     def ensure(self) -> None:
-        self.punica_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.punica_dir)
+
+    def keep_private(self) -> None:
+        """``.punica/`` is this user's only (0700, its files 0600): one an earlier version made open to
+        other local users is tightened, all through, on first use; a private one costs a stat."""
+        try:
+            loose = os.stat(self.punica_dir).st_mode & 0o077
+        except FileNotFoundError:
+            return
+        if loose:
+            tighten(self.punica_dir)
 
 
 def default_scratch_dir() -> Path:

@@ -72,7 +72,7 @@ class RemoteComputeProcessor(RuntimePipelineProcessor):
         except ValueError:
             raise InvalidSettings(f"{target} is not inside the workspace {workspace}", field="source") from None
         checked = Pipeline.from_json(document, rel)  # a shape error is named before anything is written
-        atomic_write(target, dump_pipeline(checked).encode("utf-8"))
+        atomic_write(target, dump_pipeline(checked).encode("utf-8"), mode=0o644)  # the user's, beside theirs
         run, _attached = runner.start(rel)
         self.log_pipeline_info(pipeline.name, f"started as pipeline run {run.id}", duration=time.time() - t0)
         base = str(SERVER.get("base_url") or "/")

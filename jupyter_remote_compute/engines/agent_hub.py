@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import SharedFileLock, atomic_write
+from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir
 
 AGENTS_DIR = "agents"
 TOKEN_PREFIX = "jrca_"
@@ -65,7 +65,7 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _write_json(path: Path, data: Any, mode: int = 0o644) -> None:
+def _write_json(path: Path, data: Any, mode: int = PRIVATE_FILE) -> None:
     atomic_write(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(), mode)
 
 
@@ -123,7 +123,7 @@ class MachineHub:
             return
         record.update(facts)
         record["last_seen"] = time.time()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
         _write_json(self.dir / "seen.json", record)
 
     def presence(self) -> dict[str, Any]:
@@ -170,8 +170,7 @@ class MachineHub:
 
     def prepare(self, job_id: str) -> Path:
         path = self.job_dir(job_id)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return private_dir(path)
 
     def set_inputs(self, job_id: str, inputs: list[dict[str, Any]]) -> None:
         _write_json(self.job_dir(job_id) / "inputs.json", inputs)
@@ -190,7 +189,7 @@ class MachineHub:
                 _write_json(self.job_dir(job_id) / "launch.json", launch)
                 state = {"job_id": job_id, "key": key, "state": "queued", "attempt": 0, "queued_at": time.time()}
                 self._save(job_id, state)
-            self.dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.dir)
             (self.dir / "queue.stamp").touch()
         return state
 

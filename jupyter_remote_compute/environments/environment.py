@@ -35,7 +35,7 @@ from ..engines.base import InputFile
 from ..engines.farside import tls_script
 from ..engines.launcher import command_script
 from ..errors import InvalidSettings
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, private_dir
 from ..machines.options import URL_CREDENTIALS
 from ..workspace import relative_to_note
 from . import image as images
@@ -465,7 +465,7 @@ def _fetched(wheel: Mapping[str, Any], cache: Path) -> Path:
     if sha and (cache / sha / name).is_file():
         return cache / sha / name
     tmp = cache / f".{name}.{uuid.uuid4().hex}"
-    cache.mkdir(parents=True, exist_ok=True)
+    private_dir(cache)
     h = hashlib.sha256()
     with urllib.request.urlopen(url, timeout=120) as got, tmp.open("wb") as out:
         while chunk := got.read(1 << 20):

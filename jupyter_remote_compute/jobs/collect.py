@@ -19,7 +19,7 @@ from typing import Any
 
 from ..engines.base import WORK_DIR, EngineError, FetchResult
 from ..errors import InvalidSettings, RemoteComputeError
-from ..fsutil import sha256_file
+from ..fsutil import private_dir, sha256_file
 from ..recording import recorder as record_later
 from ..recording.tracking import JobRecord, without_far_records
 from ..secrets import mask
@@ -55,7 +55,7 @@ class Collector:
         local_dir = self.ctx.workspace.job_dir(job.id)
         incoming = local_dir / "incoming"
         shutil.rmtree(incoming, ignore_errors=True)
-        incoming.mkdir(parents=True)
+        private_dir(incoming)
         wanted = list(job.spec.bring_back) if outcome.state == "succeeded" else []
         secrets = mask_values(self.ctx.secrets, job)
         result = FetchResult()

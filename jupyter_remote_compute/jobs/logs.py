@@ -16,6 +16,7 @@ from pathlib import Path
 from ..engines.base import Engine, EngineError, ProgressCallback, RemoteJob
 from ..environments import image_registry as registry
 from ..errors import InvalidSettings, RemoteComputeError, SecretStoreUnavailable
+from ..fsutil import private_open
 from ..secrets import SecretStore, mask
 from .context import JobContext, remote_of
 from .job import Job
@@ -75,13 +76,14 @@ def fetch_masked_log(engine: Engine, remote: RemoteJob, dest: Path, secrets: Seq
     """The whole log, masked across chunk boundaries; withheld when a secret cannot be read to mask it."""
     tmp = dest.with_suffix(".part")
     if secrets is None:
-        tmp.write_bytes(WITHHELD_LOG)
+        with private_open(tmp, "wb") as f:
+            f.write(WITHHELD_LOG)
         os.replace(tmp, dest)
         return dest
     offset = 0
     pending = b""  # masked bytes that a secret continuing in the next chunk could still change
     try:
-        with open(tmp, "wb") as f:
+        with private_open(tmp, "wb") as f:
             while chunk := engine.read_log(remote, offset, LOG_CHUNK):
                 offset += len(chunk)
                 buffer = mask(pending + chunk, secrets)

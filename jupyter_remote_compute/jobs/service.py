@@ -100,6 +100,7 @@ class JobService:
     ) -> None:
         settings = settings or ServiceSettings()
         self.workspace = workspace
+        workspace.keep_private()  # every face comes through here: the first one tightens an open .punica/
         self.machines = MachineRegistry(workspace.compute_yaml)
         self.store = JobStore(workspace.state_file)
         self.secrets = secrets or SecretStore()

@@ -30,7 +30,7 @@ from pathlib import Path
 from filelock import Timeout
 
 from ..errors import NotFound, RemoteComputeError
-from ..fsutil import SharedFileLock, atomic_write
+from ..fsutil import SharedFileLock, atomic_write, private_dir
 from .job import Job
 from .journal import JOURNAL_SUFFIX, frame, journal_head, read_head, unframe
 from .snapshot import RECENT_DELTAS, Delta, FragmentCache, JobMap, Layers, Snapshot, job_in, whole_map, with_changes
@@ -343,7 +343,7 @@ class JobStore:
     # -- changing ---------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         try:
             self._lock.acquire()
         except Timeout:

@@ -30,7 +30,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.reader import ReaderError
 
 from ..errors import ConfigFileError, Conflict, InvalidSettings, NotFound
-from ..fsutil import SharedFileLock, atomic_write
+from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir
 from .options import (
     FIELDS,
     LOCAL,
@@ -331,7 +331,7 @@ class MachineRegistry:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         lock = SharedFileLock(self.lock_path, timeout=self.lock_timeout)
         try:
             lock.acquire()
@@ -365,6 +365,6 @@ class MachineRegistry:
             if _digest(self._read()) != current:
                 raise _stale(self.path)
             if data != raw:  # an edit that changes nothing leaves the file (and its mtime) alone
-                mode = stat.S_IMODE(os.stat(target).st_mode) if raw is not None else 0o644
+                mode = stat.S_IMODE(os.stat(target).st_mode) if raw is not None else PRIVATE_FILE
                 atomic_write(target, data, mode=mode)
             return result

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError, SecretStoreUnavailable
-from ..fsutil import SharedFileLock, atomic_write
+from ..fsutil import SharedFileLock, atomic_write, private_dir
 from ..guards import screen_settings
 from ..jobs.job import Job, new_job_id, utcnow
 from ..jobs.liveness import holder_alive, process_identity
@@ -115,7 +115,7 @@ class RunStore:
         return self.folder / f"{run_id}.json"
 
     def _lock(self, run_id: str) -> SharedFileLock:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        private_dir(self.folder)
         return SharedFileLock(self.folder / f".{run_id}.lock", LOCK_TIMEOUT)
 
     def parent_id_path(self, run_id: str) -> Path:

@@ -56,10 +56,8 @@ import os
 import queue as queues
 import shutil
 import socket
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -67,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NotFound
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, private_open, socket_folder
 from ..jobs.context import JobContext
 from ..jobs.job import Job, utcnow
 from ..jobs.logs import mask_values
@@ -129,16 +127,10 @@ def socket_path() -> Path:
 
 
 def _private_folder() -> Path:
-    temporary = tempfile.gettempdir()
-    if len(os.fsencode(temporary)) > 50:  # a Unix socket's path holds about 100 bytes in all
-        temporary = "/tmp"
-    folder = Path(temporary) / f"jupyter-remote-compute-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise RecorderUnavailable(f"{folder} is not a folder only you can open: remove it, then try again")
-    return folder
+    try:
+        return socket_folder()
+    except PermissionError as e:
+        raise RecorderUnavailable(str(e)) from None
 
 
 def queue(workspace: Workspace, record: JobRecord, cleanup: Path | None) -> None:
@@ -240,7 +232,7 @@ def _read_line(conn: socket.socket) -> bytes:
 
 def _spawn() -> None:
     log_file = recorder_file("log")
-    with open(log_file, "ab") as errors:
+    with private_open(log_file) as errors:
         child = subprocess.Popen(
             [sys.executable, "-m", "jupyter_remote_compute.recording.recorder"],
             stdin=subprocess.DEVNULL,
@@ -410,7 +402,7 @@ def wait_unheld(workspace: Workspace, job_id: str, timeout: float = RECORD_TIMEO
 def _attempt(workspace: Workspace, job_id: str) -> int:
     """Count this attempt (one byte appended per try, so a crash mid-write loses nothing)."""
     counter = pending_dir(workspace) / f"{job_id}.attempts"
-    with open(counter, "ab") as f:
+    with private_open(counter) as f:
         f.write(b".")
     return counter.stat().st_size
 

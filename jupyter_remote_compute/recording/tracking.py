@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..environments.image import log_image
-from ..fsutil import SharedFileLock, atomic_write
+from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir, tighten
 from .environment import log_environment
 from .replay import far_runs, find_tagged_run, hide, main_run, replay
 
@@ -196,16 +196,21 @@ _empty_store: bytes | None = None
 
 
 def _prepare_local_store(workspace: Path, uri: str) -> None:
-    """A sqlite store made here gets its Default experiment's artifacts under the workspace.
+    """A sqlite store made here gets its Default experiment's artifacts under the workspace, and is
+    this user's only (the file 0600, ``mlartifacts/`` 0700, made so before MLflow writes in them).
 
-    MLflow puts them under the creating process's working directory otherwise (the server's,
-    wherever it was started); a store that exists already is left as it is. Called under the
-    store's lock (``_store_lock``).
+    MLflow puts the artifacts under the creating process's working directory otherwise (the server's,
+    wherever it was started); a store that exists already is left as it is, but for its modes
+    (``keep_store_private``). Called under the store's lock (``_store_lock``).
     """
-    if not uri.startswith("sqlite:///") or Path(uri.removeprefix("sqlite:///")).exists():
+    if not uri.startswith("sqlite:///"):
+        return
+    if Path(uri.removeprefix("sqlite:///")).exists():
+        keep_store_private(workspace, uri)
         return
     global _empty_store
     path, artifacts = Path(uri.removeprefix("sqlite:///")), (workspace / "mlartifacts").as_uri()
+    private_dir(workspace / "mlartifacts")
     if _empty_store is not None:
         try:
             _copy_empty_store(_empty_store, path, artifacts)
@@ -214,9 +219,30 @@ def _prepare_local_store(workspace: Path, uri: str) -> None:
             log.warning("a copy of an empty MLflow store could not be made at %s (%s): MLflow makes it", path, e)
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))  # sqlite takes it as new
     SqlAlchemyStore(uri, artifacts).engine.dispose()
     with contextlib.closing(sqlite3.connect(path)) as made:
         _empty_store = made.serialize()
+
+
+def keep_store_private(workspace: Path, uri: str) -> None:
+    """The workspace's default store (``mlflow.db``, its journal) and ``mlartifacts/`` are this user's
+    only: what MLflow or an earlier version made open to other local users is tightened. Imports no
+    MLflow (the server calls it for the UI's store)."""
+    default = workspace / "mlflow.db"
+    if uri != f"sqlite:///{default}":
+        return
+    for path in (default, *(default.with_name(default.name + end) for end in ("-journal", "-wal", "-shm"))):
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.stat(path).st_mode
+            if mode & 0o077:
+                os.chmod(path, mode & 0o700)
+    artifacts = workspace / "mlartifacts"
+    if not artifacts.exists():
+        private_dir(artifacts)  # before MLflow makes it with the umask's mode
+    elif os.stat(artifacts).st_mode & 0o077:
+        tighten(artifacts)
 
 
 def _copy_empty_store(empty: bytes, path: Path, artifacts: str) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidSettings
-from ..fsutil import SharedFileLock, atomic_write
+from ..fsutil import SharedFileLock, atomic_write, private_dir
 from ..jobs.job import Job, parse_given_time, parse_time
 from ..jobs.transitions import ACTIVE_STATES
 
@@ -111,7 +111,7 @@ class UsageRecord:
     def append(self, attempt: Attempt) -> None:
         """One whole line, flushed to disk before returning."""
         line = (json.dumps(attempt.to_json(), separators=(",", ":")) + "\n").encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         with self._lock:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:

@@ -7,7 +7,9 @@
 # folder that does not exist yet (an empty one fails every run logged without an experiment).
 set -e
 d=$1
-mkdir -p -- "$d/work"
+# The job's folder, and any folder above it made now (the base), are the user's only: another user of
+# the machine reads none of its inputs, log or records. What the job itself writes keeps its umask.
+(umask 077 && mkdir -p -- "$d/work")
 cd -- "$d"
 # A name of this process's own: a prepare left running by a sender that died may still be writing here.
 tmp=job.json.tmp.$$
