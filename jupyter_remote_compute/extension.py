@@ -13,7 +13,7 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import IOLoop
-from traitlets import Float, HasTraits, Int, Unicode
+from traitlets import Bool, Float, HasTraits, Int, Unicode
 
 from . import secret_sources
 from .engines.faces import PeriodicTask, ServerView, all_faces
@@ -72,6 +72,12 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
         help="MLflow experiment for job runs whose script names none (passed to the far side as "
         "MLFLOW_EXPERIMENT_NAME). Default: MLFLOW_EXPERIMENT_NAME, else MLflow's default experiment "
         "(set MLFLOW_EXPERIMENT_NAME rather than this to make the CLI, kernels and pipeline runs agree).",
+    )
+    mlflow_ui_prestart = Bool(
+        True,
+        config=True,
+        help="Start MLflow's UI for the workspace's own store in the background (at a low priority) when the "
+        "server starts and the store exists, so Open in MLflow answers at once. False: on first use.",
     )
     artifact_size_cap = Int(
         100 * 1024 * 1024, config=True, help="Outputs larger than this many bytes in total are not copied to MLflow."
@@ -153,6 +159,7 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
         self._poller: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._warming: asyncio.Future[None] | None = None
+        self._prestart: asyncio.Task[None] | None = None
         # Also scheduled here: a host that never runs the start hook (pytest-jupyter's server)
         # still gets its poller once the loop runs. Starting is idempotent.
         IOLoop.current().add_callback(self._start_poller)
@@ -205,6 +212,8 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
         self._poller = asyncio.create_task(self._poll_forever())
         self._watcher = asyncio.create_task(self._watch_forever())
         self._warming = loop.run_in_executor(self.executor, self._warm_up)
+        if self.mlflow_ui_prestart:
+            self._prestart = asyncio.create_task(self.mlflow_ui.prestart())
         publish_runs(self.pipelines, self.serverapp.event_logger, loop)  # before any run is taken up
         loop.run_in_executor(self.executor, self._resume_pipelines)
 
@@ -335,6 +344,10 @@ class RemoteComputeApp(ExtensionApp, KindSettings):
             await asyncio.sleep(self.poll_interval)
 
     async def stop_extension(self) -> None:
+        if self._prestart is not None:
+            self._prestart.cancel()  # a UI still starting is stopped by its own start
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._prestart
         await self.mlflow_ui.stop()
         if self._poller is not None:
             self._poller.cancel()

@@ -1,15 +1,17 @@
 """MLflow's own UI for the workspace's runs, one click from a job: where it is, and the process behind it.
 
 With a tracking server (``http(s)://`` tracking URI) the UI is that server's. With the workspace's
-own store (sqlite or a folder) this server starts ``mlflow server`` for it on first use, on a free
-loopback port, with its paths under the Jupyter route that proxies it
-(``mlflow_ui_handlers.py``, behind Jupyter's authentication), and stops it with the server.
+own store (sqlite or a folder) this server starts ``mlflow server`` for it: in the background, at a low
+priority, when the server starts and the store exists (``prestart``), so "Open in MLflow" answers at
+once; else on first use. Its paths live under the Jupyter route that proxies it
+(``mlflow_ui_handlers.py``, behind Jupyter's authentication), and it stops with the server.
 
-MLflow 3's server is told three things so that the proxy is the only way in: ``--host 127.0.0.1``
-(nothing listens beyond loopback), ``--static-prefix`` (every page, asset and API path lives under
-the proxied route, so the browser never leaves Jupyter's origin) and ``--allowed-hosts`` naming
-only its own loopback address (its DNS-rebinding guard; the proxy sends that Host). Its background
-job runner (huey consumers for MLflow's GenAI jobs) is switched off: a viewer needs none of it.
+MLflow 3's server is told three things so that the proxy is the only way in: uvicorn's ``--uds`` (it
+listens on a Unix socket in this user's 0700 socket folder, ``fsutil.socket_folder``: no port that
+another local user could connect to), ``--static-prefix`` (every page, asset and API path lives under
+the proxied route, so the browser never leaves Jupyter's origin) and ``--allowed-hosts`` naming only
+the Host the proxy sends (its DNS-rebinding guard). Its background job runner (huey consumers for
+MLflow's GenAI jobs) is switched off: a viewer needs none of it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import itertools
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,10 +30,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.netutil import Resolver
+from tornado.simple_httpclient import SimpleAsyncHTTPClient
 
 from .errors import RemoteComputeError
+from .fsutil import private_open, socket_folder
+from .recording.tracking import keep_store_private
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +46,10 @@ log = logging.getLogger(__name__)
 ROUTE = "remote-compute/mlflow-ui"
 #: Seconds MLflow's server may take to answer its health check (imports alone take 5-20 s on 2 busy cores).
 START_TIMEOUT = 120.0
+#: The Host the proxy sends, and the only one MLflow's DNS-rebinding guard lets in.
+HOST = "localhost"
+#: The niceness of a UI started in the background: the server's and the kernels' work comes first.
+PRESTART_NICE = 10
 #: Environment variables the MLflow process must not inherit: Jupyter's tokens and deployment secrets.
 _WITHHELD_PREFIXES = ("REMOTE_COMPUTE_SECRET_", "JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "JUPYTER_TOKEN")
 
@@ -53,10 +66,26 @@ def is_tracking_server(uri: str) -> bool:
     return uri.lower().startswith(("http://", "https://"))
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def store_exists(uri: str) -> bool:
+    """Whether a local tracking URI names a store that is there (a sqlite file, a folder store)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).is_file()
+    if uri.startswith("file://"):
+        return Path(uri.removeprefix("file://")).is_dir()
+    return "://" not in uri and Path(uri).is_dir()
+
+
+_numbers = itertools.count(1)  # of the UIs this process starts: each its own socket
+
+
+class _SocketResolver(Resolver):
+    """Every host name resolves to the UI's Unix socket: how tornado's HTTP client reaches it."""
+
+    def initialize(self, path: str) -> None:  # type: ignore[override]
+        self.path = path
+
+    async def resolve(self, host: str, port: int, family: socket.AddressFamily = socket.AF_UNSPEC) -> list[Any]:
+        return [(socket.AF_UNIX, self.path)]
 
 
 class MlflowUI:
@@ -78,7 +107,8 @@ class MlflowUI:
         self.prefix = "/" + (base_url.strip("/") + "/" + ROUTE).strip("/")
         self.log_path = log_path
         self.python = python
-        self.port: int | None = None
+        self.socket: Path | None = None
+        self._client: SimpleAsyncHTTPClient | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = asyncio.Lock()
         self._atexit = False
@@ -96,17 +126,37 @@ class MlflowUI:
         running = self._proc is not None and self._proc.poll() is None
         return {"url": self.prefix + "/", "proxied": True, "running": running}
 
-    def command(self, port: int) -> list[str]:
+    def command(self, socket_path: Path, *, nice: int = 0) -> list[str]:
         # Through ``serve`` below: MLflow's server lives only as long as this server does.
+        niced = ["nice", "-n", str(nice)] if nice and shutil.which("nice") else []
         return [
-            self.python, "-m", "jupyter_remote_compute.mlflow_ui",
+            *niced, self.python, "-m", "jupyter_remote_compute.mlflow_ui",
             "--backend-store-uri", self.tracking_uri,
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            # uvicorn takes the socket over MLflow's host and port, which it then never opens.
+            "--uvicorn-opts", f"--uds {socket_path}", "--workers", "1",
             "--static-prefix", self.prefix,
-            "--allowed-hosts", f"127.0.0.1:{port}",
+            "--allowed-hosts", HOST,
             # Runs keep their own artifact location; a viewer uploads nothing.
             "--no-serve-artifacts",
         ]  # fmt: skip
+
+    def url(self, path: str) -> str:
+        """The UI's address of a path under the server's (the client given by ``ensure_started`` reaches it)."""
+        return f"http://{HOST}{path}"
+
+    @property
+    def has_store(self) -> bool:
+        return self.external_url is None and store_exists(self.tracking_uri)
+
+    async def prestart(self) -> None:
+        """Start the UI in the background at a low priority, when the workspace has a store to show (a
+        click then finds it answering); one that cannot start is said in the log, and a click tries again."""
+        if not self.has_store:
+            return
+        try:
+            await self.ensure_started(nice=PRESTART_NICE)
+        except MlflowUIUnavailable as e:
+            self.log.warning("remote-compute: MLflow's UI could not be started ahead of use: %s", e.message)
 
     def _environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_WITHHELD_PREFIXES)}
@@ -114,20 +164,25 @@ class MlflowUI:
         env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # a workspace's folder store is read as it is
         return env
 
-    async def ensure_started(self) -> int:
-        """The port of a running UI, starting it first if needed; never blocks the IOLoop."""
+    async def ensure_started(self, *, nice: int = 0) -> SimpleAsyncHTTPClient:
+        """A client of the running UI (its socket), starting it first if needed; never blocks the IOLoop."""
         if self.external_url is not None:
             raise MlflowUIUnavailable(f"MLflow's UI is the tracking server's own: open {self.external_url}")
         async with self._lock:
-            if self._proc is not None and self._proc.poll() is None and self.port is not None:
-                return self.port
-            port = _free_loopback_port()
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "ab") as out:
+            if self._proc is not None and self._proc.poll() is None and self._client is not None:
+                return self._client
+            try:
+                path = socket_folder() / f"mlflow-ui-{os.getpid()}-{next(_numbers)}.sock"
+            except PermissionError as e:
+                raise MlflowUIUnavailable(str(e)) from None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # left by a server of this pid that was killed
+            began = time.monotonic()
+            with private_open(self.log_path) as out:
                 # Its own session: stopping it ends the uvicorn worker it starts as well.
                 # Its standard input stays open here for as long as this process lives (``serve``).
                 self._proc = subprocess.Popen(
-                    self.command(port),
+                    self.command(path, nice=nice),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.PIPE,
@@ -140,23 +195,22 @@ class MlflowUI:
                 atexit.register(self.stop_now)
                 self._atexit = True
             self.log.info(
-                "remote-compute: starting MLflow's UI (pid %d) on 127.0.0.1:%d (log: %s)",
-                self._proc.pid,
-                port,
-                self.log_path,
+                "remote-compute: starting MLflow's UI (pid %d) on %s (log: %s)", self._proc.pid, path, self.log_path
             )
+            self.socket = path
+            self._client = SimpleAsyncHTTPClient(force_instance=True, resolver=_SocketResolver(path=str(path)))
             try:
-                await self._wait_ready(port)
+                await self._wait_ready(self._client)
             except BaseException:
                 await self.stop()
                 raise
-            self.port = port
-            return port
+            keep_store_private(self.workspace, self.tracking_uri)  # MLflow may just have made it
+            self.log.info("remote-compute: MLflow's UI is ready (%.1f s)", time.monotonic() - began)
+            return self._client
 
-    async def _wait_ready(self, port: int) -> None:
-        client = AsyncHTTPClient()
+    async def _wait_ready(self, client: AsyncHTTPClient) -> None:
         deadline = time.monotonic() + START_TIMEOUT
-        url = f"http://127.0.0.1:{port}{self.prefix}/health"
+        url = self.url(f"{self.prefix}/health")
         while True:
             proc = self._proc
             if proc is None or proc.poll() is not None:
@@ -183,7 +237,10 @@ class MlflowUI:
 
     async def stop(self, timeout: float = 10.0) -> None:
         """End the UI's process group (it and its uvicorn worker); nothing is left listening."""
-        proc, self._proc, self.port = self._proc, None, None
+        proc, self._proc = self._proc, None
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
         if proc is None:
             return
         if proc.stdin is not None:
@@ -199,6 +256,9 @@ class MlflowUI:
             os.killpg(proc.pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.wait(timeout=5)
+        if self.socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket)
 
     def stop_now(self) -> None:
         """At interpreter exit, when no loop runs any more: the same, without waiting."""
@@ -206,6 +266,9 @@ class MlflowUI:
         if proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        if self.socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket)
 
 
 #: Seconds MLflow's server is given to end after a TERM before its group is killed.

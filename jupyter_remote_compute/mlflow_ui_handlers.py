@@ -5,18 +5,21 @@ credentials is refused before anything reaches MLflow, and every request is auth
 (GET, HEAD) or write (the rest) of the ``remote-compute`` resource. MLflow's own page posts its
 searches without Jupyter's XSRF token, so a cookie-authenticated write is let through only when the
 browser says it came from this same origin (``Origin`` equal to the host, or ``Sec-Fetch-Site:
-same-origin``), which another site cannot forge.
+same-origin``), which another site cannot forge. Its answers may be framed by this origin only
+(``frame-ancestors 'self'``), so JupyterLab's tab shows them also where the server forbids every
+frame (a JupyterHub single-user server sends ``frame-ancestors 'none'``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlparse
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import JupyterHandler
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import HTTPClientError, HTTPRequest
 
 from .handlers import PREFIX, RemoteComputeHandler, api
 from .mlflow_ui import MlflowUI, MlflowUIUnavailable
@@ -32,6 +35,7 @@ _HOP_BY_HOP = frozenset(
 #: Response headers Jupyter sets itself (its CSP keeps frames to this origin) or tornado computes.
 _KEPT_FROM_JUPYTER = frozenset({"content-length", "transfer-encoding", "connection", "server", "date", "set-cookie"})
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
+_FRAME_ANCESTORS = re.compile(r"(^|;)(\s*)frame-ancestors[^;]*", re.IGNORECASE)
 PROXY_TIMEOUT = 120.0
 
 
@@ -51,6 +55,14 @@ class MlflowUIProxyHandler(JupyterHandler):
 
     auth_resource = "remote-compute"
     SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")  # type: ignore[assignment]
+
+    @property
+    def content_security_policy(self) -> str:
+        """The server's policy with framing by this same origin: JupyterLab's tab, and nobody else."""
+        policy = super().content_security_policy
+        if _FRAME_ANCESTORS.search(policy):
+            return _FRAME_ANCESTORS.sub(r"\1\2frame-ancestors 'self'", policy, count=1)
+        return "; ".join(p for p in ("frame-ancestors 'self'", policy.strip()) if p)
 
     def check_xsrf_cookie(self) -> None:
         try:
@@ -102,7 +114,7 @@ class MlflowUIProxyHandler(JupyterHandler):
     async def _forward(self) -> None:
         ui = mlflow_ui(self.settings)
         try:
-            port = await ui.ensure_started()
+            client = await ui.ensure_started()
         except MlflowUIUnavailable as e:
             self.set_status(e.status)
             self.set_header("Content-Type", "text/plain; charset=utf-8")
@@ -111,11 +123,11 @@ class MlflowUIProxyHandler(JupyterHandler):
         headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in _HOP_BY_HOP}
         if "Origin" in headers:
             # Checked above; MLflow's CORS guard sees its own origin, as for a page it served itself.
-            headers["Origin"] = f"http://127.0.0.1:{port}"
+            headers["Origin"] = ui.url("")
         headers.pop("Referer", None)
         method = self.request.method or "GET"
         request = HTTPRequest(
-            f"http://127.0.0.1:{port}{self.request.uri}",
+            ui.url(self.request.uri or "/"),
             method=method,
             headers=headers,
             body=self.request.body if method in {"POST", "PUT", "PATCH"} else None,
@@ -125,7 +137,7 @@ class MlflowUIProxyHandler(JupyterHandler):
             request_timeout=PROXY_TIMEOUT,
         )
         try:
-            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+            response = await client.fetch(request, raise_error=False)
         except (HTTPClientError, OSError) as e:
             self.set_status(502)
             self.set_header("Content-Type", "text/plain; charset=utf-8")

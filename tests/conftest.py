@@ -159,6 +159,7 @@ def jp_server_config(server_workspace: Path, scratch_dir: Path, tracking_uri: st
             "mlflow_experiment": "tests",
             "poll_interval": 0.2,
             "cancel_grace": 1.0,
+            "mlflow_ui_prestart": False,  # MLflow's UI only where a test asks for it
         },
     }
 

@@ -66,6 +66,8 @@ class Server:
             f"--RemoteComputeApp.mlflow_tracking_uri={self.tracking_uri}",
             "--RemoteComputeApp.mlflow_experiment=tests",
             "--RemoteComputeApp.poll_interval=0.2",
+            # MLflow's UI only where a test asks for it: each one costs seconds of CPU.
+            "--RemoteComputeApp.mlflow_ui_prestart=False",
             *self.extra_args,
         ]  # fmt: skip
         with open(self.log, "ab") as log:

@@ -1,7 +1,9 @@
-"""MLflow's UI for the workspace's own store: behind Jupyter's authentication, on loopback, stopped with the server.
+"""MLflow's UI for the workspace's own store: behind Jupyter's authentication, on a Unix socket only its
+user can open, framed by JupyterLab only, started ahead of use, stopped with the server.
 
 A real ``jupyter server`` process (server_process.py) on a real sqlite MLflow store with one run;
-the UI is MLflow 3's own ``mlflow server``, started by the first proxied request.
+the UI is MLflow 3's own ``mlflow server``, started by the first proxied request (or at the server's
+start, ``mlflow_ui_prestart``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import os
 import re
 import socket
+import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -44,17 +48,55 @@ def _all_headers(port: int, path: str) -> list[tuple[str, str]]:
         conn.close()
 
 
-def _listening(port: int) -> list[str]:
-    """Local addresses (hex, as /proc/net/tcp{,6} write them) listening on ``port``."""
+def _group(pgid: int) -> list[int]:
+    """The processes of a process group (MLflow's UI: its wrapper, MLflow's server, uvicorn)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                found.append(int(entry.name))
+    return found
+
+
+def _tcp_listeners(pids: list[int]) -> list[str]:
+    """The TCP sockets (as /proc/net/tcp{,6} write their local address) any of ``pids`` listens on."""
+    inodes = set()
+    for pid in pids:
+        with_fds = Path(f"/proc/{pid}/fd")
+        try:
+            targets = [os.readlink(fd) for fd in with_fds.iterdir()]
+        except OSError:
+            continue
+        inodes |= {t[8:-1] for t in targets if t.startswith("socket:[")}
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                address, hex_port = local.rsplit(":", 1)
-                if state == "0A" and int(hex_port, 16) == port:
-                    found.append(address)
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                found.append(fields[1])
     return found
+
+
+def _started(log: Path) -> tuple[int, Path]:
+    """The UI's pid and socket, from the server's log line on starting it."""
+    started = re.search(r"starting MLflow's UI \(pid (\d+)\) on (\S+) ", log.read_text())
+    assert started, log.read_text()[-3000:]
+    return int(started.group(1)), Path(started.group(2))
+
+
+def _only_mine(path: Path) -> bool:
+    """A socket in a folder that only this user can open."""
+    folder = path.parent.lstat()
+    return (
+        stat.S_ISSOCK(path.lstat().st_mode)
+        and stat.S_ISDIR(folder.st_mode)
+        and folder.st_uid == os.getuid()
+        and stat.S_IMODE(folder.st_mode) == 0o700
+    )
 
 
 def _group_alive(pgid: int) -> bool:
@@ -77,7 +119,9 @@ def test_the_workspace_ui_shows_its_runs_only_with_jupyter_credentials_and_stops
     client.log_metric(run.info.run_id, "loss", 0.25, step=3)
     client.set_terminated(run.info.run_id)
 
-    server = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log")
+    # As a JupyterHub single-user server sets it: no page of the server may be framed.
+    no_frames = '--ServerApp.tornado_settings={"headers": {"Content-Security-Policy": "frame-ancestors \'none\'"}}'
+    server = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log", extra_args=(no_frames,))
     server.start()
     try:
         where = server.request("GET", "mlflow")
@@ -96,6 +140,11 @@ def test_the_workspace_ui_shows_its_runs_only_with_jupyter_credentials_and_stops
         auth = {"Authorization": f"token {server.token}"}
         status, headers, body = _raw(server.port, "GET", page, auth)
         assert status == 200 and b"<title>MLflow</title>" in body, body[:300]
+        # JupyterLab's tab (this origin) may frame it, nobody else: the server's own policy is "none".
+        assert "frame-ancestors 'self'" in headers["Content-Security-Policy"], headers
+        assert headers.get("X-Frame-Options", "SAMEORIGIN") == "SAMEORIGIN", headers
+        _, other, _ = _raw(server.port, "GET", "/remote-compute/kinds", auth)
+        assert "frame-ancestors 'none'" in other["Content-Security-Policy"], other
         status, _, body = _raw(server.port, "POST", search, {**auth, "Content-Type": "application/json"}, query)
         assert status == 200, body[:500]
         (found,) = json.loads(body)["runs"]
@@ -120,17 +169,13 @@ def test_the_workspace_ui_shows_its_runs_only_with_jupyter_credentials_and_stops
         status, _, body = _raw(server.port, "POST", search, {**json_type, "Origin": origin}, query)
         assert status == 200 and RUN_NAME.encode() in body, body[:300]
 
-        started = re.search(r"starting MLflow's UI \(pid (\d+)\) on 127\.0\.0\.1:(\d+)", server.log.read_text())
-        assert started, server.log.read_text()[-3000:]
-        pid, port = int(started.group(1)), int(started.group(2))
-        assert _listening(port) == ["0100007F"], "MLflow's UI must listen on 127.0.0.1 only"
-        assert _group_alive(pid)
+        pid, path = _started(server.log)
+        assert _group_alive(pid) and _only_mine(path), path
+        assert _tcp_listeners(_group(pid)) == [], "MLflow's UI must listen on its Unix socket only, on no port"
     finally:
         server.stop()
-    assert _listening(port) == []
-    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
-        pass
     assert not _group_alive(pid), "MLflow's UI (or its worker) outlived the server"
+    assert not path.exists()
 
 
 @pytest.mark.timeout(400)
@@ -145,15 +190,14 @@ def test_the_ui_ends_with_a_server_that_was_killed(
             server.port, "GET", "/remote-compute/mlflow-ui/", {"Authorization": f"token {server.token}"}
         )
         assert status == 200 and b"<title>MLflow</title>" in body, body[:300]
-        started = re.search(r"starting MLflow's UI \(pid (\d+)\) on 127\.0\.0\.1:(\d+)", server.log.read_text())
-        assert started, server.log.read_text()[-3000:]
-        pid, port = int(started.group(1)), int(started.group(2))
-        assert _group_alive(pid) and _listening(port)
+        pid, path = _started(server.log)
+        assert _group_alive(pid)
         server.kill()
     finally:
         server.stop()
     wait_for(lambda: not _group_alive(pid), 60, "MLflow's UI to end with the killed server")
-    assert _listening(port) == []
+    with pytest.raises(OSError), socket.socket(socket.AF_UNIX) as probe:
+        probe.connect(str(path))
 
 
 def test_a_tracking_server_is_linked_to_and_never_started(tmp_path: Path) -> None:
@@ -165,10 +209,11 @@ def test_a_tracking_server_is_linked_to_and_never_started(tmp_path: Path) -> Non
 def test_the_ui_lives_under_the_servers_base_url(tmp_path: Path) -> None:
     ui = MlflowUI(f"sqlite:///{tmp_path / 'mlflow.db'}", "/user/ana/", tmp_path, tmp_path / "ui.log")
     assert ui.describe()["url"] == "/user/ana/remote-compute/mlflow-ui/"
-    command = ui.command(5123)
+    command = ui.command(tmp_path / "ui.sock")
     assert command[command.index("--static-prefix") + 1] == "/user/ana/remote-compute/mlflow-ui"
-    assert command[command.index("--host") + 1] == "127.0.0.1"
-    assert command[command.index("--allowed-hosts") + 1] == "127.0.0.1:5123"
+    assert command[command.index("--uvicorn-opts") + 1] == f"--uds {tmp_path / 'ui.sock'}"
+    assert "--host" not in command and "--port" not in command
+    assert command[command.index("--allowed-hosts") + 1] == "localhost"
 
 
 def test_remote_trains_result_has_an_open_in_mlflow_link_for_jupyterlabs_command_linker(
@@ -191,3 +236,37 @@ def test_remote_trains_result_has_an_open_in_mlflow_link_for_jupyterlabs_command
     )
     assert found, shown
     assert json.loads(html.unescape(found.group(1))) == {"runId": result.mlflow_run_id, "label": "linked"}
+
+
+def _niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.timeout(400)
+def test_a_server_with_a_store_starts_the_ui_ahead_at_a_low_priority_and_the_first_click_answers_at_once(
+    quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    run = client.create_run(client.create_experiment("tests"), run_name=RUN_NAME)
+    client.set_terminated(run.info.run_id)
+    prestart = ("--RemoteComputeApp.mlflow_ui_prestart=True",)
+    server = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log", extra_args=prestart)
+    server.start()
+    try:
+        # Nobody asked for it: the server started it, at a low priority, and it is up.
+        wait_for(lambda: "MLflow's UI is ready" in server.log.read_text(), 180, "MLflow's UI to start ahead of use")
+        pid, _ = _started(server.log)
+        assert _niceness(pid) == 10
+        auth = {"Authorization": f"token {server.token}"}
+        clicked = time.monotonic()
+        status, _, body = _raw(server.port, "GET", "/remote-compute/mlflow-ui/", auth)
+        assert status == 200 and b"<title>MLflow</title>" in body, body[:300]
+        run_page = f"/remote-compute/mlflow-ui/ajax-api/2.0/mlflow/runs/get?run_id={run.info.run_id}"
+        status, _, body = _raw(server.port, "GET", run_page, auth)
+        answered = time.monotonic() - clicked
+        assert status == 200 and RUN_NAME.encode() in body, body[:300]
+        assert answered < 5, f"the run's page took {answered:.1f} s with the UI started ahead"
+    finally:
+        server.stop()
