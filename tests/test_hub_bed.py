@@ -17,6 +17,7 @@ import hub_fixture
 import pytest
 from hub_fixture import ADMIN, GROUP, USE, Hub, HubBed, HubExited, Server, cmdline_of, loopback_session
 from procs import proc_stats
+from waiting import wait_for
 
 hub_bed = hub_fixture.hub_bed
 PROBE = Path(__file__).parent / "data" / "hub_probe_service.py"
@@ -120,6 +121,83 @@ def test_alices_home_and_her_servers_files_are_closed_to_bob(hub: Hub, alice_ser
         assert refused.returncode != 0 and "Permission denied" in refused.stderr, (path, refused)
     assert _as_user("rcbob", "ls", str(home)).returncode != 0
     assert _as_user("rcbob", "ls", pwd.getpwnam("rcbob").pw_dir).returncode == 0  # his own he reads
+
+
+#: Connects to the Unix socket named by its argument: exit 0 when it could, 1 and why when not.
+CONNECT = (
+    "import socket, sys\n"
+    "try:\n    socket.socket(socket.AF_UNIX).connect(sys.argv[1])\n"
+    "except OSError as e:\n    sys.exit(f'{type(e).__name__}: {e}')"
+)
+
+
+def test_in_a_0755_home_bob_reads_none_of_alices_jobs_logs_or_runs_nor_reaches_her_sockets(
+    hub: Hub, alice_server: Server
+) -> None:
+    """Debian's homes are 0755: what alice's server writes and runs must be closed on its own. Her
+    job's log, jobs.json, usage.jsonl, mlflow.db, the built-in machine's job folder, her recorder's
+    and MLflow's UI's sockets; and the MLflow tab's page, through the hub with her token, may be framed
+    by her JupyterLab (the single-user server forbids every frame)."""
+    alice = pwd.getpwnam("rcalice")
+    home = Path(alice.pw_dir)
+    headers = {"Authorization": f"token {hub.user_token('rcalice')}"}
+    api, session = f"{alice_server.url}remote-compute/", loopback_session()
+    os.chmod(home, 0o755)
+    try:
+        body = {"machine": "local", "command": "echo hello from alice", "name": "isolated"}
+        made = session.post(api + "jobs", json=body, headers=headers, timeout=60)
+        assert made.ok, made.text
+        job_id = made.json()["job"]["id"]
+
+        def recorded() -> dict | None:  # type: ignore[type-arg]
+            job = session.get(api + f"jobs/{job_id}", headers=headers, timeout=30).json()
+            ended = job["state"] in ("succeeded", "failed", "cancelled", "lost")
+            return job if ended and (job.get("mlflow_run_id") or job["state"] != "succeeded") else None
+
+        job = wait_for(recorded, 120, "alice's job to end with its MLflow run")
+        assert job["state"] == "succeeded", job
+        page = session.get(api + "mlflow-ui/", headers=headers, timeout=150)
+        assert page.status_code == 200 and "<title>MLflow</title>" in page.text, page.text[:300]
+        policy = page.headers["Content-Security-Policy"]
+        assert "frame-ancestors 'self'" in policy and "'none'" not in policy, policy
+        run = session.get(
+            api + f"mlflow-ui/ajax-api/2.0/mlflow/runs/get?run_id={job['mlflow_run_id']}", headers=headers, timeout=60
+        )
+        assert run.status_code == 200 and job_id in run.text, run.text[:300]
+
+        punica = home / ".punica"
+        scratch = home / ".local" / "share" / "jupyter" / "remote-compute" / "jobs" / job_id
+        closed = (punica / "jobs" / job_id / "log", punica / "jobs.json", punica / "usage.jsonl", home / "mlflow.db")
+        read = ("sh", "-c", 'cat -- "$1" > /dev/null', "read")
+        for path in closed:
+            assert _as_user("rcalice", *read, str(path)).returncode == 0, path
+            refused = _as_user("rcbob", *read, str(path))
+            assert refused.returncode != 0 and "Permission denied" in refused.stderr, (path, refused)
+        assert _as_user("rcalice", "ls", str(scratch)).returncode == 0
+        assert _as_user("rcbob", "ls", str(scratch)).returncode != 0
+
+        sockets = sorted(Path(f"/tmp/jupyter-remote-compute-{alice.pw_uid}").glob("*.sock"))
+        assert {s.name.split("-")[0] for s in sockets} >= {"recorder", "mlflow"}, sockets
+        python = str(hub.build.python)
+        for path in sockets:
+            assert _as_user("rcalice", python, "-c", CONNECT, str(path)).returncode == 0, path
+            refused = _as_user("rcbob", python, "-c", CONNECT, str(path))
+            assert refused.returncode != 0 and "PermissionError" in refused.stderr, (path, refused)
+        assert not _listening_addresses_of_user(alice.pw_uid, but=alice_server.pid), "only her server listens on a port"
+    finally:
+        os.chmod(home, 0o700)
+
+
+def _listening_addresses_of_user(uid: int, but: int) -> list[str]:
+    """The TCP listening addresses of every process of ``uid`` except ``but`` (her server, on loopback)."""
+    found = []
+    for pid, _ in proc_stats():
+        try:
+            if pid != but and Path(f"/proc/{pid}").stat().st_uid == uid:
+                found += _listening_addresses(pid)
+        except OSError:
+            continue  # it ended meanwhile
+    return found
 
 
 def _as_user(name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
