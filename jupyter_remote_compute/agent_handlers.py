@@ -39,6 +39,7 @@ from .engines.launcher import LAUNCH_SH, RUN_SH, launch_input
 from .errors import Conflict, InvalidSettings, NotFound, RemoteComputeError
 from .handlers import JOB_ID, MACHINE, PREFIX, RemoteComputeHandler, api
 from .jobs.logs import secret_env
+from .json_routes import BodyToFile
 
 AGENT = rf"{PREFIX}/agent"
 SHA = r"(?P<sha>[0-9a-f]{64})"
@@ -264,11 +265,8 @@ class InputHandler(AgentHandler):
 
 
 @tornado.web.stream_request_body
-class OutputsHandler(AgentHandler):
+class OutputsHandler(BodyToFile, AgentHandler):
     """The outputs' tar stream (manifest.sh's), written to disk as it arrives, never held in memory."""
-
-    _file: Any = None
-    _tmp: Path | None = None
 
     async def prepare(self) -> None:
         await super().prepare()
@@ -310,19 +308,6 @@ class OutputsHandler(AgentHandler):
             self._tmp.unlink(missing_ok=True)
         self.set_status(204)
         self.finish()
-
-    def on_finish(self) -> None:
-        self._discard()
-
-    def on_connection_close(self) -> None:
-        self._discard()
-
-    def _discard(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tmp is not None:
-            self._tmp.unlink(missing_ok=True)
 
 
 class AgentAppHandler(AgentHandler):

@@ -1,12 +1,14 @@
 """What every JSON route of this package's servers shares: the body it reads and the reply it writes.
 
 A mixin for tornado handlers, used by the Jupyter server's routes (``handlers.py``) and the
-organization service's (``org/service.py``), so both refuse a bad body with the same error.
+organization service's (``org/service.py``), so both refuse a bad body with the same error; and one for
+the routes of both that take a body too large to hold in memory (``BodyToFile``).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import tornado.web
@@ -33,3 +35,25 @@ class JsonRoute(tornado.web.RequestHandler):
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(data, default=str))
+
+
+class BodyToFile:
+    """For a ``stream_request_body`` route: the body is written to a temporary file as it comes (``_file``,
+    at ``_tmp``), which is removed however the request ends unless the route took it (set ``_tmp`` to None)."""
+
+    _file: Any = None
+    _tmp: Path | None = None
+
+    def on_finish(self) -> None:
+        self._discard()
+
+    def on_connection_close(self) -> None:
+        self._discard()
+
+    def _discard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+            self._tmp = None
