@@ -57,3 +57,22 @@ def test_features_serialise_resources_in_a_stable_order() -> None:
     assert features.to_json()["resources"] == ["cpus", "partition"]
     assert features.to_json()["unavailable"] == "install it"
     assert "unavailable" not in Features().to_json()
+
+
+def test_the_organizations_kind_loads_but_is_no_kind_a_machine_is_added_as(tmp_path, monkeypatch) -> None:
+    """``organization`` is a job's machine reached through the hub's service: never listed, never added;
+    and ``org:NAME`` outside a hub says where such a machine is reached."""
+    from jupyter_remote_compute.errors import NotFound
+    from jupyter_remote_compute.jobs.service import JobService
+    from jupyter_remote_compute.workspace import Workspace
+
+    assert engine_class("organization").kind == "organization" and "organization" not in engine_kinds()
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    service = JobService(Workspace(tmp_path))
+    with pytest.raises(InvalidSettings) as refused:
+        service.admin.add("team", "organization", "somewhere")
+    assert refused.value.field == "kind" and "organization" not in refused.value.message
+    with pytest.raises(NotFound, match="organization service"):
+        service.admin.resolve("org:team")
+    with pytest.raises(NotFound):
+        service.admin.resolve("team")

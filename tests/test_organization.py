@@ -9,17 +9,35 @@ token, as the README's configuration sets it up.
 from __future__ import annotations
 
 import json
+import os
 import pwd
+import re
+import signal
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hub_fixture
 import pytest
-from hub_fixture import ADMIN, ADMIN_USER, OUTSIDER, USE, Hub, HubBed, Server, loopback_session
+import sshd_fixture
+from hub_fixture import (
+    ADMIN,
+    ADMIN_USER,
+    OUTSIDER,
+    USE,
+    Hub,
+    HubBed,
+    Server,
+    cmdline_of,
+    loopback_session,
+    processes_of,
+)
+from sshd_fixture import TestBed, wait_for
 
 hub_bed = hub_fixture.hub_bed
+sshd_bed = sshd_fixture.sshd_bed
 TOKEN = "org-token-7f3a9c2e5b1d4f60"  # a machine's token as an admin types it: never in a file or an answer
 
 
@@ -132,20 +150,26 @@ def test_a_browser_reaches_the_service_through_the_hubs_login(org: tuple[Hub, Pa
     assert me.json() == {"name": ADMIN_USER, "groups": [], "use": True, "admin": True}
 
 
+def _as_user(server: Server, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``jupyter remote-compute ARGV`` as the server's user, in their home, with their server's environment
+    (its hub token among it), as a terminal of that server runs it."""
+    entry = pwd.getpwnam(server.user)
+    return subprocess.run(
+        ["jupyter-remote-compute", *argv],
+        env=server.environment,
+        cwd=entry.pw_dir,
+        user=entry.pw_uid,
+        group=entry.pw_gid,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_the_cli_in_a_users_server_marks_each_machines_owner(org: tuple[Hub, Path], gpu_box: Any) -> None:
     hub, _ = org
     server = hub.start_server("rcbob")
-    bob = pwd.getpwnam("rcbob")
-    listed = subprocess.run(
-        ["jupyter-remote-compute", "machines", "list", "--json"],
-        env=server.environment,
-        cwd=bob.pw_dir,
-        user=bob.pw_uid,
-        group=bob.pw_gid,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    listed = _as_user(server, "machines", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     owners = {m["name"]: m["owner"] for m in json.loads(listed.stdout)}
     assert owners["local"] == "rcbob" and owners["gpu-box"] == "organization"
@@ -174,3 +198,158 @@ def test_the_readmes_hub_configuration_grants_what_the_bed_runs_with() -> None:
     assert roles["remote-compute-users"]["scopes"] == [USE] and roles["remote-compute-admins"]["scopes"] == [ADMIN]
     assert sorted(config.Spawner.server_token_scopes) == sorted(hub_fixture.SERVER_TOKEN_SCOPES)
     assert config.Spawner.environment["REMOTE_COMPUTE_ORG_URL"].endswith(f"/services/{hub_fixture.SERVICE}/")
+
+
+# -- jobs on the organization's machines -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def team_ssh(org: tuple[Hub, Path], sshd_bed: TestBed) -> str:
+    """rcadmin adds the loopback sshd as the organization's ssh machine: its key and known_hosts are the
+    service's (files only it reads), never a user's."""
+    hub, _ = org
+    options = {k: v for k, v in sshd_bed.options().items() if k in ("known_hosts", "ssh_config", "base_dir")}
+    body = {"name": "team-ssh", "kind": "ssh", "address": "testbox", "options": options}
+    added = _service(hub, "POST", "api/machines", hub.user_token(ADMIN_USER), json=body)
+    assert added.status_code == 201, added.text
+    return "team-ssh"
+
+
+@pytest.fixture(scope="module")
+def bobs_job(org: tuple[Hub, Path], team_ssh: str) -> dict[str, Any]:
+    """rcbob runs a job on the organization's ssh machine from a terminal of his server: an input sent,
+    an output brought back."""
+    hub, _ = org
+    server = hub.start_server("rcbob")
+    bob = pwd.getpwnam("rcbob")
+    home = Path(bob.pw_dir)
+    # His home outlives a session: names of this session's own.
+    data, model = f"data-{uuid.uuid4().hex[:8]}.csv", f"model-{uuid.uuid4().hex[:8]}.txt"
+    (home / data).write_text("b,2\na,1\n")
+    os.chown(home / data, bob.pw_uid, bob.pw_gid)
+    command = f"sort {data} > {model}; echo trained on $(hostname)"
+    ran = _as_user(
+        server, "run", "--machine", team_ssh, "--send", data, "--bring-back", model, "--", "sh", "-c", command,
+        timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    submitted = re.search(r"submitted job (\S+)", ran.stderr)
+    assert submitted, ran.stderr
+    shown = _as_user(server, "jobs", "show", submitted.group(1), "--json")
+    assert shown.returncode == 0, shown.stderr
+    return {"server": server, "home": home, "model": model, "run": ran, "job": json.loads(shown.stdout)}
+
+
+def test_a_member_runs_a_job_on_an_organization_machine_and_gets_its_output_and_run(
+    org: tuple[Hub, Path], bobs_job: dict[str, Any], sshd_bed: TestBed
+) -> None:
+    hub, _ = org
+    job, home, model = bobs_job["job"], bobs_job["home"], bobs_job["model"]
+    assert job["state"] == "succeeded" and job["machine"] == "org:team-ssh", job
+    assert "trained on" in bobs_job["run"].stdout
+    landed = home / model
+    assert landed.read_text() == "a,1\nb,2\n" and landed.stat().st_uid == pwd.getpwnam("rcbob").pw_uid
+    assert set(job["outputs"]) == {model}
+    # His MLflow run, in his own store, read back with MLflow's client (the hub's environment's).
+    read = subprocess.run(
+        [str(hub.build.python), "-c", _READ_RUN, f"sqlite:///{home / 'mlflow.db'}", job["mlflow_run_id"]],
+        env=bobs_job["server"].environment, user="rcbob", group="rcbob", cwd=home,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr
+    run = json.loads(read.stdout)
+    assert run["status"] == "FINISHED" and run["tags"]["remote_compute.job_id"] == job["id"]
+    assert run["tags"]["remote_compute.machine"] == "org:team-ssh"
+    # Far from here his jobs are his: a folder of his own under the machine's base.
+    users = _far_users(sshd_bed)
+    assert (users / "rcbob" / "jobs" / job["id"]).is_dir()
+    assert (users / "rcbob").stat().st_mode & 0o077 == 0
+    # No key of the organization's in anything he or the hub saw.
+    key = sshd_bed.user_key.read_text().strip()
+    seen = json.dumps(job) + bobs_job["run"].stdout + bobs_job["run"].stderr + hub.log.read_text(errors="replace")
+    assert key not in seen and str(sshd_bed.user_key) not in json.dumps(job)
+
+
+def _far_users(sshd_bed: TestBed) -> Path:
+    """The folder of every hub user's jobs on the organization's ssh machine, seen from here."""
+    return sshd_bed.far_path(sshd_bed.base_dir.removeprefix("~/")) / "users"
+
+
+_READ_RUN = """
+import json, sys
+from mlflow import MlflowClient
+run = MlflowClient(tracking_uri=sys.argv[1]).get_run(sys.argv[2])
+print(json.dumps({"status": run.info.status, "tags": run.data.tags}))
+"""
+
+
+def test_another_member_can_neither_see_read_nor_cancel_it(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
+    hub, _ = org
+    job_id = bobs_job["job"]["id"]
+    alice = hub.user_token("rcalice")
+    listed = _service(hub, "GET", "api/jobs", alice)
+    assert listed.status_code == 200 and job_id not in listed.text, listed.text
+    for method, path, body in (
+        ("GET", f"api/jobs/{job_id}", None),
+        ("GET", f"api/jobs/{job_id}/log", None),
+        ("POST", f"api/jobs/{job_id}/cancel", {"grace": 1}),
+        ("POST", f"api/jobs/{job_id}/fetch", {"outputs": [bobs_job["model"]]}),
+        ("DELETE", f"api/jobs/{job_id}", None),
+    ):
+        refused = _service(hub, method, path, alice, json=body)
+        assert refused.status_code == 404 and "rcbob" not in refused.text, (method, path, refused.text)
+    polled = _service(hub, "POST", "api/poll", alice, json={"jobs": [job_id]})
+    assert polled.json()["statuses"][job_id]["state"] == "gone"
+    # His own token reads it; asking for everyone's needs the admin scope.
+    bob = bobs_job["server"].token
+    assert _service(hub, "GET", f"api/jobs/{job_id}", bob).status_code == 200
+    everyone = _service(hub, "GET", "api/jobs?all_users=1", bob)
+    assert everyone.status_code == 403 and ADMIN in everyone.json()["message"], everyone.text
+
+
+def test_the_admin_lists_every_users_jobs_with_their_user(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
+    hub, _ = org
+    listed = _service(hub, "GET", "api/jobs?all_users=1", hub.user_token(ADMIN_USER))
+    assert listed.status_code == 200, listed.text
+    (found,) = [j for j in listed.json()["jobs"] if j["id"] == bobs_job["job"]["id"]]
+    assert found["user"] == "rcbob" and found["machine"] == "team-ssh"
+
+
+def _service_pid(hub: Hub) -> int | None:
+    """The organization service's process, as the hub started it (its command names its state folder)."""
+    found = [pid for pid in processes_of(hub.hub_url) if "organization --state-dir" in cmdline_of(pid)]
+    return found[0] if len(found) == 1 else None
+
+
+def test_a_service_killed_mid_job_loses_nothing(
+    org: tuple[Hub, Path], bobs_job: dict[str, Any], team_ssh: str, sshd_bed: TestBed
+) -> None:
+    """The service keeps its jobs in files: killed while rcbob's job runs and started again by the hub,
+    it follows the job to its end, and his output lands."""
+    hub, _ = org
+    server, home = bobs_job["server"], bobs_job["home"]
+    model = f"late-{uuid.uuid4().hex[:8]}.txt"
+    command = f"while [ ! -f gate ]; do sleep 0.1; done; echo late > {model}"
+    ran = _as_user(server, "run", "--detach", "--machine", team_ssh, "--bring-back", model, "--", "sh", "-c", command)
+    submitted = re.search(r"submitted job (\S+)", ran.stderr)
+    assert ran.returncode == 0 and submitted, ran.stderr
+    job_id = submitted.group(1)
+    job_dir = _far_users(sshd_bed) / "rcbob" / "jobs" / job_id
+    wait_for(lambda: (job_dir / "pid").exists(), 60, "the job to start on the machine")
+    killed = _service_pid(hub)
+    assert killed is not None
+    os.kill(killed, signal.SIGKILL)
+
+    def serving_again() -> bool:
+        pid = _service_pid(hub)
+        me = _service(hub, "GET", "api/me", server.token) if pid not in (None, killed) else None
+        return me is not None and me.status_code == 200
+
+    # JupyterHub looks at its managed services every 30 s and starts one that exited.
+    wait_for(serving_again, 90, "the hub to start the service again")
+    (job_dir / "work" / "gate").touch()
+    followed = _as_user(server, "jobs", "log", "-f", job_id, timeout=180)
+    assert followed.returncode == 0, followed.stderr
+    shown = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
+    assert shown["state"] == "succeeded" and shown["mlflow_run_id"], shown
+    assert (home / model).read_text() == "late\n"

@@ -31,6 +31,11 @@ BUILT_IN_KINDS = {
     "skypilot": "jupyter_remote_compute.engines.skypilot:SkyPilotEngine",
 }
 
+#: Kinds a job's machine may have but no one adds to a compute.yaml: its machine is someone else's, reached
+#: through them (``organization``: a machine of the hub's organization service, ``org/engine.py``). They load
+#: as the built-in kinds do, and are neither listed among the kinds nor accepted for a new machine.
+ROUTED_KINDS = {"organization": "jupyter_remote_compute.org.engine:OrganizationEngine"}
+
 __all__ = ["Engine", "EngineContext", "EngineError", "engine_class", "engine_kinds"]
 
 
@@ -71,13 +76,13 @@ def _registry() -> dict[str, type[Engine]]:
 
 
 def engine_kinds() -> list[str]:
-    """Every kind of machine this installation can use."""
-    return sorted(_registry())
+    """Every kind of machine this installation can add (the routed kinds are not added: see ``ROUTED_KINDS``)."""
+    return sorted(kind for kind in _registry() if kind not in ROUTED_KINDS)
 
 
 def engine_class(kind: str) -> type[Engine]:
     if kind not in _loaded:
-        target = BUILT_IN_KINDS.get(kind) or _declared(kind).get(kind)
+        target = BUILT_IN_KINDS.get(kind) or ROUTED_KINDS.get(kind) or _declared(kind).get(kind)
         if target is not None and (cls := _load(kind, target)) is not None:
             _loaded[kind] = cls
     try:

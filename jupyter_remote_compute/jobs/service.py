@@ -208,7 +208,7 @@ class JobService:
 
         Nothing is stored and nothing leaves this machine until every check passed.
         """
-        machine = self.machines.get(spec.machine)
+        machine = self.admin.resolve(spec.machine)
         if not machine.enabled:
             raise InvalidSettings(f"machine: {machine.name!r} is disabled; enable it first", field="machine")
         cls = engine_class(machine.kind)
@@ -300,10 +300,10 @@ class JobService:
 
     def latest_same_work(self, spec: JobSpec) -> Job | None:
         """The newest job doing the same work as ``spec`` (same key), whatever its state."""
-        options = self.machines.get(spec.machine).options
-        spec = environments.with_machine_default(spec, options)
+        machine = self.admin.resolve(spec.machine)
+        spec = environments.with_machine_default(spec, machine.options)
         _, key, _ = self._inputs_and_key(spec)
-        same = [j for j in self.list_jobs(machine=spec.machine) if j.key == key]
+        same = [j for j in self.list_jobs(machine=machine.name) if j.key == key]
         return same[0] if same else None
 
     def changed_outputs(self, job: Job) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineContext, EngineError
 from ..engines.faces import faces_of
-from ..errors import InvalidSettings, MachineError, MachineUnreachable, RemoteComputeError
+from ..errors import InvalidSettings, MachineError, MachineUnreachable, NotFound, RemoteComputeError
 from ..secrets import SecretStore
 from ..usage.ledger import remember_facts
 from ..workspace import default_scratch_dir
@@ -57,11 +57,32 @@ class MachineAdmin:
     def version(self) -> str:
         return self.registry.version()
 
+    def resolve(self, name: str) -> Machine:
+        """The machine a job names: this workspace's own; else, on a hub, the organization's, named
+        ``org:NAME`` always and ``NAME`` where this workspace has no machine of that name (one's own wins)."""
+        from ..org.client import ORG_PREFIX, shared_machine  # the way to the service, asked only here
+
+        if not name.startswith(ORG_PREFIX):
+            try:
+                return self.registry.get(name)
+            except NotFound:
+                shared = shared_machine(name)
+                if shared is None:
+                    raise
+                return shared
+        shared = shared_machine(name)
+        if shared is None:
+            raise NotFound(
+                f"no machine {name!r}: {ORG_PREFIX}NAME names a machine of the organization, which is reached only "
+                "from a JupyterHub server whose hub runs the organization service, and it must have that machine"
+            )
+        return shared
+
     # -- engines --------------------------------------------------------------
     def engine(self, machine_name: str, snapshot: Mapping[str, Any] | None = None) -> Engine:
         """The cached engine of a machine (built from a job's snapshot once the machine is gone)."""
         if snapshot is None:
-            snapshot = snapshot_of(self.registry.get(machine_name))
+            snapshot = snapshot_of(self.resolve(machine_name))
         # Keyed by configuration too: a job started before an edit keeps the engine it started with.
         cache_key = (machine_name, json.dumps(snapshot, sort_keys=True, default=str))
         with self._engines_lock:

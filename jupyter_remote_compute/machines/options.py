@@ -15,7 +15,7 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarbool import ScalarBoolean
 
-from ..engines import engine_class, engine_kinds
+from ..engines import ROUTED_KINDS, engine_class, engine_kinds
 from ..engines.base import Engine, OptionField
 from ..errors import Conflict, InvalidSettings
 from ..secrets import NAME_RULE as SECRET_NAME_RULE
@@ -108,7 +108,7 @@ def engine_of_kind(kind: object) -> type[Engine]:
         raise InvalidSettings(
             f"kind 'local' is the built-in machine and cannot be added (kinds: {known})", field="kind"
         )
-    if not isinstance(kind, str):
+    if not isinstance(kind, str) or kind in ROUTED_KINDS:
         raise InvalidSettings(f"kind must be one of: {known}", field="kind")
     try:
         return engine_class(kind)

@@ -19,9 +19,14 @@ from typing import Any
 import requests
 
 from ..errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
+from ..machines.registry import Machine
 
 DEFAULT_SERVICE = "remote-compute"
 TIMEOUT = 10.0
+#: A job's machine that is the organization's: ``org:NAME``. Never a name of one's own (those have no ':').
+ORG_PREFIX = "org:"
+#: The kind of such a machine in a user's workspace: its engine (``org/engine.py``) asks the service.
+ORG_KIND = "organization"
 #: The service's errors, by their ``code``, raised here as the same errors (the field named stays named).
 ERRORS = {cls.code: cls for cls in (InvalidSettings, Conflict, NotFound, Forbidden)}
 
@@ -67,6 +72,18 @@ class OrganizationClient:
 
     def machines(self) -> list[dict[str, Any]]:
         return list(self._ask("GET", "api/machines")["machines"])
+
+    def machine(self, name: str) -> dict[str, Any]:
+        return self._ask("GET", f"api/machines/{name}")
+
+    def request(
+        self, method: str, path: str, timeout: float | tuple[float, float] = TIMEOUT, **kw: Any
+    ) -> requests.Response:
+        """An answer of the service as it came (the organization engine reads its job routes so)."""
+        try:
+            return self._session.request(method, self.url + path, timeout=timeout, allow_redirects=False, **kw)
+        except requests.RequestException as e:
+            raise OrganizationUnavailable(f"the organization service at {self.url} did not answer: {e}") from None
 
     def add_machine(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._ask("POST", "api/machines", body)
@@ -115,6 +132,28 @@ def organization() -> OrganizationClient | None:
 def user_name() -> str:
     """Who owns this server's own machines: the hub's user name, else the OS user's."""
     return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
+
+
+def shared_machine(name: str) -> Machine | None:
+    """The organization's machine ``name`` (``org:NAME`` or NAME) as a job in this workspace names it:
+    ``org:NAME``, of kind ``organization``; None where there is no organization or it has no such machine.
+    A user without the use scope is refused (``Forbidden`` names the scope)."""
+    client = organization()
+    if client is None:
+        return None
+    plain = name.removeprefix(ORG_PREFIX)
+    try:
+        data = client.machine(plain)
+    except NotFound:
+        return None
+    return Machine(
+        name=ORG_PREFIX + plain,
+        kind=ORG_KIND,
+        address=str(data.get("address") or plain),
+        enabled=bool(data.get("enabled", True)),
+        created=data.get("created"),
+        options={"machine": plain, "kind": str(data.get("kind"))},
+    )
 
 
 def with_organization(own: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:

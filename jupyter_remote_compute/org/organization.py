@@ -19,6 +19,7 @@ from ..jobs.service import JobService, ServiceSettings
 from ..machines.registry import Machine
 from ..secrets import SecretStore
 from ..workspace import Workspace
+from .jobs import OrgJobs
 
 #: The service's Secret Manager entries are apart from any user's (the keyring's service name).
 SERVICE = "jupyter-remote-compute-organization"
@@ -34,6 +35,8 @@ class Organization:
         self.workspace.punica_dir.mkdir(exist_ok=True, mode=0o700)
         self.jobs = JobService(self.workspace, ServiceSettings(), secrets=secrets or SecretStore(SERVICE))
         self.admin = self.jobs.admin
+        #: Users' jobs on these machines (``jobs.py``).
+        self.org_jobs = OrgJobs(self.workspace.punica_dir, self.admin)
         self._admins_file = self.workspace.punica_dir / "admins.json"
         self._lock = SharedFileLock(self.workspace.punica_dir / "admins.lock", timeout=30)
 

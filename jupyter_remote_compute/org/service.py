@@ -13,17 +13,36 @@ Routes, under the prefix:
 - ``GET api/machines`` (use): the organization's machines, each with ``owner: organization`` and the
   name of the admin who set it; ``POST api/machines`` (admin) adds one.
 - ``GET``/``PATCH``/``DELETE api/machines/<name>`` (use to read, admin to change).
+- ``POST api/machines/<name>/check`` and ``…/admit`` (use): the machine's facts; whether it gives the
+  resources a job asks for.
+
+Jobs on those machines (use; ``jobs.py``), each the call of an engine method a user's server makes
+(``org/engine.py``), on the caller's own jobs only (another's id is "not found"):
+
+- ``GET api/jobs``: the caller's jobs; ``?all_users=1`` (admin) every user's, each with its user.
+- ``PUT api/jobs/<id>`` (``{machine, key}``) binds the id to the caller and prepares it; ``GET`` reads the
+  record; ``DELETE`` removes it there and here.
+- ``POST api/inputs/missing`` (``{digests}``): which the caller has not uploaded; ``PUT api/inputs/<sha256>``:
+  one input, streamed to disk and checked against its digest.
+- ``POST api/jobs/<id>/send``, ``…/start``, ``…/cancel``, ``…/fetch``; ``POST api/poll`` (``{jobs}``);
+  ``GET api/jobs/<id>/log?offset=&limit=``; ``GET api/jobs/<id>/outputs?manifest=`` (the fetched outputs
+  as one tar stream).
+
+An engine's failure is ``{code: "engine_error", message, transient, details}``: 503 when trying again
+later may work, 502 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import secrets
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,9 +53,12 @@ import tornado.web
 from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 
-from ..errors import Forbidden, RemoteComputeError
-from ..json_routes import JsonRoute
+from ..engines.base import EngineError
+from ..engines.resources import Resources
+from ..errors import Forbidden, InvalidSettings, RemoteComputeError
+from ..json_routes import BodyToFile, JsonRoute
 from . import scopes
+from .jobs import OrgJobs, check_sha
 from .organization import Organization
 
 log = logging.getLogger(__name__)
@@ -57,11 +79,17 @@ class OrgHandler(HubOAuthenticated, JsonRoute):  # type: ignore[misc]
     def hub_user(self) -> dict[str, Any]:
         return self.current_user
 
-    def require(self, scope: str) -> str:
+    @property
+    def jobs(self) -> OrgJobs:
+        return self.settings["jobs"]
+
+    def require(self, scope: str, what: str | None = None) -> str:
         """The caller's name, if their token holds ``scope``; else a 403 that names the scope."""
         user = self.hub_user
         if not scopes.grants(user.get("scopes") or (), scope):
-            what = "change the organization's machines" if scope == scopes.ADMIN else "use the organization's machines"
+            if what is None:
+                admin = scope == scopes.ADMIN
+                what = "change the organization's machines" if admin else "use the organization's machines"
             raise Forbidden(f"{user['name']} may not {what}: ask a hub admin for the {scope} scope")
         return str(user["name"])
 
@@ -86,6 +114,9 @@ def route(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[Non
             await method(self, *args)
         except RemoteComputeError as e:
             self.reply(e.to_json(), e.status)
+        except EngineError as e:
+            answer = {"code": "engine_error", "message": str(e), "transient": e.transient, "details": e.details}
+            self.reply(answer, 503 if e.transient else 502)
 
     return tornado.web.authenticated(handle)
 
@@ -136,6 +167,208 @@ class MachineHandler(OrgHandler):
         self.finish()
 
 
+class CheckHandler(OrgHandler):
+    @route
+    async def post(self, name: str) -> None:
+        self.require(scopes.USE)
+        await self.call(self.organization.machine, name)  # one of the organization's, not the service's own
+        self.reply(await self.call(self.organization.admin.check, name))
+
+
+class AdmitHandler(OrgHandler):
+    @route
+    async def post(self, name: str) -> None:
+        self.require(scopes.USE)
+        resources = Resources.from_json(self.body().get("resources"), "resources.")
+        await self.call(self.organization.machine, name)
+        engine = await self.call(self.organization.admin.engine, name)
+        await self.call(engine.admit, resources)
+        self.set_status(204)
+        self.finish()
+
+
+class JobsHandler(OrgHandler):
+    @route
+    async def get(self) -> None:
+        user = self.require(scopes.USE)
+        if self.get_argument("all_users", "") in ("1", "true"):
+            self.require(scopes.ADMIN, "see every user's jobs")
+            self.reply({"jobs": await self.call(self.jobs.list)})
+            return
+        self.reply({"jobs": await self.call(self.jobs.list, user)})
+
+
+class JobHandler(OrgHandler):
+    @route
+    async def put(self, job_id: str) -> None:
+        user = self.require(scopes.USE)
+        body = self.body()
+        job = await self.call(self.jobs.prepare, user, job_id, body.get("machine"), body.get("key"))
+        self.reply({**job.summary(), "dir": job.handle.get("dir")})
+
+    @route
+    async def get(self, job_id: str) -> None:
+        user = self.require(scopes.USE)
+        job = await self.call(self.jobs.get, user, job_id)
+        self.reply({**job.summary(), "dir": job.handle.get("dir")})
+
+    @route
+    async def delete(self, job_id: str) -> None:
+        user = self.require(scopes.USE)
+        await self.call(self.jobs.cleanup, user, job_id)
+        self.set_status(204)
+        self.finish()
+
+
+class JobActionHandler(OrgHandler):
+    """``send``, ``start``, ``cancel`` and ``fetch`` of one of the caller's jobs."""
+
+    @route
+    async def post(self, job_id: str, action: str) -> None:
+        user = self.require(scopes.USE)
+        body = self.body()
+        if action == "send":
+            self.reply(await self.call(self.jobs.send, user, job_id, _list(body, "files")))
+        elif action == "start":
+            await self.call(self.jobs.start, user, job_id, body)
+            self.set_status(204)
+            self.finish()
+        elif action == "cancel":
+            grace = body.get("grace", 10)
+            if not isinstance(grace, int | float) or grace < 0:
+                raise InvalidSettings("grace: expected seconds", field="grace")
+            await self.call(self.jobs.cancel, user, job_id, float(grace))
+            self.set_status(204)
+            self.finish()
+        else:
+            self.reply(await self.call(self.jobs.fetch, user, job_id, _list(body, "outputs")))
+
+
+class PollHandler(OrgHandler):
+    @route
+    async def post(self) -> None:
+        user = self.require(scopes.USE)
+        ids = [str(i) for i in _list(self.body(), "jobs")]
+        self.reply({"statuses": await self.call(self.jobs.poll, user, ids)})
+
+
+class LogHandler(OrgHandler):
+    @route
+    async def get(self, job_id: str) -> None:
+        user = self.require(scopes.USE)
+        offset, limit = _count(self, "offset", 0), _count(self, "limit", 1 << 20)
+        data = await self.call(self.jobs.read_log, user, job_id, offset, min(limit, 16 << 20))
+        self.set_header("Content-Type", "application/octet-stream")
+        self.finish(data)
+
+
+class OutputsHandler(OrgHandler):
+    """The outputs ``fetch`` brought, streamed as one tar: written by a thread into a pipe, sent as it comes."""
+
+    @route
+    async def get(self, job_id: str) -> None:
+        user = self.require(scopes.USE)
+        manifest = self.get_argument("manifest", "")
+        await self.call(self.jobs.get, user, job_id)
+        read_end, write_end = os.pipe()
+        failure: list[BaseException] = []
+
+        def produce() -> None:
+            try:
+                with open(write_end, "wb") as out:
+                    try:
+                        self.jobs.write_outputs(user, job_id, manifest, out)
+                    except BrokenPipeError:
+                        raise
+                    except BaseException as e:  # kept before the pipe closes: the reader sees it at the end
+                        failure.append(e)
+            except BrokenPipeError:
+                pass  # the reader went away: nothing to send to
+
+        # A thread of its own, not the pool's: it blocks on the pipe until this handler reads.
+        threading.Thread(target=produce, name=f"outputs-{job_id}", daemon=True).start()
+        self.set_header("Content-Type", "application/x-tar")
+        with open(read_end, "rb") as source:
+            first = True
+            while chunk := await self.call(source.read, OUTPUT_CHUNK):
+                self.write(chunk)
+                await self.flush()
+                first = False
+            if first and failure and isinstance(failure[0], RemoteComputeError):
+                raise failure[0]  # nothing was sent yet: the error is the answer
+        if failure:
+            log.warning("job %s: the outputs' stream ended early: %s", job_id, failure[0])
+        self.finish()
+
+
+@tornado.web.stream_request_body
+class InputHandler(BodyToFile, OrgHandler):
+    """One input, by its sha256: streamed to a temporary file and hashed as it comes, kept once it matches."""
+
+    async def prepare(self) -> None:
+        try:
+            if not self.current_user:
+                raise Forbidden("sign in through the hub (a token of yours, or its login)")
+            user = self.require(scopes.USE)
+            self.blob = self.jobs.blob(user, check_sha(self.path_args[0]))
+        except RemoteComputeError as e:
+            self.reply(e.to_json(), e.status)
+            return
+        self.request.connection.set_max_body_size(1 << 40)
+        self.hasher = hashlib.sha256()
+        self._tmp = self.blob.with_name(f".{self.blob.name}.part-{secrets.token_hex(6)}")
+        self._file = await self.call(open, self._tmp, "wb")
+
+    def _take(self, chunk: bytes) -> None:
+        self._file.write(chunk)
+        self.hasher.update(chunk)
+
+    async def data_received(self, chunk: bytes) -> None:
+        if self._file is not None:
+            await self.call(self._take, chunk)
+
+    @route
+    async def put(self, sha: str) -> None:
+        assert self._file is not None and self._tmp is not None
+        await self.call(self._file.close)
+        self._file = None
+        if self.hasher.hexdigest() != sha:
+            raise InvalidSettings(f"the upload's sha256 is {self.hasher.hexdigest()}, not {sha}: send it again")
+        os.chmod(self._tmp, 0o600)
+        os.replace(self._tmp, self.blob)
+        self._tmp = None
+        self.set_status(204)
+        self.finish()
+
+
+class MissingInputsHandler(OrgHandler):
+    @route
+    async def post(self) -> None:
+        user = self.require(scopes.USE)
+        self.reply({"missing": await self.call(self.jobs.missing, user, _list(self.body(), "digests"))})
+
+
+def _list(body: dict[str, Any], field: str) -> list[Any]:
+    value = body.get(field)
+    if not isinstance(value, list):
+        raise InvalidSettings(f"{field}: expected a list", field=field)
+    return value
+
+
+def _count(handler: OrgHandler, name: str, default: int) -> int:
+    try:
+        value = int(handler.get_argument(name, str(default)))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidSettings(f"{name}: expected a byte count", field=name)
+    return value
+
+
+OUTPUT_CHUNK = 1 << 20
+JOB = r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})"
+
+
 def make_app(organization: Organization, prefix: str) -> tornado.web.Application:
     # One HubOAuth for the process: the OAuth callback handler finds it as the routes do, by its instance().
     HubOAuth.instance(cache_max_age=60)
@@ -145,8 +378,19 @@ def make_app(organization: Organization, prefix: str) -> tornado.web.Application
             (url_path_join(prefix, "api/me"), MeHandler),
             (url_path_join(prefix, "api/machines"), MachinesHandler),
             (url_path_join(prefix, r"api/machines/([^/]+)"), MachineHandler),
+            (url_path_join(prefix, r"api/machines/([^/]+)/check"), CheckHandler),
+            (url_path_join(prefix, r"api/machines/([^/]+)/admit"), AdmitHandler),
+            (url_path_join(prefix, "api/jobs"), JobsHandler),
+            (url_path_join(prefix, f"api/jobs/{JOB}"), JobHandler),
+            (url_path_join(prefix, f"api/jobs/{JOB}/(send|start|cancel|fetch)"), JobActionHandler),
+            (url_path_join(prefix, f"api/jobs/{JOB}/log"), LogHandler),
+            (url_path_join(prefix, f"api/jobs/{JOB}/outputs"), OutputsHandler),
+            (url_path_join(prefix, "api/poll"), PollHandler),
+            (url_path_join(prefix, "api/inputs/missing"), MissingInputsHandler),
+            (url_path_join(prefix, r"api/inputs/([0-9a-f]{64})"), InputHandler),
         ],
         organization=organization,
+        jobs=organization.org_jobs,
         executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="organization"),
         cookie_secret=secrets.token_bytes(32),
         xsrf_cookies=False,  # API routes: a browser's cookie alone is refused by HubOAuth's own XSRF check

@@ -1,0 +1,351 @@
+"""Jobs users run on the organization's machines, as the service does them: each step with the real engine.
+
+A user's own server drives the job (its lifecycle, its outputs, its MLflow run) through an engine of kind
+``organization`` (``org/engine.py``); every call of that engine is a route of the service, which does the
+step on the machine with the organization's credentials, through the engine ``MachineAdmin`` builds from
+the service's compute.yaml and Secret Manager. So the user never holds a key or token of the machine.
+
+What the service keeps of a job is small (``OrgJob``): whose it is (the hub user, bound when it is
+prepared), the machine as it was then (a snapshot, so an admin's later edit leaves it be), and the real
+engine's handle. One JSON file per job, written whole, under the user's own folder::
+
+    <state>/.punica/org-users/<user>/        0700, one per hub user
+        jobs/<job id>.json                   the record
+        blobs/<sha256>                       inputs uploaded, by content (the user's own: no one else's
+                                             upload is ever found by its digest)
+        fetched/<job id>/                    outputs fetched from the machine, until they are downloaded
+
+A job id is looked up under the caller's folder only, so another user's job is not there: "not found",
+never "not yours", and ids tell nothing. Far from here, each user's jobs are apart too: the real engine
+is given ``<machine's base>/users/<user>/`` as its base (made 0700 by prepare.sh's umask), so their job
+folders, input caches and environments never mix. Every method blocks: the service calls them in threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from ..engines.base import Engine, Handle, InputFile, LaunchSpec, RemoteJob, RemoteStatus
+from ..engines.farside import SUMS_SUFFIX
+from ..engines.resources import Resources
+from ..engines.shell import ShellEngine
+from ..errors import Conflict, InvalidSettings, NotFound
+from ..fsutil import atomic_write
+from ..jobs.job import utcnow
+from ..machines.admin import MachineAdmin, snapshot_of
+
+USERS_DIR = "org-users"
+#: Uploaded inputs not used by any send for this long are removed (the machine keeps its own cache).
+BLOB_MAX_AGE = 7 * 24 * 3600.0
+_SHA = re.compile(r"[0-9a-f]{64}")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_PLAIN_USER = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
+def user_folder(user: str) -> str:
+    """A hub user's folder name, here and on the machines: the name itself when it is a plain one,
+    else a digest of it (hub names may hold '@', spaces, capitals)."""
+    if _PLAIN_USER.fullmatch(user) and ".." not in user:
+        return user
+    return "u-" + hashlib.sha256(user.encode()).hexdigest()[:24]
+
+
+def check_job_id(job_id: str) -> str:
+    if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
+        raise InvalidSettings("id: expected a job id (letters, digits, '.', '_', '-')", field="id")
+    return job_id
+
+
+def check_sha(sha: Any, field: str = "sha256") -> str:
+    if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+        raise InvalidSettings(f"{field}: expected a sha256 in lowercase hex", field=field)
+    return sha
+
+
+@dataclasses.dataclass
+class OrgJob:
+    """One user's job on one of the organization's machines."""
+
+    id: str
+    user: str
+    machine: str
+    key: str
+    snapshot: dict[str, Any]  # the machine at prepare, with the user's own base
+    handle: Handle
+    created: str
+
+    def remote(self) -> RemoteJob:
+        return RemoteJob(self.id, self.key, self.handle)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> dict[str, Any]:
+        """What a listing shows: never the snapshot's options (paths of the organization's keys)."""
+        return {"id": self.id, "user": self.user, "machine": self.machine, "created": self.created}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OrgJob:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+def status_json(status: RemoteStatus) -> dict[str, Any]:
+    return dataclasses.asdict(status)
+
+
+def status_from_json(data: Mapping[str, Any]) -> RemoteStatus:
+    fields = {f.name for f in dataclasses.fields(RemoteStatus)}
+    return RemoteStatus(**{k: v for k, v in data.items() if k in fields})
+
+
+class OrgJobs:
+    """Every user's jobs on the organization's machines; one per service."""
+
+    def __init__(self, punica_dir: Path, admin: MachineAdmin) -> None:
+        self.root = punica_dir / USERS_DIR
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        self.admin = admin
+        self._lock = threading.Lock()
+
+    # -- the records -----------------------------------------------------------------
+    def folder(self, user: str) -> Path:
+        path = self.root / user_folder(user)
+        for sub in ("", "jobs", "blobs", "fetched"):
+            (path / sub).mkdir(mode=0o700, exist_ok=True)
+        return path
+
+    def _record_path(self, user: str, job_id: str) -> Path:
+        return self.folder(user) / "jobs" / f"{check_job_id(job_id)}.json"
+
+    def get(self, user: str, job_id: str) -> OrgJob:
+        """The caller's job; any other id (another user's included) is not found."""
+        try:
+            data = json.loads(self._record_path(user, job_id).read_bytes())
+        except FileNotFoundError:
+            raise NotFound(f"no job {job_id!r} of {user}'s on the organization's machines") from None
+        return OrgJob.from_json(data)
+
+    def _save(self, job: OrgJob) -> None:
+        atomic_write(self._record_path(job.user, job.id), json.dumps(job.to_json(), indent=1).encode(), mode=0o600)
+
+    def list(self, user: str | None = None) -> list[dict[str, Any]]:
+        """One user's jobs, or every user's (``None``: an admin's listing), newest first."""
+        folders = [self.root / user_folder(user)] if user is not None else sorted(self.root.iterdir())
+        found = []
+        for folder in folders:
+            for path in (folder / "jobs").glob("*.json"):
+                try:
+                    found.append(OrgJob.from_json(json.loads(path.read_bytes())).summary())
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue  # one unreadable record does not hide the others
+        return sorted(found, key=lambda j: (j["created"], j["id"]), reverse=True)
+
+    def engine(self, job: OrgJob) -> Engine:
+        return self.admin.engine(job.machine, job.snapshot)
+
+    # -- the job's life, as the user's engine asks for it ------------------------------------
+    def prepare(self, user: str, job_id: str, machine_name: str, key: str) -> OrgJob:
+        """Bind ``job_id`` to ``user`` on the machine and make its folder there (idempotent)."""
+        check_job_id(job_id)
+        if not isinstance(key, str) or not key:
+            raise InvalidSettings("key: expected the job's key", field="key")
+        with self._lock:
+            path = self._record_path(user, job_id)
+            if path.exists():
+                job = self.get(user, job_id)
+            else:
+                machine = self.admin.get(machine_name)  # NotFound names it
+                if machine.builtin:
+                    raise NotFound(f"{machine_name!r} is not one of the organization's machines")
+                if not machine.enabled:
+                    raise InvalidSettings(f"machine: {machine_name!r} is disabled by the organization", field="machine")
+                job = OrgJob(job_id, user, machine.name, key, self._user_snapshot(machine, user), {}, utcnow())
+                self._save(job)
+            if job.machine != machine_name or job.key != key:
+                raise Conflict(f"job {job_id} was prepared on {job.machine} for other work")
+        remote = self.engine(job).prepare(job.remote())
+        return self._set_handle(job, remote.handle)
+
+    def _user_snapshot(self, machine: Any, user: str) -> dict[str, Any]:
+        """The machine as this user's jobs see it: its own base, with ``users/<user>`` under it."""
+        snapshot = snapshot_of(machine)
+        engine = self.admin.engine(machine.name)
+        if not isinstance(engine, ShellEngine) or "base_dir" not in type(engine).options:
+            raise InvalidSettings(
+                f"machine: {machine.name} is a {machine.kind} machine; jobs through the organization run on its "
+                "ssh and slurm machines for now",
+                field="machine",
+            )
+        snapshot["options"]["base_dir"] = f"{engine.base_dir.rstrip('/') or '/'}/users/{user_folder(user)}"
+        return snapshot
+
+    def _set_handle(self, job: OrgJob, handle: Mapping[str, Any]) -> OrgJob:
+        with self._lock:
+            job = self.get(job.user, job.id)
+            job.handle = dict(handle)  # type: ignore[assignment]
+            self._save(job)
+        return job
+
+    def blob(self, user: str, sha: str) -> Path:
+        return self.folder(user) / "blobs" / check_sha(sha)
+
+    def missing(self, user: str, digests: Iterable[str]) -> list[str]:
+        """The digests of ``digests`` the user has not uploaded yet."""
+        return sorted({check_sha(d, "digests") for d in digests if not self.blob(user, d).is_file()})
+
+    def send(self, user: str, job_id: str, files: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+        """Put the uploaded inputs in the job's work tree on the machine (its own cache sends only what it lacks)."""
+        job = self.get(user, job_id)
+        inputs = []
+        for i, entry in enumerate(files):
+            try:
+                sha = check_sha(entry["sha256"])
+                inputs.append(
+                    InputFile(str(entry["path"]), self.blob(user, sha), int(entry["size"]), sha, int(entry["mode"]))
+                )
+            except (KeyError, TypeError, ValueError):
+                raise InvalidSettings(f"files[{i}]: expected path, sha256, size and mode", field="files") from None
+        lacking = sorted({f.sha256 for f in inputs if not f.source.is_file()})
+        if lacking:
+            raise Conflict(f"upload these inputs first: {', '.join(lacking)}")
+        for f in inputs:
+            os.utime(f.source)  # used now: kept another BLOB_MAX_AGE
+        stats = self.engine(job).send(job.remote(), inputs)
+        self._forget_old_blobs(user)
+        return dataclasses.asdict(stats)
+
+    def _forget_old_blobs(self, user: str) -> None:
+        old = time.time() - BLOB_MAX_AGE
+        for path in (self.folder(user) / "blobs").iterdir():
+            try:
+                if path.stat().st_mtime < old:
+                    path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def start(self, user: str, job_id: str, launch: Mapping[str, Any]) -> OrgJob:
+        job = self.get(user, job_id)
+        try:
+            spec = LaunchSpec(
+                command=launch["command"],
+                env=dict(launch.get("env") or {}),
+                secret_env=dict(launch.get("secret_env") or {}),  # on the machine's stdin only, never kept here
+                resources=Resources.from_json(launch.get("resources"), "resources."),
+                timeout=launch.get("timeout"),
+            )
+        except (KeyError, TypeError):
+            raise InvalidSettings(
+                "command: expected the launch's command, env and secret_env", field="command"
+            ) from None
+        remote = self.engine(job).start(job.remote(), spec)
+        return self._set_handle(job, remote.handle)
+
+    def poll(self, user: str, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The states of the user's jobs, one round trip per machine; an id that is not theirs is gone."""
+        groups: dict[str, list[OrgJob]] = {}
+        statuses: dict[str, dict[str, Any]] = {}
+        for job_id in job_ids:
+            try:
+                job = self.get(user, job_id)
+            except NotFound:
+                statuses[str(job_id)] = status_json(RemoteStatus("gone", detail="the organization has no such job"))
+                continue
+            groups.setdefault(json.dumps(job.snapshot, sort_keys=True), []).append(job)
+        for jobs in groups.values():
+            found = self.engine(jobs[0]).poll([j.remote() for j in jobs])
+            statuses.update({job_id: status_json(status) for job_id, status in found.items()})
+        return statuses
+
+    def read_log(self, user: str, job_id: str, offset: int, limit: int) -> bytes:
+        job = self.get(user, job_id)
+        return self.engine(job).read_log(job.remote(), offset, limit)
+
+    def cancel(self, user: str, job_id: str, grace: float) -> None:
+        job = self.get(user, job_id)
+        self.engine(job).cancel(job.remote(), grace)
+
+    def fetch(self, user: str, job_id: str, outputs: Sequence[str]) -> dict[str, Any]:
+        """Fetch the outputs and the job's MLflow store from the machine to here, ready to download once."""
+        job = self.get(user, job_id)
+        if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+            raise InvalidSettings("outputs: expected a list of paths", field="outputs")
+        dest = self.folder(user) / "fetched" / job_id
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(mode=0o700)
+        result = self.engine(job).fetch(job.remote(), outputs, dest / "tree")
+        fetched = {"outputs": outputs, "digests": result.digests, "missing": result.missing}
+        atomic_write(dest / "result.json", json.dumps(fetched).encode(), mode=0o600)
+        return {"manifest": f".fetch-{uuid.uuid4().hex}"}
+
+    def write_outputs(self, user: str, job_id: str, manifest: str, out: IO[bytes]) -> None:
+        """What ``fetch`` brought, as the tar stream every engine's fetch reads (manifest.sh's layout:
+        the list first, the files, the far side's digests last), so the user's server lands and verifies
+        it as it does any machine's. Removed here once written whole."""
+        self.get(user, job_id)
+        dest = self.folder(user) / "fetched" / check_job_id(job_id)
+        try:
+            fetched = json.loads((dest / "result.json").read_bytes())
+        except FileNotFoundError:
+            raise NotFound(f"job {job_id}: nothing fetched to download; fetch first") from None
+        if not manifest.startswith(".fetch-") or "/" in manifest:
+            raise InvalidSettings("manifest: expected the name fetch gave", field="manifest")
+        outputs, missing = fetched["outputs"], set(fetched["missing"])
+        tree = dest / "tree"
+        roots = [f"work/{o}" for o in outputs if o not in missing and os.path.lexists(tree / "work" / o)]
+        if (tree / "mlruns").is_dir():
+            roots.append("mlruns")
+        total = sum(_bytes_in(tree / root) for root in roots)
+        head = [f"M {i}" for i, o in enumerate(outputs) if o in missing] + [f"T {(total + 1023) // 1024}"]
+        sums = b"".join(_sum_line(digest, f"work/{rel}") for rel, digest in sorted(fetched["digests"].items()))
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            _add_bytes(tar, manifest, ("\n".join(head) + "\n").encode())
+            for root in roots:
+                tar.add(tree / root, arcname=root, recursive=True)
+            _add_bytes(tar, manifest + SUMS_SUFFIX, sums)
+        shutil.rmtree(dest, ignore_errors=True)
+
+    def cleanup(self, user: str, job_id: str) -> None:
+        """Remove the job's folder on the machine, then everything of it here."""
+        job = self.get(user, job_id)
+        engine = self.engine(job)
+        if engine.is_prepared(job.remote()):
+            engine.cleanup(job.remote())
+        shutil.rmtree(self.folder(user) / "fetched" / job_id, ignore_errors=True)
+        self._record_path(user, job_id).unlink(missing_ok=True)
+
+
+def _bytes_in(path: Path) -> int:
+    if not path.is_dir() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(path) for n in names)
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _sum_line(digest: str, path: str) -> bytes:
+    """One line of sha256sum's output, with its escaping of '\\' and line breaks in names."""
+    raw = os.fsencode(path)
+    if b"\\" in raw or b"\n" in raw or b"\r" in raw:
+        raw = raw.replace(b"\\", b"\\\\").replace(b"\n", b"\\n").replace(b"\r", b"\\r")
+        return b"\\" + digest.encode() + b"  " + raw + b"\n"
+    return digest.encode() + b"  " + raw + b"\n"
+
+
+__all__ = ["OrgJob", "OrgJobs", "status_from_json", "status_json", "user_folder"]
