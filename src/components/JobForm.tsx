@@ -19,6 +19,7 @@ import {
   IJob,
   IEnvironment,
   IJobSpec,
+  IMachine,
   IResources,
   submitJob
 } from '../api';
@@ -26,6 +27,7 @@ import { PickFiles, REQUIREMENTS_FILES } from '../filePicker';
 import { splitList } from '../format';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, useSignal } from './common';
+import { isOrganizations } from './ComputePanel';
 
 type Values = {
   machine: string;
@@ -147,6 +149,13 @@ function environmentOf(values: Values): IEnvironment | undefined {
 }
 
 /**
+ * How a job names a machine: its own name, `org:NAME` for one of the organization's.
+ */
+function jobMachine(machine: IMachine): string {
+  return isOrganizations(machine) ? `org:${machine.name}` : machine.name;
+}
+
+/**
  * The form field a server error belongs to (`send[0]` → send, `env.TOKEN` → env, …).
  */
 function fieldOf(field: string | null): keyof Values | 'env' | null {
@@ -225,9 +234,10 @@ function JobForm(props: {
     setEnvRows(rows => rows.map(r => (r.key === key ? { ...r, ...patch } : r)));
     setEnvErrors({});
   };
-  // The organization's machines are listed in the panel; jobs do not run through its service yet.
+  // The organization's machines run jobs through its service: a job names one `org:NAME`, which
+  // no machine of the user's own can be called.
   const machines = model.machines.filter(
-    m => (m.enabled || m.name === values.machine) && m.owner !== 'organization'
+    m => m.enabled || jobMachine(m) === values.machine
   );
 
   const set = (patch: Partial<Values>): void => {
@@ -337,8 +347,12 @@ function JobForm(props: {
               <option value="local">{trans.__('This machine')}</option>
             )}
             {machines.map(m => (
-              <option key={m.name} value={m.name}>
-                {m.builtin ? trans.__('This machine') : `${m.name} (${m.kind})`}
+              <option key={jobMachine(m)} value={jobMachine(m)}>
+                {m.builtin
+                  ? trans.__('This machine')
+                  : isOrganizations(m)
+                    ? `${m.name} (${m.kind}, ${trans.__('organization')})`
+                    : `${m.name} (${m.kind})`}
                 {m.enabled ? '' : ` — ${trans.__('disabled')}`}
               </option>
             ))}
