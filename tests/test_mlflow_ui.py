@@ -178,28 +178,6 @@ def test_the_workspace_ui_shows_its_runs_only_with_jupyter_credentials_and_stops
     assert not path.exists()
 
 
-@pytest.mark.timeout(400)
-def test_the_ui_ends_with_a_server_that_was_killed(
-    quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path
-) -> None:
-    """A SIGKILL leaves no stop hook or atexit to run: the UI's group still goes, and its port closes."""
-    server = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log")
-    server.start()
-    try:
-        status, _, body = _raw(
-            server.port, "GET", "/remote-compute/mlflow-ui/", {"Authorization": f"token {server.token}"}
-        )
-        assert status == 200 and b"<title>MLflow</title>" in body, body[:300]
-        pid, path = _started(server.log)
-        assert _group_alive(pid)
-        server.kill()
-    finally:
-        server.stop()
-    wait_for(lambda: not _group_alive(pid), 60, "MLflow's UI to end with the killed server")
-    with pytest.raises(OSError), socket.socket(socket.AF_UNIX) as probe:
-        probe.connect(str(path))
-
-
 def test_a_tracking_server_is_linked_to_and_never_started(tmp_path: Path) -> None:
     ui = MlflowUI("https://mlflow.example.org/", "/", tmp_path, tmp_path / "ui.log")
     assert ui.describe() == {"url": "https://mlflow.example.org/", "proxied": False, "running": True}
@@ -243,9 +221,10 @@ def _niceness(pid: int) -> int:
 
 
 @pytest.mark.timeout(400)
-def test_a_server_with_a_store_starts_the_ui_ahead_at_a_low_priority_and_the_first_click_answers_at_once(
+def test_with_a_store_the_ui_starts_ahead_at_low_priority_answers_the_first_click_at_once_ends_with_a_killed_server(
     quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path
 ) -> None:
+    """A SIGKILL of the server leaves no stop hook or atexit to run: the UI's group still goes."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -257,7 +236,7 @@ def test_a_server_with_a_store_starts_the_ui_ahead_at_a_low_priority_and_the_fir
     try:
         # Nobody asked for it: the server started it, at a low priority, and it is up.
         wait_for(lambda: "MLflow's UI is ready" in server.log.read_text(), 180, "MLflow's UI to start ahead of use")
-        pid, _ = _started(server.log)
+        pid, path = _started(server.log)
         assert _niceness(pid) == 10
         auth = {"Authorization": f"token {server.token}"}
         clicked = time.monotonic()
@@ -268,5 +247,9 @@ def test_a_server_with_a_store_starts_the_ui_ahead_at_a_low_priority_and_the_fir
         answered = time.monotonic() - clicked
         assert status == 200 and RUN_NAME.encode() in body, body[:300]
         assert answered < 5, f"the run's page took {answered:.1f} s with the UI started ahead"
+        server.kill()
     finally:
         server.stop()
+    wait_for(lambda: not _group_alive(pid), 60, "MLflow's UI to end with the killed server")
+    with pytest.raises(OSError), socket.socket(socket.AF_UNIX) as probe:
+        probe.connect(str(path))
