@@ -315,6 +315,48 @@ def test_the_admin_lists_every_users_jobs_with_their_user(org: tuple[Hub, Path],
     assert found["user"] == "rcbob" and found["machine"] == "team-ssh"
 
 
+def test_a_job_submitted_to_a_users_server_runs_on_the_organizations_machine(
+    org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed
+) -> None:
+    """POST /remote-compute/jobs of rcalice's server, with the organization's machine by its plain name:
+    her server drives it through the service, in a folder of hers on the machine."""
+    hub, _ = org
+    server = hub.start_server("rcalice")
+    home = Path(pwd.getpwnam("rcalice").pw_dir)
+    output = f"out-{uuid.uuid4().hex[:8]}.txt"
+    session = loopback_session()
+    session.headers["Authorization"] = f"token {server.token}"
+    spec = {"machine": team_ssh, "command": f"echo hers > {output}", "bring_back": [output]}
+    submitted = session.post(f"{server.url}remote-compute/jobs", json=spec, timeout=60)
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["job"]["id"]
+
+    def ended() -> dict[str, Any] | None:
+        job = session.get(f"{server.url}remote-compute/jobs/{job_id}", timeout=30).json()
+        return job if job["state"] in ("succeeded", "failed", "cancelled", "lost") and job["mlflow_run_id"] else None
+
+    job = wait_for(ended, 120, "rcalice's job to end and be recorded")
+    assert job["state"] == "succeeded" and job["machine"] == "org:team-ssh", job
+    assert (home / output).read_text() == "hers\n"
+    assert (_far_users(sshd_bed) / "rcalice" / "jobs" / job_id).is_dir()
+
+
+def test_a_users_own_machine_wins_over_the_organizations_of_its_name(team_ssh: str, bobs_job: dict[str, Any]) -> None:
+    server = bobs_job["server"]
+    added = _as_user(server, "machines", "add", team_ssh, "--kind", "ssh", "--address", "own.lab")
+    assert added.returncode == 0, added.stderr
+    try:
+        assert _as_user(server, "machines", "disable", team_ssh).returncode == 0
+        refused = _as_user(server, "run", "--machine", team_ssh, "--detach", "--", "true")
+        assert refused.returncode != 0 and "disabled" in refused.stderr, refused.stderr
+        # org:NAME still names the organization's, here checked through the service.
+        checked = _as_user(server, "machines", "check", f"org:{team_ssh}", "--json", timeout=120)
+        assert checked.returncode == 0, checked.stderr
+        assert json.loads(checked.stdout)["cpus"] >= 1
+    finally:
+        assert _as_user(server, "machines", "remove", team_ssh).returncode == 0
+
+
 def _service_pid(hub: Hub) -> int | None:
     """The organization service's process, as the hub started it (its command names its state folder)."""
     found = [pid for pid in processes_of(hub.hub_url) if "organization --state-dir" in cmdline_of(pid)]
