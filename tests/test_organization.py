@@ -357,6 +357,17 @@ def test_a_users_own_machine_wins_over_the_organizations_of_its_name(team_ssh: s
         assert _as_user(server, "machines", "remove", team_ssh).returncode == 0
 
 
+def test_a_job_on_an_organization_machine_of_a_kind_not_served_yet_fails_saying_so(
+    gpu_box: Any, bobs_job: dict[str, Any]
+) -> None:
+    unknown = _as_user(bobs_job["server"], "run", "--machine", "nowhere", "--", "true")
+    assert unknown.returncode != 0 and "no machine named 'nowhere'" in unknown.stderr
+    assert "nor among the organization's" in unknown.stderr
+    ran = _as_user(bobs_job["server"], "run", "--machine", "lab-jupyter", "--", "true")
+    assert ran.returncode != 0
+    assert "lab-jupyter is a jupyter machine; jobs through the organization run on its ssh and slurm" in ran.stderr
+
+
 def _service_pid(hub: Hub) -> int | None:
     """The organization service's process, as the hub started it (its command names its state folder)."""
     found = [pid for pid in processes_of(hub.hub_url) if "organization --state-dir" in cmdline_of(pid)]

@@ -60,15 +60,15 @@ class MachineAdmin:
     def resolve(self, name: str) -> Machine:
         """The machine a job names: this workspace's own; else, on a hub, the organization's, named
         ``org:NAME`` always and ``NAME`` where this workspace has no machine of that name (one's own wins)."""
-        from ..org.client import ORG_PREFIX, shared_machine  # the way to the service, asked only here
+        from ..org.client import ORG_PREFIX, organization, shared_machine  # the way to the service, asked only here
 
         if not name.startswith(ORG_PREFIX):
             try:
                 return self.registry.get(name)
-            except NotFound:
+            except NotFound as e:
                 shared = shared_machine(name)
                 if shared is None:
-                    raise
+                    raise NotFound(e.message + (", nor among the organization's" if organization() else "")) from None
                 return shared
         shared = shared_machine(name)
         if shared is None:
