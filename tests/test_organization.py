@@ -315,30 +315,57 @@ def test_the_admin_lists_every_users_jobs_with_their_user(org: tuple[Hub, Path],
     assert found["user"] == "rcbob" and found["machine"] == "team-ssh"
 
 
+# Logs three points, waits until the test says go, then writes its output.
+TRAIN = """\
+import os, sys, time
+import mlflow
+with mlflow.start_run():
+    for step in range(3):
+        mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+    while not os.path.exists("go"):
+        time.sleep(0.05)
+open(sys.argv[1], "w").write("hers\\n")
+"""
+
+
 def test_a_job_submitted_to_a_users_server_runs_on_the_organizations_machine(
     org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed
 ) -> None:
     """POST /remote-compute/jobs of rcalice's server, with the organization's machine by its plain name:
-    her server drives it through the service, in a folder of hers on the machine."""
+    her server drives it through the service, in a folder of hers on the machine, and her panel reads
+    what it logs to MLflow there while it runs."""
     hub, _ = org
     server = hub.start_server("rcalice")
-    home = Path(pwd.getpwnam("rcalice").pw_dir)
-    output = f"out-{uuid.uuid4().hex[:8]}.txt"
+    alice = pwd.getpwnam("rcalice")
+    home = Path(alice.pw_dir)
+    script, output = f"train-{uuid.uuid4().hex[:8]}.py", f"out-{uuid.uuid4().hex[:8]}.txt"
+    (home / script).write_text(TRAIN)
+    os.chown(home / script, alice.pw_uid, alice.pw_gid)
     session = loopback_session()
     session.headers["Authorization"] = f"token {server.token}"
-    spec = {"machine": team_ssh, "command": f"echo hers > {output}", "bring_back": [output]}
+    spec = {"machine": team_ssh, "command": f"python {script} {output}", "send": [script], "bring_back": [output]}
     submitted = session.post(f"{server.url}remote-compute/jobs", json=spec, timeout=60)
     assert submitted.status_code == 201, submitted.text
     job_id = submitted.json()["job"]["id"]
+    jobs = f"{server.url}remote-compute/jobs/{job_id}"
+
+    def logged() -> list[Any] | None:
+        page = session.get(f"{jobs}/metrics", params={"wait": 5}, timeout=60).json()
+        points = [p["value"] for m in page["metrics"] if m["key"] == "loss" for p in m["points"]]
+        return points if len(points) == 3 else None
+
+    assert wait_for(logged, 120, "her job's live metrics") == [1.0, 0.5, pytest.approx(1 / 3)]
+    job_dir = _far_users(sshd_bed) / "rcalice" / "jobs" / job_id
+    assert session.get(jobs, timeout=30).json()["state"] == "running"  # seen while it waits for go
+    (job_dir / "work" / "go").touch()
 
     def ended() -> dict[str, Any] | None:
-        job = session.get(f"{server.url}remote-compute/jobs/{job_id}", timeout=30).json()
+        job = session.get(jobs, timeout=30).json()
         return job if job["state"] in ("succeeded", "failed", "cancelled", "lost") and job["mlflow_run_id"] else None
 
     job = wait_for(ended, 120, "rcalice's job to end and be recorded")
     assert job["state"] == "succeeded" and job["machine"] == "org:team-ssh", job
     assert (home / output).read_text() == "hers\n"
-    assert (_far_users(sshd_bed) / "rcalice" / "jobs" / job_id).is_dir()
 
 
 def test_a_users_own_machine_wins_over_the_organizations_of_its_name(team_ssh: str, bobs_job: dict[str, Any]) -> None:

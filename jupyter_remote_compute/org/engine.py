@@ -31,6 +31,8 @@ from ..engines.base import (
     FetchResult,
     InputFile,
     LaunchSpec,
+    MetricBytes,
+    MetricOffsets,
     ProgressCallback,
     RemoteJob,
     RemoteStatus,
@@ -39,7 +41,7 @@ from ..engines.base import (
 from ..engines.resources import Resources
 from ..errors import InvalidSettings
 from .client import ORG_KIND, OrganizationClient, OrganizationUnavailable, organization
-from .jobs import status_from_json
+from .jobs import metrics_from_json, status_from_json
 
 #: Sending, starting, fetching and cancelling wait on the machine, through the service: give them time.
 LONG = (10.0, 3600.0)
@@ -49,8 +51,8 @@ UPLOAD_CHUNK = 1 << 20
 class OrganizationEngine(Engine):
     kind = ORG_KIND
     label = "The organization's machine (through its service on the hub)"
-    # What the machine's own kind can do, but no host keys to trust here (the organization's admin does)
-    # and no live metrics yet. Set per machine in __init__, from the kind the service reports.
+    # What the machine's own kind can do, but no host keys to trust here (the organization's admin does).
+    # Set per machine in __init__, from the kind the service reports.
     features = Features(live_metrics=False)
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
@@ -60,7 +62,7 @@ class OrganizationEngine(Engine):
         if real in BUILT_IN_KINDS:
             own = engine_class(str(real)).features
             self.features = dataclasses.replace(  # type: ignore[misc]
-                own, remote=True, host_keys=False, live_metrics=False, unavailable=None
+                own, remote=True, host_keys=False, unavailable=None
             )
 
     @classmethod
@@ -156,10 +158,17 @@ class OrganizationEngine(Engine):
         return job
 
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
+        return self.poll_watched(jobs, {})[0]
+
+    def poll_watched(
+        self, jobs: Sequence[RemoteJob], watched: Mapping[str, MetricOffsets]
+    ) -> tuple[dict[str, RemoteStatus], dict[str, MetricBytes]]:
         if not jobs:
-            return {}
-        answer = self._ask("POST", "api/poll", timeout=LONG, json={"jobs": [j.job_id for j in jobs]}).json()
-        return {job_id: status_from_json(status) for job_id, status in answer["statuses"].items()}
+            return {}, {}
+        body = {"jobs": [j.job_id for j in jobs], "watched": {k: dict(v) for k, v in watched.items()}}
+        answer = self._ask("POST", "api/poll", timeout=LONG, json=body).json()
+        statuses = {job_id: status_from_json(status) for job_id, status in answer["statuses"].items()}
+        return statuses, metrics_from_json(answer.get("metrics") or {})
 
     def read_log(self, job: RemoteJob, offset: int, limit: int) -> bytes:
         if offset < 0 or limit < 0:

@@ -23,6 +23,7 @@ folders, input caches and environments never mix. Every method blocks: the servi
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import io
@@ -38,7 +39,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ..engines.base import Engine, Handle, InputFile, LaunchSpec, RemoteJob, RemoteStatus
+from ..engines.base import (
+    Engine,
+    Handle,
+    InputFile,
+    LaunchSpec,
+    MetricBytes,
+    MetricOffsets,
+    RemoteJob,
+    RemoteStatus,
+)
 from ..engines.farside import SUMS_SUFFIX
 from ..engines.resources import Resources
 from ..engines.shell import ShellEngine
@@ -109,6 +119,21 @@ def status_json(status: RemoteStatus) -> dict[str, Any]:
 def status_from_json(data: Mapping[str, Any]) -> RemoteStatus:
     fields = {f.name for f in dataclasses.fields(RemoteStatus)}
     return RemoteStatus(**{k: v for k, v in data.items() if k in fields})
+
+
+def metrics_json(metrics: Mapping[str, MetricBytes]) -> dict[str, dict[str, list[Any]]]:
+    """New bytes of metric files, by job and path, as JSON: ``[offset, base64]``."""
+    return {
+        job_id: {path: [offset, base64.b64encode(data).decode("ascii")] for path, (offset, data) in files.items()}
+        for job_id, files in metrics.items()
+    }
+
+
+def metrics_from_json(data: Mapping[str, Mapping[str, Sequence[Any]]]) -> dict[str, MetricBytes]:
+    return {
+        job_id: {path: (int(offset), base64.b64decode(text)) for path, (offset, text) in files.items()}
+        for job_id, files in data.items()
+    }
 
 
 class OrgJobs:
@@ -253,10 +278,14 @@ class OrgJobs:
         remote = self.engine(job).start(job.remote(), spec)
         return self._set_handle(job, remote.handle)
 
-    def poll(self, user: str, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The states of the user's jobs, one round trip per machine; an id that is not theirs is gone."""
+    def poll(
+        self, user: str, job_ids: Sequence[str], watched: Mapping[str, MetricOffsets] | None = None
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, MetricBytes]]:
+        """The states of the user's jobs, one round trip per machine (an id that is not theirs is gone),
+        and what the ``watched`` ones logged to MLflow since their offsets (``Engine.poll_watched``)."""
         groups: dict[str, list[OrgJob]] = {}
         statuses: dict[str, dict[str, Any]] = {}
+        metrics: dict[str, MetricBytes] = {}
         for job_id in job_ids:
             try:
                 job = self.get(user, job_id)
@@ -265,9 +294,12 @@ class OrgJobs:
                 continue
             groups.setdefault(json.dumps(job.snapshot, sort_keys=True), []).append(job)
         for jobs in groups.values():
-            found = self.engine(jobs[0]).poll([j.remote() for j in jobs])
+            engine, remotes = self.engine(jobs[0]), [j.remote() for j in jobs]
+            offsets = {j.id: (watched or {})[j.id] for j in jobs if j.id in (watched or {})}
+            found, logged = engine.poll_watched(remotes, offsets) if offsets else (engine.poll(remotes), {})
             statuses.update({job_id: status_json(status) for job_id, status in found.items()})
-        return statuses
+            metrics.update(logged)
+        return statuses, metrics
 
     def read_log(self, user: str, job_id: str, offset: int, limit: int) -> bytes:
         job = self.get(user, job_id)
@@ -348,4 +380,4 @@ def _sum_line(digest: str, path: str) -> bytes:
     return digest.encode() + b"  " + raw + b"\n"
 
 
-__all__ = ["OrgJob", "OrgJobs", "status_from_json", "status_json", "user_folder"]
+__all__ = ["OrgJob", "OrgJobs", "metrics_from_json", "metrics_json", "status_from_json", "status_json", "user_folder"]

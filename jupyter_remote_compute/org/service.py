@@ -24,7 +24,8 @@ Jobs on those machines (use; ``jobs.py``), each the call of an engine method a u
   record; ``DELETE`` removes it there and here.
 - ``POST api/inputs/missing`` (``{digests}``): which the caller has not uploaded; ``PUT api/inputs/<sha256>``:
   one input, streamed to disk and checked against its digest.
-- ``POST api/jobs/<id>/send``, ``…/start``, ``…/cancel``, ``…/fetch``; ``POST api/poll`` (``{jobs}``);
+- ``POST api/jobs/<id>/send``, ``…/start``, ``…/cancel``, ``…/fetch``; ``POST api/poll`` (``{jobs, watched}``:
+  the states, and what watched jobs logged to MLflow since the offsets given, base64);
   ``GET api/jobs/<id>/log?offset=&limit=``; ``GET api/jobs/<id>/outputs?manifest=`` (the fetched outputs
   as one tar stream).
 
@@ -58,7 +59,7 @@ from ..engines.resources import Resources
 from ..errors import Forbidden, InvalidSettings, RemoteComputeError
 from ..json_routes import BodyToFile, JsonRoute
 from . import scopes
-from .jobs import OrgJobs, check_sha
+from .jobs import OrgJobs, check_sha, metrics_json
 from .organization import Organization
 
 log = logging.getLogger(__name__)
@@ -248,8 +249,16 @@ class PollHandler(OrgHandler):
     @route
     async def post(self) -> None:
         user = self.require(scopes.USE)
-        ids = [str(i) for i in _list(self.body(), "jobs")]
-        self.reply({"statuses": await self.call(self.jobs.poll, user, ids)})
+        body = self.body()
+        ids = [str(i) for i in _list(body, "jobs")]
+        watched = body.get("watched") or {}
+        valid = isinstance(watched, dict) and all(
+            isinstance(o, dict) and all(isinstance(n, int) and n >= 0 for n in o.values()) for o in watched.values()
+        )
+        if not valid:
+            raise InvalidSettings("watched: expected byte offsets by job and metric file", field="watched")
+        statuses, metrics = await self.call(self.jobs.poll, user, ids, watched)
+        self.reply({"statuses": statuses, "metrics": metrics_json(metrics)})
 
 
 class LogHandler(OrgHandler):
