@@ -34,6 +34,7 @@ from hub_fixture import (
     loopback_session,
     processes_of,
 )
+from procs import group_members
 from sshd_fixture import TestBed, wait_for
 
 hub_bed = hub_fixture.hub_bed
@@ -393,6 +394,29 @@ def test_a_job_on_an_organization_machine_of_a_kind_not_served_yet_fails_saying_
     ran = _as_user(bobs_job["server"], "run", "--machine", "lab-jupyter", "--", "true")
     assert ran.returncode != 0
     assert "lab-jupyter is a jupyter machine; jobs through the organization run on its ssh and slurm" in ran.stderr
+
+
+def test_a_member_cancels_his_job_and_its_process_on_the_machine_ends(
+    bobs_job: dict[str, Any], team_ssh: str, sshd_bed: TestBed
+) -> None:
+    server = bobs_job["server"]
+    ran = _as_user(server, "run", "--detach", "--new", "--machine", team_ssh, "--", "sleep", "600")
+    submitted = re.search(r"submitted job (\S+)", ran.stderr)
+    assert ran.returncode == 0 and submitted, ran.stderr
+    job_id = submitted.group(1)
+    pid_file = _far_users(sshd_bed) / "rcbob" / "jobs" / job_id / "pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 60, "the job to start on the machine")
+    group = int(pid_file.read_text())
+    cancelled = _as_user(server, "jobs", "cancel", job_id, "--json", timeout=120)
+    assert cancelled.returncode == 0, cancelled.stderr
+
+    def ended() -> dict[str, Any] | None:
+        job = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
+        return job if job["state"] not in ("queued", "sending", "running", "pending", "collecting") else None
+
+    job = wait_for(ended, 60, "the cancelled job to end")
+    assert job["state"] == "cancelled" and "cancelled by rcbob" in job["reason"], job
+    assert group_members(group) == []  # the machine is this one: its process table says the sleep ended
 
 
 def _service_pid(hub: Hub) -> int | None:
