@@ -151,7 +151,8 @@ def cmd_machines(args: argparse.Namespace) -> int:
             _print_json(facts)
         else:
             for key, value in facts.items():
-                print(f"{key}: {value}")
+                if value is not None:  # not known there (no uv, no GPU memory): the JSON keeps null
+                    print(f"{key}: {value}")
         return 0
     if action == "trust":
         if args.fingerprint is None:

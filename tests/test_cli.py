@@ -161,6 +161,18 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(cli, quickstart: Path, starte
     assert "cancelled" in cancelled.stdout
 
 
+def test_check_says_what_builds_environments_there_and_prints_nothing_it_does_not_know(cli) -> None:
+    """The built-in machine builds with its own uv where one is on PATH, else runs the product's in place."""
+    from importlib.metadata import version
+
+    facts = json.loads(cli("machines", "check", "local", "--json").stdout)
+    product = f"uv {version('uv')}, jupyter-remote-compute's, run in place"
+    said = f"uv {facts['uv']}, the machine's" if facts["uv"] else product
+    assert facts["environments"] == said
+    text = cli("machines", "check", "local").stdout
+    assert f"environments: {said}\n" in text and "None" not in text
+
+
 def test_every_command_that_takes_json_prints_json(cli, quickstart: Path) -> None:
     def as_json(*args: str) -> object:
         proc = cli(*args, "--json")

@@ -364,8 +364,10 @@ async def test_the_rest_api_runs_a_job_in_its_environment_and_refuses_a_file_out
 
 def test_the_machines_environment_is_the_default_and_the_jobs_own_wins_and_uv_is_sent_once(ssh_box):
     service, _, machine, envs = ssh_box
-    facts = service.check_machine(machine)  # the ssh test user has no uv: the check says so
+    facts = service.check_machine(machine)  # the ssh test user has no uv: the check says so, and what builds
     assert facts["uv"] is None and facts["arch"] == platform.machine(), facts
+    sent = f"uv {importlib.metadata.version('uv')}, jupyter-remote-compute's, sent with the first job that builds one"
+    assert facts["environments"] == sent
     service.machines.update(machine, options={"environment": {"packages": ["rcdemo-a==2.0"]}})
     plain = JobSpec.from_json({"machine": machine, "command": ["python", "fit.py"], "send": ["fit.py"]})
     default = service.wait(service.submit(plain).job.id)
@@ -382,6 +384,11 @@ def test_the_machines_environment_is_the_default_and_the_jobs_own_wins_and_uv_is
     assert "building with uv " in _log(service, default.id) and "building with uv " in _log(service, own.id)
     assert own.transfer["bytes_sent"] < 1_000_000 < os.path.getsize(find_uv_bin())
     assert [p.stat().st_size for p in envs.parent.joinpath("tools").glob("uv-*")] == [os.path.getsize(find_uv_bin())]
+    # Its bytes are stored once on the machine: the input cache's entry and tools/ name one file.
+    size = os.path.getsize(find_uv_bin())
+    files = [p for p in envs.parent.rglob("*") if p.is_file() and not p.is_symlink()]
+    found = [st for st in (p.stat() for p in files) if st.st_size == size]
+    assert len({(st.st_dev, st.st_ino) for st in found}) == 1, found
     assert not (Path(own.handle["dir"]) / "work" / "_remote_compute_tools").exists()
     with pytest.raises(InvalidSettings, match=r"options\.environment"):
         service.machines.update(machine, options={"environment": {"python": "three"}})

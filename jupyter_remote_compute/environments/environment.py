@@ -330,6 +330,16 @@ def _this_sides_uv() -> Path | None:
         return None
 
 
+def _this_sides_uv_version() -> str | None:
+    """The version of this side's uv (its package's, which is the binary's), or None without one."""
+    if _this_sides_uv() is None:
+        return None
+    try:
+        return importlib.metadata.version("uv")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 #: Where this side's uv lands in a job's work tree; env.sh moves it out to <base>/tools/ at once.
 #: Not a dot-name: a Jupyter Server's Contents API refuses hidden paths.
 SENT_UV = "_remote_compute_tools/uv"
@@ -354,6 +364,27 @@ def tool_inputs(job: Any, digests: Any, facts: Mapping[str, Any] | None = None) 
         return []
     st = uv.stat()
     return [InputFile(SENT_UV, uv.resolve(), st.st_size, digests.digest(uv.resolve(), st), 0o644)]
+
+
+def builder(kind: str, facts: Mapping[str, Any]) -> str | None:
+    """What builds a job's Python environment on a machine of ``kind`` whose check found ``facts``, in
+    env.sh's order: the machine's uv, else this side's (run in place on the built-in machine, else
+    sent with the first job that builds one, ``tool_inputs``), else venv + pip. None where the check
+    does not say (a kind whose facts carry no ``arch``). A job in a container image gets this side's
+    uv too: the image sees none of the machine's programs."""
+    if "arch" not in facts:
+        return None
+    if facts.get("uv"):
+        return f"uv {facts['uv']}, the machine's"
+    version = _this_sides_uv_version()
+    if version and kind == "local":
+        return f"uv {version}, jupyter-remote-compute's, run in place"
+    import platform
+
+    same_platform = str(facts.get("kernel", "")).startswith("Linux") and facts.get("arch") == platform.machine()
+    if version and kind not in _NO_SENT_UV and sys.platform.startswith("linux") and same_platform:
+        return f"uv {version}, jupyter-remote-compute's, sent with the first job that builds one"
+    return "venv + pip (no uv there, and none from here that runs there)"
 
 
 def builds(spec: Any) -> bool:

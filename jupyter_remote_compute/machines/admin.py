@@ -19,6 +19,7 @@ from typing import Any
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineContext, EngineError
 from ..engines.faces import faces_of
+from ..environments.environment import builder
 from ..errors import InvalidSettings, MachineError, MachineUnreachable, NotFound, RemoteComputeError
 from ..secrets import SecretStore
 from ..usage.ledger import remember_facts
@@ -232,8 +233,9 @@ class MachineAdmin:
 
     # -- reaching the machine -------------------------------------------------------
     def check(self, name: str) -> dict[str, Any]:
+        engine = self.engine(name)
         try:
-            facts = self.engine(name).check()
+            facts = engine.check()
         except EngineError as e:
             raise _machine_error(name, e) from e
         # What the machine holds, for metering jobs that asked for no GPUs (they hold the machine).
@@ -241,7 +243,9 @@ class MachineAdmin:
             remember_facts(self.registry.path.parent, name, facts)
         except OSError as e:  # a read-only workspace still gets its answer
             log.warning("could not keep %s's facts for usage: %s", name, e)
-        return facts
+        # What a job's environment will be built with there: the machine's uv, the one this side sends, or pip.
+        tool = builder(engine.kind, facts)
+        return {**facts, "environments": tool} if tool else facts
 
     def presented_host_key(self, name: str) -> dict[str, str] | None:
         """The host key the machine presents while it is not yet known (type, fingerprint); None once known.

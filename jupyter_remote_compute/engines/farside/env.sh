@@ -64,12 +64,17 @@ rc_env_unlock() {
 }
 
 # A uv this side sent (environments/environment.py tool_inputs) leaves the work tree at once for
-# <base>/tools/uv-<its digest>, kept for the next jobs; the work tree's link goes.
+# <base>/tools/uv-<its digest>, kept for the next jobs; the work tree's link goes. The work tree's
+# file is a hard link to the input cache's entry (cache.sh), so tools/ takes another link to it, made
+# executable and still read-only (0555): its bytes are stored once. A copy only where a link cannot
+# be made (a container's separate mounts, a file system without links).
 if [ -n "${rc_env_sent_uv-}" ] && [ -f _remote_compute_tools/uv ]; then
   rc_env_tool=$rc_env_base/tools/uv-$rc_env_sent_uv
   if [ ! -x "$rc_env_tool" ]; then
-    mkdir -p -- "$rc_env_base/tools" && cp -- _remote_compute_tools/uv "$rc_env_tool.$$" &&
-      chmod 0755 -- "$rc_env_tool.$$" && mv -f -- "$rc_env_tool.$$" "$rc_env_tool"
+    mkdir -p -- "$rc_env_base/tools" &&
+      { ln -f -- _remote_compute_tools/uv "$rc_env_tool.$$" 2> /dev/null ||
+        cp -- _remote_compute_tools/uv "$rc_env_tool.$$"; } &&
+      chmod 0555 -- "$rc_env_tool.$$" && mv -f -- "$rc_env_tool.$$" "$rc_env_tool"
   fi
   rm -rf -- _remote_compute_tools
 fi
