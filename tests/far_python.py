@@ -13,9 +13,11 @@ beside its final place and renamed into it).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import subprocess
+import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -72,3 +74,32 @@ def _build(home: Path, mlflow_version: str) -> None:
     subprocess.run(["chmod", "-R", "a+rX", str(staging)], check=True)
     # The interpreter finds its pyvenv.cfg next to bin/, so the tree may move; pip's scripts may not.
     staging.rename(home)
+
+
+#: Where ``training_wheels`` keeps its wheels, once per machine and set of versions.
+WHEELS_ROOT = Path("/var/tmp/jrc-training-wheels")
+
+
+@functools.cache
+def training_wheels() -> Path:
+    """A folder of wheels (a ``find_links`` source) of MLflow's lean distribution and the training
+    packages at this side's versions, with everything they need and pip: what a job's environment,
+    built by the product on the far side, installs instead of the far side's virtualenv above. Written
+    back from this side's installed distributions once per machine (the same bytes every session, so
+    uv's caches keep them), world-readable for the ssh test user; a half-written one is never used."""
+    from package_index import closure, installed_wheel
+
+    names = ["mlflow-skinny", *TRAINING_PACKAGES, "pip"]
+    key = "-".join(f"{name}-{version(name)}" for name in names)
+    folder = WHEELS_ROOT / hashlib.sha256(key.encode()).hexdigest()[:16]
+    WHEELS_ROOT.mkdir(mode=0o755, exist_ok=True)
+    with FileLock(str(WHEELS_ROOT / ".build.lock"), timeout=600):
+        if not folder.is_dir():
+            staging = folder.with_name(folder.name + ".building")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            for dist in closure(names):
+                installed_wheel(dist, staging, zipfile.ZIP_STORED)  # written and read at disk speed
+            subprocess.run(["chmod", "-R", "a+rX", str(staging)], check=True)
+            staging.rename(folder)
+    return folder

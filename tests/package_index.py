@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import base64
 import datetime
+import ensurepip
 import hashlib
 import http.server
 import importlib.metadata
 import ipaddress
 import re
+import shutil
 import ssl
 import threading
 import zipfile
@@ -216,7 +218,14 @@ def _demo_projects(root: Path) -> Path:
         with zipfile.ZipFile(built) as z:
             metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
         built.with_name(built.name + ".metadata").write_bytes(metadata)
-    for project in ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native", "rcdemo-top", "rcdemo-dep"):
+    # pip, as every public index has it: env.sh puts it in each environment (MLflow pins it in a model's files).
+    bundled = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
+    if bundled:
+        shutil.copy(bundled[-1], files / bundled[-1].name)
+    else:  # a distribution's Python without ensurepip's wheels: this one's own pip, written back
+        installed_wheel(importlib.metadata.distribution("pip"), files)
+    projects = ("rcdemo-a", "rcdemo-b", "rcdemo-c", "rcdemo-slow", "rcdemo-native", "rcdemo-top", "rcdemo-dep", "pip")
+    for project in projects:
         (root / "simple" / project).mkdir(parents=True)
         links = "".join(
             f'<a href="../../files/{w.name}"{core_metadata(w)}>{w.name}</a>\n'
@@ -226,7 +235,9 @@ def _demo_projects(root: Path) -> Path:
     return root
 
 
-def installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None:
+def installed_wheel(
+    dist: importlib.metadata.Distribution, folder: Path, compression: int = zipfile.ZIP_DEFLATED
+) -> None:
     """A wheel of an installed distribution, written back from its RECORD: the files it installed into
     site-packages (not its scripts), with the tag its WHEEL file names for this Python."""
     wheel_text = dist.read_text("WHEEL") or ""
@@ -234,7 +245,7 @@ def installed_wheel(dist: importlib.metadata.Distribution, folder: Path) -> None
     tag = next(t for t in tags if t.startswith(("py3", "cp3")))
     name, version = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower(), dist.version
     info = f"{name}-{version}.dist-info"
-    with zipfile.ZipFile(folder / f"{name}-{version}-{tag}.whl", "w", zipfile.ZIP_DEFLATED) as z:
+    with zipfile.ZipFile(folder / f"{name}-{version}-{tag}.whl", "w", compression) as z:
         record = []
         for f in dist.files or []:
             rel = str(f)

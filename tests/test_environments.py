@@ -273,6 +273,8 @@ def test_the_mlflow_run_names_the_environment_and_what_it_held(box, tracking_uri
     listing = Path(client.download_artifacts(run.info.run_id, "remote_compute/environment.txt", str(workspace)))
     installed = listing.read_text().lower()
     assert "rcdemo-a==2.0" in installed.replace("_", "-") and "rcdemo-c==1.0" in installed.replace("_", "-")
+    # pip is in it, as in a venv python -m venv makes: MLflow pins it in a model's environment files
+    assert re.search(r"^pip==", installed, re.MULTILINE), installed
 
 
 def job_run(client, service, job_id: str):  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ come back as one local run.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import platform
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import agent_fixture
+import far_python
 import jupyter_server_fixture
 import mlflow
 import pytest
@@ -410,3 +412,58 @@ def test_a_grid_search_trained_there_is_found_and_read_like_one_trained_here(
             assert mlmodel["artifact_path"] == model.artifact_location
             assert (mlmodel["model_id"], mlmodel["run_id"]) == (model.model_id, model.source_run_id)
             assert [path for path, text in files.items() if job.id in text] == []
+
+
+# A model logged by hand, as most scripts that are not autologged do; its environment files are MLflow's.
+MODEL_SCRIPT = textwrap.dedent(
+    """\
+    import mlflow
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = load_iris(return_X_y=True)
+    with mlflow.start_run():
+        model = LogisticRegression(max_iter=300).fit(X, y)
+        mlflow.sklearn.log_model(model, name="model", serialization_format="cloudpickle")  # skops: not in the set
+    """
+)
+
+
+def _pip_pins(files: dict[str, str]) -> dict[str, Any]:
+    """What a model's environment files say of pip: pinned or not (the version is the environment's). The
+    requirements MLflow infers differ with what else is installed (the full mlflow here, mlflow-skinny there)."""
+    conda = yaml.safe_load(files["conda.yaml"])["dependencies"]
+    build = yaml.safe_load(files["python_env.yaml"])["build_dependencies"]
+    return {
+        "conda.yaml": [re.sub(r"<=.*", "<=…", d) for d in conda if isinstance(d, str) and d.startswith("pip")],
+        "python_env.yaml": [re.sub(r"==.*", "==…", d) for d in build if d.startswith("pip")],
+    }
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_a_model_logged_in_an_environment_built_there_pins_pip_as_one_logged_here(
+    kind: str, request: pytest.FixtureRequest, tracking_uri: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The product builds the job's environment there (uv): it has pip, so MLflow pins it in the model's
+    conda.yaml and python_env.yaml as it does in a local run's, and never warns that it cannot."""
+    service, name = request.getfixturevalue(f"{kind}_machine")
+    (service.workspace.root / "log_model.py").write_text(MODEL_SCRIPT)
+    # The packages from a folder of this side's own wheels, with no index (nothing reached outside).
+    env = {"UV_FIND_LINKS": str(far_python.training_wheels()), "UV_NO_INDEX": "1"}
+    packages = [f"{n}=={importlib.metadata.version(n)}" for n in ("mlflow-skinny", "scikit-learn", "pandas")]
+    spec = {"machine": name, "command": "python log_model.py", "send": ["log_model.py"], "env": env}
+    spec["environment"] = {"packages": packages}
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=600)
+    assert job.state == "succeeded", job.reason
+    log = service.read_log(job.id).data.decode()
+    assert "building with uv" in log and "Failed to resolve installed pip version" not in log
+
+    here_uri = _train_here(tmp_path_factory, "log_model.py", MODEL_SCRIPT)
+    here_client, there_client = MlflowClient(here_uri), MlflowClient(tracking_uri)
+    (here,) = here_client.search_logged_models(["0"])
+    there_run = there_client.get_run(job.mlflow_run_id)
+    (there,) = there_client.search_logged_models([there_run.info.experiment_id])
+    root = tmp_path_factory.mktemp("models")
+    here_files, there_files = _model_files(here, root / "here"), _model_files(there, root / "there")
+    assert _pip_pins(there_files) == _pip_pins(here_files)
+    assert _pip_pins(there_files) == {"conda.yaml": ["pip<=…"], "python_env.yaml": ["pip==…"]}

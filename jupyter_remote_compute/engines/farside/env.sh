@@ -133,8 +133,8 @@ rc_env_build() {
       req=$rc_env_spec/locked.txt
     fi
     "$uv" venv -q ${rc_env_python:+--python "$rc_env_python"} -- "$rc_env_dir" || return
+    [ -n "$rc_env_offline" ] && set -- --offline "$@" || set -- ${rc_env_index:+--default-index "$rc_env_index"} "$@"
     if [ -n "$req$pkgs" ]; then
-      [ -n "$rc_env_offline" ] && set -- --offline "$@" || set -- ${rc_env_index:+--default-index "$rc_env_index"} "$@"
       # A lock is a whole set: sync installs it as it is, with no resolution (twice as fast for a
       # large set); packages on top are then resolved against it. A set that is not a lock is resolved.
       case ${req##*/} in
@@ -144,6 +144,14 @@ rc_env_build() {
           [ -z "$pkgs" ] || rc_env_uv_pip install "$@" -r "$pkgs" || return ;;
         *) rc_env_uv_pip install "$@" ${req:+-r "$req"} ${pkgs:+-r "$pkgs"} || return ;;
       esac
+    fi
+    # pip in it, as in a venv python -m venv makes (the other branch): MLflow pins the pip a model is
+    # logged with (its conda.yaml, python_env.yaml) and warns in every job that has none. From where
+    # the packages came, else the interpreter's own copy (ensurepip, offline); neither: said, not fatal.
+    if ! "$rc_env_dir/bin/python" -c 'import pip' > /dev/null 2>&1 &&
+      ! "$uv" pip install -q --python "$rc_env_dir/bin/python" "$@" pip > /dev/null 2>&1 &&
+      ! "$rc_env_dir/bin/python" -m ensurepip -q > /dev/null 2>&1; then
+      echo "environment $rc_env_short: pip could not be added (not in the index, no ensurepip here): MLflow will not pin it"
     fi
     "$uv" pip freeze --python "$rc_env_dir/bin/python" > "$rc_env_dir/environment.txt" || return
   else
