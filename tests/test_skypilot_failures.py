@@ -15,7 +15,7 @@ import pytest
 from skypilot_fixture import sky_client, sky_home
 from waiting import wait_for
 
-from jupyter_remote_compute.engines.skypilot import no_infra_message, plain_failure
+from jupyter_remote_compute.engines.skypilot import no_infra_message, plain_failure, request_failure
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 __all__ = ["sky_client", "sky_home"]  # fixtures used by name
@@ -61,6 +61,47 @@ def test_other_failures_keep_skypilots_own_last_line() -> None:
     assert no_infra_message("every cloud", "none set up") == (
         "no cloud SkyPilot can use: run `sky check` (tried every cloud: none set up)"
     )
+
+
+def _failed_request(error: BaseException) -> object:
+    """A failed request as ``sky.api_status`` gives it: SkyPilot's own Request, its error set and encoded."""
+    from sky.server.requests import payloads, requests
+
+    request = requests.Request(
+        request_id="r1",
+        name="exec",
+        entrypoint=print,
+        request_body=payloads.RequestBody(),
+        status=requests.RequestStatus.FAILED,
+        created_at=0.0,
+        user_id="u",
+    )
+    request.set_error(error)
+    return request.encode()
+
+
+def test_a_catalogue_that_cannot_be_downloaded_is_a_sentence_naming_the_host_and_sky_check() -> None:
+    """The request's error as SkyPilot's server keeps it, from the exception requests raises when the
+    catalogue's host does not resolve: a sentence, not the HTTP client's nested reprs."""
+    pytest.importorskip("sky")
+    import socket
+
+    import requests
+    import urllib3
+    from urllib3.exceptions import MaxRetryError, NameResolutionError
+
+    host = "raw.githubusercontent.com"
+    pool = urllib3.HTTPSConnectionPool(host, 443)
+    cause = NameResolutionError(host, pool.ConnectionCls(host, 443), socket.gaierror(-3, "Temporary failure"))
+    url = "/skypilot-org/skypilot-catalog/master/catalogs/v8/aws/vms.csv"
+    payload = _failed_request(requests.exceptions.ConnectionError(MaxRetryError(pool, url, cause)))
+    said = request_failure(payload, "aws", no_infra=False)
+    assert said.startswith(f"SkyPilot could not download its cloud catalogue from {host}: a network failure ("), said
+    assert "`sky check`" in said and f"Failed to resolve '{host}'" in said
+    assert "Caused by" not in said and '("' not in said and "HTTPSConnection" not in said
+    # Any other failure keeps SkyPilot's own words, in one line.
+    other = request_failure(_failed_request(ValueError("No instance type p5.48xlarge found.")), "aws")
+    assert other == "No instance type p5.48xlarge found."
 
 
 @pytest.mark.timeout(900)

@@ -343,7 +343,7 @@ class SkyPilotEngine(Engine):
         payload = self._request(request_id)
         if payload is None:
             return ("UNKNOWN", f"SkyPilot no longer knows request {request_id}")
-        words = _error(payload) if payload.status in ("FAILED", "CANCELLED") else self._progress(payload)
+        words = self._request_failure(payload) if payload.status in ("FAILED", "CANCELLED") else self._progress(payload)
         return (payload.status, words)
 
     # -- the head node, reached like an ssh machine --------------------------------------
@@ -447,11 +447,12 @@ class SkyPilotEngine(Engine):
             }
         return {**{k: v for k, v in extras.items() if k not in facts}, **facts}
 
-    def _launch_failure(self, payload: Any) -> str:
-        """Why a launch failed, said plainly: a catalogue or credentials failure asks `sky check` first."""
+    def _request_failure(self, payload: Any) -> str:
+        """Why a request (a launch, an exec) failed, said plainly (``request_failure``); for a catalogue or
+        credentials failure `sky check` is asked here whether it finds any infra it can use."""
         text = _error_text(payload)
         tried = self.settings.infra or "every cloud"
-        if not (_NETWORK.search(text) or _NO_INFRA.search(text) or text == NO_REASON):
+        if payload.status == "CANCELLED" or not _said_plainly(text):
             return _error(payload)
         # A failure that names no cause (SkyPilot's error can be a bare null) is asked of `sky check` too.
         try:
@@ -462,7 +463,7 @@ class SkyPilotEngine(Engine):
             no_infra = not clouds or bool(cloud and cloud not in clouds)
         except Exception:  # the check failing too says nothing new: keep SkyPilot's own words
             no_infra = None
-        return plain_failure(text, tried, no_infra)
+        return request_failure(payload, tried, no_infra)
 
     # A job's image runs where its command does (a Slurm allocation, the head VM), through container.sh
     # as on an ssh machine. Not SkyPilot's own `image_id: docker:`, which makes the whole cluster the
@@ -498,7 +499,7 @@ class SkyPilotEngine(Engine):
                 raise NotReady(self._progress(payload), handle)
             if payload is not None and payload.status != "SUCCEEDED":
                 raise EngineError(
-                    f"{self.name}: launching cluster {self.settings.cluster} failed: {self._launch_failure(payload)}"
+                    f"{self.name}: launching cluster {self.settings.cluster} failed: {self._request_failure(payload)}"
                 )
             handle["cluster_ready"] = True
             self._record = None
@@ -563,7 +564,7 @@ echo written
             if payload is not None and payload.status not in _FINISHED:
                 statuses[job.job_id] = RemoteStatus("pending", detail=self._progress(payload))
             elif payload is not None and payload.status != "SUCCEEDED":
-                why = self._launch_failure(payload)
+                why = self._request_failure(payload)
                 statuses[job.job_id] = RemoteStatus(
                     "failed", detail=f"launching SkyPilot cluster {self.settings.cluster} failed: {why}"
                 )
@@ -586,7 +587,7 @@ echo written
         if payload is not None and payload.status not in _FINISHED:
             return RemoteStatus("pending", detail=self._progress(payload, "SkyPilot is starting the job"))
         if payload is not None and payload.status != "SUCCEEDED":
-            return RemoteStatus("failed", detail=f"SkyPilot could not start the job: {_error(payload)}")
+            return RemoteStatus("failed", detail=f"SkyPilot could not start the job: {self._request_failure(payload)}")
         if payload is None:
             return status
         # The exec request only queued a SkyPilot job: ask that job how it is doing.
@@ -708,6 +709,19 @@ def plain_failure(text: str, tried: str, no_infra: bool | None = None) -> str:
     if network:
         return f"a network failure while SkyPilot worked ({reason}); check this server's network and try again"
     return reason
+
+
+def _said_plainly(text: str) -> bool:
+    """Whether ``plain_failure`` has words for SkyPilot's error: a network failure, no infra, or nothing said."""
+    return bool(_NETWORK.search(text) or _NO_INFRA.search(text) or text == NO_REASON)
+
+
+def request_failure(payload: Any, tried: str, no_infra: bool | None = None) -> str:
+    """A failed request's error (``sky.api_status``'s payload) in one line: a network or infra failure
+    as a sentence that says what to do (``plain_failure``), never the HTTP client's nested reprs;
+    anything else in SkyPilot's own words."""
+    text = _error_text(payload)
+    return plain_failure(text, tried, no_infra) if _said_plainly(text) else _error(payload)
 
 
 NO_REASON = "no reason given"
