@@ -110,7 +110,8 @@ def replay(
             mapping[source_id] = existing
         _copy_run(client, store, run, mapping[source_id], far_store, secrets)
     store = main_pair[0]
-    models = _replay_models(client, experiment_id, store, far_store, mapping, job_run_id, secrets, user)
+    run_params = {run.info.run_id: run.data.params for _store, run in far}
+    models = _replay_models(client, experiment_id, store, far_store, mapping, run_params, job_run_id, secrets, user)
     for _store, run in far:
         _replay_lineage(client, run, mapping[run.info.run_id], models)
     for _store, run in far:
@@ -185,6 +186,7 @@ def _replay_models(
     store: Any,
     far_store: Path,
     mapping: Mapping[str, str],
+    run_params: Mapping[str, Mapping[str, str]],
     job_run_id: str,
     secrets: tuple[str, ...],
     user: str | None,
@@ -216,7 +218,7 @@ def _replay_models(
                 name=far_model.name,
                 source_run_id=run_id,
                 tags=tags,
-                params={k: hide(str(v), secrets) for k, v in far_model.params.items()},
+                params={k: hide(v, secrets) for k, v in _model_params(far_model, run_params).items()},
                 model_type=far_model.model_type,
             )
         models[far_id] = local.model_id
@@ -245,6 +247,17 @@ def _replay_models(
             if status != LoggedModelStatus.PENDING:
                 client.finalize_logged_model(local.model_id, status)
     return models
+
+
+def _model_params(far_model: Any, run_params: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """A far model's params, where one the far store shows empty has its source run's value.
+
+    MLflow gives a model its run's params as they are when the model is logged, read back from the
+    store; autolog logs those params from a thread of its own while the estimator trains. A file store
+    writes a param by making its file, then filling it, so that read can find one empty (a database
+    store commits the batch whole): the run's param, read when the job has ended, is the value."""
+    source = run_params.get(far_model.source_run_id or "", {})
+    return {k: str(v) if v != "" else source.get(k, "") for k, v in far_model.params.items()}
 
 
 def _far_model_metrics(far_store: Path, far_model: Any) -> list[Any]:
