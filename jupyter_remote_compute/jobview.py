@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .jobs.job import Job, parse_time
 from .jobs.logs import waiting_line
@@ -53,13 +53,14 @@ def job_duration(job: Job) -> float | None:
     return max(0.0, end - parse_time(job.started))
 
 
-def summary_line(job: Job) -> str:
-    """One line a person reads at the end of a wait: state, duration, outputs, MLflow run."""
+def summary_line(job: Job, *, reason: bool = True) -> str:
+    """One line a person reads at the end of a wait: state, duration, outputs, MLflow run.
+    ``reason=False`` leaves the reason to an error raised after it (the notebook's NotTrained)."""
     parts = [f"job {job.id} on {job.machine}: {job.state}"]
     duration = job_duration(job)
     if duration is not None:
         parts[0] += f" after {format_duration(duration)}"
-    if job.reason:
+    if job.reason and reason:
         # The reason of a failure ends with log lines; the log itself was shown above it.
         parts.append(job.reason.splitlines()[0])
     if job.outputs:
@@ -88,8 +89,9 @@ class _Outcome:
 class _ProgressBar:
     """A transfer bar (tqdm.auto), made on the first report so attaching to a running job shows none."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, file: TextIO) -> None:
         self.label = label
+        self.file = file
         self.bar: Any = None
         self.finished = False
 
@@ -101,7 +103,15 @@ class _ProgressBar:
                 # Without ipywidgets tqdm.auto warns once and falls back to a text bar, which is fine here.
                 warnings.simplefilter("ignore")
                 from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=self.label, leave=True)
+            self.bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=self.label,
+                leave=True,
+                file=self.file,
+            )
         if self.bar.total != total:
             self.bar.total = total
         self.bar.update(max(0, done - self.bar.n))
@@ -122,8 +132,12 @@ def follow(
     *,
     write: Callable[[str], None] | None = None,
     progress_label: str = "sending",
+    notes: TextIO | None = None,
 ) -> Job:
     """Drive the job until it ends or ``timeout`` passes, printing its log and a transfer bar.
+
+    ``notes`` takes the bar and the waiting lines: stderr for the CLI (its stdout is the log), stdout in
+    a notebook, where stderr is drawn as an error.
 
     Returns the job in whatever state it reached. A KeyboardInterrupt stops the
     following (the worker stops after its current step) and propagates; the job
@@ -152,7 +166,8 @@ def follow(
 
     worker = threading.Thread(target=work, name=f"remote-compute-follow-{job_id}", daemon=True)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    bar = _ProgressBar(progress_label)
+    notes = notes or sys.stderr
+    bar = _ProgressBar(progress_label, notes)
     latest = LatestMetrics()
     worker.start()
     try:
@@ -165,8 +180,8 @@ def follow(
                 bar.update(event[1], event[2])
             elif event[0] == "wait":
                 bar.close()
-                sys.stderr.write(event[1])
-                sys.stderr.flush()
+                notes.write(event[1])
+                notes.flush()
             elif event[0] == "log":
                 bar.close()  # sending is over once the command writes
                 write(decoder.decode(event[1]))

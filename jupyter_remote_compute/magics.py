@@ -4,7 +4,8 @@ The kernel uses the library directly (no server extension needed) on the
 workspace found from its working directory, so the Compute panel, the CLI and
 the magic see the same jobs. The options are those of ``jupyter remote-compute
 run``, plus ``--wait``; they are parsed once, by argparse, from the line split
-the way a shell would split it.
+the way a shell would split it. The command after ``--`` is kept as written: the
+machine's shell runs it, as it runs every face's command (``&&``, pipes, quotes).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import atexit
 import getpass
 import hashlib
+import io
 import shlex
 import sys
 import threading
@@ -28,20 +30,24 @@ from .jobs.listing import add_list_arguments, iter_jobs, list_arguments
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration, parse_duration
 from .jobview import JobTable, RemoteTrainJob, detach_hint, follow, summary_line
-from .run_options import add_run_options, command_of, spec_settings
+from .run_options import add_run_options, spec_settings
 from .workspace import Workspace
 
 #: Where ``%%remote_train`` keeps cell bodies: in the workspace (so they can be sent), never in .punica.
 CELLS_DIR = ".remote-compute-cells"
 
 TRAIN_EXAMPLES = """\
-Paths are relative to the workspace (the folder holding .punica/, else the
+The command after -- is one line for the machine's shell (sh), run in the job's
+folder as written (&&, pipes and quotes work there), as in the New job form and a
+pipeline step; IPython fills in {name} and $name from the notebook first, as in any
+magic. Paths are relative to the workspace (the folder holding .punica/, else the
 notebook's folder). Running the same cell again attaches to its job while it
 runs; interrupting the kernel stops waiting and the job keeps running.
 
 examples:
   %remote_train --machine gpu-box --send train.py --send 'data/*.csv' --bring-back model.pkl -- python train.py
   %remote_train --machine local --env HF_TOKEN=secret:hf/token --timeout 2h --wait 10m -- python train.py
+  %remote_train --send prepare.py --send train.py -- python prepare.py && python train.py --epochs 3
   job = %remote_train --detach --send train.py --bring-back model.pkl -- python train.py
   job.wait(); job.outputs["model.pkl"]
 
@@ -100,16 +106,34 @@ def build_jobs_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _words(line: str) -> list[tuple[str, int]]:
+    """The line split as a shell splits it, each word with where the text after it starts."""
+    lexer = shlex.shlex(io.StringIO(line), posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    words = []
+    while (word := lexer.get_token()) != lexer.eof:
+        words.append((word, lexer.instream.tell()))
+    return words
+
+
 def _parse(parser: argparse.ArgumentParser, line: str) -> argparse.Namespace | None:
+    """The options; for ``%remote_train`` also ``args.command_line``, the command as written after ``--``."""
     try:
-        argv = shlex.split(line)
+        words = _words(line)
     except ValueError as e:  # an unclosed quote
         raise UsageError(f"{parser.prog}: {e}") from None
     try:
-        return parser.parse_args(argv)
+        args = parser.parse_args([word for word, _ in words])
     except _Done:
         print(parser.format_help())
         return None
+    if "command" in args:
+        # argparse took the command's words last: its text starts after the word before them (and
+        # after --), so the machine's shell gets the line as typed, quotes and && included.
+        first = len(words) - len(args.command) + (args.command[:1] == ["--"])
+        args.command_line = line[words[first - 1][1] :].strip() if first else line.strip()
+    return args
 
 
 def write_cell(root: Path, body: str) -> str:
@@ -162,13 +186,13 @@ class RemoteComputeMagics(Magics):
         args = _parse(build_train_parser(), line)
         if args is None:
             return None
-        command = command_of(args)
+        command: str = args.command_line
         service = self.service()
         if cell is not None:
             if not cell.strip():
                 raise UsageError("%%remote_train: the cell is empty; write the script to run in it")
             script = write_cell(service.workspace.root, cell)
-            command = ["python", script, *command]
+            command = f"python {script} {command}".strip()
             args.send = [script, *args.send]
             args.name = args.name or f"cell {script.rsplit('/', 1)[-1][:8]}"
         elif not command:
@@ -191,7 +215,13 @@ class RemoteComputeMagics(Magics):
         self._detached.discard(job.id)
 
         try:
-            job = follow(service, job.id, 0 if args.detach else wait, progress_label=f"sending to {job.machine}")
+            job = follow(
+                service,
+                job.id,
+                0 if args.detach else wait,
+                progress_label=f"sending to {job.machine}",
+                notes=sys.stdout,  # a notebook draws stderr as an error: the bar is not one
+            )
         except KeyboardInterrupt:
             self._detached.add(job.id)
             print(
@@ -209,7 +239,8 @@ class RemoteComputeMagics(Magics):
                 + detach_hint(job.id)
             )
         else:
-            print(summary_line(job))
+            # A job that did not train says why once: in the NotTrained raised below.
+            print(summary_line(job, reason=job.state == "succeeded"))
         try:
             require_trained(job)
         except NotTrained as e:

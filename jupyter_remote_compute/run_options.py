@@ -9,6 +9,12 @@ from .errors import InvalidSettings
 
 RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
 
+#: How every face's command runs (the CLI, %remote_train, the New job form, a pipeline step, the REST API).
+COMMAND_RULE = (
+    "one line for the machine's shell (sh), run in the job's folder as written, so &&, pipes and $VARS work; "
+    "words given apart (the CLI's several arguments after --, a list in the REST API) are quoted one by one"
+)
+
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, --registry-secret,
@@ -54,7 +60,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     env.add_argument(
         "--runtime", choices=("auto", "podman", "docker"), help="the container runtime for --image (default: auto)"
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="-- then the command: " + COMMAND_RULE,
+    )
 
 
 def is_python_version(value: str | None) -> bool:
@@ -68,8 +78,9 @@ def command_of(args: argparse.Namespace) -> list[str]:
     return command[1:] if command[:1] == ["--"] else command
 
 
-def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
-    """The job settings from parsed options, in the shape ``JobSpec.from_json`` validates."""
+def spec_settings(args: argparse.Namespace, command: str | list[str]) -> dict[str, Any]:
+    """The job settings from parsed options, in the shape ``JobSpec.from_json`` validates. ``command``:
+    a line for the machine's shell, or words (one word is taken as the line, quoted by the caller's shell)."""
     env: dict[str, str] = {}
     for pair in args.env:
         name, sep, value = pair.partition("=")
@@ -87,7 +98,7 @@ def spec_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any
     }
     settings = {
         "machine": args.machine,
-        "command": command[0] if len(command) == 1 else command,
+        "command": command if isinstance(command, str) else command[0] if len(command) == 1 else command,
         "send": list(args.send),
         "bring_back": list(args.bring_back),
         "env": env,

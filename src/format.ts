@@ -151,3 +151,22 @@ export function splitList(text: string): string[] {
     .map(item => item.trim())
     .filter(item => item.length > 0);
 }
+
+/**
+ * A job's command as the machine's shell runs it: a string as written, a list's words each quoted
+ * as Python's `shlex.join` quotes them (the server's `command_line`).
+ */
+export function shellLine(command: string | readonly string[]): string {
+  if (typeof command === 'string') {
+    return command;
+  }
+  return command
+    .map(word =>
+      word === ''
+        ? "''"
+        : /^[\w@%+=:,./-]+$/.test(word)
+          ? word
+          : `'${word.replace(/'/g, "'\"'\"'")}'`
+    )
+    .join(' ');
+}

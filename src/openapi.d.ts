@@ -1497,6 +1497,7 @@ export interface components {
         JobSpec: {
             /** @default local */
             machine: string | null;
+            /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
             command: string | string[];
             /** @description workspace-relative files, folders or globs (one as a string) */
             send?: (string | string[]) | null;

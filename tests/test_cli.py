@@ -67,6 +67,21 @@ def test_a_failing_job_exits_non_zero_with_its_reason(cli) -> None:
     assert "exit code 4" in proc.stderr and "boom" in proc.stderr
 
 
+def test_the_command_runs_in_the_machines_shell_and_says_so(cli) -> None:
+    """One quoted argument is the shell's line as written; several words are quoted one by one, and the
+    job shows its command as the shell ran it."""
+    assert "one line for the machine's shell" in " ".join(cli("run", "--help").stdout.split())
+    line = cli("run", "--", "echo one && echo two | tr a-z A-Z")
+    assert line.stdout.split() == ["one", "TWO"], line.stdout
+    words = cli("run", "--", "python", "-c", "print('a  b;')")
+    assert "a  b;" in words.stdout
+    jobs = json.loads(cli("jobs", "list", "--json").stdout)
+    shown = {j["id"]: json.loads(cli("jobs", "show", j["id"], "--json").stdout)["spec"]["command"] for j in jobs}
+    assert sorted(map(str, shown.values())) == sorted(
+        ["echo one && echo two | tr a-z A-Z", str(["python", "-c", "print('a  b;')"])]
+    )
+
+
 def test_bad_input_is_a_clear_error(cli) -> None:
     proc = cli("run", "--send", "../elsewhere", "--", "true", check=False)
     assert proc.returncode == 1

@@ -157,7 +157,8 @@ def test_quickstart_streams_the_log_lands_the_model_and_returns_a_rich_job(
     assert [r.info.run_id for r in runs] == [run_id]  # exactly one run for the job
     # Its artifacts are in the workspace, not in the kernel's working directory.
     assert runs[0].info.artifact_uri.startswith(quickstart.as_uri()), runs[0].info.artifact_uri
-    assert "sending to local" in cell.stderr  # the transfer bar
+    # The transfer bar is output, not an error: a notebook draws stderr in a pink box.
+    assert "sending to local" in cell.stdout and "sending to local" not in cell.stderr
     assert (quickstart / "model.pkl").is_file()
     html = cell.result["text/html"]
     assert "succeeded" in html and "model.pkl" in html and "local" in html
@@ -224,7 +225,19 @@ def test_a_failing_command_raises_not_trained_with_its_reason(kernel) -> None:
     assert cell.error["ename"] == "NotTrained"
     assert "exit code 4" in cell.error["evalue"] and "boom" in cell.error["evalue"]
     assert "failed after" in cell.stdout
+    assert "exit code 4" not in cell.stdout  # the reason is told once, by the error
     assert queued.reply["status"] == "aborted" and "the next cell ran" not in queued.stdout
+
+
+def test_the_command_after_dashes_runs_in_the_machines_shell_as_written(kernel, make_service, quickstart) -> None:
+    """One rule with the New job form and a pipeline step: the line after -- is the shell's, && and quotes
+    included, and the job's spec holds it as written (what its detail shows)."""
+    line = """%remote_train -- echo "a  b" && echo 'second' | tr a-z A-Z"""
+    cell = kernel.run(line)
+    assert cell.error is None, (cell.error, cell.stdout)
+    assert "a  b" in cell.stdout and "SECOND" in cell.stdout
+    [job] = make_service(quickstart).list_jobs()
+    assert job.spec.command == """echo "a  b" && echo 'second' | tr a-z A-Z"""
 
 
 def test_a_cell_body_runs_as_the_script_and_running_it_again_attaches(kernel, quickstart: Path, make_service) -> None:
@@ -252,7 +265,7 @@ def test_a_cell_body_runs_as_the_script_and_running_it_again_attaches(kernel, qu
     second.done()
     assert second.error is None, second.error
     assert (quickstart / "count.txt").read_text() == "40"
-    script = job.spec.command[1]
+    script = job.spec.command.split()[1]
     assert script.startswith(".remote-compute-cells/") and (quickstart / script).read_text() == body
     assert not list((quickstart / ".punica").rglob("*.py"))  # never written into .punica
     assert (quickstart / ".remote-compute-cells" / ".gitignore").read_text() == "*\n"

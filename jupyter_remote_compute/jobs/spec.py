@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
@@ -243,8 +244,8 @@ class JobSpec:
 
     @property
     def command_line(self) -> str:
-        """The command as one line, for people and records."""
-        return self.command if isinstance(self.command, str) else " ".join(self.command)
+        """The command as the machine's shell runs it, for people and records: words given apart are quoted."""
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
 
     @property
     def display_name(self) -> str:

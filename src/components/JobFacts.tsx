@@ -7,7 +7,7 @@ import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
 import { IJob, IJobSpec, IResources, isTerminal } from '../api';
-import { formatDuration, formatSize } from '../format';
+import { formatDuration, formatSize, shellLine } from '../format';
 
 function List(props: { items: string[]; empty: string }): JSX.Element {
   if (props.items.length === 0) {
@@ -278,9 +278,7 @@ export function SpecFacts(props: {
   trans: TranslationBundle;
 }): JSX.Element {
   const { job, spec, trans } = props;
-  const command = Array.isArray(spec.command)
-    ? spec.command.join(' ')
-    : spec.command;
+  const command = shellLine(spec.command);
   const envNames = Object.keys(spec.env ?? {});
   const resources = formatResources(spec.resources, trans);
   return (

@@ -24,7 +24,7 @@ import {
   submitJob
 } from '../api';
 import { PickFiles, REQUIREMENTS_FILES } from '../filePicker';
-import { splitList } from '../format';
+import { shellLine, splitList } from '../format';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, useSignal } from './common';
 import { isOrganizations } from './ComputePanel';
@@ -93,7 +93,7 @@ function fromSpec(spec: IJobSpec | undefined): Values {
   const command = spec?.command;
   return {
     machine: spec?.machine ?? 'local',
-    command: Array.isArray(command) ? command.join(' ') : (command ?? ''),
+    command: command === undefined ? '' : shellLine(command),
     send: (spec?.send ?? []).join('\n'),
     bringBack: (spec?.bring_back ?? []).join('\n'),
     name: spec?.name ?? '',
@@ -363,7 +363,7 @@ function JobForm(props: {
         id={`${prefix}-command`}
         label={trans.__('Command')}
         help={trans.__(
-          'Runs in the job folder on the machine, e.g. python train.py --epochs 3'
+          'One line for the machine’s shell, run in the job’s folder as written: &&, pipes and $VARS work, e.g. python prepare.py && python train.py --epochs 3'
         )}
         error={errors.command}
       >
