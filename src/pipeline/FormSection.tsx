@@ -6,6 +6,8 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { ObjectFieldTemplateProps } from '@rjsf/utils';
 import * as React from 'react';
 
+import { InlineMarkdown } from './formTemplates';
+
 type Schema = Record<string, unknown>;
 
 function describeValue(value: unknown, trans: TranslationBundle): string {
@@ -106,8 +108,10 @@ export function CollapsedSection(props: ObjectFieldTemplateProps): JSX.Element {
         <span className="jp-RemoteCompute-formSection-title">{title}</span>
         <span className="jp-RemoteCompute-formSection-summary">{summary}</span>
       </summary>
-      {props.description && (
-        <div className="jp-FormGroup-description">{props.description}</div>
+      {typeof schema.description === 'string' && (
+        <div className="jp-RemoteCompute-setting-help">
+          <InlineMarkdown text={schema.description} />
+        </div>
       )}
       {props.properties.map(p => p.content)}
     </details>

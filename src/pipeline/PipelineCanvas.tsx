@@ -5,10 +5,14 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 import {
   Background,
+  BaseEdge,
   Connection,
   Controls,
   Edge,
   EdgeChange,
+  EdgeLabelRenderer,
+  EdgeProps,
+  getBezierPath,
   NodeChange,
   OnSelectionChangeParams,
   ReactFlow,
@@ -27,12 +31,46 @@ import { PickFiles } from '../filePicker';
 import { PipelineModel } from './model';
 import { StepCard, StepCardNode } from './StepCard';
 import { SettingsForm } from './SettingsForm';
+import { nameAndRun } from './run';
 
 /**
  * The drag-and-drop type of a step dragged from the palette; the data is the step's id.
  */
 const STEP_MIME = 'application/x-remote-compute-step';
 const NODE_TYPES = { step: StepCard };
+
+/**
+ * An edge and the files it carries; the label is drawn above the cards, so a card never hides it.
+ */
+function FilesEdge(props: EdgeProps): JSX.Element {
+  const [path, labelX, labelY] = getBezierPath(props);
+  return (
+    <>
+      <BaseEdge
+        id={props.id}
+        path={path}
+        markerEnd={props.markerEnd}
+        style={props.style}
+      />
+      {props.label && (
+        <EdgeLabelRenderer>
+          <div
+            // Above the cards, it takes the pointer there too (so it reads as on top), and
+            // dragging on it does not pan.
+            className="jp-RemoteCompute-edgeLabel nodrag nopan"
+            style={{
+              pointerEvents: 'all',
+              transform: `translate(-50%, -50%) translate(${labelX}px, ${labelY}px)`
+            }}
+          >
+            {props.label}
+          </div>
+        </EdgeLabelRenderer>
+      )}
+    </>
+  );
+}
+const EDGE_TYPES = { files: FilesEdge };
 
 export interface IPipelineCanvasProps {
   model: PipelineModel;
@@ -70,15 +108,22 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
   const run = model.run;
   const readOnly = model.formatError !== null;
 
-  // Fit the view to the file's nodes once they are drawn; later additions keep the view still.
+  // Fit the view to the file's nodes once they are drawn; later additions keep the view still, and
+  // an empty file's view never moves (a step dropped on it stays where it was dropped, and so does
+  // the next).
   const initialized = useNodesInitialized();
   const fitted = React.useRef(false);
   React.useEffect(() => {
-    if (initialized && !fitted.current && nodes.length > 0) {
+    if (fitted.current || !model.loaded) {
+      return;
+    }
+    if (doc.nodes.length === 0) {
+      fitted.current = true;
+    } else if (initialized && nodes.length > 0) {
       fitted.current = true;
       void flow.fitView({ maxZoom: 1 });
     }
-  }, [initialized, nodes.length, flow]);
+  }, [model.loaded, doc.nodes.length, initialized, nodes.length, flow]);
 
   // The graph as React Flow draws it, from the document; selection and sizes stay React Flow's.
   React.useEffect(() => {
@@ -136,6 +181,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
         return {
           ...(before.get(id) ?? {}),
           id,
+          type: 'files',
           source: edge.from,
           target: edge.to,
           label: files.join(', '),
@@ -247,7 +293,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
           type="button"
           className="jp-mod-styled jp-mod-accept"
           disabled={readOnly || model.busy || running || doc.nodes.length === 0}
-          onClick={() => void model.start()}
+          onClick={() => void nameAndRun(model, trans)}
         >
           {trans.__('Run')}
         </button>
@@ -333,6 +379,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
             nodes={nodes}
             edges={edges}
             nodeTypes={NODE_TYPES}
+            edgeTypes={EDGE_TYPES}
             onNodesChange={onNodesChange}
             onEdgesChange={onEdgesChange}
             onSelectionChange={onSelectionChange}
@@ -356,6 +403,13 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
             <Background />
             <Controls showInteractive={false} />
           </ReactFlow>
+          {model.loaded && doc.nodes.length === 0 && !readOnly && (
+            <div className="jp-RemoteCompute-pipelineHint" role="note">
+              {trans.__(
+                'Drag a step here from Steps, or double-click one, to add it. Connect a step to the next from its right edge to the next one’s left.'
+              )}
+            </div>
+          )}
         </div>
         {selectedNode && (
           <SettingsForm
@@ -376,7 +430,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
       >
         {model.problems.length === 0 ? (
           <span className="jp-RemoteCompute-pipelineOk">
-            {doc.nodes.length > 0 && !readOnly
+            {doc.nodes.length > 0 && !readOnly && !model.problemsHeldBack
               ? trans.__('No problems found: it can run.')
               : ''}
           </span>

@@ -14,55 +14,19 @@ import { IPipelineNode } from './document';
 import { PickFiles } from '../filePicker';
 import { fileUiSchema } from './fileFields';
 import { CollapsedSection } from './FormSection';
-
-/**
- * What a variant of a `oneOf` is, by its type, for the form's choice between them (rjsf would
- * say "option 1", "option 2").
- */
-function variantTitle(variant: Record<string, unknown>): string | undefined {
-  switch (variant.type) {
-    case 'string':
-      return 'text';
-    case 'array':
-      return 'list';
-    case 'number':
-    case 'integer':
-      return 'number';
-    case 'null':
-      return 'none';
-    default:
-      return undefined;
-  }
-}
-
-function titledVariants(
-  schema: Record<string, unknown>
-): Record<string, unknown> {
-  const out: Record<string, unknown> = { ...schema };
-  if (Array.isArray(schema.oneOf)) {
-    out.oneOf = (schema.oneOf as Record<string, unknown>[]).map(v =>
-      v.title || !variantTitle(v) ? v : { ...v, title: variantTitle(v) }
-    );
-  }
-  const properties = schema.properties as
-    Record<string, Record<string, unknown>> | undefined;
-  if (properties) {
-    out.properties = Object.fromEntries(
-      Object.entries(properties).map(([k, v]) => [k, titledVariants(v)])
-    );
-  }
-  return out;
-}
-
-/**
- * The schema as the form reads it: rjsf's validator (draft 07) has no meta-schema for 2020-12,
- * and needs none (the server validates against the schema as written).
- */
-function formSchema(step: IStep): RJSFSchema {
-  const schema = titledVariants(step.settings);
-  delete schema.$schema;
-  return schema as RJSFSchema;
-}
+import {
+  formSchema,
+  fromFormData,
+  IFormSchema,
+  toFormData
+} from './formSchema';
+import {
+  CheckboxWidget,
+  InlineMarkdown,
+  LinesField,
+  SettingTemplate,
+  VariablesField
+} from './formTemplates';
 
 // rjsf's validator is generic over the form's data; the lab's form names that type ReadonlyJSONObject.
 const formValidator = validator as unknown as IFormComponentProps['validator'];
@@ -117,38 +81,73 @@ function withoutFilledDefaults(
 }
 
 /**
- * How the form draws the schema: pickers on the settings naming workspace files, and the Python
- * environment as a collapsed section of whatever fields the step's schema gives it.
+ * How the form draws the schema: lists of text as lines, variables as NAME=VALUE lines, pickers
+ * on the settings naming workspace files, and each group of settings (the Python environment,
+ * the resources) as a collapsed section of whatever fields the step's schema gives it.
  */
 function formUiSchema(
   schema: RJSFSchema | null
 ): IFormComponentProps['uiSchema'] {
   const ui: NonNullable<IFormComponentProps['uiSchema']> = {
-    ...(schema ? fileUiSchema(schema as Record<string, unknown>) : {}),
     'ui:submitButtonOptions': { norender: true }
   };
-  const environment = (
-    schema?.properties as Record<string, RJSFSchema> | undefined
-  )?.environment;
-  if (environment?.type === 'object') {
-    ui.environment = {
-      ...(ui.environment ?? {}),
-      'ui:ObjectFieldTemplate': CollapsedSection
-    };
+  const properties = (schema?.properties ?? {}) as Record<string, RJSFSchema>;
+  for (const [key, prop] of Object.entries(properties)) {
+    if (
+      prop.type === 'array' &&
+      (prop.items as RJSFSchema)?.type === 'string'
+    ) {
+      ui[key] = { 'ui:field': LinesField };
+    } else if (
+      prop.type === 'object' &&
+      !prop.properties &&
+      (prop.additionalProperties as RJSFSchema | undefined)?.type === 'string'
+    ) {
+      ui[key] = { 'ui:field': VariablesField };
+    } else if (prop.type === 'object' && prop.properties) {
+      ui[key] = { 'ui:ObjectFieldTemplate': CollapsedSection };
+    }
+  }
+  const files = schema ? fileUiSchema(schema as Record<string, unknown>) : {};
+  for (const [key, entry] of Object.entries(files)) {
+    ui[key] = { ...(ui[key] ?? {}), ...(entry as object) };
   }
   return ui;
 }
 
-function fieldErrors(problems: IPipelineProblem[]): ErrorSchema {
+const TEMPLATES = { FieldTemplate: SettingTemplate };
+const WIDGETS = {
+  CheckboxWidget: CheckboxWidget as unknown as NonNullable<
+    IFormComponentProps['widgets']
+  >[string]
+};
+
+/**
+ * The server's problems on the fields they name: `resources.memory` on the memory field of the
+ * resources section; `send[0]` or `env.TOKEN` on the setting itself (a list, the variables).
+ */
+function fieldErrors(
+  problems: IPipelineProblem[],
+  schema: RJSFSchema
+): ErrorSchema {
   const errors: Record<string, unknown> = {};
   for (const problem of problems) {
     if (!problem.field) {
       continue;
     }
-    const top = problem.field.split(/[.[]/)[0];
-    const entry = (errors[top] ?? { __errors: [] }) as { __errors: string[] };
-    entry.__errors.push(problem.message);
-    errors[top] = entry;
+    let at = errors;
+    let within: RJSFSchema | undefined = schema;
+    for (const key of problem.field.split('[')[0].split('.')) {
+      const inner: RJSFSchema | undefined = (
+        within?.properties as Record<string, RJSFSchema> | undefined
+      )?.[key];
+      if (!inner) {
+        break;
+      }
+      at = (at[key] ??= {}) as Record<string, unknown>;
+      within = inner;
+    }
+    ((at.__errors ??= []) as string[]).push(problem.message);
   }
   return errors as ErrorSchema;
 }
@@ -166,7 +165,11 @@ export function SettingsForm(props: {
   trans: TranslationBundle;
 }): JSX.Element {
   const { node, step, problems, trans, pickFiles } = props;
-  const schema = React.useMemo(() => (step ? formSchema(step) : null), [step]);
+  const form: IFormSchema | null = React.useMemo(
+    () => (step ? formSchema(step.settings) : null),
+    [step]
+  );
+  const schema = form?.schema ?? null;
   const uiSchema = React.useMemo(
     (): IFormComponentProps['uiSchema'] => formUiSchema(schema),
     [schema]
@@ -175,7 +178,7 @@ export function SettingsForm(props: {
     () => ({ pickFiles, trans }),
     [pickFiles, trans]
   );
-  if (!step || !schema) {
+  if (!step || !schema || !form) {
     return (
       <div className="jp-RemoteCompute-pipelineForm">
         <h3>{node.id}</h3>
@@ -199,25 +202,33 @@ export function SettingsForm(props: {
         {node.id}: {step.label}
       </h3>
       {step.description && (
-        <p className="jp-RemoteCompute-pipelineForm-help">{step.description}</p>
+        <p className="jp-RemoteCompute-pipelineForm-help">
+          <InlineMarkdown text={step.description} />
+        </p>
       )}
       <FormComponent
         // A new form per node: rjsf keeps its own state of the data it was given.
         key={node.id}
         idPrefix={`rc-pipeline-${node.id}`}
         schema={schema}
-        formData={node.settings as ReadonlyJSONObject}
+        formData={toFormData(node.settings, form) as ReadonlyJSONObject}
         validator={formValidator}
         liveValidate={false}
         showErrorList={false}
-        extraErrors={fieldErrors(problems)}
+        extraErrors={fieldErrors(problems, schema)}
         readonly={props.readOnly}
         uiSchema={uiSchema}
+        templates={TEMPLATES}
+        widgets={WIDGETS}
         formContext={formContext}
         onChange={event => {
           props.onChange(
             withoutFilledDefaults(
-              (event.formData ?? {}) as Record<string, unknown>,
+              fromFormData(
+                (event.formData ?? {}) as Record<string, unknown>,
+                node.settings,
+                form
+              ),
               node.settings,
               schema
             )

@@ -23,6 +23,7 @@ import {
   PipelineFactory,
   PipelineWidget
 } from './widget';
+import { nameAndRun } from './run';
 
 export interface IPipelineOptions {
   app: JupyterFrontEnd;
@@ -117,7 +118,10 @@ export function registerPipelines(options: IPipelineOptions): void {
     label: trans.__('Run Pipeline'),
     caption: trans.__('Save the pipeline and run it on its machines'),
     isEnabled: () => current() !== null,
-    execute: () => current()?.content.model.start()
+    execute: () => {
+      const widget = current();
+      return widget ? nameAndRun(widget.content.model, trans) : undefined;
+    }
   });
   commands.addCommand(CommandIDs.cancelPipeline, {
     label: trans.__('Cancel Pipeline Run'),

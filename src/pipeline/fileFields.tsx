@@ -9,6 +9,7 @@ import { FieldProps, UiSchema, WidgetProps } from '@rjsf/utils';
 import * as React from 'react';
 
 import { PickFiles, REQUIREMENTS_FILES } from '../filePicker';
+import { LinesField } from './formTemplates';
 
 /**
  * What a form's file fields share, through rjsf's form context.
@@ -60,19 +61,18 @@ function WorkspaceFileWidget(props: WidgetProps): JSX.Element {
 }
 
 /**
- * A list of workspace paths: the usual list (typed entries, patterns such as data/*.csv) and
+ * A list of workspace paths: its lines (typed entries, patterns such as data/*.csv) and
  * "Add files…", which appends the files and folders picked that the list does not hold yet.
  */
 function WorkspaceFilesField(props: FieldProps): JSX.Element {
   const { pickFiles, trans } = context(props);
-  const ArrayField = props.registry.fields.ArrayField;
   const label = String(props.schema.title || props.name);
   const current = Array.isArray(props.formData)
     ? (props.formData as unknown[])
     : [];
   return (
     <div className="jp-RemoteCompute-filesField">
-      <ArrayField {...props} />
+      <LinesField {...props} />
       {pickFiles && (
         <button
           type="button"

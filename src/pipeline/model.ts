@@ -76,6 +76,27 @@ export class PipelineModel implements IDisposable {
     return this._context.path;
   }
 
+  /**
+   * Whether the file has been read (an empty canvas before is not an empty file).
+   */
+  get loaded(): boolean {
+    return this._text !== null;
+  }
+
+  /**
+   * Some problems are kept back (`problems`) until their node's settings are given or a run is asked.
+   */
+  get problemsHeldBack(): boolean {
+    return this.problems.length < this._problems.length;
+  }
+
+  /**
+   * Give the file another name in its folder (its runs are listed by it).
+   */
+  rename(name: string): Promise<void> {
+    return this._context.rename(name);
+  }
+
   get steps(): ReadonlyMap<string, IStep> {
     return this._steps;
   }
@@ -84,8 +105,22 @@ export class PipelineModel implements IDisposable {
     return this._stepsError;
   }
 
+  /**
+   * The problems a person is shown: those of a node added here only once one of its settings was
+   * given (on the field given; on the node, once any was) or a run was asked for, so a node just
+   * dropped is not red for the settings nobody could have filled in yet.
+   */
   get problems(): readonly IPipelineProblem[] {
-    return this._problems;
+    if (this._runAsked || this._fresh.size === 0) {
+      return this._problems;
+    }
+    return this._problems.filter(p => {
+      const touched = p.node === null ? undefined : this._fresh.get(p.node);
+      if (touched === undefined) {
+        return true;
+      }
+      return p.field ? touched.has(p.field.split(/[.[]/)[0]) : touched.size > 0;
+    });
   }
 
   /**
@@ -133,6 +168,9 @@ export class PipelineModel implements IDisposable {
       id = newNodeId(doc, stepId);
       doc.nodes.push({ id, step: stepId, settings: {}, position });
     });
+    if (id !== null) {
+      this._fresh.set(id, new Set());
+    }
     return id;
   }
 
@@ -204,6 +242,11 @@ export class PipelineModel implements IDisposable {
     if (id === nodeId || !this._node(nodeId)) {
       return null;
     }
+    const touched = this._fresh.get(nodeId);
+    if (touched) {
+      this._fresh.delete(nodeId);
+      this._fresh.set(id, touched);
+    }
     this._edit(doc => {
       for (const node of doc.nodes) {
         if (node.id === nodeId) {
@@ -230,6 +273,17 @@ export class PipelineModel implements IDisposable {
     });
     if (before === after) {
       return; // the form filled nothing new (its defaults, a re-render)
+    }
+    const touched = this._fresh.get(nodeId);
+    for (const key of new Set([
+      ...Object.keys(node.settings),
+      ...Object.keys(settings)
+    ])) {
+      if (
+        JSON.stringify(node.settings[key]) !== JSON.stringify(settings[key])
+      ) {
+        touched?.add(key);
+      }
     }
     this._edit(doc => {
       const target = doc.nodes.find(n => n.id === nodeId);
@@ -265,6 +319,7 @@ export class PipelineModel implements IDisposable {
       return;
     }
     this._busy = true;
+    this._runAsked = true; // every problem is shown from now on
     this._runError = null;
     this._changed.emit();
     try {
@@ -516,11 +571,14 @@ export class PipelineModel implements IDisposable {
   private _document: IPipelineDocument = emptyPipeline();
   private _events: IJobEvents | null;
   private _formatError: string | null = null;
+  // Nodes added here, each with the settings given since: their problems wait for those.
+  private _fresh = new Map<string, Set<string>>();
   private _isDisposed = false;
   private _pollTimer = 0;
   private _problems: IPipelineProblem[] = [];
   private _redo: string[] = [];
   private _run: IPipelineRun | null = null;
+  private _runAsked = false;
   private _runError: string | null = null;
   private _steps = new Map<string, IStep>();
   private _stepsError: string | null = null;

@@ -7,26 +7,11 @@ import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
 import * as path from 'path';
 
+import { openPipeline, settingsField as field } from './helpers';
+
 const WORKSPACE = path.join(process.env.REMOTE_COMPUTE_UI_TMP ?? '', 'workspace');
 const OUT = path.resolve(__dirname, '..', '..', 'docs', 'screenshots');
 const TRAIN = 'Train on a Remote Machine';
-
-async function openPipeline(page: IJupyterLabPageFixture, file: string): Promise<void> {
-  // The widget is not returned: it does not serialize.
-  await page.evaluate(async path => {
-    await (window as any).jupyterapp.commands.execute('docmanager:open', {
-      path,
-      factory: 'Remote Compute Pipeline'
-    });
-  }, file);
-}
-
-/**
- * The settings form's field for `name` (rjsf ids are `<prefix>_<name>`).
- */
-function field(page: IJupyterLabPageFixture, node: string, name: string) {
-  return page.locator(`[id="rc-pipeline-${node}_${name}"]`);
-}
 
 async function fillCommand(page: IJupyterLabPageFixture, node: string, command: string): Promise<void> {
   const form = page.getByRole('region', { name: `Settings of ${node}` });
@@ -34,22 +19,13 @@ async function fillCommand(page: IJupyterLabPageFixture, node: string, command: 
   await field(page, node, 'command').fill(command);
 }
 
-async function addListItem(
-  page: IJupyterLabPageFixture,
-  node: string,
-  name: string,
-  title: string,
-  value: string
-): Promise<void> {
-  const form = page.getByRole('region', { name: `Settings of ${node}` });
-  // The innermost block holding both the list's title and an "Add" button is the list.
-  const list = form
-    .locator('div')
-    .filter({ has: page.getByText(title, { exact: true }) })
-    .filter({ has: page.getByRole('button', { name: 'Add', exact: true }) })
-    .last();
-  await list.getByRole('button', { name: 'Add', exact: true }).click();
-  await field(page, node, `${name}_0`).fill(value);
+/**
+ * One more line in a list setting (its box takes one entry a line).
+ */
+async function addListItem(page: IJupyterLabPageFixture, node: string, name: string, value: string): Promise<void> {
+  const box = field(page, node, name);
+  const before = await box.inputValue();
+  await box.fill(before ? `${before}\n${value}` : value);
 }
 
 test.describe('Pipeline canvas', () => {
@@ -76,7 +52,7 @@ test.describe('Pipeline canvas', () => {
     await expect(first).toBeVisible();
     await expect(first).toContainText('on local');
     await fillCommand(page, 'train', `python -c "open('data.txt', 'w').write('42')"`);
-    await addListItem(page, 'train', 'bring_back', 'Files to bring back', 'data.txt');
+    await addListItem(page, 'train', 'bring_back', 'data.txt');
 
     await palette.getByRole('listitem', { name: TRAIN }).dragTo(canvas, { targetPosition: { x: 300, y: 260 } });
     const second = page.getByRole('group', { name: 'Node train-2' });
@@ -86,8 +62,8 @@ test.describe('Pipeline canvas', () => {
       'train-2',
       `python -c "open('model.txt', 'w').write(open('data.txt').read() + '!')"`
     );
-    await addListItem(page, 'train-2', 'send', 'Files to send', 'data.txt');
-    await addListItem(page, 'train-2', 'bring_back', 'Files to bring back', 'model.txt');
+    await addListItem(page, 'train-2', 'send', 'data.txt');
+    await addListItem(page, 'train-2', 'bring_back', 'model.txt');
 
     // Before the edge: train-2 needs a file nobody provides, and the canvas says which edge to draw.
     const problems = page.getByRole('list', { name: 'Problems' });
@@ -127,6 +103,12 @@ test.describe('Pipeline canvas', () => {
       });
 
     await page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Run' }).click();
+    // Its first run names it: runs are listed by their file's name.
+    const naming = page.getByRole('dialog');
+    await expect(naming).toContainText('Name the pipeline');
+    await naming.getByRole('textbox').fill('two-steps');
+    await naming.getByRole('button', { name: 'Rename and Run' }).click();
+    await expect(page.getByRole('tab', { name: /two-steps\.rcpipeline/ })).toBeVisible();
     await expect(first).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
     await expect(second).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
     await expect(page.getByRole('status')).toContainText('succeeded');
@@ -248,8 +230,7 @@ test.describe('Pipeline canvas', () => {
     await listing.getByText('train.py', { exact: true }).click({ modifiers: ['Control'] });
     await dialog.getByRole('button', { name: 'Select' }).click();
     await expect(dialog).toHaveCount(0);
-    await expect(field(page, 'train', 'send_0')).toHaveValue(`${tmpPath}/data.csv`);
-    await expect(field(page, 'train', 'send_1')).toHaveValue(`${tmpPath}/train.py`);
+    await expect(field(page, 'train', 'send')).toHaveValue(`${tmpPath}/data.csv\n${tmpPath}/train.py`);
 
     // The requirements file's dialog shows only what can be one (no .csv, no .py).
     await form.getByText('Python environment and image', { exact: true }).click();
@@ -261,7 +242,9 @@ test.describe('Pipeline canvas', () => {
     await expect(field(page, 'train', 'environment_requirements')).toHaveValue(`${tmpPath}/requirements.txt`);
     // The closed section says what it holds.
     await form.getByText('Python environment and image', { exact: true }).click();
-    await expect(form.locator('summary')).toContainText(`Requirements file: ${tmpPath}/requirements.txt`);
+    await expect(form.locator('summary', { hasText: 'Python environment and image' })).toContainText(
+      `Requirements file: ${tmpPath}/requirements.txt`
+    );
 
     await page.keyboard.press('Control+s');
     await expect
