@@ -5,9 +5,9 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 import {
   addIcon,
-  checkIcon,
   clearIcon,
   ellipsesIcon,
+  launchIcon,
   ReactWidget,
   refreshIcon,
   runIcon,
@@ -44,6 +44,8 @@ export const PANEL_ID = 'jp-remote-compute-panel';
  * Height of one job row in pixels (the list is windowed on it; keep in sync with the CSS).
  */
 export const JOB_ROW_HEIGHT = 46;
+// The panel's one scroller, which the job list follows.
+const PANEL_SCROLLER = 'jp-RemoteCompute-panelScroller';
 
 /**
  * Rows below the visible ones at which the next page is asked for.
@@ -179,17 +181,25 @@ function MachineRow(props: {
                 })
               }
             />
+            {trans.__('Enabled')}
           </label>
         )}
         <span className="jp-RemoteCompute-rowActions">
           {!ours && (
-            <ToolbarButtonComponent
-              icon={checkIcon}
-              tooltip={trans.__('Check %1', displayName)}
+            <button
+              type="button"
+              className="jp-RemoteCompute-checkButton"
+              aria-label={trans.__('Check %1', displayName)}
+              title={trans.__(
+                'Check %1: connect, and read its facts (Python, GPUs, disk)',
+                displayName
+              )}
               onClick={() =>
                 void commands.execute('remote-compute:check-machine', args)
               }
-            />
+            >
+              {trans.__('Check')}
+            </button>
           )}
           {!machine.builtin && !ours && (
             <ToolbarButtonComponent
@@ -465,25 +475,38 @@ function JobList(props: {
   trans: TranslationBundle;
 }): JSX.Element {
   const { jobs, hasMore, loadMore, commands, trans } = props;
-  const scroller = React.useRef<HTMLDivElement>(null);
-  const [scrollTop, setScrollTop] = React.useState(0);
-  const [height, setHeight] = React.useState(400);
+  // The panel scrolls as one (machines, runs and jobs alike); the rows drawn are those near the
+  // part of the list the panel's scroller shows.
+  const list = React.useRef<HTMLUListElement>(null);
+  const [view, setView] = React.useState({ top: 0, height: 400 });
   React.useEffect(() => {
-    const el = scroller.current;
-    if (!el) {
+    const el = list.current;
+    const scroller = el?.closest<HTMLElement>(`.${PANEL_SCROLLER}`);
+    if (!el || !scroller) {
       return;
     }
-    const observer = new ResizeObserver(() =>
-      setHeight(el.clientHeight || 400)
-    );
-    observer.observe(el);
-    return () => observer.disconnect();
+    const update = () => {
+      const above =
+        scroller.getBoundingClientRect().top - el.getBoundingClientRect().top;
+      setView({
+        top: Math.max(0, above),
+        height: scroller.clientHeight || 400
+      });
+    };
+    update();
+    scroller.addEventListener('scroll', update, { passive: true });
+    const observer = new ResizeObserver(update);
+    observer.observe(scroller);
+    return () => {
+      scroller.removeEventListener('scroll', update);
+      observer.disconnect();
+    };
   }, []);
   const overscan = 5;
-  const first = Math.max(0, Math.floor(scrollTop / JOB_ROW_HEIGHT) - overscan);
+  const first = Math.max(0, Math.floor(view.top / JOB_ROW_HEIGHT) - overscan);
   const last = Math.min(
     jobs.length,
-    Math.ceil((scrollTop + height) / JOB_ROW_HEIGHT) + overscan
+    Math.ceil((view.top + view.height) / JOB_ROW_HEIGHT) + overscan
   );
   const visible = jobs.slice(first, last);
   // Ask for the next page while a page's worth of rows is still below the fold.
@@ -494,12 +517,9 @@ function JobList(props: {
     }
   }, [hasMore, nearEnd, jobs.length]);
   return (
-    <div
-      ref={scroller}
-      className="jp-RemoteCompute-jobScroller"
-      onScroll={e => setScrollTop((e.target as HTMLDivElement).scrollTop)}
-    >
+    <div className="jp-RemoteCompute-jobScroller">
       <ul
+        ref={list}
         className="jp-RemoteCompute-jobList"
         aria-label={trans.__('Jobs')}
         aria-rowcount={jobs.length}
@@ -659,23 +679,12 @@ function ComputePanelComponent(props: {
       <>
         {error && <RequestFailed error={error} trans={trans} />}
         <Machines model={model} commands={commands} trans={trans} />
+        <Secrets trans={trans} />
         {runs && (
           <PipelineRunList runs={runs} commands={commands} trans={trans} />
         )}
+        {/* Last: the list pages in as it scrolls, so nothing below it could be reached. */}
         <Jobs model={model} commands={commands} trans={trans} />
-        <Secrets trans={trans} />
-        <p className="jp-RemoteCompute-footer">
-          <a
-            href="#"
-            className="jp-RemoteCompute-link"
-            onClick={e => {
-              e.preventDefault();
-              void commands.execute('remote-compute:open-mlflow');
-            }}
-          >
-            {trans.__('Open MLflow')}
-          </a>
-        </p>
       </>
     );
   }
@@ -691,6 +700,12 @@ function ComputePanelComponent(props: {
           onClick={() => void commands.execute('remote-compute:show-usage')}
         />
         <ToolbarButtonComponent
+          icon={launchIcon}
+          label={trans.__('MLflow')}
+          tooltip={trans.__("Open MLflow's UI on the workspace's runs")}
+          onClick={() => void commands.execute('remote-compute:open-mlflow')}
+        />
+        <ToolbarButtonComponent
           icon={refreshIcon}
           onClick={() => {
             void model.refresh().catch(() => undefined);
@@ -699,7 +714,7 @@ function ComputePanelComponent(props: {
           tooltip={trans.__('Refresh machines and jobs')}
         />
       </div>
-      <div className="jp-RemoteCompute-body">{body}</div>
+      <div className={`jp-RemoteCompute-body ${PANEL_SCROLLER}`}>{body}</div>
     </div>
   );
 }

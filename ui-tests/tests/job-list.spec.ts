@@ -87,7 +87,7 @@ test.describe('Job list', () => {
 
     // Scrolling to the end pages in the next one.
     await panel
-      .locator('.jp-RemoteCompute-jobScroller')
+      .locator('.jp-RemoteCompute-panelScroller')
       .evaluate(el => el.scrollTo(0, el.scrollHeight));
     await expect
       .poll(async () => Number(await list.getAttribute('aria-rowcount')))
