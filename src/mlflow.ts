@@ -66,6 +66,27 @@ function safeId(text: string): string {
   return text.replace(/[^A-Za-z0-9_-]/g, '_');
 }
 
+// MLflow 3's own dark-mode switch, kept in its page's local storage ("true"/"false").
+const MLFLOW_DARK_MODE_KEY = '_mlflow_dark_mode_toggle_enabled';
+
+/**
+ * MLflow's UI in the lab's theme: dark when the lab's theme is dark. It is read as MLflow loads, so
+ * a tab already open keeps its theme until it is opened again.
+ */
+function followLabTheme(): void {
+  const light = document.body.dataset.jpThemeLight;
+  if (light === 'true' || light === 'false') {
+    try {
+      window.localStorage.setItem(
+        MLFLOW_DARK_MODE_KEY,
+        light === 'true' ? 'false' : 'true'
+      );
+    } catch {
+      // Storage refused (a private window): MLflow keeps its own choice.
+    }
+  }
+}
+
 /**
  * Open MLflow's UI at a run or at the experiment list; one tab per run (or one for the list).
  */
@@ -98,6 +119,8 @@ export async function openMlflow(
       return;
     }
   }
+  // MLflow's page, on this origin, reads its theme from this origin's storage when it loads.
+  followLabTheme();
   const frame = new IFrame({
     // MLflow's page is served from this origin by the proxy: it needs its scripts, its own
     // same-origin requests and its forms; links to elsewhere open as popups.

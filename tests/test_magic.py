@@ -155,6 +155,8 @@ def test_quickstart_streams_the_log_lands_the_model_and_returns_a_rich_job(
         [e.experiment_id for e in client.search_experiments()], f"tags.`remote_compute.job_id` = '{job_id}'"
     )
     assert [r.info.run_id for r in runs] == [run_id]  # exactly one run for the job
+    # MLflow's UI opens it as a training run, not on its GenAI view.
+    assert client.get_experiment(runs[0].info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     # Its artifacts are in the workspace, not in the kernel's working directory.
     assert runs[0].info.artifact_uri.startswith(quickstart.as_uri()), runs[0].info.artifact_uri
     # The transfer bar is output, not an error: a notebook draws stderr in a pink box.

@@ -177,6 +177,18 @@ def _experiment_id(client: Any, workspace: Path, uri: str, name: str | None) -> 
         return client.get_experiment_by_name(name).experiment_id
 
 
+#: MLflow 3's UI shows an experiment of unknown kind as a GenAI app's ("Evaluation runs"); a job trains.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+
+
+def _mark_training(client: Any, experiment_id: str) -> None:
+    """Say the experiment holds training runs, so MLflow's UI opens its runs as training runs; a kind
+    someone chose is kept."""
+    if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment_id).tags:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+
+
 def find_job_run(client: Any, job_id: str) -> str | None:
     """The run of a job in any experiment of the store (the rule may have put it anywhere)."""
     from mlflow.entities import ViewType
@@ -340,6 +352,7 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
         else:
             experiment_name, run_name = job.experiment, job.name
         experiment_id = _experiment_id(client, workspace, uri, experiment_name)
+        _mark_training(client, experiment_id)
         tags = {
             TAG_JOB_ID: job.job_id,
             TAG_KEY: job.key,

@@ -39,8 +39,8 @@ export function registerJobCommands(
   const { commands } = app;
 
   commands.addCommand(CommandIDs.run, {
-    label: args =>
-      args.isToolbar ? trans.__('New job') : trans.__('Run on a machine…'),
+    // One name in the panel, the palette and the form's own title.
+    label: trans.__('New job'),
     caption: trans.__('Start a job on one of the machines'),
     icon: args => (args.isToolbar ? runIcon : undefined),
     execute: args => {

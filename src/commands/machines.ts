@@ -229,14 +229,14 @@ export function registerMachineCommands(
               }
             ]
           : [];
-        answer(
-          trans.__('%1 could not be reached: %2', name, apiError.message),
-          'error',
-          {
-            autoClose: false,
-            actions: [...trustAction, details(apiError)]
-          }
-        );
+        // The server's message starts with the machine's name, which the toast already says.
+        const said = apiError.message.startsWith(`${name}: `)
+          ? apiError.message.slice(name.length + 2)
+          : apiError.message;
+        answer(trans.__('%1 could not be reached: %2', name, said), 'error', {
+          autoClose: false,
+          actions: [...trustAction, details(apiError)]
+        });
         return false;
       }
     }

@@ -1,5 +1,6 @@
 /**
- * The main-area widgets commands open: one per machine form, job form and job, re-opened not duplicated.
+ * The main-area widgets commands open: one per machine form, the job form, and one job tab, re-opened
+ * not duplicated.
  */
 import { JupyterFrontEnd } from '@jupyterlab/application';
 import { Widget } from '@lumino/widgets';
@@ -94,8 +95,28 @@ export class Openers {
     );
   }
 
+  /**
+   * A job's detail, in the one job tab: opening another job replaces the job shown there (eleven
+   * jobs looked at are not eleven tabs); a job already shown is brought to the front.
+   */
   job(id: string): JobDetailWidget {
     const { app, model, trans } = this.context;
+    const shown = [...app.shell.widgets('main')].find(
+      (w): w is JobDetailWidget => w instanceof JobDetailWidget
+    );
+    if (shown && shown.id !== jobWidgetId(id)) {
+      const widget = new JobDetailWidget({
+        model,
+        trans,
+        commands: app.commands,
+        jobId: id
+      });
+      widget.id = jobWidgetId(id);
+      app.shell.add(widget, 'main', { ref: shown.id, mode: 'tab-after' });
+      shown.dispose();
+      app.shell.activateById(widget.id);
+      return widget;
+    }
     return reuse(
       app,
       jobWidgetId(id),

@@ -152,9 +152,7 @@ export function JobMetrics(props: {
       {lines.length === 0 ? (
         <p className="jp-RemoteCompute-muted">
           {follower.complete
-            ? trans.__(
-                'No live metrics were read; the MLflow run has them all.'
-              )
+            ? trans.__('The job logged no metrics while it ran.')
             : trans.__(
                 'What the job logs to MLflow appears here while it runs.'
               )}

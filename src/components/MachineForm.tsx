@@ -426,8 +426,9 @@ function MachineForm(props: {
             )}
             {kinds.map(k => (
               <option key={k.kind} value={k.kind}>
+                {/* What to install is said under the list, once the kind is picked. */}
                 {k.unavailable
-                  ? `${k.label || k.kind} (${k.unavailable})`
+                  ? trans.__('%1 (needs more software)', k.label || k.kind)
                   : k.label || k.kind}
               </option>
             ))}

@@ -27,6 +27,23 @@ function hours(value: number): string {
 }
 
 /**
+ * An axis tick in hours: as many digits as ticks apart need (0.005 h, 0.01 h, 0.015 h), where two
+ * decimals read "0.01 h" three times.
+ */
+function tickHours(value: number): string {
+  return value === 0 ? '0 h' : `${Number(value.toPrecision(3))} h`;
+}
+
+/**
+ * A machine as the table names it: the built-in one is "This machine".
+ */
+function machineName(row: IUsageRow, trans: TranslationBundle): string {
+  return row.machine === 'local'
+    ? trans.__('This machine')
+    : (row.machine ?? '');
+}
+
+/**
  * "gpu-box · 2026-11": one chart category per machine and month, ordered by month then machine.
  */
 function categoryOf(row: IUsageRow): string {
@@ -67,9 +84,7 @@ function UsageTable(props: {
       <tbody>
         {rows.map(row => (
           <tr key={categoryOf(row)}>
-            <td>
-              {row.machine === 'local' ? trans.__('This machine') : row.machine}
-            </td>
+            <td>{machineName(row, trans)}</td>
             <td>{row.month}</td>
             <td>
               {row.attempts}
@@ -167,7 +182,9 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
           <div className="jp-RemoteCompute-chartScroller">
             <BarChart
               label={trans.__('Job-hours and GPU-hours per machine per month')}
-              categories={rows.map(categoryOf)}
+              categories={rows.map(
+                row => `${machineName(row, trans)} · ${row.month ?? ''}`
+              )}
               series={[
                 {
                   name: trans.__('Job-hours'),
@@ -181,6 +198,7 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
                 }
               ]}
               format={hours}
+              tickFormat={tickHours}
             />
           </div>
           <UsageTable rows={rows} trans={trans} />

@@ -123,4 +123,18 @@ test.describe('Job detail', () => {
       expect(mlflow).not.toBe('none');
     }
   });
+
+  test('jobs open in one tab: another job replaces the one shown, a shown one is brought back', async ({ page }) => {
+    const first = unique('ui-tab-a');
+    const second = unique('ui-tab-b');
+    await api(page, 'POST', 'jobs', { machine: 'local', command: 'true', name: first });
+    // Another command: the same one would be the same work, and attach to the first job.
+    await api(page, 'POST', 'jobs', { machine: 'local', command: 'echo second', name: second });
+    await openDetail(page, first);
+    await openDetail(page, second);
+    await openDetail(page, first);
+    const jobTabs = page.getByRole('tab', { name: /^Job: / });
+    await expect(jobTabs).toHaveCount(1);
+    await expect(jobTabs).toHaveText(new RegExp(first));
+  });
 });

@@ -45,7 +45,8 @@ function attempt(
 const LINES = [
   attempt('usage-ui-a', 'gpu-box', '2026-10-01T10:00:00Z', 2, 4),
   attempt('usage-ui-b', 'gpu-box', '2026-10-02T10:00:00Z', 1, 4),
-  attempt('usage-ui-c', 'cpu-box', '2026-11-03T10:00:00Z', 3, 0)
+  attempt('usage-ui-c', 'cpu-box', '2026-11-03T10:00:00Z', 3, 0),
+  attempt('usage-ui-d', 'local', '2026-11-04T10:00:00Z', 0.25, 0)
 ];
 
 async function openUsage(page: IJupyterLabPageFixture) {
@@ -77,8 +78,18 @@ test.describe('Usage view', () => {
     page.on('pageerror', error => problems.push(error.message));
 
     const chart = await openUsage(page);
-    for (const category of ['gpu-box · 2026-10', 'cpu-box · 2026-11']) {
+    // The built-in machine by the name the table gives it.
+    for (const category of ['gpu-box · 2026-10', 'cpu-box · 2026-11', 'This machine · 2026-11']) {
       await expect(chart.locator(`g[data-category="${category}"] rect`)).toHaveCount(2);
+    }
+    // Every tick says its own value, and no category label is cut at the chart's edges.
+    const ticks = await chart.locator('g:not([data-category]) > text').allTextContents();
+    expect(new Set(ticks).size).toBe(ticks.length);
+    const box = (await chart.boundingBox())!;
+    for (const text of await chart.locator('g[data-category] > text').all()) {
+      const b = (await text.boundingBox())!;
+      expect(b.x).toBeGreaterThanOrEqual(box.x - 1);
+      expect(b.y + b.height).toBeLessThanOrEqual(box.y + box.height + 1);
     }
     // October's GPU box: 3 job-hours, 12 GPU-hours, as the bars' tooltips say.
     const october = chart.locator('g[data-category="gpu-box · 2026-10"] rect title');

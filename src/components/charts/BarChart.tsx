@@ -32,6 +32,10 @@ export interface IBarChartProps {
    * How a value is written on the axis and in tooltips (e.g. `1.5 h`).
    */
   format?: (value: number) => string;
+  /**
+   * Formats the axis's ticks (default: `format`).
+   */
+  tickFormat?: (value: number) => string;
   height?: number;
 }
 
@@ -40,6 +44,8 @@ const BAR_GAP = 2;
 const GROUP_PADDING = 0.25; // of a group's width, left empty between groups
 const MIN_GROUP_WIDTH = 36;
 const TICKS = 4;
+// What a character of a label takes at the lab's smallest UI font, generously.
+const LABEL_CHAR_WIDTH = 6.5;
 
 /**
  * A round upper bound for the axis: 1, 2 or 5 times a power of ten, at least ``max``.
@@ -60,19 +66,29 @@ export function niceCeiling(max: number): number {
 export function BarChart(props: IBarChartProps): JSX.Element {
   const { label, categories, series } = props;
   const format = props.format ?? ((v: number) => v.toFixed(2));
-  const height = props.height ?? 220;
-  const plotHeight = height - MARGIN.top - MARGIN.bottom;
+  const tickFormat = props.tickFormat ?? format;
   const groupWidth = Math.max(
     MIN_GROUP_WIDTH,
     series.length * 16 + BAR_GAP * series.length
   );
+  // The category labels are turned 30°: room for the longest below the axis and, for the first,
+  // left of it, so none is cut at the chart's edge.
+  const longest =
+    Math.max(0, ...categories.map(c => c.length)) * LABEL_CHAR_WIDTH;
+  const margin = {
+    ...MARGIN,
+    left: Math.max(MARGIN.left, longest * 0.87 - groupWidth / 2 + 6),
+    bottom: Math.max(MARGIN.bottom, longest * 0.5 + 20)
+  };
+  const height = (props.height ?? 220) - MARGIN.bottom + margin.bottom;
+  const plotHeight = height - margin.top - margin.bottom;
   const width =
-    MARGIN.left + MARGIN.right + Math.max(1, categories.length) * groupWidth;
+    margin.left + margin.right + Math.max(1, categories.length) * groupWidth;
   const max = niceCeiling(
     Math.max(0, ...series.flatMap(s => s.values.filter(Number.isFinite)))
   );
   const y = (value: number): number =>
-    MARGIN.top + plotHeight - (Math.max(0, value) / max) * plotHeight;
+    margin.top + plotHeight - (Math.max(0, value) / max) * plotHeight;
   const inner = groupWidth * (1 - GROUP_PADDING);
   const barWidth = Math.max(
     2,
@@ -94,14 +110,14 @@ export function BarChart(props: IBarChartProps): JSX.Element {
         {ticks.map(tick => (
           <g key={tick}>
             <line
-              x1={MARGIN.left}
-              x2={width - MARGIN.right}
+              x1={margin.left}
+              x2={width - margin.right}
               y1={y(tick)}
               y2={y(tick)}
               style={{ stroke: 'var(--jp-border-color2)', strokeWidth: 1 }}
             />
             <text
-              x={MARGIN.left - 6}
+              x={margin.left - 6}
               y={y(tick)}
               textAnchor="end"
               dominantBaseline="middle"
@@ -110,12 +126,12 @@ export function BarChart(props: IBarChartProps): JSX.Element {
                 fontSize: 'var(--jp-ui-font-size0)'
               }}
             >
-              {format(tick)}
+              {tickFormat(tick)}
             </text>
           </g>
         ))}
         {categories.map((category, c) => {
-          const left = MARGIN.left + c * groupWidth + (groupWidth - inner) / 2;
+          const left = margin.left + c * groupWidth + (groupWidth - inner) / 2;
           return (
             <g key={category} data-category={category}>
               {series.map((s, i) => {
@@ -128,7 +144,7 @@ export function BarChart(props: IBarChartProps): JSX.Element {
                     x={left + i * (barWidth + BAR_GAP)}
                     y={top}
                     width={barWidth}
-                    height={MARGIN.top + plotHeight - top}
+                    height={margin.top + plotHeight - top}
                     style={{ fill: s.color }}
                   >
                     <title>{`${category} · ${s.name}: ${format(value)}`}</title>
@@ -136,11 +152,11 @@ export function BarChart(props: IBarChartProps): JSX.Element {
                 );
               })}
               <text
-                x={MARGIN.left + c * groupWidth + groupWidth / 2}
-                y={MARGIN.top + plotHeight + 8}
+                x={margin.left + c * groupWidth + groupWidth / 2}
+                y={margin.top + plotHeight + 8}
                 textAnchor="end"
                 dominantBaseline="hanging"
-                transform={`rotate(-30 ${MARGIN.left + c * groupWidth + groupWidth / 2} ${MARGIN.top + plotHeight + 8})`}
+                transform={`rotate(-30 ${margin.left + c * groupWidth + groupWidth / 2} ${margin.top + plotHeight + 8})`}
                 style={{
                   fill: 'var(--jp-ui-font-color1)',
                   fontSize: 'var(--jp-ui-font-size0)'
@@ -152,10 +168,10 @@ export function BarChart(props: IBarChartProps): JSX.Element {
           );
         })}
         <line
-          x1={MARGIN.left}
-          x2={width - MARGIN.right}
-          y1={MARGIN.top + plotHeight}
-          y2={MARGIN.top + plotHeight}
+          x1={margin.left}
+          x2={width - margin.right}
+          y1={margin.top + plotHeight}
+          y2={margin.top + plotHeight}
           style={{ stroke: 'var(--jp-border-color1)', strokeWidth: 1 }}
         />
       </svg>

@@ -30,7 +30,9 @@ export interface ILineChartProps {
   format?: (value: number) => string;
 }
 
-const PAD = { top: 8, right: 12, bottom: 22, left: 52 };
+const PAD = { top: 8, right: 12, bottom: 22, left: 40 };
+// What a character of a value label takes at the lab's smallest UI font, generously.
+const LABEL_CHAR_WIDTH = 6.5;
 
 export function formatNumber(value: number): string {
   if (value === 0) {
@@ -95,11 +97,20 @@ export function LineChart(props: ILineChartProps): JSX.Element {
 
   let body: JSX.Element | null = null;
   if (drawn.length > 0) {
+    // One step only: the point in the middle, over that step's number alone (not an axis of
+    // made-up steps either side).
+    const oneX = points.every(p => p.x === points[0].x);
     const [x0, x1] = extent(points.map(p => p.x));
     const [y0, y1] = extent(drawn.map(p => p.y as number));
-    const plotW = width - PAD.left - PAD.right;
+    // As wide as the longer value label needs, so none is cut at the chart's left edge.
+    const left = Math.max(
+      PAD.left,
+      8 + LABEL_CHAR_WIDTH * Math.max(format(y0).length, format(y1).length)
+    );
+    const plotW = width - left - PAD.right;
     const plotH = height - PAD.top - PAD.bottom;
-    const sx = (x: number) => PAD.left + ((x - x0) / (x1 - x0)) * plotW;
+    const sx = (x: number) =>
+      oneX ? left + plotW / 2 : left + ((x - x0) / (x1 - x0)) * plotW;
     const sy = (y: number) => PAD.top + (1 - (y - y0) / (y1 - y0)) * plotH;
     const axis = {
       stroke: 'var(--jp-border-color1)',
@@ -113,49 +124,57 @@ export function LineChart(props: ILineChartProps): JSX.Element {
     body = (
       <>
         <line
-          x1={PAD.left}
+          x1={left}
           y1={PAD.top + plotH}
-          x2={PAD.left + plotW}
+          x2={left + plotW}
           y2={PAD.top + plotH}
           style={axis}
         />
         <line
-          x1={PAD.left}
+          x1={left}
           y1={PAD.top}
-          x2={PAD.left}
+          x2={left}
           y2={PAD.top + plotH}
           style={axis}
         />
-        <text x={PAD.left - 4} y={PAD.top + 8} textAnchor="end" style={label}>
+        <text x={left - 4} y={PAD.top + 8} textAnchor="end" style={label}>
           {format(y1)}
         </text>
-        <text
-          x={PAD.left - 4}
-          y={PAD.top + plotH}
-          textAnchor="end"
-          style={label}
-        >
+        <text x={left - 4} y={PAD.top + plotH} textAnchor="end" style={label}>
           {format(y0)}
         </text>
-        <text x={PAD.left} y={height - 6} textAnchor="start" style={label}>
-          {formatNumber(x0)}
-        </text>
-        <text
-          x={PAD.left + plotW}
-          y={height - 6}
-          textAnchor="end"
-          style={label}
-        >
-          {formatNumber(x1)}
-        </text>
-        <text
-          x={PAD.left + plotW / 2}
-          y={height - 6}
-          textAnchor="middle"
-          style={label}
-        >
-          {props.xLabel}
-        </text>
+        {oneX ? (
+          <text
+            x={left + plotW / 2}
+            y={height - 6}
+            textAnchor="middle"
+            style={label}
+          >
+            {`${props.xLabel} ${formatNumber(points[0].x)}`}
+          </text>
+        ) : (
+          <>
+            <text x={left} y={height - 6} textAnchor="start" style={label}>
+              {formatNumber(x0)}
+            </text>
+            <text
+              x={left + plotW}
+              y={height - 6}
+              textAnchor="end"
+              style={label}
+            >
+              {formatNumber(x1)}
+            </text>
+            <text
+              x={left + plotW / 2}
+              y={height - 6}
+              textAnchor="middle"
+              style={label}
+            >
+              {props.xLabel}
+            </text>
+          </>
+        )}
         <path
           className="jp-RemoteCompute-lineChartPath"
           d={linePath(points, sx, sy)}
