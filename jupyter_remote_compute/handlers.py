@@ -31,9 +31,9 @@ from .errors import InvalidSettings, MachineUnreachable, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
-from .jobs.spec import JobSpec
 from .json_routes import JsonRoute
 from .org.client import with_organization
+from .schema.spec import JobRequest
 
 T = TypeVar("T")
 PREFIX = r"/remote-compute"
@@ -351,13 +351,8 @@ class JobsHandler(RemoteComputeHandler):
 
     @api(action="execute")
     async def post(self) -> None:
-        body = self.body()
-        new = body.pop("new", None)
-        new = False if new is None else new
-        if not isinstance(new, bool):
-            raise InvalidSettings("new: expected true or false", field="new")
-        spec = JobSpec.from_json(body)
-        result = await self.call(self.service.submit, spec, new=new, user=self.person())
+        request = JobRequest.from_json(self.body())
+        result = await self.call(self.service.submit, request.spec, new=bool(request.new), user=self.person())
         if not result.attached:
             # Start sending now; the poller would pick it up too, a little later.
             self.context.transfers.advance(result.job)

@@ -37,95 +37,18 @@ from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write, private_dir
 from ..machines.options import URL_CREDENTIALS
+from ..schema.environment import Environment
 from ..workspace import relative_to_note
 from . import image as images
 
-#: What makes a Python environment; ``image`` and ``runtime`` say where it (or the bare command) runs.
-PYTHON_FIELDS = ("requirements", "packages", "python", "same_as_here")
-FIELDS = (*PYTHON_FIELDS, "image", "runtime")
 #: The name each kind of requirements file takes on the far side (a pyproject's uv.lock goes beside it).
 _PYLOCK = re.compile(r"^pylock(\.[A-Za-z0-9_-]+)?\.toml$")
-_PYTHON = re.compile(r"^\d+(\.\d+){0,2}$")
 #: Where a job's resolved environment waits between submit and start, in its ``.punica/jobs/<id>/``.
 RESOLVED_FILE = "environment.json"
 #: A pinned set that needs nothing else (same_as_here alone): env.sh installs it with ``uv pip sync``.
 CLOSED_SET = "pinned.txt"
 DEFAULT_MAX_AGE_DAYS = 30
 DEFAULT_MAX_BYTES = 20 << 30
-
-
-@dataclasses.dataclass(frozen=True)
-class Environment:
-    """What a job asks its environment to hold."""
-
-    requirements: str | None = None
-    packages: tuple[str, ...] = ()
-    python: str | None = None
-    same_as_here: bool = False
-    # The container image the command (and the environment's build) runs in; None: the machine's shell.
-    image: images.Image | None = None
-
-    @property
-    def builds(self) -> bool:
-        """Whether a Python environment is asked for (an image alone runs the image's own Python)."""
-        return bool(self.requirements or self.packages or self.python or self.same_as_here)
-
-    @classmethod
-    def from_json(cls, data: Any, field: str = "environment") -> Environment | None:
-        """Check the shape of a request; None (or {}) asks for no environment."""
-        from ..jobs.spec import check_relative_path  # spec imports this module
-
-        if data is None:
-            return None
-        if not isinstance(data, Mapping):
-            raise InvalidSettings(
-                f"{field}: expected requirements, packages, python, same_as_here or image", field=field
-            )
-        unknown = sorted(set(data) - set(FIELDS))
-        if unknown:
-            raise InvalidSettings(f"{field}.{unknown[0]}: unknown setting (known: {', '.join(FIELDS)})", field=field)
-        requirements = data.get("requirements") or None
-        if requirements is not None:
-            requirements = check_relative_path(requirements, f"{field}.requirements")
-        packages = data.get("packages") or []
-        if isinstance(packages, str) or not all(isinstance(p, str) and p.strip() for p in packages):
-            raise InvalidSettings(f"{field}.packages: expected a list of requirements such as 'numpy>=2'", field=field)
-        for p in packages:
-            if "\n" in p or p.strip().startswith("-"):
-                raise InvalidSettings(f"{field}.packages: {p!r} is not one requirement", field=f"{field}.packages")
-        python = data.get("python") or None
-        if python is not None and (not isinstance(python, str) or not _PYTHON.match(python)):
-            raise InvalidSettings(f"{field}.python: expected a version such as '3.11'", field=f"{field}.python")
-        same = data.get("same_as_here", False)
-        if not isinstance(same, bool):
-            raise InvalidSettings(f"{field}.same_as_here: expected true or false", field=f"{field}.same_as_here")
-        ref, runtime = data.get("image") or None, data.get("runtime")
-        if ref is None and runtime not in (None, "", "auto"):
-            where = f"{field}.runtime"
-            raise InvalidSettings(f"{where}: says how to run an image; name one in {field}.image", field=where)
-        image = images.Image.checked(ref, runtime, f"{field}.image", f"{field}.runtime") if ref is not None else None
-        env = cls(requirements, tuple(p.strip() for p in packages), python, same, image)
-        return env if env != cls() else None
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        if self.requirements:
-            data["requirements"] = self.requirements
-        if self.packages:
-            data["packages"] = list(self.packages)
-        if self.python:
-            data["python"] = self.python
-        if self.same_as_here:
-            data["same_as_here"] = True
-        if self.image:
-            data["image"] = self.image.ref
-            if self.image.runtime != "auto":
-                data["runtime"] = self.image.runtime
-        return data
-
-    def python_part(self) -> Environment:
-        """What makes the Python environment, without the image."""
-        return dataclasses.replace(self, image=None)
 
 
 @dataclasses.dataclass(frozen=True)

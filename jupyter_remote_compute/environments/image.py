@@ -28,8 +28,8 @@ from ..engines.base import Engine, EngineError
 from ..engines.launcher import JOB_ENV_SH, READ_ENV_SH, command_script
 from ..engines.resources import Resources
 from ..errors import InvalidSettings
+from ..schema.environment import Image
 
-RUNTIMES = ("auto", "podman", "docker")
 NETWORKS = ("host", "none")
 #: The machine option container_gpus: whether its jobs' containers get all its GPUs without asking.
 MACHINE_GPUS = ("none", "all")
@@ -41,60 +41,12 @@ NVIDIA_HINT = {
 }
 #: What to install, named in the refusal when a machine has no runtime.
 INSTALL_HINT = {"podman": "apt-get install podman", "docker": "apt-get install docker.io"}
-# A registry reference: [host[:port]/]path[:tag][@sha256:hex]; no spaces, no shell metacharacters.
-_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
 
 TAG_IMAGE = "remote_compute.image"
 TAG_DIGEST = "remote_compute.image_digest"
 _LOG_LINE = re.compile(r"^image (\S+) (sha256:[0-9a-f]{64}) \((\S+) (\S*), (rootless|rootful)\)$", re.MULTILINE)
 #: container.sh prints its line before the command starts: it is among the first of the log.
 _HEAD_BYTES = 64 << 10
-
-
-@dataclasses.dataclass(frozen=True)
-class Image:
-    """An image reference and the runtime asked to run it (``auto``: podman where installed, else docker)."""
-
-    ref: str
-    runtime: str = "auto"
-
-    @classmethod
-    def checked(cls, ref: Any, runtime: Any, ref_field: str, runtime_field: str) -> Image:
-        """The image named by ``ref`` and ``runtime`` (None or "": auto); errors name the fields given."""
-        runtime = "auto" if runtime is None or runtime == "" else runtime  # {} or 0 are no runtime's name
-        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
-            raise InvalidSettings(
-                f"{ref_field}: {ref!r} is not an image reference (registry/name:tag or name@sha256:…)",
-                field=ref_field,
-            )
-        if not isinstance(runtime, str) or runtime not in RUNTIMES:
-            raise InvalidSettings(
-                f"{runtime_field}: {runtime!r} is not one of {', '.join(RUNTIMES)}", field=runtime_field
-            )
-        return cls(ref, runtime)
-
-    @classmethod
-    def from_json(cls, value: Any, field: str = "image") -> Image | None:
-        """``"REF"`` or ``{"ref": REF, "runtime": …}``; null is no image. Errors name the field."""
-        if value is None:
-            return None
-        if isinstance(value, str):
-            value = {"ref": value}
-        if not isinstance(value, Mapping):
-            raise InvalidSettings(f"{field}: expected an image reference such as 'python:3.12-slim'", field=field)
-        unknown = set(value) - {"ref", "runtime"}
-        if unknown:
-            name = f"{field}.{sorted(unknown)[0]}"
-            raise InvalidSettings(f"{name}: unknown setting (an image has ref and runtime)", field=name)
-        return cls.checked(value.get("ref"), value.get("runtime"), f"{field}.ref", f"{field}.runtime")
-
-    def to_json(self) -> dict[str, str]:
-        return {"ref": self.ref, "runtime": self.runtime}
-
-    def key_part(self) -> dict[str, str]:
-        """What the job's key holds of the image. The digest is pinned per machine (the key holds the
-        machine), so the same reference on the same machine is the same content."""
-        return self.to_json()
 
 
 def machine_default(options: Mapping[str, Any]) -> Image | None:

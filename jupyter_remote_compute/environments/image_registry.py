@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidSettings
-from ..secrets import SecretStore, is_secret_name
+from ..schema import values
+from ..schema.base import checked
 
-#: The variables container.sh reads (and unsets) before the pull; never given to the container.
-REGISTRY_AUTH_VAR = "REMOTE_COMPUTE_REGISTRY_AUTH"
-PULL_TIMEOUT_VAR = "REMOTE_COMPUTE_PULL_TIMEOUT"
-IMAGE_MAX_AGE_VAR = "REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS"
-PULL_VARS = frozenset({REGISTRY_AUTH_VAR, PULL_TIMEOUT_VAR, IMAGE_MAX_AGE_VAR})
+# The variables container.sh reads (and unsets) before the pull; never given to the container.
+from ..schema.spec import IMAGE_MAX_AGE_VAR, PULL_TIMEOUT_VAR, REGISTRY_AUTH_VAR
+from ..secrets import SecretStore
+
 PULL_TIMEOUT = 600
 IMAGE_MAX_AGE_DAYS = 30
 #: Docker Hub's name for references without a registry host (``python:3.12``, ``library/python``).
@@ -42,13 +42,7 @@ def registry_of(ref: str) -> str:
 
 def check_name(value: Any, field: str = "registry_secret") -> str | None:
     """The name of a Secret Manager entry, or None when not given; errors name ``field``."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or value.startswith("secret:") or not is_secret_name(value):
-        raise InvalidSettings(
-            f"{field}: expected the plain name of a Secret Manager entry holding user:password", field=field
-        )
-    return value
+    return checked(values.registry_secret, value, field)
 
 
 def split_credentials(value: str) -> tuple[str, str] | None:

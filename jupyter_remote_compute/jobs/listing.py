@@ -21,6 +21,7 @@ from datetime import timezone
 from typing import Any
 
 from ..errors import InvalidSettings
+from ..schema.job import JobSummary
 from .job import Job, parse_given_time
 from .snapshot import Snapshot
 from .store import JobStore
@@ -34,7 +35,7 @@ _STATE_ORDER = ("queued", "sending", "pending", "running", "collecting", "succee
 Key = tuple[str, str]  # (created, id): the order of the list, and what a cursor points after
 
 
-def summary(job: Job) -> dict[str, Any]:
+def summary(job: Job) -> JobSummary:
     """What a row of the job list shows; the whole job is ``GET /jobs/{id}``."""
     reason = job.reason.split("\n", 1)[0] if job.reason else job.reason
     return {

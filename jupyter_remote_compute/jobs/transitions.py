@@ -15,17 +15,38 @@ anywhere else raises.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
+
+from ..schema.job import (
+    _SLOT,
+    ACTIVE_STATES,
+    JOB_STATE,
+    STATES,
+    TERMINAL_STATES,
+    IllegalTransition,
+    State,
+    StateField,
+    utcnow,
+)
 
 if TYPE_CHECKING:
     from .job import Job
 
-State = Literal["queued", "sending", "pending", "running", "collecting", "succeeded", "failed", "cancelled", "lost"]
-STATES: tuple[State, ...] = get_args(State)
-ACTIVE_STATES: frozenset[str] = frozenset({"queued", "sending", "pending", "running", "collecting"})
+__all__ = [
+    "ACTIVE_STATES",
+    "EDGES",
+    "JOB_STATE",
+    "ON_MACHINE_STATES",
+    "STATES",
+    "TERMINAL_STATES",
+    "IllegalTransition",
+    "State",
+    "StateField",
+    "move",
+]
+
 #: The states a job's machine has it in: polled, cancelled and timed out the same way.
 ON_MACHINE_STATES: frozenset[str] = frozenset({"pending", "running"})
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
 #: Where a job may go from each state. Collection decides the end (an ``Outcome``) and the job
 #: moves to ``collecting`` from wherever it was when that was decided: cancelled before it started
@@ -42,41 +63,8 @@ EDGES: Mapping[str, frozenset[str]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
-    """This side tried to move a job along an edge its life does not have (a bug, never the user's)."""
-
-
-_SLOT = "_state"  # where a Job keeps its state, behind ``StateField``
-
-
-class StateField:
-    """``Job.state``: set once when the job is made; after that, only ``move`` changes it.
-
-    A data descriptor, so a stray ``job.state = …`` anywhere raises at once instead of writing a
-    state the table never allowed; reading costs an attribute lookup, as a plain field would.
-    """
-
-    def __get__(self, job: Job | None, owner: type | None = None) -> str:
-        if job is None:
-            return "queued"  # the dataclass field's default
-        return job.__dict__[_SLOT]
-
-    def __set__(self, job: Job, value: str) -> None:
-        if _SLOT in job.__dict__:
-            raise IllegalTransition(f"job {job.id}: its state changes through transitions.move, not by assignment")
-        if value not in EDGES:
-            raise ValueError(f"job {job.id}: {value!r} is not a job state (one of {', '.join(STATES)})")
-        job.__dict__[_SLOT] = value
-
-
-#: The descriptor behind ``Job.state``.
-JOB_STATE = StateField()
-
-
 def move(job: Job, to: State, *, now: str | None = None) -> None:
     """Move ``job`` (read inside a store transaction) to ``to``, or raise ``IllegalTransition``."""
-    from .job import utcnow
-
     if to not in EDGES.get(job.state, frozenset()):
         raise IllegalTransition(f"job {job.id}: {job.state} → {to} is not an edge of a job's life")
     job.__dict__[_SLOT] = to

@@ -21,6 +21,7 @@ from ..engines.base import Engine, EngineContext, EngineError
 from ..engines.faces import faces_of
 from ..environments.environment import builder
 from ..errors import InvalidSettings, MachineError, MachineUnreachable, NotFound, RemoteComputeError
+from ..schema.machine import MachineInput, MachinePatch
 from ..secrets import SecretStore
 from ..usage.ledger import remember_facts
 from ..workspace import default_scratch_dir
@@ -109,25 +110,27 @@ class MachineAdmin:
     # -- changing ---------------------------------------------------------------
     def add_from(self, body: Mapping[str, Any]) -> Machine:
         """``add`` with a REST ``MachineInput`` (the panel's server and the organization service take one)."""
+        given = MachineInput.from_json(body)
         return self.add(
-            body.get("name"),
-            body.get("kind"),
-            body.get("address"),
-            body.get("options") or {},
-            enabled=body.get("enabled", True),
-            token=body.get("token"),
-            expected_version=body.get("version"),
+            given.name,
+            given.kind,
+            given.address,
+            given.options or {},
+            enabled=given.enabled,
+            token=given.token,
+            expected_version=given.version,
         )
 
     def update_from(self, name: str, body: Mapping[str, Any]) -> Machine:
-        """``update`` with a REST patch body: only the fields it holds change."""
+        """``update`` with a REST ``MachinePatch``: only the fields it holds change."""
+        given = MachinePatch.from_json(body)
         return self.update(
             name,
-            address=body.get("address"),
-            options=body.get("options"),
-            enabled=body.get("enabled"),
-            token=body.get("token"),
-            expected_version=body.get("version"),
+            address=given.address,
+            options=given.options,
+            enabled=given.enabled,
+            token=given.token,
+            expected_version=given.version,
         )
 
     def add(

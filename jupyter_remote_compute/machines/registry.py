@@ -13,7 +13,6 @@ name of a Secret Manager entry, and keys such as ``token`` or ``password`` are r
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import hashlib
 import os
@@ -31,6 +30,7 @@ from ruamel.yaml.reader import ReaderError
 
 from ..errors import ConfigFileError, Conflict, InvalidSettings, NotFound
 from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir
+from ..schema.machine import Machine
 from .options import (
     FIELDS,
     LOCAL,
@@ -60,31 +60,6 @@ from .yaml_document import (
 HEADER = "# Machines this workspace may train on\n"
 LOCK_TIMEOUT = 10.0
 ABSENT = "absent"
-
-
-#: Keys of an entry that are not kind-specific options.
-@dataclasses.dataclass(frozen=True)
-class Machine:
-    """One machine as the registry sees it: the file's entry, made plain."""
-
-    name: str
-    kind: str
-    address: str
-    enabled: bool
-    created: str | None  # UTC ISO 8601, e.g. "2026-11-29T10:02:00Z", set once at add
-    options: Mapping[str, Any]
-    builtin: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "address": self.address,
-            "enabled": self.enabled,
-            "created": self.created,
-            "options": dict(self.options),
-            "builtin": self.builtin,
-        }
 
 
 LOCAL_MACHINE = Machine(

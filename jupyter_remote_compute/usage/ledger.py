@@ -19,7 +19,6 @@ it includes sending the inputs.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import logging
@@ -33,8 +32,8 @@ from typing import Any
 
 from ..errors import InvalidSettings
 from ..fsutil import SharedFileLock, atomic_write, private_dir
-from ..jobs.job import Job, parse_given_time, parse_time
-from ..jobs.transitions import ACTIVE_STATES
+from ..schema.job import ACTIVE_STATES, Job, parse_given_time, parse_time
+from ..schema.usage import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -44,57 +43,6 @@ LOCK_TIMEOUT = 30.0
 #: A scheduler put the job back in its queue: the attempt ended, the next starts queued.
 REQUEUED = "requeued"
 GROUP_KEYS = ("machine", "user", "month", "kind", "state")
-
-
-@dataclasses.dataclass(frozen=True)
-class Attempt:
-    """One attempt of one job, as metered: one line of the usage record."""
-
-    job: str
-    attempt: int  # 1 for the first; a requeue starts the next
-    name: str
-    machine: str
-    kind: str
-    user: str | None
-    queued: float  # epoch seconds: submitted, or put back in the queue
-    started: float | None  # None: never ran
-    ended: float | None  # None: still under way (``running``)
-    state: str  # the job's end state, ``requeued``, or (running) its live state
-    gpus: int  # GPUs the attempt held (asked for, else all the machine has)
-    source: str  # engine | scheduler | estimated
-    bytes_sent: int = 0
-    bytes_fetched: int = 0
-    price_per_hour: float | None = None  # the machine's setting, if it has one
-    running: bool = False  # counted up to now, not final
-
-    def end(self, now: float) -> float:
-        return self.ended if self.ended is not None else now
-
-    def wall_s(self, now: float) -> float:
-        return max(0.0, self.end(now) - self.started) if self.started is not None else 0.0
-
-    def queue_s(self, now: float) -> float:
-        until = self.started if self.started is not None else self.end(now)
-        return max(0.0, until - self.queued)
-
-    def metrics(self, now: float) -> dict[str, float]:
-        """The figures a job's MLflow run carries (``tracking.USAGE_METRICS``)."""
-        wall = self.wall_s(now)
-        return {
-            "remote_compute.wall_s": round(wall, 3),
-            "remote_compute.gpu_s": round(wall * self.gpus, 3),
-            "remote_compute.queue_s": round(self.queue_s(now), 3),
-            "remote_compute.bytes_sent": float(self.bytes_sent),
-            "remote_compute.bytes_fetched": float(self.bytes_fetched),
-        }
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class UsageRecord:
@@ -151,7 +99,7 @@ class UsageRecord:
                 continue
             try:
                 attempt = Attempt.from_json(json.loads(raw))
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, InvalidSettings) as e:
                 log.warning("%s: skipped a line that does not read (%s) near byte %d", self.path, e, self._offset)
                 continue
             self._attempts.setdefault((attempt.job, attempt.attempt), attempt)
