@@ -34,6 +34,8 @@ if [ "$#" = 0 ]; then
 fi
 ruff check jupyter_remote_compute tests benchmarks examples
 ruff format --check jupyter_remote_compute tests benchmarks examples
+# openapi.yaml's schemas as the models in schema/ say (then lint:check: src/openapi.d.ts as openapi.yaml says)
+python -m jupyter_remote_compute.schema.openapi --check
 jlpm lint:check
 # The UI tests run beside the Python suite, their report printed after its: each leaves about a fifth
 # of the two cores idle while it waits on jobs, servers and the browser (tests/README.md), and together

@@ -107,7 +107,10 @@ class JobSpec:
             _command,
             json_schema_input_type=Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)],
         ),
-        Field(description="a shell command, or the arguments of one program"),
+        Field(
+            description="one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes "
+            "and `$VARS` work); a list is the line's words, each quoted"
+        ),
     ]
     send: Annotated[
         tuple[RelativePath, ...],
