@@ -198,15 +198,7 @@ export interface paths {
             };
             requestBody: {
                 content: {
-                    "application/json": {
-                        address?: string | null;
-                        options?: {
-                            [key: string]: unknown;
-                        } | null;
-                        enabled?: boolean | null;
-                        token?: string | null;
-                        version?: string | null;
-                    };
+                    "application/json": components["schemas"]["MachinePatch"];
                 };
             };
             responses: {
@@ -417,7 +409,7 @@ export interface paths {
             };
             requestBody: {
                 content: {
-                    "application/json": components["schemas"]["JobSpec"];
+                    "application/json": components["schemas"]["JobRequest"];
                 };
             };
             responses: {
@@ -1325,20 +1317,6 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        Error: {
-            /**
-             * @description stable: invalid, forbidden, policy_denied, not_found, method_not_allowed, conflict, not_trained, config_file, pipeline_invalid, machine_error, secret_store_unavailable, secret_in_settings, internal, …
-             * @example invalid
-             */
-            code: string;
-            message: string;
-            /** @description the setting at fault, e.g. send[0] or env.TOKEN */
-            field?: string;
-            /** @description facts to act on, e.g. host_key */
-            details?: {
-                [key: string]: unknown;
-            };
-        };
         /** @description `ok` and `reachable` true with the facts; or false with why the machine could not be reached */
         CheckResult: {
             name: string;
@@ -1411,8 +1389,6 @@ export interface components {
             started?: string | null;
             ended?: string | null;
         };
-        /** @enum {string} */
-        State: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
         Kind: {
             kind: string;
             label: string;
@@ -1448,22 +1424,6 @@ export interface components {
             /** @description Why the kind cannot be used here yet (what to install) */
             unavailable?: string;
         };
-        Machine: {
-            name: string;
-            kind: string;
-            address: string;
-            enabled: boolean;
-            /** Format: date-time */
-            created: string | null;
-            builtin: boolean;
-            options: {
-                [key: string]: unknown;
-            };
-            /** @description whose machine it is: `organization`, or the user's name (in lists) */
-            owner?: string;
-            /** @description an organization machine's: the admin who set it */
-            admin?: string | null;
-        };
         /** @description The hub's organization service, as it answered this user (or why it could not be asked) */
         Organization: {
             url: string;
@@ -1476,96 +1436,6 @@ export interface components {
             admin?: boolean;
             /** @description why the organization's machines are not listed */
             problem?: string;
-        };
-        MachineInput: {
-            name: string;
-            /**
-             * @description an installed engine other than local
-             * @enum {string}
-             */
-            kind: "ssh" | "jupyter" | "slurm";
-            address: string;
-            options?: {
-                [key: string]: unknown;
-            } | null;
-            /** @default true */
-            enabled: boolean;
-            /** @description stored in the Secret Manager, never in compute.yaml */
-            token?: string | null;
-            version?: string | null;
-        };
-        JobSpec: {
-            /** @default local */
-            machine: string | null;
-            /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
-            command: string | string[];
-            /** @description workspace-relative files, folders or globs (one as a string) */
-            send?: (string | string[]) | null;
-            bring_back?: (string | string[]) | null;
-            /** @description NAME → value, or secret:NAME to pass a Secret Manager entry */
-            env?: {
-                [key: string]: string;
-            } | null;
-            /** @description the longest the job may run: seconds, or 30m, 2h; null: no limit */
-            timeout?: (number | string) | null;
-            name?: string | null;
-            /** @description null: derived from the content */
-            key?: string | null;
-            /** @description start a new job even if the same work is under way */
-            new?: boolean | null;
-            resources?: components["schemas"]["Resources"] | null;
-            environment?: components["schemas"]["Environment"] | null;
-            /** @description the Secret Manager entry (user:password) the job's environment.image is pulled with; null: the machine's registry_secret */
-            registry_secret?: string | null;
-        };
-        /** @description the Python environment the command runs in, built once per machine and content on the machine, and the container image the command (and the environment's build) runs in (null: the machine's `environment` option, else its `image` option, else the machine's own Python and shell) */
-        Environment: {
-            /** @description a workspace file: requirements.txt, pyproject.toml (with its uv.lock), or pylock.toml */
-            requirements?: string | null;
-            /** @description requirements added on top */
-            packages?: string[] | null;
-            /** @description e.g. 3.11 */
-            python?: string | null;
-            /** @description the submitting Python's distributions, pinned */
-            same_as_here?: boolean | null;
-            /** @description a container image (registry/name:tag or name@sha256:…) to run the command in, on local and ssh machines; with requirements or packages the environment is built inside it, keyed by its digest */
-            image?: string | null;
-            /**
-             * @description the image's runtime; auto: podman, else docker
-             * @enum {string|null}
-             */
-            runtime?: "auto" | "podman" | "docker" | null;
-        };
-        /** @description what the job asks its machine for; omitted (or null) fields take the machine's defaults */
-        Resources: {
-            /** @description GPUs per node */
-            gpus?: number | null;
-            /** @description CPUs per node */
-            cpus?: number | null;
-            /** @description memory per node: 32G, 512M, or MiB */
-            memory?: (number | string) | null;
-            nodes?: number | null;
-            /** @description a scheduler's partition */
-            partition?: string | null;
-        };
-        SubmitResult: {
-            job: components["schemas"]["Job"];
-            attached: boolean;
-        };
-        /** @description a row of the job list; `reason` is its first line only */
-        JobSummary: {
-            id: string;
-            name: string;
-            machine: string;
-            kind: string;
-            state: components["schemas"]["State"];
-            reason?: string | null;
-            created: string;
-            updated?: string;
-            started?: string | null;
-            ended?: string | null;
-            exit_code?: number | null;
-            mlflow_run_id?: string | null;
         };
         Usage: {
             group_by: string[];
@@ -1601,63 +1471,467 @@ export interface components {
                 estimated_attempts: number;
             }[];
         };
+        /** @description the Python environment the command runs in, built once per machine and content on the machine, and the container image the command (and the environment's build) runs in (null: the machine's `environment` option, else its `image` option, else the machine's own Python and shell) */
+        Environment: {
+            /**
+             * @description a workspace file: requirements.txt, pyproject.toml (with its uv.lock), or pylock.toml
+             * @default null
+             */
+            requirements?: string | null;
+            /**
+             * @description requirements added on top
+             * @default []
+             */
+            packages?: string[] | null;
+            /**
+             * @description e.g. 3.11
+             * @default null
+             */
+            python?: string | null;
+            /**
+             * @description the submitting Python's distributions, pinned
+             * @default false
+             */
+            same_as_here?: boolean;
+            /** @description a container image (registry/name:tag or name@sha256:…) to run the command in; with requirements or packages the environment is built inside it, keyed by its digest */
+            image?: string | null;
+            /**
+             * @description the image's runtime; auto: podman, else docker
+             * @enum {string|null}
+             */
+            runtime?: "auto" | "podman" | "docker" | null;
+        };
+        /** @description What went wrong, a stable code for programs, and the setting at fault. */
+        Error: {
+            /**
+             * @description stable: invalid, forbidden, policy_denied, not_found, method_not_allowed, conflict, not_trained, config_file, pipeline_invalid, machine_error, secret_store_unavailable, secret_in_settings, internal, …
+             * @example invalid
+             */
+            code: string;
+            message: string;
+            /** @description the setting at fault, e.g. send[0] or env.TOKEN */
+            field?: string;
+            details?: components["schemas"]["ErrorDetails"];
+        };
+        /** @description Facts to act on: an unknown host key to trust, the machines and jobs a secret is used by, … */
+        ErrorDetails: {
+            host_key?: components["schemas"]["HostKey"];
+            can_trust?: boolean;
+            used_by?: string[];
+        } & {
+            [key: string]: unknown;
+        };
+        /** @description An SSH host key a machine presented: what a person compares before trusting it. */
+        HostKey: {
+            type: string;
+            fingerprint: string;
+        } & {
+            [key: string]: unknown;
+        };
+        /** @description a job as the API shows it: its record (the state file's), its display name and, while it is sent, its progress */
         Job: {
             id: string;
             key: string;
-            name?: string;
             machine: string;
-            kind?: string;
-            state: components["schemas"]["State"];
-            reason?: string | null;
-            spec: components["schemas"]["JobSpec"];
+            kind: string;
+            spec: components["schemas"]["StoredJobSpec"];
+            /**
+             * @default queued
+             * @enum {string}
+             */
+            state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+            /** @default null */
+            reason: string | null;
             created: string;
-            updated?: string;
-            started?: string | null;
-            ended?: string | null;
-            exit_code?: number | null;
-            outputs?: {
-                [key: string]: {
-                    sha256?: string;
-                    size?: number;
-                };
-            };
-            inputs?: {
-                [key: string]: number;
-            };
-            transfer?: {
-                [key: string]: number;
-            };
-            mlflow_run_id?: string | null;
-            log_size?: number;
-            /** @description the engine's own record (a pid, a Slurm job id) */
-            handle?: {
-                [key: string]: unknown;
-            };
+            updated: string;
+            /** @default null */
+            started: string | null;
+            /** @default null */
+            ended: string | null;
             /** @description the machine's kind, address, options at submit */
-            machine_snapshot?: {
+            machine_snapshot: {
                 [key: string]: unknown;
             };
-            /** @description the end state collection will set */
-            outcome?: {
+            /** @description the engine's own record (a pid, a Slurm job id) */
+            handle: {
+                [key: string]: unknown;
+            };
+            /** @default null */
+            exit_code: number | null;
+            /**
+             * @description the end state collection will set
+             * @default null
+             */
+            outcome: components["schemas"]["Outcome"] | null;
+            /**
+             * @description who asked to cancel
+             * @default null
+             */
+            cancel_requested: string | null;
+            /** @description workspace-relative path → its digest and size */
+            outputs: {
+                [key: string]: components["schemas"]["OutputFile"];
+            };
+            /** @description files, bytes */
+            inputs: {
+                [key: string]: number;
+            };
+            /** @description bytes sent, files reused … */
+            transfer: {
+                [key: string]: number;
+            };
+            /** @default null */
+            mlflow_run_id: string | null;
+            /** @default 0 */
+            log_size: number;
+            /** @default 0 */
+            retries: number;
+            /**
+             * @description when reaching the machine started failing (epoch seconds)
+             * @default null
+             */
+            failing_since: number | null;
+            /** @description what the machine's scheduler said (epoch seconds), only those it reported; absent when none */
+            times?: components["schemas"]["SchedulerTimes"];
+            /**
+             * @description who submitted the job
+             * @default null
+             */
+            user?: string | null;
+            name: string;
+            progress?: components["schemas"]["Progress"];
+        };
+        /** @description What submits a job (``POST /jobs``): its spec, and whether to start new work when the same is under way. */
+        JobRequest: {
+            /** @default local */
+            machine?: string | null;
+            /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
+            command: string | string[];
+            /**
+             * @description workspace-relative files, folders or globs (one as a string)
+             * @default []
+             */
+            send?: (string | string[]) | null;
+            /** @default [] */
+            bring_back?: (string | string[]) | null;
+            /** @description NAME → value, or secret:NAME to pass a Secret Manager entry */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * @description the longest the job may run: seconds, or 30m, 2h; null: no limit
+             * @default null
+             */
+            timeout?: (number | string) | null;
+            /** @default  */
+            name?: string | null;
+            /**
+             * @description null: derived from the content
+             * @default null
+             */
+            key?: string | null;
+            resources?: components["schemas"]["Resources"] | null;
+            /** @default null */
+            environment?: components["schemas"]["Environment"] | null;
+            /**
+             * @description the Secret Manager entry (user:password) the job's environment.image is pulled with; null: the machine's registry_secret
+             * @default null
+             */
+            registry_secret?: string | null;
+            /**
+             * @description start a new job even if the same work is under way
+             * @default null
+             */
+            new?: boolean | null;
+        };
+        JobSpec: {
+            /** @default local */
+            machine?: string | null;
+            /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
+            command: string | string[];
+            /**
+             * @description workspace-relative files, folders or globs (one as a string)
+             * @default []
+             */
+            send?: (string | string[]) | null;
+            /** @default [] */
+            bring_back?: (string | string[]) | null;
+            /** @description NAME → value, or secret:NAME to pass a Secret Manager entry */
+            env?: {
+                [key: string]: string;
+            } | null;
+            /**
+             * @description the longest the job may run: seconds, or 30m, 2h; null: no limit
+             * @default null
+             */
+            timeout?: (number | string) | null;
+            /** @default  */
+            name?: string | null;
+            /**
+             * @description null: derived from the content
+             * @default null
+             */
+            key?: string | null;
+            resources?: components["schemas"]["Resources"] | null;
+            /** @default null */
+            environment?: components["schemas"]["Environment"] | null;
+            /**
+             * @description the Secret Manager entry (user:password) the job's environment.image is pulled with; null: the machine's registry_secret
+             * @default null
+             */
+            registry_secret?: string | null;
+        };
+        /** @description A row of the job list (``GET /jobs``); ``reason`` is its first line only. */
+        JobSummary: {
+            id: string;
+            name: string;
+            machine: string;
+            kind: string;
+            /** @enum {string} */
+            state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+            reason: string | null;
+            created: string;
+            updated: string;
+            started: string | null;
+            ended: string | null;
+            exit_code: number | null;
+            mlflow_run_id: string | null;
+        };
+        /** @description One machine as the registry sees it: the file's entry, made plain; lists add whose it is. */
+        Machine: {
+            name: string;
+            kind: string;
+            address: string;
+            enabled: boolean;
+            /** Format: date-time */
+            created: string | null;
+            options: {
+                [key: string]: unknown;
+            };
+            /** @default false */
+            builtin: boolean;
+            /**
+             * @description whose machine it is: `organization`, or the user's name (in lists)
+             * @default null
+             */
+            owner?: string | null;
+            /**
+             * @description an organization machine's: the admin who set it
+             * @default null
+             */
+            admin?: string | null;
+        };
+        /** @description What adds a machine (``POST /machines``). */
+        MachineInput: {
+            name: string;
+            /** @description an installed kind (GET /kinds) other than local */
+            kind: string;
+            address: string;
+            /**
+             * @description the kind's options, by name (GET /kinds)
+             * @default null
+             */
+            options?: {
                 [key: string]: unknown;
             } | null;
-            /** @description who asked to cancel */
-            cancel_requested?: string | null;
-            retries?: number;
-            /** @description when reaching the machine started failing (epoch seconds) */
-            failing_since?: number | null;
-            /** @description what the machine's scheduler said (epoch seconds): queued_at, started_at, ended_at, only those it reported; absent when none */
-            times?: {
-                queued_at?: number;
-                started_at?: number;
-                ended_at?: number;
+            /** @default true */
+            enabled?: boolean;
+            /**
+             * @description stored in the Secret Manager, never in compute.yaml
+             * @default null
+             */
+            token?: string | null;
+            /**
+             * @description the machine list's version: refused if compute.yaml changed since
+             * @default null
+             */
+            version?: string | null;
+        };
+        /** @description What changes a machine (``PATCH /machines/{name}``): only the settings given (not null) change. */
+        MachinePatch: {
+            /** @default null */
+            address?: string | null;
+            /**
+             * @description the kind's options, by name (GET /kinds)
+             * @default null
+             */
+            options?: {
+                [key: string]: unknown;
+            } | null;
+            /** @default null */
+            enabled?: boolean | null;
+            /**
+             * @description stored in the Secret Manager, never in compute.yaml
+             * @default null
+             */
+            token?: string | null;
+            /**
+             * @description the machine list's version: refused if compute.yaml changed since
+             * @default null
+             */
+            version?: string | null;
+        };
+        /** @description How a job will end, decided when it stopped running; collection records it and ends the job. */
+        Outcome: {
+            /** @enum {string} */
+            state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+            /** @default null */
+            reason: string | null;
+            /** @default true */
+            reach_machine: boolean;
+            /** @default null */
+            at?: number | null;
+        };
+        /** @description An output brought back: its content's digest and size. */
+        OutputFile: {
+            sha256: string;
+            size: number;
+        };
+        /** @description How far a send has come (``GET /jobs/{id}`` while sending). */
+        Progress: {
+            done: number;
+            total: number;
+        };
+        /**
+         * @description What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.
+         *
+         *     ``gpus`` and ``cpus`` are per node (the job runs one task per node); ``memory`` is in MiB per node,
+         *     written in Slurm's spelling (``32G``, ``1536M``) so it reads back the same.
+         */
+        Resources: {
+            /**
+             * @description GPUs per node
+             * @default null
+             */
+            gpus?: number | null;
+            /**
+             * @description CPUs per node
+             * @default null
+             */
+            cpus?: number | null;
+            /**
+             * @description memory per node: 32G, 512M, or MiB
+             * @default null
+             */
+            memory?: (number | string) | null;
+            /** @default null */
+            nodes?: number | null;
+            /**
+             * @description a scheduler's partition
+             * @default null
+             */
+            partition?: string | null;
+        };
+        /** @description What the machine's scheduler said (epoch seconds), only those it reported. */
+        SchedulerTimes: {
+            queued_at: number;
+            started_at: number;
+            ended_at: number;
+        };
+        /** @enum {string} */
+        State: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+        StoredJobSpec: {
+            /** @default local */
+            machine: string;
+            /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
+            command: string | string[];
+            /**
+             * @description workspace-relative files, folders or globs (one as a string)
+             * @default []
+             */
+            send: string[];
+            /** @default [] */
+            bring_back: string[];
+            /** @description NAME → value, or secret:NAME to pass a Secret Manager entry */
+            env: {
+                [key: string]: string;
             };
-            /** @description who submitted the job */
-            user?: string | null;
-            progress?: {
-                done?: number;
-                total?: number;
-            };
+            /**
+             * @description the longest the job may run: seconds, or 30m, 2h; null: no limit
+             * @default null
+             */
+            timeout: number | null;
+            /** @default  */
+            name: string;
+            /**
+             * @description null: derived from the content
+             * @default null
+             */
+            key: string | null;
+            resources?: components["schemas"]["StoredResources"];
+            /**
+             * @description the Python environment the command runs in, built once per machine and content on the machine, and the container image the command (and the environment's build) runs in (null: the machine's `environment` option, else its `image` option, else the machine's own Python and shell)
+             * @default null
+             */
+            environment?: {
+                /**
+                 * @description a workspace file: requirements.txt, pyproject.toml (with its uv.lock), or pylock.toml
+                 * @default null
+                 */
+                requirements?: string | null;
+                /**
+                 * @description requirements added on top
+                 * @default []
+                 */
+                packages?: string[];
+                /**
+                 * @description e.g. 3.11
+                 * @default null
+                 */
+                python?: string | null;
+                /**
+                 * @description the submitting Python's distributions, pinned
+                 * @default false
+                 */
+                same_as_here?: boolean;
+                /** @description a container image (registry/name:tag or name@sha256:…) to run the command in; with requirements or packages the environment is built inside it, keyed by its digest */
+                image?: string | null;
+                /**
+                 * @description the image's runtime; auto: podman, else docker
+                 * @enum {string|null}
+                 */
+                runtime?: "auto" | "podman" | "docker" | null;
+            } | null;
+            /**
+             * @description the Secret Manager entry (user:password) the job's environment.image is pulled with; null: the machine's registry_secret
+             * @default null
+             */
+            registry_secret?: string | null;
+        };
+        /**
+         * @description What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.
+         *
+         *     ``gpus`` and ``cpus`` are per node (the job runs one task per node); ``memory`` is in MiB per node,
+         *     written in Slurm's spelling (``32G``, ``1536M``) so it reads back the same.
+         */
+        StoredResources: {
+            /**
+             * @description GPUs per node
+             * @default null
+             */
+            gpus?: number | null;
+            /**
+             * @description CPUs per node
+             * @default null
+             */
+            cpus?: number | null;
+            /**
+             * @description memory per node: 32G, 512M, or MiB
+             * @default null
+             */
+            memory?: string | null;
+            /** @default null */
+            nodes?: number | null;
+            /**
+             * @description a scheduler's partition
+             * @default null
+             */
+            partition?: string | null;
+        };
+        /** @description ``POST /jobs``'s answer: the job, and whether it was the same work already under way. */
+        SubmitResult: {
+            job: components["schemas"]["Job"];
+            attached: boolean;
         };
     };
     responses: {

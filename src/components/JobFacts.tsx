@@ -6,7 +6,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
-import { IJob, IJobSpec, IResources, isTerminal } from '../api';
+import { IJob, IResources, IStoredJobSpec, isTerminal } from '../api';
 import { formatDuration, formatSize, shellLine } from '../format';
 
 function List(props: { items: string[]; empty: string }): JSX.Element {
@@ -82,7 +82,7 @@ export function formatPlacement(job: IJob, trans: TranslationBundle): string {
  * and the registry credentials its image is pulled with); none: the machine's default.
  */
 export function environmentLines(
-  spec: IJobSpec,
+  spec: IStoredJobSpec,
   trans: TranslationBundle
 ): { label: string; value?: string }[] {
   const env = spec.environment ?? {};
@@ -135,7 +135,7 @@ export function Muted(props: { text: string; title?: string }): JSX.Element {
 }
 
 function EnvironmentFacts(props: {
-  spec: IJobSpec;
+  spec: IStoredJobSpec;
   trans: TranslationBundle;
 }): JSX.Element {
   const { spec, trans } = props;
@@ -274,7 +274,7 @@ export function MlflowRun(props: {
  */
 export function SpecFacts(props: {
   job: IJob;
-  spec: IJobSpec;
+  spec: IStoredJobSpec;
   trans: TranslationBundle;
 }): JSX.Element {
   const { job, spec, trans } = props;

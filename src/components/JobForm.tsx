@@ -89,13 +89,21 @@ function resourcesOf(values: Values): IResources | undefined {
   return Object.keys(out).length ? (out as IResources) : undefined;
 }
 
+/**
+ * A spec's paths as a list: one path may be given as a string.
+ */
+function pathList(paths: string | string[] | null | undefined): string[] {
+  return typeof paths === 'string' ? [paths] : (paths ?? []);
+}
+
 function fromSpec(spec: IJobSpec | undefined): Values {
   const command = spec?.command;
   return {
     machine: spec?.machine ?? 'local',
-    command: command === undefined ? '' : shellLine(command),
-    send: (spec?.send ?? []).join('\n'),
-    bringBack: (spec?.bring_back ?? []).join('\n'),
+    command:
+      command === undefined || command === null ? '' : shellLine(command),
+    send: pathList(spec?.send).join('\n'),
+    bringBack: pathList(spec?.bring_back).join('\n'),
     name: spec?.name ?? '',
     timeout:
       spec?.timeout === null || spec?.timeout === undefined
