@@ -201,14 +201,7 @@ export type IKindOption = Schemas['KindOption'];
  */
 export type IKind = Schemas['Kind'];
 
-export interface IMachineList {
-  machines: IMachine[];
-  /**
-   * An opaque version (etag) of compute.yaml; a write sends it back to refuse stale edits.
-   */
-  version: string;
-  kinds?: IKind[];
-}
+export type IMachineList = AnswerOf<paths['/remote-compute/machines']['get']>;
 
 /**
  * What the form sends to add a machine (`POST /machines`); a token is stored in the Secret Manager
@@ -327,29 +320,18 @@ export interface IJobQuery {
 /**
  * What `POST /jobs/prune` removed.
  */
-export interface IPruneResult {
-  removed: string[];
-  count: number;
-  cleaned: number;
-  left_on_machines: Record<string, string>;
-  state_file_bytes: { before: number; after: number };
-  dry_run: boolean;
-}
+export type IPruneResult = AnswerOf<
+  paths['/remote-compute/jobs/prune']['post']
+>;
 
 export type ISubmitResult = Schemas['SubmitResult'];
 
 /**
  * A chunk of a job's log (`GET /jobs/<id>/log`).
  */
-export interface ILogChunk {
-  data: string;
-  offset: number;
-  next_offset: number;
-  /**
-   * The job has ended and this is the end of its log.
-   */
-  complete: boolean;
-}
+export type ILogChunk = AnswerOf<
+  paths['/remote-compute/jobs/{job_id}/log']['get']
+>;
 
 function jsonBody(method: string, body: unknown): RequestInit {
   return {
@@ -528,41 +510,14 @@ export function readLog(
 /**
  * Where new secrets go (GET /secrets `store`).
  */
-export interface ISecretStore {
-  kind: 'keyring' | 'file';
-  /**
-   * For people: "the system keyring (Secret Service)", "a private file (PATH)".
-   */
-  where: string;
-  /**
-   * To show beside secrets: a backend the user named that does not encrypt, or the private file.
-   */
-  note: string | null;
-  usable: boolean;
-  /**
-   * Why new secrets cannot be stored, and what to do.
-   */
-  problem: string | null;
-}
+export type ISecretStore = ISecrets['store'];
 
 /**
  * One secret's name and where it lives; never its value.
  */
-export interface ISecretEntry {
-  name: string;
-  source: 'deployment-env' | 'deployment-dir' | 'keyring' | 'file';
-  where: string;
-  /**
-   * Provided by the deployment: not changeable here.
-   */
-  read_only: boolean;
-  problem: string | null;
-}
+export type ISecretEntry = ISecrets['secrets'][number];
 
-export interface ISecrets {
-  store: ISecretStore;
-  secrets: ISecretEntry[];
-}
+export type ISecrets = AnswerOf<paths['/remote-compute/secrets']['get']>;
 
 /**
  * Where secrets live: the store new ones go to, and every secret's place.
@@ -666,47 +621,16 @@ export function usageCsvUrl(
 /**
  * One point of a live metric (`GET /jobs/<id>/metrics`).
  */
-export interface IMetricPoint {
-  step: number;
-  /**
-   * null for NaN or an infinity.
-   */
-  value: number | null;
-  /**
-   * Milliseconds since the epoch.
-   */
-  timestamp: number;
-}
+export type IMetricPoint = IMetricSeries['points'][number];
 
-export interface IMetricSeries {
-  /**
-   * The far-side MLflow run id.
-   */
-  run: string;
-  key: string;
-  points: IMetricPoint[];
-}
+export type IMetricSeries = IMetricsPage['metrics'][number];
 
 /**
  * Live metrics past a cursor: what a running job logs to MLflow on its machine.
  */
-export interface IMetricsPage {
-  job_id: string;
-  /**
-   * Pass as `since` to get only later points.
-   */
-  cursor: string;
-  /**
-   * The `since` given belonged to another series (a restarted server): these are all points.
-   */
-  reset: boolean;
-  watching: boolean;
-  /**
-   * The job has ended: no more points will come.
-   */
-  complete: boolean;
-  metrics: IMetricSeries[];
-}
+export type IMetricsPage = AnswerOf<
+  paths['/remote-compute/jobs/{job_id}/metrics']['get']
+>;
 
 /**
  * A job's live metrics after `since`; asking marks the job watched. With `wait` (seconds, at
@@ -738,16 +662,9 @@ export function readMetrics(
 /**
  * A pipeline step another part of the product (or another package) offers (`GET /steps`).
  */
-export interface IStep {
-  id: string;
-  label: string;
-  description?: string;
-  icon?: string;
-  /**
-   * The step's settings as a JSON Schema.
-   */
-  settings: Record<string, unknown>;
-}
+export type IStep = AnswerOf<
+  paths['/remote-compute/steps']['get']
+>['steps'][number];
 
 export type IPipelineRun = Schemas['PipelineRun'];
 export type IPipelineNodeRun = Schemas['PipelineNodeRun'];
