@@ -36,8 +36,8 @@ from ..engines.farside import tls_script
 from ..engines.launcher import command_script
 from ..errors import InvalidSettings
 from ..fsutil import atomic_write, private_dir
-from ..machines.options import URL_CREDENTIALS
 from ..schema.environment import Environment
+from ..secrets import URL_CREDENTIALS
 from ..workspace import relative_to_note
 from . import image as images
 

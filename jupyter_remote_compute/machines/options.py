@@ -19,7 +19,7 @@ from ..engines import ROUTED_KINDS, engine_class, engine_kinds
 from ..engines.base import Engine, OptionField
 from ..errors import Conflict, InvalidSettings
 from ..secrets import NAME_RULE as SECRET_NAME_RULE
-from ..secrets import is_secret_name
+from ..secrets import URL_CREDENTIALS, is_secret_name
 from .yaml_document import YamlDocument
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -62,9 +62,6 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     ),
     "image_max_age_days": OptionField(int, "Days an image no job used stays on the machine (default 30)"),
 }
-#: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
-#: bare ``git@`` names a user, not a secret).
-URL_CREDENTIALS = re.compile(r"(?:\bhttps?://[^/@\s]+@|://[^/@\s:]+:[^/@\s]+@)")
 #: Option names that would put a secret in the file.
 _SECRET_KEYS = frozenset({"token", "password", "passwd", "passphrase", "secret", "api_key", "apikey"})
 _SECRET_SUFFIXES = ("_token", "_password", "_passphrase", "_api_key")

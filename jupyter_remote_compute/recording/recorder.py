@@ -67,9 +67,9 @@ from typing import Any
 from ..errors import NotFound
 from ..fsutil import atomic_write, private_open, socket_folder
 from ..jobs.context import JobContext
-from ..jobs.job import Job, utcnow
 from ..jobs.logs import mask_values
 from ..jobs.store import JobStore
+from ..schema.job import Job, utcnow
 from ..secrets import mask
 from ..workspace import Workspace
 from .tracking import (
