@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .engines.faces import CliCommand, all_faces, faces_of
+from .engines.organization.client import with_organization
 from .errors import InvalidSettings, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
@@ -28,7 +29,6 @@ from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration
 from .jobs.transitions import TERMINAL_STATES
 from .machines.admin import HostKeyNotConfirmed
-from .org.client import with_organization
 from .run_options import add_run_options, command_of, is_python_version, spec_settings
 from .workspace import Workspace, relative_to_note
 

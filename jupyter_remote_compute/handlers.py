@@ -27,12 +27,12 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
+from .engines.organization.client import with_organization
 from .errors import InvalidSettings, MachineUnreachable, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
 from .json_routes import JsonRoute
-from .org.client import with_organization
 from .schema.spec import JobRequest
 
 T = TypeVar("T")

@@ -32,9 +32,9 @@ BUILT_IN_KINDS = {
 }
 
 #: Kinds a job's machine may have but no one adds to a compute.yaml: its machine is someone else's, reached
-#: through them (``organization``: a machine of the hub's organization service, ``org/engine.py``). They load
+#: through them (``organization``: a machine of the hub's organization service, ``engines/organization/``). They load
 #: as the built-in kinds do, and are neither listed among the kinds nor accepted for a new machine.
-ROUTED_KINDS = {"organization": "jupyter_remote_compute.org.engine:OrganizationEngine"}
+ROUTED_KINDS = {"organization": "jupyter_remote_compute.engines.organization.engine:OrganizationEngine"}
 
 __all__ = ["Engine", "EngineContext", "EngineError", "engine_class", "engine_kinds"]
 

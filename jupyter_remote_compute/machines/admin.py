@@ -62,7 +62,7 @@ class MachineAdmin:
     def resolve(self, name: str) -> Machine:
         """The machine a job names: this workspace's own; else, on a hub, the organization's, named
         ``org:NAME`` always and ``NAME`` where this workspace has no machine of that name (one's own wins)."""
-        from ..org.client import ORG_PREFIX, organization, shared_machine  # the way to the service, asked only here
+        from ..engines.organization.client import ORG_PREFIX, organization, shared_machine
 
         if not name.startswith(ORG_PREFIX):
             try:

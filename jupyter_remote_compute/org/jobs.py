@@ -1,9 +1,10 @@
 """Jobs users run on the organization's machines, as the service does them: each step with the real engine.
 
 A user's own server drives the job (its lifecycle, its outputs, its MLflow run) through an engine of kind
-``organization`` (``org/engine.py``); every call of that engine is a route of the service, which does the
-step on the machine with the organization's credentials, through the engine ``MachineAdmin`` builds from
-the service's compute.yaml and Secret Manager. So the user never holds a key or token of the machine.
+``organization`` (``engines/organization/engine.py``); every call of that engine is a route of the
+service, which does the step on the machine with the organization's credentials, through the engine
+``MachineAdmin`` builds from the service's compute.yaml and Secret Manager. So the user never holds a
+key or token of the machine.
 
 What the service keeps of a job is small (``OrgJob``): whose it is (the hub user, bound when it is
 prepared), the machine as it was then (a snapshot, so an admin's later edit leaves it be), and the real
@@ -23,7 +24,6 @@ folders, input caches and environments never mix. Every method blocks: the servi
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import io
@@ -50,6 +50,7 @@ from ..engines.base import (
     RemoteStatus,
 )
 from ..engines.farside import SUMS_SUFFIX
+from ..engines.organization.wire import status_json
 from ..engines.resources import Resources
 from ..engines.shell import ShellEngine
 from ..errors import Conflict, InvalidSettings, NotFound
@@ -110,30 +111,6 @@ class OrgJob:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OrgJob:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
-
-
-def status_json(status: RemoteStatus) -> dict[str, Any]:
-    return dataclasses.asdict(status)
-
-
-def status_from_json(data: Mapping[str, Any]) -> RemoteStatus:
-    fields = {f.name for f in dataclasses.fields(RemoteStatus)}
-    return RemoteStatus(**{k: v for k, v in data.items() if k in fields})
-
-
-def metrics_json(metrics: Mapping[str, MetricBytes]) -> dict[str, dict[str, list[Any]]]:
-    """New bytes of metric files, by job and path, as JSON: ``[offset, base64]``."""
-    return {
-        job_id: {path: [offset, base64.b64encode(data).decode("ascii")] for path, (offset, data) in files.items()}
-        for job_id, files in metrics.items()
-    }
-
-
-def metrics_from_json(data: Mapping[str, Mapping[str, Sequence[Any]]]) -> dict[str, MetricBytes]:
-    return {
-        job_id: {path: (int(offset), base64.b64decode(text)) for path, (offset, text) in files.items()}
-        for job_id, files in data.items()
-    }
 
 
 class OrgJobs:
@@ -380,4 +357,4 @@ def _sum_line(digest: str, path: str) -> bytes:
     return digest.encode() + b"  " + raw + b"\n"
 
 
-__all__ = ["OrgJob", "OrgJobs", "metrics_from_json", "metrics_json", "status_from_json", "status_json", "user_folder"]
+__all__ = ["OrgJob", "OrgJobs", "user_folder"]

@@ -17,7 +17,7 @@ Routes, under the prefix:
   resources a job asks for.
 
 Jobs on those machines (use; ``jobs.py``), each the call of an engine method a user's server makes
-(``org/engine.py``), on the caller's own jobs only (another's id is "not found"):
+(``engines/organization/engine.py``), on the caller's own jobs only (another's id is "not found"):
 
 - ``GET api/jobs``: the caller's jobs; ``?all_users=1`` (admin) every user's, each with its user.
 - ``PUT api/jobs/<id>`` (``{machine, key}``) binds the id to the caller and prepares it; ``GET`` reads the
@@ -55,11 +55,12 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuth
 from jupyterhub.utils import url_path_join
 
 from ..engines.base import EngineError
+from ..engines.organization.wire import metrics_json
 from ..engines.resources import Resources
 from ..errors import Forbidden, InvalidSettings, RemoteComputeError
 from ..json_routes import BodyToFile, JsonRoute
 from . import scopes
-from .jobs import OrgJobs, check_sha, metrics_json
+from .jobs import OrgJobs, check_sha
 from .organization import Organization
 
 log = logging.getLogger(__name__)

@@ -52,7 +52,7 @@ class Machine:
         Field(json_schema_extra={"additionalProperties": True}),
     ]
     builtin: bool = False
-    # In lists (org/client.py): whose machine it is, `organization` or the user's name, and who set an
+    # In lists (engines/organization/client.py): whose machine it is, `organization` or the user's name, and who set an
     # organization's machine.
     owner: Annotated[
         str | None,

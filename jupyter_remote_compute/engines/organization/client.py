@@ -18,14 +18,14 @@ from typing import Any
 
 import requests
 
-from ..errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
-from ..machines.registry import Machine
+from ...errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
+from ...schema.machine import Machine
 
 DEFAULT_SERVICE = "remote-compute"
 TIMEOUT = 10.0
 #: A job's machine that is the organization's: ``org:NAME``. Never a name of one's own (those have no ':').
 ORG_PREFIX = "org:"
-#: The kind of such a machine in a user's workspace: its engine (``org/engine.py``) asks the service.
+#: The kind of such a machine in a user's workspace: its engine (``engines/organization/engine.py``) asks the service.
 ORG_KIND = "organization"
 #: The service's errors, by their ``code``, raised here as the same errors (the field named stays named).
 ERRORS = {cls.code: cls for cls in (InvalidSettings, Conflict, NotFound, Forbidden)}

@@ -22,8 +22,9 @@ from typing import Any
 
 import requests
 
-from ..engines import BUILT_IN_KINDS, engine_class, farside
-from ..engines.base import (
+from ...errors import InvalidSettings
+from .. import BUILT_IN_KINDS, engine_class, farside
+from ..base import (
     Engine,
     EngineContext,
     EngineError,
@@ -38,10 +39,9 @@ from ..engines.base import (
     RemoteStatus,
     SendStats,
 )
-from ..engines.resources import Resources
-from ..errors import InvalidSettings
+from ..resources import Resources
 from .client import ORG_KIND, OrganizationClient, OrganizationUnavailable, organization
-from .jobs import metrics_from_json, status_from_json
+from .wire import metrics_from_json, status_from_json
 
 #: Sending, starting, fetching and cancelling wait on the machine, through the service: give them time.
 LONG = (10.0, 3600.0)
