@@ -28,7 +28,7 @@ from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.usage.ledger import remember_facts
+from jupyter_remote_compute.machines.facts import remember_facts
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env

@@ -20,7 +20,8 @@ from jupyter_remote_compute.cli import main as run_cli
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.job import Job, parse_time
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.usage.ledger import Attempt, UsageRecord, job_metrics, remember_facts, summarize
+from jupyter_remote_compute.machines.facts import remember_facts
+from jupyter_remote_compute.usage.ledger import Attempt, UsageRecord, job_metrics, summarize
 
 GATE = "while [ ! -f go ]; do sleep 0.05; done"
 

@@ -275,7 +275,7 @@ def tool_inputs(job: Any, digests: Any, facts: Mapping[str, Any] | None = None) 
     """This side's uv as one more input of a job that has an environment, sent through the machine's
     content cache: once per machine (later jobs find it cached), not executable (so the cache links
     it rather than copies it), used only where the machine has no uv of its own. ``facts``: the
-    machine's last check (``usage.known_facts``); one that found a uv there sends none, unknown
+    machine's last check (``machines.facts.known_facts``); one that found a uv there sends none, unknown
     facts send it. A uv for another OS or architecture fails its ``--version`` there and the build
     falls back to venv + pip."""
     if not builds(job.spec) or job.kind in _NO_SENT_UV or not sys.platform.startswith("linux"):

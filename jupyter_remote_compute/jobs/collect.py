@@ -20,10 +20,11 @@ from typing import Any
 from ..engines.base import WORK_DIR, EngineError, FetchResult
 from ..errors import InvalidSettings, RemoteComputeError
 from ..fsutil import private_dir, sha256_file
+from ..machines.facts import known_facts, remember_facts
 from ..recording import recorder as record_later
 from ..recording.tracking import JobRecord, without_far_records
 from ..secrets import mask
-from ..usage.ledger import job_metrics, known_facts, meter, remember_facts
+from ..usage.ledger import job_metrics, meter
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases

@@ -29,9 +29,10 @@ from ..environments import image as images
 from ..environments import image_registry as registry
 from ..environments.environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
 from ..errors import InvalidSettings, RemoteComputeError
+from ..machines.facts import known_facts
 from ..recording import recorder as record_later
 from ..transfer.manifest import DigestCache
-from ..usage.ledger import REQUEUED, known_facts, meter
+from ..usage.ledger import REQUEUED, meter
 from .collect import Collector
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow

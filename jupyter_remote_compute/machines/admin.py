@@ -23,8 +23,8 @@ from ..environments.environment import builder
 from ..errors import InvalidSettings, MachineError, MachineUnreachable, NotFound, RemoteComputeError
 from ..schema.machine import MachineInput, MachinePatch
 from ..secrets import SecretStore
-from ..usage.ledger import remember_facts
 from ..workspace import default_scratch_dir
+from .facts import remember_facts
 from .registry import Machine, MachineRegistry
 
 log = logging.getLogger(__name__)

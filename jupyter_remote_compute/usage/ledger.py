@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidSettings
-from ..fsutil import SharedFileLock, atomic_write, private_dir
+from ..fsutil import SharedFileLock, private_dir
+from ..machines.facts import recorded_facts
 from ..schema.job import ACTIVE_STATES, Job, parse_given_time, parse_time
 from ..schema.usage import Attempt
 
 log = logging.getLogger(__name__)
 
 USAGE_FILE = "usage.jsonl"
-FACTS_FILE = "machine-facts.json"
 LOCK_TIMEOUT = 30.0
 #: A scheduler put the job back in its queue: the attempt ended, the next starts queued.
 REQUEUED = "requeued"
@@ -110,52 +110,12 @@ def _ends_with_newline(fd: int) -> bool:
     return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
 
 
-# -- what a machine holds ---------------------------------------------------------------------------
-def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> None:
-    """Keep what a check found: the GPU count, for metering jobs that did not ask for GPUs, the OS,
-    Python and GPUs that a job's MLflow run names (``known_facts``), and the architecture and uv a
-    job's environment is made for."""
-    path = punica_dir / FACTS_FILE
-    gpus = facts.get("gpus") or []
-    with SharedFileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT):
-        known = _read_facts(path)
-        known[machine] = {
-            "gpus": len(gpus),
-            "checked": time.time(),
-            **{key: facts.get(key) for key in ("os", "kernel", "python", "cpus")},
-            # what the job's environment needs to know (environments/environment.py): absent when not reported
-            **{key: facts[key] for key in ("arch", "uv") if key in facts},
-            "gpu_names": [str(gpu.get("name") or "") for gpu in gpus if isinstance(gpu, Mapping)],
-        }
-        atomic_write(path, json.dumps(known, indent=1).encode(), mode=0o600)
-
-
-def known_facts(punica_dir: Path, machine: str, max_age: float | None = None) -> dict[str, Any] | None:
-    """What the machine's last check found (``remember_facts``), if it was at most ``max_age`` seconds
-    ago; None when it was never checked, or before the OS and Python were kept."""
-    facts = _read_facts(punica_dir / FACTS_FILE).get(machine)
-    if not isinstance(facts, dict) or "gpu_names" not in facts:
-        return None
-    checked = facts.get("checked")
-    if max_age is not None and not (isinstance(checked, (int, float)) and time.time() - checked <= max_age):
-        return None
-    return facts
-
-
-def _read_facts(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def gpus_held(job: Job, punica_dir: Path) -> int:
     """GPUs the job held: what it asked for (per node x nodes), else every GPU its machine's last check saw."""
     resources = job.spec.resources
     if resources.gpus:
         return resources.gpus * (resources.nodes or 1)
-    facts = _read_facts(punica_dir / FACTS_FILE).get(job.machine) or {}
+    facts = recorded_facts(punica_dir).get(job.machine) or {}
     gpus = facts.get("gpus")
     return gpus if isinstance(gpus, int) and gpus > 0 else 0
 
