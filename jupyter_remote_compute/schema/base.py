@@ -33,6 +33,7 @@ def unless_none(check: Any) -> Any:
 
 
 def absent(value: Any) -> bool:
+    """``exclude_if`` of a field left out of what is written while it is not set."""
     return value is None
 
 

@@ -13,7 +13,7 @@ from pydantic import BeforeValidator, Field, Strict, with_config
 from pydantic_core import PydanticCustomError, core_schema
 
 from . import values
-from .base import STRICT, absent, checked, problem, to_json, validate
+from .base import STRICT, absent, problem, to_json, validate
 
 _PYTHON = re.compile(r"^\d+(\.\d+){0,2}$")
 
@@ -29,11 +29,6 @@ class Image:
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         return core_schema.no_info_before_validator_function(_image_in, handler(source))
-
-    @classmethod
-    def checked(cls, ref: Any, runtime: Any, ref_field: str, runtime_field: str) -> Image:
-        """The image named by ``ref`` and ``runtime`` (None or "": auto); errors name the fields given."""
-        return cls(checked(values.image_ref, ref, ref_field), checked(values.runtime, runtime, runtime_field))
 
     @classmethod
     def from_json(cls, value: Any, field: str = "image") -> Image | None:
