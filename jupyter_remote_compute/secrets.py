@@ -42,9 +42,6 @@ REFERENCE_PREFIX = "secret:"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,127}$")
 NAME_RULE = "1 to 128 characters: letters, digits and _ . / -, starting with a letter or digit (e.g. compute/team-lab)"
-#: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
-#: bare ``git@`` names a user, not a secret). Refused in a machine's index URLs and a job's requirements.
-URL_CREDENTIALS = re.compile(r"(?:\bhttps?://[^/@\s]+@|://[^/@\s:]+:[^/@\s]+@)")
 
 #: Where a secret lives (``SecretEntry.source``).
 SOURCE_ENV = "deployment-env"
@@ -53,6 +50,10 @@ SOURCE_KEYRING = "keyring"
 SOURCE_FILE = "file"
 
 _LOCK_TIMEOUT = 10.0
+
+#: Credentials written into a URL: ``https://token@host``, ``scheme://user:password@host`` (an ssh URL's
+#: bare ``git@`` names a user, not a secret). Refused in a machine's index URLs and a job's requirements.
+URL_CREDENTIALS = re.compile(r"(?:\bhttps?://[^/@\s]+@|://[^/@\s:]+:[^/@\s]+@)")
 
 
 def is_secret_name(value: object) -> bool:
