@@ -32,6 +32,7 @@ class Attempt:
     bytes_fetched: int = 0
     price_per_hour: float | None = None  # the machine's setting, if it has one
     running: bool = False  # counted up to now, not final
+    groups: tuple[str, ...] = ()  # the user's hub groups when it ran (the organization's ledger)
 
     def end(self, now: float) -> float:
         return self.ended if self.ended is not None else now

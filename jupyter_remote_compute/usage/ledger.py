@@ -43,6 +43,8 @@ LOCK_TIMEOUT = 30.0
 #: A scheduler put the job back in its queue: the attempt ended, the next starts queued.
 REQUEUED = "requeued"
 GROUP_KEYS = ("machine", "user", "month", "kind", "state")
+#: The organization's ledger also sums per hub group (an attempt counts in each of its user's groups).
+ORG_GROUP_KEYS = (*GROUP_KEYS, "group")
 
 
 class UsageRecord:
@@ -208,15 +210,15 @@ def parse_instant(value: str | None, field: str) -> float | None:
     return parse_given_time(value, field).timestamp()
 
 
-def parse_group_by(value: str | Sequence[str] | None) -> tuple[str, ...]:
+def parse_group_by(value: str | Sequence[str] | None, allowed: Sequence[str] = GROUP_KEYS) -> tuple[str, ...]:
     if value is None or value == "":
         return ("machine",)
     names = [n.strip() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
-    unknown = [n for n in names if n not in GROUP_KEYS]
+    unknown = [n for n in names if n not in allowed]
     if unknown or not names:
         raise InvalidSettings(
             f"group_by: {unknown[0] if unknown else value!r} is not a grouping; use one or more of "
-            + ", ".join(GROUP_KEYS),
+            + ", ".join(allowed),
             field="group_by",
         )
     return tuple(dict.fromkeys(names))
@@ -226,7 +228,8 @@ def _month(when: float) -> str:
     return datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m")
 
 
-def _key(attempt: Attempt, group_by: Sequence[str], now: float) -> tuple[str, ...]:
+def _keys(attempt: Attempt, group_by: Sequence[str], now: float) -> list[tuple[str, ...]]:
+    """The groups an attempt is summed in: one, or one per hub group of its user when grouped by ``group``."""
     values = {
         "machine": attempt.machine,
         "user": attempt.user or "",
@@ -234,7 +237,10 @@ def _key(attempt: Attempt, group_by: Sequence[str], now: float) -> tuple[str, ..
         "kind": attempt.kind,
         "state": attempt.state,
     }
-    return tuple(values[name] for name in group_by)
+    return [
+        tuple(group if name == "group" else values[name] for name in group_by)
+        for group in ((attempt.groups or ("",)) if "group" in group_by else ("",))
+    ]
 
 
 def summarize(
@@ -256,36 +262,8 @@ def summarize(
         end = attempt.end(now)
         if (since is not None and end < since) or (until is not None and end > until):
             continue
-        key = _key(attempt, group_by, now)
-        row = groups.get(key)
-        if row is None:
-            row = groups[key] = {
-                **dict(zip(group_by, key, strict=True)),
-                "attempts": 0,
-                "jobs": set(),
-                "running": 0,
-                "job_hours": 0.0,
-                "gpu_hours": 0.0,
-                "queue_hours": 0.0,
-                "bytes_sent": 0,
-                "bytes_fetched": 0,
-                "cost_estimate": None,
-                "priced_hours": 0.0,
-                "estimated_attempts": 0,
-            }
-        wall_h = attempt.wall_s(now) / 3600
-        row["attempts"] += 1
-        row["jobs"].add(attempt.job)
-        row["running"] += attempt.running
-        row["job_hours"] += wall_h
-        row["gpu_hours"] += wall_h * attempt.gpus
-        row["queue_hours"] += attempt.queue_s(now) / 3600
-        row["bytes_sent"] += attempt.bytes_sent
-        row["bytes_fetched"] += attempt.bytes_fetched
-        row["estimated_attempts"] += attempt.source == "estimated"
-        if attempt.price_per_hour is not None:
-            row["cost_estimate"] = (row["cost_estimate"] or 0.0) + wall_h * attempt.price_per_hour
-            row["priced_hours"] += wall_h
+        for key in _keys(attempt, group_by, now):
+            _add(groups, key, attempt, group_by, now)
     rows = []
     for key in sorted(groups):
         row = groups[key]
@@ -304,6 +282,44 @@ def summarize(
         "note": "job_hours is wall time; gpu_hours is allocated (wall time x GPUs held); "
         "cost_estimate is an estimate from each machine's price_per_hour, where one is set",
     }
+
+
+def _add(
+    groups: dict[tuple[str, ...], dict[str, Any]],
+    key: tuple[str, ...],
+    attempt: Attempt,
+    group_by: Sequence[str],
+    now: float,
+) -> None:
+    row = groups.get(key)
+    if row is None:
+        row = groups[key] = {
+            **dict(zip(group_by, key, strict=True)),
+            "attempts": 0,
+            "jobs": set(),
+            "running": 0,
+            "job_hours": 0.0,
+            "gpu_hours": 0.0,
+            "queue_hours": 0.0,
+            "bytes_sent": 0,
+            "bytes_fetched": 0,
+            "cost_estimate": None,
+            "priced_hours": 0.0,
+            "estimated_attempts": 0,
+        }
+    wall_h = attempt.wall_s(now) / 3600
+    row["attempts"] += 1
+    row["jobs"].add(attempt.job)
+    row["running"] += attempt.running
+    row["job_hours"] += wall_h
+    row["gpu_hours"] += wall_h * attempt.gpus
+    row["queue_hours"] += attempt.queue_s(now) / 3600
+    row["bytes_sent"] += attempt.bytes_sent
+    row["bytes_fetched"] += attempt.bytes_fetched
+    row["estimated_attempts"] += attempt.source == "estimated"
+    if attempt.price_per_hour is not None:
+        row["cost_estimate"] = (row["cost_estimate"] or 0.0) + wall_h * attempt.price_per_hour
+        row["priced_hours"] += wall_h
 
 
 CSV_FIELDS = (
