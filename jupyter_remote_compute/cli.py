@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .engines.faces import CliCommand, all_faces, faces_of
-from .engines.organization.client import with_organization
+from .engines.organization.client import OrganizationClient, organization, with_organization
 from .errors import InvalidSettings, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
@@ -345,10 +345,26 @@ def _hours(value: float) -> str:
     return f"{value:.2f}"
 
 
+def _organization_or_refuse(what: str) -> OrganizationClient:
+    client = organization()
+    if client is None:
+        raise RemoteComputeError(
+            f"{what} is the organization's, and there is no organization service here: run it in a terminal "
+            "of a server the hub started"
+        )
+    return client
+
+
 def cmd_usage(args: argparse.Namespace) -> int:
     from .usage.ledger import summary_csv
 
-    summary = _service(args).usage(args.by, args.since, args.until)
+    if args.all_users:
+        # The organization's ledger, every user's: the service refuses a token without the admin scope.
+        params = {"all_users": "1", "group_by": args.by}
+        params.update({k: v for k, v in (("since", args.since), ("until", args.until)) if v})
+        summary = _organization_or_refuse("--all-users").usage(params)
+    else:
+        summary = _service(args).usage(args.by, args.since, args.until)
     if args.json:
         _print_json(summary)
         return 0
@@ -374,6 +390,43 @@ def cmd_usage(args: argparse.Namespace) -> int:
     if not rows:
         print("no usage recorded yet", file=sys.stderr)
     return 0
+
+
+# -- quotas -----------------------------------------------------------------
+def _used_of(quota: dict[str, Any], limit: str) -> str:
+    if limit not in quota:
+        return "-"
+    used = quota["used"][limit]
+    return f"{int(used)}/{quota[limit]}" if limit == "jobs" else f"{used:.2f}/{quota[limit]:g}"
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    """The organization's quotas, through its service (only an admin changes them)."""
+    client = _organization_or_refuse("a quota")
+    if args.action == "list":
+        quotas = client.quotas()
+        if args.json:
+            _print_json(quotas)
+            return 0
+        rows = []
+        for q in quotas:
+            limits = [_used_of(q, k) for k in ("gpu_hours", "job_hours", "jobs")]
+            soft = "soft" if q["soft"] else f"hard, grace {q['grace_seconds']:g} s"
+            rows.append([q["who"], q["period"], *limits, soft])
+        _table(rows, ["WHO", "PERIOD", "GPU-H USED/QUOTA", "JOB-H USED/QUOTA", "JOBS RUNNING/QUOTA", "KIND"])
+        if not rows:
+            print("no quota binds you", file=sys.stderr)
+        return 0
+    who, name = ("user", args.quota_user) if args.quota_user else ("group", args.quota_group)
+    if args.action == "delete":
+        client.remove_quota(who, name)
+        return _done(args, {"who": f"{who}:{name}", "deleted": True}, f"removed the quota of {who} {name}")
+    body: dict[str, Any] = {"period": args.period, "soft": args.soft}
+    for field in ("gpu_hours", "job_hours", "jobs", "grace_seconds"):
+        if getattr(args, field) is not None:
+            body[field] = getattr(args, field)
+    quota = client.set_quota(who, name, body)
+    return _done(args, quota, f"set the quota of {who} {name}")
 
 
 # -- secrets ----------------------------------------------------------------
@@ -516,9 +569,35 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     )
     usage.add_argument("--since", help="only attempts that ended at or after this ISO 8601 time")
     usage.add_argument("--until", help="only attempts that ended at or before this ISO 8601 time")
+    usage.add_argument(
+        "--all-users",
+        dest="all_users",
+        action="store_true",
+        help="the organization's usage, every user's (on a hub, with the admin scope); --by may add group",
+    )
     form = usage.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true")
     form.add_argument("--csv", action="store_true")
+
+    quota = sub.add_parser("quota", help="the organization's quotas on a hub (an admin sets them)")
+    qsub = quota.add_subparsers(dest="action", required=True)
+    p = qsub.add_parser("list", help="the quotas that bind you (an admin: every quota), with what is used")
+    p.add_argument("--json", action="store_true")
+    for action, text in (("set", "set a user's or group's quota per month"), ("delete", "remove one")):
+        p = qsub.add_parser(action, help=text)
+        whom = p.add_mutually_exclusive_group(required=True)
+        whom.add_argument("--user", dest="quota_user", help="a hub user's name")
+        whom.add_argument("--group", dest="quota_group", help="a hub group's name")
+        p.add_argument("--json", action="store_true")
+        if action == "set":
+            p.add_argument("--gpu-hours", dest="gpu_hours", type=float, help="GPU-hours per period")
+            p.add_argument("--job-hours", dest="job_hours", type=float, help="job-hours per period")
+            p.add_argument("--jobs", type=int, help="jobs running at once")
+            p.add_argument("--period", default="month", choices=["month"])
+            p.add_argument(
+                "--grace", dest="grace_seconds", type=float, help="seconds a job may run on once used up (300)"
+            )
+            p.add_argument("--soft", action="store_true", help="only notice, never stop a job")
 
     secrets = sub.add_parser("secrets", help="the Secret Manager: values from stdin or a prompt, never argv")
     ssub = secrets.add_subparsers(dest="action", required=True)
@@ -558,6 +637,7 @@ COMMANDS = {
     "run": cmd_run,
     "jobs": cmd_jobs,
     "usage": cmd_usage,
+    "quota": cmd_quota,
     "secrets": cmd_secrets,
     "pipeline": cmd_pipeline,
 }

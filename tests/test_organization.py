@@ -457,3 +457,109 @@ def test_a_service_killed_mid_job_loses_nothing(
     shown = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
     assert shown["state"] == "succeeded" and shown["mlflow_run_id"], shown
     assert (home / model).read_text() == "late\n"
+
+
+# -- usage and quotas --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def alices_job(org: tuple[Hub, Path], team_ssh: str) -> str:
+    """rcalice runs a short job on the organization's machine from a terminal of her server."""
+    hub, _ = org
+    ran = _as_user(hub.start_server("rcalice"), "run", "--new", "--machine", team_ssh, "--", "sleep", "1")
+    submitted = re.search(r"submitted job (\S+)", ran.stderr)
+    assert ran.returncode == 0 and submitted, ran.stderr
+    return submitted.group(1)
+
+
+def test_the_admin_sees_every_users_usage_and_a_member_only_his_own(
+    org: tuple[Hub, Path], bobs_job: dict[str, Any], alices_job: str
+) -> None:
+    hub, _ = org
+    admin = hub.user_token(ADMIN_USER)
+    by_user = _service(hub, "GET", "api/usage?all_users=1&group_by=user,machine", admin)
+    assert by_user.status_code == 200, by_user.text
+    rows = {(r["user"], r["machine"]): r for r in by_user.json()["rows"]}
+    for user in ("rcalice", "rcbob"):
+        assert rows[(user, "team-ssh")]["attempts"] >= 1 and rows[(user, "team-ssh")]["job_hours"] > 0, rows
+    by_group = _service(hub, "GET", "api/usage?all_users=1&group_by=group,month&format=csv", admin)
+    assert by_group.status_code == 200 and by_group.text.startswith("group,month,attempts,"), by_group.text
+    assert "\nrcteam," in by_group.text
+    # A member's own usage is his alone; everyone's needs the admin scope.
+    bob = bobs_job["server"].token
+    own = _service(hub, "GET", "api/usage?group_by=user", bob).json()["rows"]
+    assert [r["user"] for r in own] == ["rcbob"]
+    refused = _as_user(bobs_job["server"], "usage", "--all-users")
+    assert refused.returncode != 0 and ADMIN in refused.stderr, refused.stderr
+
+
+def test_a_member_may_not_set_a_quota(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
+    _, state = org
+    refused = _as_user(bobs_job["server"], "quota", "set", "--user", "rcbob", "--jobs", "9")
+    assert refused.returncode != 0 and ADMIN in refused.stderr and "quotas" in refused.stderr, refused.stderr
+    assert (
+        not (state / ".punica" / "quotas.json").exists()
+        or "rcbob" not in (state / ".punica" / "quotas.json").read_text()
+    )
+    listed = _as_user(bobs_job["server"], "quota", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+
+
+def _set_quota(hub: Hub, who: str, body: dict[str, Any]) -> dict[str, Any]:
+    answer = _service(hub, "PUT", f"api/quotas/{who}", hub.user_token(ADMIN_USER), json=body)
+    assert answer.status_code == 200, answer.text
+    (standing,) = [
+        q
+        for q in _service(hub, "GET", "api/quotas", hub.user_token(ADMIN_USER)).json()["quotas"]
+        if q["who"] == who.replace("/", ":")
+    ]
+    return standing
+
+
+def test_a_jobs_quota_refuses_a_second_running_job_before_anything_is_sent(
+    org: tuple[Hub, Path], bobs_job: dict[str, Any], team_ssh: str, sshd_bed: TestBed
+) -> None:
+    hub, _ = org
+    server = bobs_job["server"]
+    _set_quota(hub, "user/rcbob", {"jobs": 1})
+    try:
+        first = _as_user(server, "run", "--detach", "--new", "--machine", team_ssh, "--", "sh", "-c",
+                         "while [ ! -f gate ]; do sleep 0.1; done")  # fmt: skip
+        submitted = re.search(r"submitted job (\S+)", first.stderr)
+        assert first.returncode == 0 and submitted, first.stderr
+        jobs = _far_users(sshd_bed) / "rcbob" / "jobs"
+        wait_for(lambda: (jobs / submitted.group(1) / "pid").exists(), 60, "his first job to start")
+        second = _as_user(server, "run", "--new", "--machine", team_ssh, "--", "true")
+        assert second.returncode != 0, second.stdout + second.stderr
+        assert "user rcbob's jobs quota allows 1 running at once; 1 running, 0 left" in second.stderr, second.stderr
+        refused = re.search(r"submitted job (\S+)", second.stderr)
+        assert refused and not (jobs / refused.group(1)).exists()  # nothing reached the machine
+        (jobs / submitted.group(1) / "work" / "gate").touch()
+    finally:
+        assert _service(hub, "DELETE", "api/quotas/user/rcbob", hub.user_token(ADMIN_USER)).status_code == 204
+
+
+def test_a_used_up_job_hours_quota_stops_a_running_job_and_says_why(
+    org: tuple[Hub, Path], alices_job: str, team_ssh: str
+) -> None:
+    hub, _ = org
+    server = hub.start_server("rcalice")
+    used = _set_quota(hub, "user/rcalice", {"job_hours": 1000})["used"]["job_hours"]
+    _set_quota(hub, "user/rcalice", {"job_hours": used + 3 / 3600, "grace_seconds": 1})
+    try:
+        ran = _as_user(server, "run", "--detach", "--new", "--machine", team_ssh, "--", "sleep", "600")
+        submitted = re.search(r"submitted job (\S+)", ran.stderr)
+        assert ran.returncode == 0 and submitted, ran.stderr
+        job_id = submitted.group(1)
+
+        def ended() -> dict[str, Any] | None:
+            job = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
+            return job if job["state"] in ("succeeded", "failed", "cancelled", "lost") else None
+
+        job = wait_for(ended, 90, "the job over her quota to be stopped")
+        assert job["state"] == "failed", job
+        assert "stopped by the organization: user rcalice's job_hours quota" in job["reason"], job
+        record = _service(hub, "GET", f"api/jobs/{job_id}", server.token).json()
+        assert record["notices"] and "job_hours hard quota" in record["notices"][0], record
+    finally:
+        assert _service(hub, "DELETE", "api/quotas/user/rcalice", hub.user_token(ADMIN_USER)).status_code == 204

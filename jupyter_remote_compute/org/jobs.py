@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -55,10 +56,17 @@ from ..engines.resources import Resources
 from ..engines.shell import ShellEngine
 from ..errors import Conflict, InvalidSettings, NotFound
 from ..fsutil import atomic_write
-from ..jobs.job import utcnow
+from ..jobs.job import parse_time, utcnow
 from ..machines.admin import MachineAdmin, snapshot_of
+from ..schema.usage import Attempt
+from ..usage.ledger import USAGE_FILE, UsageRecord, known_facts, summarize
+from .quotas import HOURS, NOTICE_AT, Quotas, describe, month_start, refusal
+
+log = logging.getLogger(__name__)
 
 USERS_DIR = "org-users"
+#: What a poll says of a job that stopped on its machine.
+ENDED = ("exited", "failed", "cancelled", "gone")
 #: Uploaded inputs not used by any send for this long are removed (the machine keeps its own cache).
 BLOB_MAX_AGE = 7 * 24 * 3600.0
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -97,6 +105,20 @@ class OrgJob:
     snapshot: dict[str, Any]  # the machine at prepare, with the user's own base
     handle: Handle
     created: str
+    groups: list[str] = dataclasses.field(default_factory=list)  # the user's hub groups at prepare
+    # The metering: when it started here, what it held, when the service saw it end.
+    started: float | None = None
+    gpus: int = 0
+    ended: float | None = None
+    #: Why the service stopped it (a quota): the reason its user's server is told.
+    stopped: str | None = None
+    #: When a hard quota it counts against was first seen used up (its grace runs from then).
+    over_since: float | None = None
+    notices: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.started is not None and self.ended is None
 
     def remote(self) -> RemoteJob:
         return RemoteJob(self.id, self.key, self.handle)
@@ -106,11 +128,39 @@ class OrgJob:
 
     def summary(self) -> dict[str, Any]:
         """What a listing shows: never the snapshot's options (paths of the organization's keys)."""
-        return {"id": self.id, "user": self.user, "machine": self.machine, "created": self.created}
+        return {
+            "id": self.id,
+            "user": self.user,
+            "machine": self.machine,
+            "created": self.created,
+            "running": self.active,
+            "stopped": self.stopped,
+            "notices": self.notices,
+        }
+
+    def attempt(self, state: str, ended: float | None) -> Attempt:
+        """The job's one attempt, as the organization's ledger keeps it (``usage/ledger.py``'s line)."""
+        return Attempt(
+            job=self.id,
+            attempt=1,
+            name=self.id,
+            machine=self.machine,
+            kind=str(self.snapshot.get("kind") or ""),
+            user=self.user,
+            queued=parse_time(self.created),
+            started=self.started,
+            ended=ended,
+            state=state,
+            gpus=self.gpus,
+            source="engine",
+            running=ended is None,
+            groups=tuple(self.groups),
+        )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> OrgJob:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        # Fields a record written before metering lacks take their defaults.
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 
 class OrgJobs:
@@ -121,6 +171,9 @@ class OrgJobs:
         self.root.mkdir(mode=0o700, exist_ok=True)
         self.admin = admin
         self._lock = threading.Lock()
+        #: The organization's ledger: one line per ended attempt, as a user's own (``usage/ledger.py``).
+        self.usage = UsageRecord(punica_dir / USAGE_FILE)
+        self.quotas = Quotas(punica_dir)
 
     # -- the records -----------------------------------------------------------------
     def folder(self, user: str) -> Path:
@@ -143,24 +196,142 @@ class OrgJobs:
     def _save(self, job: OrgJob) -> None:
         atomic_write(self._record_path(job.user, job.id), json.dumps(job.to_json(), indent=1).encode(), mode=0o600)
 
-    def list(self, user: str | None = None) -> list[dict[str, Any]]:
-        """One user's jobs, or every user's (``None``: an admin's listing), newest first."""
+    def records(self, user: str | None = None) -> list[OrgJob]:
+        """One user's job records, or every user's (``None``)."""
         folders = [self.root / user_folder(user)] if user is not None else sorted(self.root.iterdir())
         found = []
         for folder in folders:
             for path in (folder / "jobs").glob("*.json"):
                 try:
-                    found.append(OrgJob.from_json(json.loads(path.read_bytes())).summary())
+                    found.append(OrgJob.from_json(json.loads(path.read_bytes())))
                 except (OSError, ValueError, KeyError, TypeError):
                     continue  # one unreadable record does not hide the others
+        return found
+
+    def list(self, user: str | None = None) -> list[dict[str, Any]]:
+        """One user's jobs, or every user's (``None``: an admin's listing), newest first."""
+        found = [job.summary() for job in self.records(user)]
         return sorted(found, key=lambda j: (j["created"], j["id"]), reverse=True)
+
+    # -- usage and quotas ------------------------------------------------------------------
+    def attempts(self, user: str | None = None) -> list[Attempt]:
+        """Every metered attempt (one user's, or everyone's): those ended from the ledger, those
+        running from the records, counted up to now."""
+        ended = [a for a in self.usage.attempts() if user is None or a.user == user]
+        return ended + [job.attempt("running", None) for job in self.records(user) if job.active]
+
+    def _meter_end(self, job: OrgJob, state: str) -> OrgJob:
+        """The job's attempt ended: one line in the ledger, then the record says so (a crash between
+        the two writes the line again, and the ledger keeps the first)."""
+        ended = time.time()
+        self.usage.append(job.attempt(state, ended))
+        with self._lock:
+            job = self.get(job.user, job.id)
+            job.ended = ended
+            self._save(job)
+        return job
+
+    def standing(self, user: str, groups: Sequence[str], now: float | None = None) -> list[dict[str, Any]]:
+        """Each quota binding ``user`` with what its user or group used this period and has left."""
+        now = time.time() if now is None else now
+        attempts = self.attempts()
+        active = [job for job in self.records() if job.active]
+        return [
+            self._standing(key, quota, attempts, active, now)
+            for key, quota in self.quotas.applying(user, groups).items()
+        ]
+
+    def every_standing(self, now: float | None = None) -> list[dict[str, Any]]:
+        now = time.time() if now is None else now
+        attempts, active = self.attempts(), [job for job in self.records() if job.active]
+        return [self._standing(key, quota, attempts, active, now) for key, quota in sorted(self.quotas.all().items())]
+
+    def _standing(
+        self, key: str, quota: Mapping[str, Any], attempts: Sequence[Attempt], active: Sequence[OrgJob], now: float
+    ) -> dict[str, Any]:
+        who, _, name = key.partition(":")
+        mine = [a for a in attempts if (a.user == name if who == "user" else name in a.groups)]
+        rows = summarize(mine, ("month",), since=month_start(now), now=now)["rows"]
+        used: dict[str, float] = {limit: sum(row[limit] for row in rows) for limit in HOURS}
+        used["jobs"] = sum(1 for job in active if (job.user == name if who == "user" else name in job.groups))
+        left = {limit: max(0.0, quota[limit] - used[limit]) for limit in (*HOURS, "jobs") if limit in quota}
+        return {"who": key, **quota, "used": used, "left": left}
+
+    def admit(self, user: str, groups: Sequence[str], job_id: str, gpus: int | None) -> None:
+        """Refuse (``QuotaExceeded``: which quota, used, left) a job a quota has no room for: one more
+        running job, or hours already used up (GPU-hours only for a job that holds GPUs, once known)."""
+        for standing in self.standing(user, groups):
+            key = standing["who"]
+            running = standing["used"]["jobs"] - any(j.id == job_id for j in self.records(user) if j.active)
+            if "jobs" in standing and running >= standing["jobs"]:
+                raise refusal(key, "jobs", standing, running)
+            for limit in HOURS:
+                if limit == "gpu_hours" and not gpus:
+                    continue
+                if limit in standing and standing["used"][limit] >= standing[limit]:
+                    raise refusal(key, limit, standing, standing["used"][limit])
+
+    def enforce(self, now: float | None = None) -> None:
+        """What the service does every few seconds: a running job whose user or group used up a quota's
+        hours gets a notice at 90 %; under a hard quota it is stopped once the grace has passed."""
+        now = time.time() if now is None else now
+        active = [job for job in self.records() if job.active and not job.stopped]
+        if not active:
+            return
+        standings = self.every_standing(now)
+        for job in active:
+            for standing in standings:
+                who, _, name = standing["who"].partition(":")
+                if not (job.user == name if who == "user" else name in job.groups):
+                    continue
+                for limit in HOURS:
+                    if limit not in standing or (limit == "gpu_hours" and not job.gpus):
+                        continue
+                    used, allowed = standing["used"][limit], standing[limit]
+                    if used >= NOTICE_AT * allowed:
+                        self._notice(job, standing, limit, used)
+                    if used >= allowed and not standing["soft"]:
+                        self._over(job, standing, limit, used, now)
+
+    def _notice(self, job: OrgJob, standing: Mapping[str, Any], limit: str, used: float) -> None:
+        """Once per quota and limit: kept on the job's record (its ``notices``) and in the service's log."""
+        about = f"{describe(standing['who'])} {limit} {'soft' if standing['soft'] else 'hard'} quota"
+        share = int(100 * used / standing[limit]) if standing[limit] else 100
+        text = f"{about}: {share} % of {standing[limit]:g} h per {standing['period']} used"
+        with self._lock:
+            current = self.get(job.user, job.id)
+            if any(n.startswith(about + ":") for n in current.notices):
+                return
+            current.notices.append(text)
+            self._save(current)
+        log.info("job %s of %s: %s", job.id, job.user, text)
+
+    def _over(self, job: OrgJob, standing: Mapping[str, Any], limit: str, used: float, now: float) -> None:
+        with self._lock:
+            current = self.get(job.user, job.id)
+            if current.over_since is None:
+                current.over_since = now
+                self._save(current)
+        if now - current.over_since < standing["grace_seconds"]:
+            return
+        reason = (
+            f"stopped by the organization: {describe(standing['who'])} {limit} quota of {standing[limit]:g} h "
+            f"per {standing['period']} is used up ({used:.4f} h)"
+        )
+        with self._lock:
+            current = self.get(job.user, job.id)
+            current.stopped = reason
+            self._save(current)
+        log.info("job %s of %s: %s", job.id, job.user, reason)
+        self.engine(current).cancel(current.remote(), 10.0)
 
     def engine(self, job: OrgJob) -> Engine:
         return self.admin.engine(job.machine, job.snapshot)
 
     # -- the job's life, as the user's engine asks for it ------------------------------------
-    def prepare(self, user: str, job_id: str, machine_name: str, key: str) -> OrgJob:
-        """Bind ``job_id`` to ``user`` on the machine and make its folder there (idempotent)."""
+    def prepare(self, user: str, job_id: str, machine_name: str, key: str, groups: Sequence[str] = ()) -> OrgJob:
+        """Bind ``job_id`` to ``user`` on the machine and make its folder there (idempotent); a new job
+        a quota of the user or their ``groups`` has no room for is refused before anything is made."""
         check_job_id(job_id)
         if not isinstance(key, str) or not key:
             raise InvalidSettings("key: expected the job's key", field="key")
@@ -174,7 +345,9 @@ class OrgJobs:
                     raise NotFound(f"{machine_name!r} is not one of the organization's machines")
                 if not machine.enabled:
                     raise InvalidSettings(f"machine: {machine_name!r} is disabled by the organization", field="machine")
-                job = OrgJob(job_id, user, machine.name, key, self._user_snapshot(machine, user), {}, utcnow())
+                snapshot = self._user_snapshot(machine, user)
+                self.admit(user, groups, job_id, None)
+                job = OrgJob(job_id, user, machine.name, key, snapshot, {}, utcnow(), groups=sorted(groups))
                 self._save(job)
             if job.machine != machine_name or job.key != key:
                 raise Conflict(f"job {job_id} was prepared on {job.machine} for other work")
@@ -252,8 +425,25 @@ class OrgJobs:
             raise InvalidSettings(
                 "command: expected the launch's command, env and secret_env", field="command"
             ) from None
+        gpus = self._gpus(job, spec.resources)
+        if job.started is None:
+            self.admit(user, job.groups, job_id, gpus)  # again: another job may have started meanwhile
         remote = self.engine(job).start(job.remote(), spec)
-        return self._set_handle(job, remote.handle)
+        with self._lock:
+            job = self.get(user, job_id)
+            job.handle = dict(remote.handle)  # type: ignore[assignment]
+            if job.started is None:
+                job.started, job.gpus = time.time(), gpus
+            self._save(job)
+        return job
+
+    def _gpus(self, job: OrgJob, resources: Resources | None) -> int:
+        """GPUs the job holds: what it asks for (per node x nodes), else all its machine's last check saw."""
+        if resources is not None and resources.gpus:
+            return resources.gpus * (resources.nodes or 1)
+        facts = known_facts(self.root.parent, job.machine) or {}
+        gpus = facts.get("gpus")
+        return gpus if isinstance(gpus, int) and gpus > 0 else 0
 
     def poll(
         self, user: str, job_ids: Sequence[str], watched: Mapping[str, MetricOffsets] | None = None
@@ -274,9 +464,25 @@ class OrgJobs:
             engine, remotes = self.engine(jobs[0]), [j.remote() for j in jobs]
             offsets = {j.id: (watched or {})[j.id] for j in jobs if j.id in (watched or {})}
             found, logged = engine.poll_watched(remotes, offsets) if offsets else (engine.poll(remotes), {})
+            for job in jobs:
+                if job.id in found:
+                    found[job.id] = self._seen(job, found[job.id])
             statuses.update({job_id: status_json(status) for job_id, status in found.items()})
             metrics.update(logged)
         return statuses, metrics
+
+    def _seen(self, job: OrgJob, status: RemoteStatus) -> RemoteStatus:
+        """A job seen ended is metered; one the service stopped ends failed, saying why."""
+        if status.state not in ENDED:
+            return status
+        if job.active:
+            state = {"exited": "succeeded" if status.exit_code == 0 else "failed", "gone": "lost"}.get(
+                status.state, status.state
+            )
+            job = self._meter_end(job, "failed" if job.stopped else state)
+        if job.stopped:
+            return dataclasses.replace(status, state="failed", detail=job.stopped)
+        return status
 
     def read_log(self, user: str, job_id: str, offset: int, limit: int) -> bytes:
         job = self.get(user, job_id)
@@ -329,6 +535,8 @@ class OrgJobs:
     def cleanup(self, user: str, job_id: str) -> None:
         """Remove the job's folder on the machine, then everything of it here."""
         job = self.get(user, job_id)
+        if job.active:
+            self._meter_end(job, "cancelled")  # removed while running: it ran until now
         engine = self.engine(job)
         if engine.is_prepared(job.remote()):
             engine.cleanup(job.remote())

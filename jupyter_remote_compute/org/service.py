@@ -29,6 +29,14 @@ Jobs on those machines (use; ``jobs.py``), each the call of an engine method a u
   ``GET api/jobs/<id>/log?offset=&limit=``; ``GET api/jobs/<id>/outputs?manifest=`` (the fetched outputs
   as one tar stream).
 
+The organization's usage and quotas (``jobs.py``, ``quotas.py``):
+
+- ``GET api/usage?group_by=&since=&until=&format=`` (use): the caller's attempts summed per group
+  (user, group, machine, month, kind, state; default user,machine), JSON or CSV; ``all_users=1`` (admin)
+  everyone's.
+- ``GET api/quotas`` (use): the quotas binding the caller, each with ``used`` and ``left`` (an admin: every
+  quota); ``PUT``/``DELETE api/quotas/user/<name>`` and ``…/group/<name>`` (admin) set and remove one.
+
 An engine's failure is ``{code: "engine_error", message, transient, details}``: 503 when trying again
 later may work, 502 otherwise.
 """
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -59,6 +68,7 @@ from ..engines.organization.wire import metrics_json
 from ..engines.resources import Resources
 from ..errors import Forbidden, InvalidSettings, RemoteComputeError
 from ..json_routes import BodyToFile, JsonRoute
+from ..usage.ledger import ORG_GROUP_KEYS, parse_group_by, parse_instant, summarize, summary_csv
 from . import scopes
 from .jobs import OrgJobs, check_sha
 from .organization import Organization
@@ -205,7 +215,8 @@ class JobHandler(OrgHandler):
     async def put(self, job_id: str) -> None:
         user = self.require(scopes.USE)
         body = self.body()
-        job = await self.call(self.jobs.prepare, user, job_id, body.get("machine"), body.get("key"))
+        groups = sorted(self.hub_user.get("groups") or ())
+        job = await self.call(self.jobs.prepare, user, job_id, body.get("machine"), body.get("key"), groups)
         self.reply({**job.summary(), "dir": job.handle.get("dir")})
 
     @route
@@ -244,6 +255,60 @@ class JobActionHandler(OrgHandler):
             self.finish()
         else:
             self.reply(await self.call(self.jobs.fetch, user, job_id, _list(body, "outputs")))
+
+
+class UsageHandler(OrgHandler):
+    """The organization's ledger summed: the caller's own attempts, or (``all_users=1``, admin) everyone's."""
+
+    @route
+    async def get(self) -> None:
+        user = self.require(scopes.USE)
+        form = self.get_argument("format", "json")
+        if form not in ("json", "csv"):
+            raise InvalidSettings("format: expected json or csv", field="format")
+        everyone = self.get_argument("all_users", "") in ("1", "true")
+        if everyone:
+            self.require(scopes.ADMIN, "see every user's usage")
+        keys = parse_group_by(self.get_argument("group_by", None) or "user,machine", ORG_GROUP_KEYS)
+        start = parse_instant(self.get_argument("since", None), "since")
+        end = parse_instant(self.get_argument("until", None), "until")
+        attempts = await self.call(self.jobs.attempts, None if everyone else user)
+        summary = summarize(attempts, keys, since=start, until=end)
+        if form == "json":
+            self.reply(summary)
+            return
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", 'attachment; filename="organization-usage.csv"')
+        self.finish(summary_csv(summary))
+
+
+class QuotasHandler(OrgHandler):
+    """The quotas binding the caller, with what is used and left; an admin's: every quota."""
+
+    @route
+    async def get(self) -> None:
+        user = self.require(scopes.USE)
+        if scopes.grants(self.hub_user.get("scopes") or (), scopes.ADMIN):
+            self.reply({"quotas": await self.call(self.jobs.every_standing)})
+            return
+        groups = sorted(self.hub_user.get("groups") or ())
+        self.reply({"quotas": await self.call(self.jobs.standing, user, groups)})
+
+
+class QuotaHandler(OrgHandler):
+    """``PUT``/``DELETE api/quotas/(user|group)/<name>`` (admin)."""
+
+    @route
+    async def put(self, who: str, name: str) -> None:
+        self.require(scopes.ADMIN, "set the organization's quotas")
+        self.reply(await self.call(self.jobs.quotas.set, who, name, self.body()))
+
+    @route
+    async def delete(self, who: str, name: str) -> None:
+        self.require(scopes.ADMIN, "set the organization's quotas")
+        await self.call(self.jobs.quotas.remove, who, name)
+        self.set_status(204)
+        self.finish()
 
 
 class PollHandler(OrgHandler):
@@ -396,6 +461,9 @@ def make_app(organization: Organization, prefix: str) -> tornado.web.Application
             (url_path_join(prefix, f"api/jobs/{JOB}/log"), LogHandler),
             (url_path_join(prefix, f"api/jobs/{JOB}/outputs"), OutputsHandler),
             (url_path_join(prefix, "api/poll"), PollHandler),
+            (url_path_join(prefix, "api/usage"), UsageHandler),
+            (url_path_join(prefix, "api/quotas"), QuotasHandler),
+            (url_path_join(prefix, r"api/quotas/(user|group)/([^/]+)"), QuotaHandler),
             (url_path_join(prefix, "api/inputs/missing"), MissingInputsHandler),
             (url_path_join(prefix, r"api/inputs/([0-9a-f]{64})"), InputHandler),
         ],
@@ -405,6 +473,22 @@ def make_app(organization: Organization, prefix: str) -> tornado.web.Application
         cookie_secret=secrets.token_bytes(32),
         xsrf_cookies=False,  # API routes: a browser's cookie alone is refused by HubOAuth's own XSRF check
     )
+
+
+#: How often the service looks at running jobs against the quotas (a stop comes this late after its grace).
+ENFORCE_EVERY = 2.0
+
+
+async def _enforce_quotas(organization: Organization, stop: asyncio.Event) -> None:
+    """Notice and stop running jobs that used up a quota, every ``ENFORCE_EVERY`` seconds, off the loop."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        try:
+            await loop.run_in_executor(None, organization.org_jobs.enforce)
+        except Exception:  # one failed round (a machine that does not answer a cancel) is tried again next
+            log.exception("enforcing the quotas failed; trying again")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ENFORCE_EVERY)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -430,7 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             # A hub started from a shell without job control passes SIGINT ignored: take both.
             loop.add_signal_handler(signum, stop.set)
+        enforcing = asyncio.create_task(_enforce_quotas(organization, stop))
         await stop.wait()
+        await enforcing
         server.stop()
         await server.close_all_connections()
 

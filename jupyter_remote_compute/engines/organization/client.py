@@ -94,9 +94,26 @@ class OrganizationClient:
     def remove_machine(self, name: str) -> None:
         self._ask("DELETE", f"api/machines/{name}")
 
-    def _ask(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def usage(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """The organization's ledger summed (``all_users``: everyone's, for an admin)."""
+        return self._ask("GET", "api/usage", params=params)
+
+    def quotas(self) -> list[dict[str, Any]]:
+        return list(self._ask("GET", "api/quotas")["quotas"])
+
+    def set_quota(self, who: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._ask("PUT", f"api/quotas/{who}/{name}", body)
+
+    def remove_quota(self, who: str, name: str) -> None:
+        self._ask("DELETE", f"api/quotas/{who}/{name}")
+
+    def _ask(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, params: Mapping[str, str] | None = None
+    ) -> Any:
         try:
-            answer = self._session.request(method, self.url + path, json=body, timeout=TIMEOUT, allow_redirects=False)
+            answer = self._session.request(
+                method, self.url + path, json=body, params=params, timeout=TIMEOUT, allow_redirects=False
+            )
         except requests.RequestException as e:
             raise OrganizationUnavailable(f"the organization service at {self.url} did not answer: {e}") from None
         if answer.status_code == 204:
