@@ -323,7 +323,7 @@ class OrgJobs:
             current.stopped = reason
             self._save(current)
         log.info("job %s of %s: %s", job.id, job.user, reason)
-        self.engine(current).cancel(current.remote(), 10.0)
+        self._cancel(current, 10.0, "failed")
 
     def engine(self, job: OrgJob) -> Engine:
         return self.admin.engine(job.machine, job.snapshot)
@@ -489,8 +489,14 @@ class OrgJobs:
         return self.engine(job).read_log(job.remote(), offset, limit)
 
     def cancel(self, user: str, job_id: str, grace: float) -> None:
-        job = self.get(user, job_id)
+        self._cancel(self.get(user, job_id), grace, "cancelled")
+
+    def _cancel(self, job: OrgJob, grace: float, state: str) -> None:
+        """Stop the job on its machine and meter its end: the user's server, having cancelled it, may
+        not poll it again."""
         self.engine(job).cancel(job.remote(), grace)
+        if job.active:
+            self._meter_end(job, state)
 
     def fetch(self, user: str, job_id: str, outputs: Sequence[str]) -> dict[str, Any]:
         """Fetch the outputs and the job's MLflow store from the machine to here, ready to download once."""
