@@ -257,12 +257,12 @@ class OrgJobs:
         left = {limit: max(0.0, quota[limit] - used[limit]) for limit in (*HOURS, "jobs") if limit in quota}
         return {"who": key, **quota, "used": used, "left": left}
 
-    def admit(self, user: str, groups: Sequence[str], job_id: str, gpus: int | None) -> None:
+    def admit(self, user: str, groups: Sequence[str], gpus: int | None) -> None:
         """Refuse (``QuotaExceeded``: which quota, used, left) a job a quota has no room for: one more
         running job, or hours already used up (GPU-hours only for a job that holds GPUs, once known)."""
         for standing in self.standing(user, groups):
             key = standing["who"]
-            running = standing["used"]["jobs"] - any(j.id == job_id for j in self.records(user) if j.active)
+            running = standing["used"]["jobs"]  # this job is not among them: it has not started
             if "jobs" in standing and running >= standing["jobs"]:
                 raise refusal(key, "jobs", standing, running)
             for limit in HOURS:
@@ -346,7 +346,7 @@ class OrgJobs:
                 if not machine.enabled:
                     raise InvalidSettings(f"machine: {machine_name!r} is disabled by the organization", field="machine")
                 snapshot = self._user_snapshot(machine, user)
-                self.admit(user, groups, job_id, None)
+                self.admit(user, groups, None)
                 job = OrgJob(job_id, user, machine.name, key, snapshot, {}, utcnow(), groups=sorted(groups))
                 self._save(job)
             if job.machine != machine_name or job.key != key:
@@ -427,7 +427,7 @@ class OrgJobs:
             ) from None
         gpus = self._gpus(job, spec.resources)
         if job.started is None:
-            self.admit(user, job.groups, job_id, gpus)  # again: another job may have started meanwhile
+            self.admit(user, job.groups, gpus)  # again: another job may have started meanwhile
         remote = self.engine(job).start(job.remote(), spec)
         with self._lock:
             job = self.get(user, job_id)
