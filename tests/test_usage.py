@@ -21,7 +21,14 @@ from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.job import Job, parse_time
 from jupyter_remote_compute.jobs.spec import JobSpec
 from jupyter_remote_compute.machines.facts import remember_facts
-from jupyter_remote_compute.usage.ledger import Attempt, UsageRecord, job_metrics, summarize
+from jupyter_remote_compute.usage.ledger import (
+    ORG_GROUP_KEYS,
+    Attempt,
+    UsageRecord,
+    job_metrics,
+    parse_group_by,
+    summarize,
+)
 
 GATE = "while [ ! -f go ]; do sleep 0.05; done"
 
@@ -250,3 +257,18 @@ def test_the_record_survives_a_server_restart_and_reads_as_csv(server: Server) -
     (line,) = list(csv.DictReader(io.StringIO(body.decode())))
     assert line["machine"] == "local" and float(line["job_hours"]) == pytest.approx(row["job_hours"])
     assert line["month"] == datetime.now(timezone.utc).strftime("%Y-%m")
+
+
+def test_the_organizations_sums_count_an_attempt_in_each_of_its_users_groups() -> None:
+    both = _attempt("a", "gpu", "2026-03-01T10:00", "2026-03-01T10:00", "2026-03-01T12:00", "succeeded",
+                    gpus=2, groups=("nlp", "vision"))  # fmt: skip
+    alone = _attempt("b", "gpu", "2026-03-01T10:00", "2026-03-01T10:00", "2026-03-01T11:00", "failed", user="bo")
+    rows = summarize([both, alone], ("group",), now=_epoch("2026-04-01T00:00"))["rows"]
+    assert [(r["group"], r["job_hours"], r["gpu_hours"]) for r in rows] == [
+        ("", 1.0, 0.0),
+        ("nlp", 2.0, 4.0),
+        ("vision", 2.0, 4.0),
+    ]
+    with pytest.raises(InvalidSettings, match="group_by: 'group' is not a grouping"):
+        parse_group_by("group")  # a workspace's own usage has no hub groups
+    assert parse_group_by("user,group", ORG_GROUP_KEYS) == ("user", "group")
