@@ -20,6 +20,12 @@ A job id is looked up under the caller's folder only, so another user's job is n
 never "not yours", and ids tell nothing. Far from here, each user's jobs are apart too: the real engine
 is given ``<machine's base>/users/<user>/`` as its base (made 0700 by prepare.sh's umask), so their job
 folders, input caches and environments never mix. Every method blocks: the service calls them in threads.
+
+The record also meters the job for the organization's ledger (``<state>/.punica/usage.jsonl``, the
+same ``Attempt`` lines as a user's own, with the user's hub groups): when the service started it, what
+it holds, when the service saw it end (a poll, a cancel, its removal). The quotas (``quotas.py``) are
+checked against those figures before a job is prepared and started, and ``enforce`` stops a running
+job whose user or group used up a hard quota.
 """
 
 from __future__ import annotations
@@ -275,7 +281,14 @@ class OrgJobs:
         """What the service does every few seconds: a running job whose user or group used up a quota's
         hours gets a notice at 90 %; under a hard quota it is stopped once the grace has passed."""
         now = time.time() if now is None else now
-        active = [job for job in self.records() if job.active and not job.stopped]
+        records = [job for job in self.records() if job.active]
+        for job in records:
+            if job.stopped:  # stopped before, but its machine did not take the cancel: again
+                try:
+                    self._cancel(job, 10.0, "failed")
+                except Exception as e:  # the next round tries again; the other jobs are looked at now
+                    log.warning("job %s of %s: could not stop it: %s", job.id, job.user, e)
+        active = [job for job in records if not job.stopped]
         if not active:
             return
         standings = self.every_standing(now)
@@ -309,6 +322,8 @@ class OrgJobs:
     def _over(self, job: OrgJob, standing: Mapping[str, Any], limit: str, used: float, now: float) -> None:
         with self._lock:
             current = self.get(job.user, job.id)
+            if current.stopped:
+                return  # stopped already, by another quota it counts against
             if current.over_since is None:
                 current.over_since = now
                 self._save(current)
