@@ -64,8 +64,9 @@ from ..errors import Conflict, InvalidSettings, NotFound
 from ..fsutil import atomic_write
 from ..jobs.job import parse_time, utcnow
 from ..machines.admin import MachineAdmin, snapshot_of
+from ..machines.facts import known_facts
 from ..schema.usage import Attempt
-from ..usage.ledger import USAGE_FILE, UsageRecord, known_facts, summarize
+from ..usage.ledger import USAGE_FILE, UsageRecord, summarize
 from .quotas import HOURS, NOTICE_AT, Quotas, describe, month_start, refusal
 
 log = logging.getLogger(__name__)
