@@ -17,7 +17,8 @@ COMMAND_RULE = (
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """--machine, --send, --bring-back, --env, --name, --timeout, --detach, --new, --registry-secret,
+    """--machine, --send, --bring-back, --env, --name, --timeout, --checkpoints, --checkpoint-every,
+    --detach, --new, --registry-secret,
     the resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment
     (--requirements, --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
     parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
@@ -30,6 +31,17 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", default="", help="a name for the job (panel, MLflow run)")
     parser.add_argument("--timeout", help="the longest the job may run, e.g. 3600, 30m, 2h")
+    parser.add_argument(
+        "--checkpoints",
+        metavar="DIR",
+        help="a folder of the job's (REMOTE_COMPUTE_CHECKPOINT_DIR) whose files come home while it runs",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        dest="checkpoint_every",
+        metavar="DURATION",
+        help="how often the checkpoint folder is looked at, e.g. 30s, 5m (default 60 s)",
+    )
     parser.add_argument("--detach", action="store_true", help="start the job and return at once")
     parser.add_argument("--new", action="store_true", help="start a new job even if the same work is running")
     parser.add_argument(
@@ -107,6 +119,9 @@ def spec_settings(args: argparse.Namespace, command: str | list[str]) -> dict[st
         # Checked with the rest of the spec (JobSpec.from_json), so errors name resources.<field>.
         "resources": {name: value for name in RESOURCE_OPTIONS if (value := getattr(args, name, None)) is not None},
     }
+    for name in ("checkpoints", "checkpoint_every"):
+        if getattr(args, name, None):
+            settings[name] = getattr(args, name)
     if getattr(args, "registry_secret", None):
         settings["registry_secret"] = args.registry_secret
     if any(environment.values()):  # none asked: the machine's defaults, if it has them

@@ -1471,6 +1471,13 @@ export interface components {
                 estimated_attempts: number;
             }[];
         };
+        /** @description The newest complete set of a job's checkpoints at home (``.punica/checkpoints/<job id>/``). */
+        CheckpointSet: {
+            at: string;
+            files: number;
+            bytes: number;
+            fetched_bytes: number;
+        };
         /** @description the Python environment the command runs in, built once per machine and content on the machine, and the container image the command (and the environment's build) runs in (null: the machine's `environment` option, else its `image` option, else the machine's own Python and shell) */
         Environment: {
             /**
@@ -1598,6 +1605,11 @@ export interface components {
              * @default null
              */
             user?: string | null;
+            /**
+             * @description the newest complete checkpoint set at home: when, its files and bytes; absent when none
+             * @default null
+             */
+            checkpoint?: components["schemas"]["CheckpointSet"] | null;
             name: string;
             progress?: components["schemas"]["Progress"];
         };
@@ -1638,6 +1650,16 @@ export interface components {
              * @default null
              */
             registry_secret?: string | null;
+            /**
+             * @description a folder in the job's work tree (REMOTE_COMPUTE_CHECKPOINT_DIR) whose complete files come home to .punica/checkpoints/<job id>/ while the job runs and when it ends
+             * @default null
+             */
+            checkpoints?: string | null;
+            /**
+             * @description how often the checkpoint folder is looked at while the job runs: seconds, or 30s, 5m; null: 60 s
+             * @default null
+             */
+            checkpoint_every?: (number | string) | null;
             /**
              * @description start a new job even if the same work is under way
              * @default null
@@ -1680,6 +1702,16 @@ export interface components {
              * @default null
              */
             registry_secret?: string | null;
+            /**
+             * @description a folder in the job's work tree (REMOTE_COMPUTE_CHECKPOINT_DIR) whose complete files come home to .punica/checkpoints/<job id>/ while the job runs and when it ends
+             * @default null
+             */
+            checkpoints?: string | null;
+            /**
+             * @description how often the checkpoint folder is looked at while the job runs: seconds, or 30s, 5m; null: 60 s
+             * @default null
+             */
+            checkpoint_every?: (number | string) | null;
         };
         /** @description A row of the job list (``GET /jobs``); ``reason`` is its first line only. */
         JobSummary: {
@@ -1897,6 +1929,16 @@ export interface components {
              * @default null
              */
             registry_secret?: string | null;
+            /**
+             * @description a folder in the job's work tree (REMOTE_COMPUTE_CHECKPOINT_DIR) whose complete files come home to .punica/checkpoints/<job id>/ while the job runs and when it ends
+             * @default null
+             */
+            checkpoints?: string | null;
+            /**
+             * @description how often the checkpoint folder is looked at while the job runs: seconds, or 30s, 5m; null: 60 s
+             * @default null
+             */
+            checkpoint_every?: number | null;
         };
         /**
          * @description What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.

@@ -247,6 +247,8 @@ class Features:
     resources: frozenset[str] = frozenset({"cpus", "gpus", "memory"})
     #: Its poll brings what a watched job logged to MLflow since the last look (live metrics).
     live_metrics: bool = True
+    #: Its jobs' checkpoint folders come home while they run (``list_checkpoints``, ``fetch_checkpoints``).
+    checkpoints: bool = False
     #: Why the kind cannot be used on this installation (what to install), or None when it can.
     unavailable: str | None = None
 
@@ -290,6 +292,8 @@ _GUARDED = (
     "read_log",
     "cancel",
     "fetch",
+    "list_checkpoints",
+    "fetch_checkpoints",
     "cleanup",
     "trust_host",
 )
@@ -412,6 +416,15 @@ class Engine(abc.ABC):
         ``dest`` receives ``work/<output>`` and ``mlruns/...``; it is a private
         temporary directory, so nothing partial reaches the workspace.
         """
+
+    def list_checkpoints(self, job: RemoteJob, folder: str) -> dict[str, tuple[int, int]]:
+        """The files of the job's checkpoint folder (``work/<folder>``) now: path under the folder ->
+        (size, mtime in ns); names a writer uses for files not yet whole are left out (farside/checkpoints.sh)."""
+        raise EngineError(f"{self.name} is a {self.kind} machine, whose checkpoints do not come home yet")
+
+    def fetch_checkpoints(self, job: RemoteJob, paths: Sequence[str], dest: Path) -> FetchResult:
+        """``fetch`` of these files (paths under ``work/``) alone, without ``mlruns/``: one checkpoint look."""
+        raise EngineError(f"{self.name} is a {self.kind} machine, whose checkpoints do not come home yet")
 
     def image_runtimes(self) -> tuple[str, ...]:
         """The container runtimes a job's image may run in here (``environments/image.py``); none: no images."""

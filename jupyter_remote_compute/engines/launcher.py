@@ -20,6 +20,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from ..schema.spec import CHECKPOINT_DIR_VAR, CHECKPOINTS_VAR
 from .base import TRACKING_DIR, WORK_DIR
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,13 +47,20 @@ done
 # job's env or the far machine's own environment may override. Python's fault handler puts where a
 # crash in native code happened into the job's log (a bare "Segmentation fault" says nothing); MLflow's
 # usage telemetry would have the job-local store start network threads on machines that often have no
-# way out, and those threads outlive the script (MLflow documents MLFLOW_DISABLE_TELEMETRY).
+# way out, and those threads outlive the script (MLflow documents MLFLOW_DISABLE_TELEMETRY). A job with
+# checkpoints gets its folder's absolute path, made before the command starts (jobs/checkpoints.py).
 JOB_ENV_SH = f"""\
 export PYTHONUNBUFFERED=1
 export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
 export MLFLOW_ALLOW_FILE_STORE=true
 export PYTHONFAULTHANDLER="${{PYTHONFAULTHANDLER-1}}"
 export MLFLOW_DISABLE_TELEMETRY="${{MLFLOW_DISABLE_TELEMETRY-true}}"
+if [ -n "${{{CHECKPOINTS_VAR}-}}" ]; then
+  {CHECKPOINT_DIR_VAR}="$jobdir/{WORK_DIR}/${CHECKPOINTS_VAR}"
+  export {CHECKPOINT_DIR_VAR}
+  mkdir -p -- "${CHECKPOINT_DIR_VAR}"
+fi
+unset {CHECKPOINTS_VAR}
 """
 
 # Reads the environment from stdin, then starts run.sh in a new session (so

@@ -36,7 +36,7 @@ class LocalEngine(ShellEngine):
 
     kind = "local"
     label = "This machine"
-    features = Features(remote=False)
+    features = Features(remote=False, checkpoints=True)
     base_setting = "the server's scratch_dir"
 
     def make_transport(self) -> Transport:

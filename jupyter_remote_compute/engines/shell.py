@@ -275,11 +275,33 @@ d="$jobs/"{quote(job.job_id)}
         dest: Path,
         progress: ProgressCallback | None = None,
     ) -> FetchResult:
+        return self._fetch(job, outputs, dest, progress, tracking=True)
+
+    def list_checkpoints(self, job: RemoteJob, folder: str) -> dict[str, tuple[int, int]]:
+        check_relpath(folder, "checkpoints")
+        res = self._run(farside.command_line("checkpoints", quote(self.job_dir(job)), quote(folder)))
+        if res.code != 0:
+            raise EngineError(res.error(f"{self.name}: listing the checkpoints of {job.job_id}"))
+        return farside.parse_checkpoint_listing(res.out.decode("utf-8", "surrogateescape"))
+
+    def fetch_checkpoints(self, job: RemoteJob, paths: Sequence[str], dest: Path) -> FetchResult:
+        return self._fetch(job, paths, dest, None, tracking=False)
+
+    def _fetch(
+        self,
+        job: RemoteJob,
+        outputs: Sequence[str],
+        dest: Path,
+        progress: ProgressCallback | None,
+        *,
+        tracking: bool,
+    ) -> FetchResult:
         d = self.job_dir(job)
         for out in outputs:
             check_relpath(out, "output")
         manifest = f".fetch-{uuid.uuid4().hex}"
-        body = farside.command_line("manifest", quote(d), quote(manifest), *(quote(o) for o in outputs))
+        flags = () if tracking else ("--no-tracking",)
+        body = farside.command_line("manifest", *flags, quote(d), quote(manifest), *(quote(o) for o in outputs))
         t = self.transport
         try:
             with t.channel(sh_script(body), CALL_TIMEOUT) as ch:

@@ -53,7 +53,7 @@ class SSHEngine(ShellEngine):
 
     kind = "ssh"
     label = "SSH"
-    features = Features(host_keys=True)
+    features = Features(host_keys=True, checkpoints=True)
     options = {
         **farside.CACHE_OPTIONS,
         "user": OptionField(str, "User name on the machine (default: from ssh config, else your local name)"),

@@ -25,6 +25,7 @@ from ..recording import recorder as record_later
 from ..recording.tracking import JobRecord, without_far_records
 from ..secrets import mask
 from ..usage.ledger import job_metrics, meter
+from .checkpoints import Checkpoints
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
@@ -39,9 +40,10 @@ FACTS_MAX_AGE = 24 * 3600.0
 
 
 class Collector:
-    def __init__(self, ctx: JobContext, leases: Leases) -> None:
+    def __init__(self, ctx: JobContext, leases: Leases, checkpoints: Checkpoints) -> None:
         self.ctx = ctx
         self.leases = leases
+        self.checkpoints = checkpoints
 
     def collect(self, job: Job) -> None:
         """collecting → its outcome: fetch and verify outputs, land them, record the run, end the job."""
@@ -64,6 +66,8 @@ class Collector:
         if engine.is_prepared(remote) and outcome.reach_machine:
             # Only the engine's own faults are handled here; this side's (a full disk while the log
             # lands) go up to the Driver, which retries them as every fault of this side.
+            # The last checkpoint set first: the job has ended, so every file of its folder is complete.
+            self.checkpoints.final(job)
             try:
                 result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
                 log_path = fetch_masked_log(engine, remote, local_dir / "log", secrets)

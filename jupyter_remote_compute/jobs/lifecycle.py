@@ -31,8 +31,10 @@ from ..environments.environment import builds, environment_inputs, launch_comman
 from ..errors import InvalidSettings, RemoteComputeError
 from ..machines.facts import known_facts
 from ..recording import recorder as record_later
+from ..schema.spec import CHECKPOINTS_VAR
 from ..transfer.manifest import DigestCache
 from ..usage.ledger import REQUEUED, meter
+from .checkpoints import Checkpoints
 from .collect import Collector
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow
@@ -46,11 +48,14 @@ log = logging.getLogger(__name__)
 
 
 class Driver:
-    def __init__(self, ctx: JobContext, leases: Leases, collector: Collector, digests: DigestCache) -> None:
+    def __init__(
+        self, ctx: JobContext, leases: Leases, collector: Collector, digests: DigestCache, checkpoints: Checkpoints
+    ) -> None:
         self.ctx = ctx
         self.leases = leases
         self.collector = collector
         self.digests = digests
+        self.checkpoints = checkpoints
         #: Bytes moved so far for jobs this process is sending: job id -> (done, total).
         self.progress: dict[str, tuple[int, int]] = {}
 
@@ -76,6 +81,7 @@ class Driver:
             if job.state in ON_MACHINE_STATES:
                 self._watch(job, status)
                 job = self.ctx.store.get(job.id)
+                self.checkpoints.tick(job)  # handed to its own threads when due
             if job.state in ("queued", "sending", "collecting") and transfer is not None:
                 if job.lease is None or not holder_alive(job.lease):
                     transfer(job)
@@ -185,9 +191,11 @@ class Driver:
             )
             # After the command: the pull's variables are container.sh's, not the container's.
             pull_env, pull_secrets = registry.pull_env(job, engine.machine_options, self.ctx.secrets)
+            # The launcher makes the checkpoint folder and gives the job its path (launcher.JOB_ENV_SH).
+            folder = {CHECKPOINTS_VAR: job.spec.checkpoints} if job.spec.checkpoints else {}
             launch = LaunchSpec(
                 command=command,
-                env={**env, **pull_env},
+                env={**env, **pull_env, **folder},
                 secret_env={**secrets, **pull_secrets},
                 resources=job.spec.resources,
                 timeout=job.spec.timeout,

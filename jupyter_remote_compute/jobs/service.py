@@ -50,6 +50,7 @@ from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..usage.ledger import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
 from ..workspace import Workspace
 from . import logs
+from .checkpoints import Checkpoints
 from .collect import Collector
 from .context import JobContext, ServiceSettings, remote_of
 from .job import Job, new_job_id, utcnow
@@ -110,8 +111,9 @@ class JobService:
         self.usage_record = UsageRecord(workspace.usage_record)
         self.ctx = JobContext(workspace, settings, self.store, self.secrets, self.admin, self._emit, self.usage_record)
         self.leases = Leases(self.ctx)
-        self.collector = Collector(self.ctx, self.leases)
-        self.driver = Driver(self.ctx, self.leases, self.collector, self.digests)
+        self.checkpoints = Checkpoints(self.ctx, self.leases)
+        self.collector = Collector(self.ctx, self.leases, self.checkpoints)
+        self.driver = Driver(self.ctx, self.leases, self.collector, self.digests, self.checkpoints)
 
     @property
     def settings(self) -> ServiceSettings:
@@ -237,6 +239,12 @@ class JobService:
         check_egress(self.workspace.policy_yaml, machine.name, cls.features.remote, [f.relpath for f in files])
         if spec.resources.to_json():
             self._admit(machine, spec)
+        if spec.checkpoints and not cls.features.checkpoints:
+            raise InvalidSettings(
+                f"checkpoints: {machine.name} is a {machine.kind} machine, whose checkpoints do not come home yet; "
+                "run on a local or ssh machine, or leave checkpoints out",
+                field="checkpoints",
+            )
 
         job_id = new_job_id()
         jobdir = self.workspace.job_dir(job_id)

@@ -127,6 +127,15 @@ class SchedulerTimes(TypedDict, total=False):
     ended_at: float
 
 
+class CheckpointSet(TypedDict):
+    """The newest complete set of a job's checkpoints at home (``.punica/checkpoints/<job id>/``)."""
+
+    at: str  # when it landed (ISO 8601, UTC)
+    files: int
+    bytes: int
+    fetched_bytes: int  # every byte brought home for the job's checkpoints so far, all sets together
+
+
 class Progress(TypedDict):
     """How far a send has come (``GET /jobs/{id}`` while sending)."""
 
@@ -145,7 +154,7 @@ class Shown(TypedDict):
 HIDDEN = ("lease",)
 
 
-# Written whole but for ``times`` and ``user`` (left out when unset, as before they existed).
+# Written whole but for ``times``, ``user`` and ``checkpoint`` (left out when unset, as before they existed).
 @with_config(ConfigDict(json_schema_serialization_defaults_required=True))
 @dataclasses.dataclass
 class Job:
@@ -196,6 +205,13 @@ class Job:
         Field(exclude_if=lambda v: not v),
     ] = dataclasses.field(default_factory=dict)  # type: ignore[assignment]
     user: Annotated[str | None, Field(description="who submitted the job", exclude_if=lambda v: v is None)] = None
+    checkpoint: Annotated[
+        CheckpointSet | None,
+        Field(
+            description="the newest complete checkpoint set at home: when, its files and bytes; absent when none",
+            exclude_if=lambda v: v is None,
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -263,4 +279,4 @@ class SubmitResult(TypedDict):
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
 _JOB_FIELD_SET = frozenset(_JOB_FIELDS)
 #: Fields added after schema 1's first release, with the value that means "not set".
-_ADDED_FIELDS: tuple[tuple[str, Any], ...] = (("times", {}), ("user", None))
+_ADDED_FIELDS: tuple[tuple[str, Any], ...] = (("times", {}), ("user", None), ("checkpoint", None))

@@ -35,7 +35,22 @@ PULL_TIMEOUT_VAR = "REMOTE_COMPUTE_PULL_TIMEOUT"
 IMAGE_MAX_AGE_VAR = "REMOTE_COMPUTE_IMAGE_MAX_AGE_DAYS"
 PULL_VARS = frozenset({REGISTRY_AUTH_VAR, PULL_TIMEOUT_VAR, IMAGE_MAX_AGE_VAR})
 #: Set by the launcher for every job; a spec may not override them.
-RESERVED_ENV = frozenset({"MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "PYTHONUNBUFFERED", *PULL_VARS})
+#: Where the job finds its checkpoint folder (an absolute path on its machine), set by the launcher
+#: from the job's ``checkpoints`` (jobs/checkpoints.py); and the variable that carries the name there.
+CHECKPOINT_DIR_VAR = "REMOTE_COMPUTE_CHECKPOINT_DIR"
+CHECKPOINTS_VAR = "REMOTE_COMPUTE_CHECKPOINTS"
+#: How often a running job's checkpoints come home when it does not say (seconds).
+DEFAULT_CHECKPOINT_EVERY = 60.0
+RESERVED_ENV = frozenset(
+    {
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_ALLOW_FILE_STORE",
+        "PYTHONUNBUFFERED",
+        CHECKPOINT_DIR_VAR,
+        CHECKPOINTS_VAR,
+        *PULL_VARS,
+    }
+)
 
 
 # -- the spec -----------------------------------------------------------------------------------------
@@ -167,6 +182,26 @@ class JobSpec:
         ),
     ] = None
 
+    # The folder (in the job's work tree) whose complete files come home while the job runs
+    # (jobs/checkpoints.py), and how often; None: no checkpoints.
+    checkpoints: Annotated[
+        RelativePath | None,
+        Field(
+            description="a folder in the job's work tree (REMOTE_COMPUTE_CHECKPOINT_DIR) whose complete files come "
+            "home to .punica/checkpoints/<job id>/ while the job runs and when it ends",
+            exclude_if=absent,
+        ),
+    ] = None
+    checkpoint_every: Annotated[
+        float | None,
+        BeforeValidator(values.duration, json_schema_input_type=float | str | None),
+        Field(
+            description="how often the checkpoint folder is looked at while the job runs: seconds, or 30s, 5m; "
+            f"null: {DEFAULT_CHECKPOINT_EVERY:g} s",
+            exclude_if=absent,
+        ),
+    ] = None
+
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         return core_schema.no_info_before_validator_function(_spec_in, handler(source))
@@ -200,6 +235,8 @@ class JobSpec:
             resources=Resources.from_json(resources) if resources else NO_RESOURCES,
             environment=_stored_environment(data),
             registry_secret=data.get("registry_secret"),
+            checkpoints=data.get("checkpoints"),
+            checkpoint_every=data.get("checkpoint_every"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -239,6 +276,8 @@ class JobSpec:
             settings.update({f"environment.packages[{i}]": p for i, p in enumerate(self.environment.packages)})
         if self.image:
             settings["environment.image"] = self.image.ref
+        if self.checkpoints:
+            settings["checkpoints"] = self.checkpoints
         if self.registry_secret:  # a pasted password instead of a name is caught here
             settings["registry_secret"] = self.registry_secret
         return settings

@@ -53,9 +53,29 @@ from ..base import (
     RemoteStatus,
 )
 from ..launcher import LAUNCH_SH, RUN_SH
-from ..ssh_transfer import ArchiveCut, SafeExtractor, TarReader, UnsafeArchive, padding, parse_sha256sum
+from ..ssh_transfer import (
+    ArchiveCut,
+    SafeExtractor,
+    TarReader,
+    UnsafeArchive,
+    check_relpath,
+    padding,
+    parse_sha256sum,
+)
 
-SCRIPTS = ("status", "cancel", "manifest", "cache", "facts", "prepare", "log", "envfile", "cleanup", "container")
+SCRIPTS = (
+    "status",
+    "cancel",
+    "manifest",
+    "checkpoints",
+    "cache",
+    "facts",
+    "prepare",
+    "log",
+    "envfile",
+    "cleanup",
+    "container",
+)
 #: The machine options facts.sh takes after its folder: the index it checks and the CA bundle it trusts.
 INDEX_OPTIONS = ("index_url", "index_ca_bundle")
 #: A job id as the far side's scripts take it: one plain name, so it is a folder name and a word in sh.
@@ -398,6 +418,21 @@ def receive_outputs(
         if name.startswith(WORK_DIR + "/")
     }
     return result
+
+
+def parse_checkpoint_listing(out: str) -> dict[str, tuple[int, int]]:
+    """checkpoints.sh's lines: path under the checkpoint folder -> (size, mtime in ns); a path that is
+    not plain (it would climb out) is left out."""
+    listing: dict[str, tuple[int, int]] = {}
+    for line in out.splitlines():
+        size, mtime, encoded = line.split(" ", 2)
+        rel = base64.b64decode(encoded).decode("utf-8", "surrogateescape")
+        try:
+            check_relpath(rel, "checkpoint")
+        except ValueError:
+            continue
+        listing[rel] = (int(size), int(mtime))
+    return listing
 
 
 def output_extractor(outputs: Sequence[str], dest: Path, source: str) -> SafeExtractor:

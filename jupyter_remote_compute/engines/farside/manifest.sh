@@ -1,6 +1,7 @@
 #!/bin/sh
-# manifest.sh [--direct BYTES] DIR NAME OUTPUT...: the declared outputs of the job in DIR (paths
-# under work/) and its mlruns/, as tar on stdout, the far disk read once and hashed as it streams:
+# manifest.sh [--direct BYTES] [--no-tracking] DIR NAME OUTPUT...: the declared outputs of the job in
+# DIR (paths under work/) and its mlruns/ (not with --no-tracking: a checkpoint set's files only), as
+# tar on stdout, the far disk read once and hashed as it streams:
 #   entry NAME, first:       M <index>          output <index> does not exist
 #                            T <kilobytes>      the size of everything that follows
 #                            D <size> <octal mode> <base64 path>  with --direct: a regular file
@@ -19,7 +20,9 @@
 # sha256sum (or shasum) reads the same files beside it (the page cache serves the second reader);
 # --direct is then ignored (every file is sent).
 direct=0
+tracking=1
 if [ "$1" = --direct ]; then direct=$2; shift 2; fi
+if [ "$1" = --no-tracking ]; then tracking=0; shift; fi
 cd -- "$1" || { echo "job directory $1 is missing" >&2; exit 3; }
 m=$2
 shift 2
@@ -34,7 +37,7 @@ try:
 except ImportError:
     sys.exit(97)
 import base64
-direct, name, outputs = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+direct, tracking, name, outputs = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], sys.argv[4:]
 CHUNK = 1 << 20
 
 def put(data):
@@ -48,7 +51,7 @@ for i, o in enumerate(outputs):
         roots.append("work/" + o)
     else:
         head.append("M %d" % i)
-if os.path.isdir("mlruns"):
+if tracking and os.path.isdir("mlruns"):
     roots.append("mlruns")
 entries = []
 stack = list(reversed(roots))
@@ -177,7 +180,7 @@ flush()
 if command -v python3 >/dev/null 2>&1; then
   # -S -E: the writer needs only the standard library; a site-packages with many .pth files (conda,
   # pyenv) costs more to start than small outputs take to pack.
-  python3 -S -E -c "$prog" "$direct" "$m" "$@"
+  python3 -S -E -c "$prog" "$direct" "$tracking" "$m" "$@"
   code=$?
   [ "$code" -eq 97 ] || exit "$code"
 fi
@@ -194,7 +197,7 @@ while [ $i -lt "$n" ]; do
   if [ -e "$p" ] || [ -h "$p" ]; then set -- "$@" "$p"; else echo "M $i" >> "$m"; fi
   i=$((i+1))
 done
-if [ -d mlruns ]; then set -- "$@" mlruns; fi
+if [ "$tracking" = 1 ] && [ -d mlruns ]; then set -- "$@" mlruns; fi
 hashing=
 if [ $# -gt 0 ]; then
   du -sk -- "$@" | { t=0; while read -r k _; do case $k in ''|*[!0-9]*) ;; *) t=$((t+k)) ;; esac; done; echo "T $t" >> "$m"; }
