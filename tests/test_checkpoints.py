@@ -122,3 +122,18 @@ def test_a_kind_whose_checkpoints_do_not_come_home_is_refused_at_submit(workspac
     with pytest.raises(InvalidSettings) as info:
         service.submit(JobSpec.from_json({"machine": "nb", "command": "true", "checkpoints": "ckpt"}))
     assert info.value.field == "checkpoints"
+
+
+def test_the_cli_and_the_magic_take_the_checkpoint_folder_and_its_period():
+    from jupyter_remote_compute.cli import build_parser
+    from jupyter_remote_compute.magics import build_train_parser
+    from jupyter_remote_compute.run_options import command_of, spec_settings
+
+    words = ["--checkpoints", "ckpt", "--checkpoint-every", "30s", "--", "python", "train.py"]
+    for args in (build_parser(plugins=False).parse_args(["run", *words]), build_train_parser().parse_args(words)):
+        spec = JobSpec.from_json(spec_settings(args, command_of(args)))
+        assert (spec.checkpoints, spec.checkpoint_every) == ("ckpt", 30.0)
+    assert spec.to_json()["checkpoints"] == "ckpt"
+    with pytest.raises(InvalidSettings) as info:
+        JobSpec.from_json({"command": "true", "checkpoints": "../elsewhere"})
+    assert info.value.field == "checkpoints"
