@@ -89,6 +89,13 @@ class Checkpoints:
                 self._pool = ThreadPoolExecutor(LOOKS_AT_ONCE, thread_name_prefix="checkpoints")
         self._pool.submit(self._periodic, job.id)
 
+    def close(self) -> None:
+        """Let the looks under way finish (each lands whole or not at all); start no more."""
+        with self._guard:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def _periodic(self, job_id: str) -> None:
         try:
             self.look(self.ctx.store.get(job_id), final=False)
@@ -163,7 +170,10 @@ class Checkpoints:
         home = home_of(job, punica)
         sets = punica / "checkpoints" / ".sets"
         private_dir(sets)
-        number = int(state.get("set", 0)) + 1
+        previous = int(state.get("set", 0))  # the set ``landed`` describes: unchanged files link from it
+        number = previous + 1
+        while (sets / f"{job.id}.{number}").exists():  # a look that swapped, then died before its record
+            number += 1
         building = sets / f"{job.id}.{number}.part"
         incoming = jobdir / "checkpoints-incoming"
         shutil.rmtree(building, ignore_errors=True)
@@ -171,7 +181,7 @@ class Checkpoints:
         try:
             fetched = self._fetch(engine, remote, folder, wanted, incoming)
             private_dir(building)
-            current = home.resolve() if home.is_symlink() else None
+            current = sets / f"{job.id}.{previous}" if previous else None
             entries: dict[str, dict[str, Any]] = {}
             for rel, (size, mtime) in members.items():
                 target = building / rel
@@ -190,7 +200,10 @@ class Checkpoints:
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
             shutil.rmtree(building, ignore_errors=True)
-        shutil.rmtree(sets / f"{job.id}.{number - 2}", ignore_errors=True)  # the one before is kept a look
+        for old in sets.glob(f"{job.id}.*"):  # the set before is kept one more look, for a reader still in it
+            kept = old.name.rpartition(".")
+            if kept[0] == job.id and kept[2].isdigit() and int(kept[2]) not in (number, previous):
+                shutil.rmtree(old, ignore_errors=True)
         summary = CheckpointSet(
             at=utcnow(),
             files=len(entries),

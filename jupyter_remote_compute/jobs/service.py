@@ -160,6 +160,7 @@ class JobService:
         return self.admin.trust(name, fingerprint)
 
     def close(self) -> None:
+        self.checkpoints.close()
         self.admin.close()
 
     # -- reading ------------------------------------------------------------
