@@ -4,6 +4,7 @@ the newest whole set at ``.punica/checkpoints/<job id>``, on the built-in machin
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,30 @@ def test_the_cli_and_the_magic_take_the_checkpoint_folder_and_its_period():
     with pytest.raises(InvalidSettings) as info:
         JobSpec.from_json({"command": "true", "checkpoints": "../elsewhere"})
     assert info.value.field == "checkpoints"
+
+
+def test_a_look_that_died_between_its_swap_and_its_record_is_followed_by_a_new_set(workspace, make_service):
+    """The set landed and the link swapped, but the record of it was never written (the process died):
+    the next look lands a new set beside it rather than failing on the folder it left."""
+    (workspace / "train.py").write_text(TRAIN)
+    service = make_service(workspace)
+    spec = {"command": "python3 train.py", "send": ["train.py"], "checkpoints": "ckpt", "checkpoint_every": 0.2}
+    job = service.submit(JobSpec.from_json(spec)).job
+    home = workspace / ".punica/checkpoints" / job.id
+
+    def landed(step: int) -> object:
+        current = service.advance(job.id)
+        model = home / "model.pt"
+        return model.is_file() and model.read_bytes()[:1] == bytes([step]) and current
+
+    running = wait_for(lambda: landed(1), timeout=60, message="the first set")
+    record = workspace / ".punica/jobs" / job.id / "checkpoints.json"
+    seen = json.loads(record.read_text())["seen"]
+    record.write_text(json.dumps({"seen": seen}))  # as the record was before that look
+    far = Path(running.handle["dir"]) / "work"
+    (far / "go-1").write_text("")
+    wait_for(lambda: landed(2), timeout=30, message="a new set after the lost record")
+    assert sorted(p.name for p in home.iterdir()) == ["config.json", "model.pt"]
+    (far / "go-2").write_text("")
+    (far / "go-3").write_text("")
+    assert service.wait(job.id, timeout=60).state == "succeeded"
