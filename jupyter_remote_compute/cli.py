@@ -316,6 +316,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             _print_json(job.public_json())
         else:
             print(_summary(job))
+            if job.checkpoint:
+                c = job.checkpoint
+                print(
+                    f"checkpoints: {c['files']} files, {c['bytes']} bytes, landed {c['at']} in "
+                    f".punica/checkpoints/{job.id}/ ({c['fetched_bytes']} bytes brought home in all)"
+                )
             if job.started and job.ended:
                 from .jobs.job import parse_time
 

@@ -114,6 +114,7 @@ def test_checkpoints_come_home_while_the_job_runs_changed_files_only_and_whole(m
     assert (home / "model.pt").read_bytes() == bytes([3]) * MODEL
     assert _sha(home / "growing.log") == _sha(far / "growing.log")
     assert done.checkpoint is not None and done.checkpoint["files"] == 3
+    assert service.get(job.id).public_json()["checkpoint"] == done.checkpoint  # the API's and the CLI's JSON
     assert done.checkpoint["bytes"] == MODEL + CONFIG + (far / "growing.log").stat().st_size
 
 
@@ -140,7 +141,7 @@ def test_the_cli_and_the_magic_take_the_checkpoint_folder_and_its_period():
     assert info.value.field == "checkpoints"
 
 
-def test_a_look_that_died_between_its_swap_and_its_record_is_followed_by_a_new_set(workspace, make_service):
+def test_a_look_that_died_between_its_swap_and_its_record_is_followed_by_a_new_set(workspace, make_service, capsys):
     """The set landed and the link swapped, but the record of it was never written (the process died):
     the next look lands a new set beside it rather than failing on the folder it left."""
     (workspace / "train.py").write_text(TRAIN)
@@ -165,3 +166,8 @@ def test_a_look_that_died_between_its_swap_and_its_record_is_followed_by_a_new_s
     (far / "go-2").write_text("")
     (far / "go-3").write_text("")
     assert service.wait(job.id, timeout=60).state == "succeeded"
+    from jupyter_remote_compute.cli import main
+
+    assert main(["--workspace", str(workspace), "jobs", "show", job.id]) == 0
+    shown = capsys.readouterr().out
+    assert "checkpoints: 3 files" in shown and f".punica/checkpoints/{job.id}/" in shown
