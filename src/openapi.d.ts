@@ -1421,6 +1421,8 @@ export interface components {
             resources: ("cpus" | "gpus" | "memory" | "nodes" | "partition")[];
             /** @description A running job's MLflow metrics are read while it runs */
             live_metrics: boolean;
+            /** @description A running job's checkpoint folder comes home while it runs */
+            checkpoints: boolean;
             /** @description Why the kind cannot be used here yet (what to install) */
             unavailable?: string;
         };
