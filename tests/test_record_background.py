@@ -23,6 +23,7 @@ from conftest import QUICKSTART, job_runs
 from recorders import OwnRecorder
 from waiting import wait_for
 
+from jupyter_remote_compute.jobs.recording import PROGRAM
 from jupyter_remote_compute.jobs.store import JobStore
 from jupyter_remote_compute.recording import recorder as record
 from jupyter_remote_compute.recording.tracking import TrackingSettings
@@ -90,7 +91,7 @@ def _held_recorder(bed: dict[str, Any]) -> int:
     held = wait_for(lambda: (bed["faults"] / "held").exists(), timeout=120, message="the recorder to reach git")
     assert held
     pid = int((bed["faults"] / "held").read_text())
-    assert b"jupyter_remote_compute.recording.recorder" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert PROGRAM[-1].encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     return pid
 
 
@@ -166,7 +167,7 @@ def test_recorders_racing_for_one_job_make_one_run(bed: dict[str, Any], monkeypa
     # As a server's poll, a CLI's submit and a second server would, all at once.
     settings = TrackingSettings(tracking_uri=bed["uri"], experiment="tests")
     for _ in range(3):
-        record.start(Workspace(bed["root"]), settings, job_id, [])
+        record.start(PROGRAM, Workspace(bed["root"]), settings, job_id, [])
     run_id = wait_for(lambda: _recorded(bed, job_id), timeout=180, message="the run id on the job")
     wait_for(lambda: _pending(bed) == [], timeout=60, message="the to-do to go")
     assert [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
@@ -210,7 +211,7 @@ def test_one_recorder_stays_up_between_the_jobs_of_a_workspace_and_records_each(
     first = _recorder_pid(bed)
     _run_true(bed)
     assert _recorder_pid(bed) == first and _alive(first)
-    assert b"jupyter_remote_compute.recording.recorder" in Path(f"/proc/{first}/cmdline").read_bytes()
+    assert PROGRAM[-1].encode() in Path(f"/proc/{first}/cmdline").read_bytes()
     jobs = _jobs(bed)
     assert len(jobs) == 2
     for job_id, job in jobs.items():
@@ -261,6 +262,7 @@ def test_the_recorder_calls_only_this_packages_recording_functions(bed: dict[str
     workspace = Workspace(bed["root"])
     marker = bed["root"] / "called"
     refused = record.ask(
+        PROGRAM,
         workspace,
         {"op": "call", "target": "os:system", "args": {"cmd": f"touch {marker}"}, "wait": True},
     )
@@ -268,6 +270,7 @@ def test_the_recorder_calls_only_this_packages_recording_functions(bed: dict[str
     assert not marker.exists()
     # A function of the package is reached by name: the recorder imports it, the caller need not.
     answer = record.ask(
+        PROGRAM,
         workspace,
         {"op": "call", "target": "jupyter_remote_compute.fsutil:no_such_function", "args": {}, "wait": True},
     )

@@ -21,10 +21,11 @@ from ..engines.base import WORK_DIR, EngineError, FetchResult
 from ..errors import InvalidSettings, RemoteComputeError
 from ..fsutil import private_dir, sha256_file
 from ..machines.facts import known_facts, remember_facts
-from ..recording import recorder as record_later
+from ..recording import recorder
 from ..recording.tracking import JobRecord, without_far_records
 from ..secrets import mask
 from ..usage.ledger import job_metrics, meter
+from . import recording
 from .checkpoints import Checkpoints
 from .context import JobContext, remote_of
 from .job import Job, Outcome, parse_time, utcnow
@@ -51,7 +52,7 @@ class Collector:
         if claimed is None:
             return
         job = claimed
-        record_later.wait_unheld(self.ctx.workspace, job.id)  # before its folder is fetched into again
+        recorder.wait_unheld(self.ctx.workspace, job.id)  # before its folder is fetched into again
         outcome = job.outcome or Outcome("lost", "lost: no outcome was recorded")
         engine = self.ctx.engine_of(job)
         remote = remote_of(job)
@@ -117,7 +118,7 @@ class Collector:
             record = without_far_records(record)
         # The to-do is written first, whichever way the run is recorded: a crash from here on leaves it
         # for the next collection, or for resume() once the job has ended.
-        record_later.queue(self.ctx.workspace, record, cleanup=incoming)
+        recorder.queue(self.ctx.workspace, record, cleanup=incoming)
         run_id = None
         background = self.ctx.settings.record_in_background
         if not background:
@@ -137,7 +138,7 @@ class Collector:
             failing_since=None,
         )
         if background:
-            record_later.start(self.ctx.workspace, self.ctx.settings.tracking, job.id, secrets)
+            recording.start(self.ctx, job.id, secrets)
 
     def _check_landing(self, verified: dict[str, str]) -> str | None:
         """Before anything moves: every destination is inside the workspace and can take a file."""
@@ -215,8 +216,8 @@ class Collector:
         """The job's MLflow run id, recorded by the workspace's recorder, and its outcome (which says so
         if the run could not be recorded)."""
         try:
-            run_id, problem = record_later.record_now(self.ctx.workspace, self.ctx.settings.tracking, job_id, secrets)
-        except record_later.RecorderUnavailable as e:  # the to-do stays: resume() asks again once the job ended
+            run_id, problem = recording.record_now(self.ctx, job_id, secrets)
+        except recorder.RecorderUnavailable as e:  # the to-do stays: resume() asks again once the job ended
             log.warning("job %s: its MLflow run is left for a later recorder: %s", job_id, e)
             return None, outcome
         if problem is None:

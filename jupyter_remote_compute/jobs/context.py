@@ -24,7 +24,7 @@ class ServiceSettings:
     scratch_dir: Path | None = None  # the built-in machine's job base; None: the default
     give_up_after: float = 3600.0  # seconds of failing to reach a machine to start, stop or collect a job
     tracking: TrackingSettings = dataclasses.field(default_factory=TrackingSettings)
-    # End a job before its MLflow run is recorded; the workspace's recorder (record.py) records it after
+    # End a job before its MLflow run is recorded; the workspace's recorder (recording.py) records it after
     # and a face that reports the job waits for that (``await_recorded``): for faces that may exit when
     # the job ends (the CLI). Off (the server): the job ends once the recorder has recorded its run.
     record_in_background: bool = False

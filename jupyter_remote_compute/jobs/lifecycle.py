@@ -30,10 +30,10 @@ from ..environments import image_registry as registry
 from ..environments.environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
 from ..errors import InvalidSettings, RemoteComputeError
 from ..machines.facts import known_facts
-from ..recording import recorder as record_later
 from ..schema.spec import CHECKPOINTS_VAR
 from ..transfer.manifest import DigestCache
 from ..usage.ledger import REQUEUED, meter
+from . import recording
 from .checkpoints import Checkpoints
 from .collect import Collector
 from .context import JobContext, remote_of
@@ -116,9 +116,9 @@ class Driver:
         """One pass over every unfinished job: one poll per machine, then each job advanced.
 
         With ``transfer``, sending and collecting (long) are handed to it instead of run here.
-        Runs whose recorder died are handed to a new one (record.py).
+        Runs whose recorder died are handed to a new one (recording.py).
         """
-        record_later.resume(self.ctx)
+        recording.resume(self.ctx)
         jobs = self.ctx.store.active_jobs()
         running: dict[str, list[Job]] = {}
         for job in jobs:

@@ -44,12 +44,11 @@ from ..guards import check_egress, load_detectors, screen_settings
 from ..machines.admin import MachineAdmin, snapshot_of
 from ..machines.options import COMMON_OPTIONS
 from ..machines.registry import Machine, MachineRegistry
-from ..recording import recorder as record_later
 from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..usage.ledger import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
 from ..workspace import Workspace
-from . import logs
+from . import logs, recording
 from .checkpoints import Checkpoints
 from .collect import Collector
 from .context import JobContext, ServiceSettings, remote_of
@@ -272,7 +271,7 @@ class JobService:
             )
             jobs[job_id] = job
         self._emit(job)
-        record_later.resume(self.ctx)  # a run some earlier face left unrecorded (it was killed, say)
+        recording.resume(self.ctx)  # a run some earlier face left unrecorded (it was killed, say)
         return SubmitResult(job, attached=False)
 
     def _admit(self, machine: Machine, spec: JobSpec) -> None:
@@ -396,7 +395,7 @@ class JobService:
             # Recording a small job is mostly importing MLflow: done while the job runs.
             current = self.store.get(job_id)
             if current.mlflow_run_id is None and current.spec is not None:
-                record_later.prewarm(self.ctx, current)
+                recording.prewarm(self.ctx, current)
         job = logs.follow(
             self.advance,
             self.read_log,
@@ -411,7 +410,7 @@ class JobService:
             on_metrics=on_metrics,
         )
         if job.state in TERMINAL_STATES and job.mlflow_run_id is None:
-            record_later.await_recorded(self.ctx, job.id)
+            recording.await_recorded(self.ctx, job.id)
             job = self.store.get(job.id)
         return job
 

@@ -30,6 +30,7 @@ from ..fsutil import SharedFileLock, atomic_write, private_dir
 from ..guards import screen_settings
 from ..jobs.job import Job, new_job_id, utcnow
 from ..jobs.liveness import holder_alive, process_identity
+from ..jobs.recording import PROGRAM as RECORDER
 from ..jobs.service import JobService
 from ..jobs.spec import JobSpec, check_relative_path
 from ..steps import describe_steps, parse_settings
@@ -397,7 +398,7 @@ class PipelineRunner:
                         children[node_id] = mlflow_run_id
         try:
             uri = tracking_uri(self.workspace.root, self.service.settings.tracking)
-            record_parent(self.workspace, uri, run.to_json(), children, self.store.parent_id_path(run.id))
+            record_parent(RECORDER, self.workspace, uri, run.to_json(), children, self.store.parent_id_path(run.id))
         except Exception as e:  # MLflow down must not lose the run's outcome
             log.warning("pipeline run %s: its MLflow parent run was not recorded: %s", run.id, e)
 

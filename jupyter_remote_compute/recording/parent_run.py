@@ -11,7 +11,7 @@ node reused from an earlier pipeline run) keeps it; the parent names it in a tag
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,14 @@ STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
 def record_parent(
-    workspace: Workspace, uri: str, run: Mapping[str, Any], children: Mapping[str, str], parent_id_file: Path
+    program: Sequence[str],
+    workspace: Workspace,
+    uri: str,
+    run: Mapping[str, Any],
+    children: Mapping[str, str],
+    parent_id_file: Path,
 ) -> bool:
-    """Have the workspace's recorder record the parent run; False when no node has a run.
+    """Have the workspace's recorder (``program``) record the parent run; False when no node has a run.
 
     ``children``: node id -> its job's MLflow run. The recorder writes the parent's id to
     ``parent_id_file`` once made (the pipeline's run store names it and reads it), so a pipeline run
@@ -37,7 +42,7 @@ def record_parent(
     if not children:
         return False
     args = {"uri": uri, "run": dict(run), "children": dict(children), "parent_id_file": str(parent_id_file)}
-    ask(workspace, {"op": "call", "target": f"{__name__}:record_request", "args": args, "wait": False})
+    ask(program, workspace, {"op": "call", "target": f"{__name__}:record_request", "args": args, "wait": False})
     return True
 
 

@@ -1,7 +1,8 @@
 """Recording finished jobs' MLflow runs: one recorder process per user, the one path for every face.
 
-The server, the CLI, ``%remote_train`` and a pipeline step all record through the same child program,
-``python -m jupyter_remote_compute.recording.recorder``, and the same protocol: one JSON request line on a
+The server, the CLI, ``%remote_train`` and a pipeline step all record through the same child program
+(``PROGRAM`` of ``jobs/recording.py``, whose ``main`` serves with the lifecycle's store of jobs as the
+``RecordedJobs`` here: recording imports nothing of the lifecycle) and the same protocol: one JSON request line on a
 Unix socket only this user can open (``socket_path``), answered with one JSON line. MLflow is imported
 there, never in a face: it costs ~200 MiB and most of the seconds that recording a small job takes
 (importing it is ~4 s of CPU). The recorder is started on first use, in a session of its own (killing
@@ -40,7 +41,8 @@ Exactly one run per job, always:
 - the recorder writes the run id (or why it could not record) onto the job, then removes the to-do.
 
 Done means recorded: a face that reports a job's end (``run``, ``jobs wait``, ``%remote_train``, a
-pipeline step) waits for that to-do to go (``await_recorded``), and replaces a recorder that died.
+pipeline step) waits for that to-do to go (``await_recorded`` in ``jobs/recording.py``), and replaces a
+recorder that died.
 """
 
 from __future__ import annotations
@@ -62,14 +64,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from ..errors import NotFound
 from ..fsutil import atomic_write, private_open, socket_folder
-from ..jobs.context import JobContext
-from ..jobs.logs import mask_values
-from ..jobs.store import JobStore
-from ..schema.job import Job, utcnow
 from ..secrets import mask
 from ..workspace import Workspace
 from .tracking import (
@@ -100,6 +97,20 @@ START_TIMEOUT = 60.0
 TAKE_OVER_WAIT = 15.0
 RECORD_TIMEOUT = 1800.0  # artifacts up to artifact_size_cap are copied: generous, but never for ever
 MAX_REQUEST = 1 << 24
+WAIT_STEP = 0.02  # seconds between looks at a socket, or a to-do, that is not there yet
+
+
+class RecordedJobs(Protocol):
+    """Where the recorder process finds a job and leaves its run id: the lifecycle's store of jobs,
+    handed to ``Recorder`` by the program's ``main`` (recording does not import the lifecycle)."""
+
+    def exists(self, workspace: Workspace, job_id: str) -> bool:
+        """The job is still there (one deleted before it was recorded has nothing to record it for)."""
+        ...
+
+    def finish(self, workspace: Workspace, job_id: str, run_id: str | None, problem: str | None) -> None:
+        """Put the run id, or why there is none, on the job (gone meanwhile: nothing)."""
+        ...
 
 
 class RecorderUnavailable(RuntimeError):
@@ -139,33 +150,44 @@ def queue(workspace: Workspace, record: JobRecord, cleanup: Path | None) -> None
     atomic_write(pending_file(workspace, record.job_id), json.dumps(data).encode())
 
 
-def _settings_json(workspace: Workspace, settings: TrackingSettings) -> dict[str, Any]:
+def settings_json(workspace: Workspace, settings: TrackingSettings) -> dict[str, Any]:
     return {**dataclasses.asdict(settings), "tracking_uri": tracking_uri(workspace.root, settings)}
 
 
-def start(workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None) -> None:
-    """Have the workspace's recorder record the job's to-do (starting the recorder if none runs);
+def start(
+    program: Sequence[str],
+    workspace: Workspace,
+    settings: TrackingSettings,
+    job_id: str,
+    secrets: Sequence[str] | None,
+) -> None:
+    """Have the workspace's recorder (``program``, started if none runs) record the job's to-do;
     returns once it is queued there. ``secrets`` None: one could not be read, so the far side's
     records are withheld. A recorder that cannot be reached is said in the log: the to-do stays for
     the next poll, submit or wait."""
-    request = {"op": "record", "job": job_id, "settings": _settings_json(workspace, settings), "wait": False}
+    request = {"op": "record", "job": job_id, "settings": settings_json(workspace, settings), "wait": False}
     try:
-        ask(workspace, {**request, "mask_values": None if secrets is None else list(secrets)})
+        ask(program, workspace, {**request, "mask_values": None if secrets is None else list(secrets)})
     except RecorderUnavailable as e:
         log.warning("job %s: its MLflow run is not being recorded yet: %s", job_id, e)
 
 
 def record_now(
-    workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None
+    program: Sequence[str],
+    workspace: Workspace,
+    settings: TrackingSettings,
+    job_id: str,
+    secrets: Sequence[str] | None,
 ) -> tuple[str | None, str | None]:
-    """Record the job's to-do in the workspace's recorder and wait: (its run id, or why it is not
-    recorded). RecorderUnavailable when no recorder could do it (the to-do stays)."""
+    """Record the job's to-do in the workspace's recorder (``program``) and wait: (its run id, or why it
+    is not recorded). RecorderUnavailable when no recorder could do it (the to-do stays)."""
     answer = ask(
+        program,
         workspace,
         {
             "op": "record",
             "job": job_id,
-            "settings": _settings_json(workspace, settings),
+            "settings": settings_json(workspace, settings),
             "mask_values": None if secrets is None else list(secrets),
             "wait": True,
         },
@@ -174,9 +196,16 @@ def record_now(
     return answer.get("run_id"), answer.get("problem")
 
 
-def ask(workspace: Workspace, request: Mapping[str, Any], timeout: float = START_TIMEOUT) -> dict[str, Any]:
-    """Send one request about the workspace to the user's recorder, starting one if none listens, and
-    return its answer.
+def warm(program: Sequence[str], workspace: Workspace, settings: TrackingSettings) -> None:
+    """Have the workspace's recorder (``program``) load MLflow and open the store now. Answered at once."""
+    ask(program, workspace, {"op": "warm", "settings": settings_json(workspace, settings)})
+
+
+def ask(
+    program: Sequence[str], workspace: Workspace, request: Mapping[str, Any], timeout: float = START_TIMEOUT
+) -> dict[str, Any]:
+    """Send one request about the workspace to the user's recorder, starting one (``program``, the
+    command line of the recorder's program) if none listens, and return its answer.
 
     A recorder that closes without answering (it was going idle, or it died) is replaced and asked
     again: a record request twice is harmless, the second finds the to-do gone or the run by its tag."""
@@ -196,7 +225,7 @@ def ask(workspace: Workspace, request: Mapping[str, Any], timeout: float = START
             except (FileNotFoundError, ConnectionRefusedError):
                 conn.close()
                 if not started:
-                    _spawn()
+                    _spawn(program)
                     started = True
                 elif time.monotonic() > deadline:
                     raise RecorderUnavailable(f"the recorder did not start within {START_TIMEOUT:.0f} s") from None
@@ -230,11 +259,11 @@ def _read_line(conn: socket.socket) -> bytes:
     return data
 
 
-def _spawn() -> None:
+def _spawn(program: Sequence[str]) -> None:
     log_file = recorder_file("log")
     with private_open(log_file) as errors:
         child = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_remote_compute.recording.recorder"],
+            list(program),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=errors,
@@ -267,89 +296,6 @@ def unclaimed(workspace: Workspace) -> list[str]:
             os.close(fd)  # releases the probe's lock too
         free.append(name.removesuffix(".json"))
     return free
-
-
-def resume(ctx: JobContext) -> None:
-    """Ask for every to-do nobody records (its recorder died, or never started) whose job has ended."""
-    for job_id in unclaimed(ctx.workspace):
-        try:
-            job = ctx.store.get(job_id)
-        except NotFound:
-            secrets = []  # the recorder only tidies up after a deleted job
-        else:
-            if job.active:
-                # Still being collected: its collector asks once the job has ended (and a
-                # collection that is retried writes a fresh to-do over this one).
-                continue
-            secrets = mask_values(ctx.secrets, job)
-        start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
-
-
-#: A to-do with no recorder seen at work on it this long after it was asked for is asked for again
-#: (the recorder could not start, or a probe took its claim); the attempt count still bounds them.
-START_GRACE = 20.0
-WAIT_STEP = 0.02  # seconds between looks at a to-do while no recorder has claimed it yet
-
-
-def await_recorded(ctx: JobContext, job_id: str) -> None:
-    """Return once the job's to-do is recorded (its run id, or why not, is on the job).
-
-    Never takes the to-do's lock while a recorder may be about to claim it (that would turn the
-    recorder away): it waits for a claim to show (the recorder counts its attempt once it holds the
-    lock), then blocks on a shared lock, which the kernel grants when the recorder lets go. A recorder
-    that died, or never showed, is replaced, as ``resume`` would."""
-    path = pending_file(ctx.workspace, job_id)
-    counter = path.with_suffix(".attempts")
-    seen = 0  # a count already there: a recorder holds it now, or one died (the shared lock tells which)
-    started = time.monotonic()
-    while True:
-        if not path.exists():
-            return
-        attempts = _size(counter)
-        if attempts == seen:
-            if time.monotonic() - started > START_GRACE:
-                _restart(ctx, job_id)
-                started = time.monotonic()
-            time.sleep(WAIT_STEP)
-            continue
-        seen = attempts
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the recorder holding it is done or dead
-        finally:
-            os.close(fd)
-        if path.exists():  # it died before it was done
-            _restart(ctx, job_id)
-            started = time.monotonic()
-
-
-def prewarm(ctx: JobContext, job: Job) -> None:
-    """While a face waits for a job, have the workspace's recorder load MLflow and open the store (the
-    bulk of recording a small job), so the run is recorded the moment the job has ended."""
-    try:
-        ask(ctx.workspace, {"op": "warm", "settings": _settings_json(ctx.workspace, ctx.settings.tracking)})
-    except RecorderUnavailable as e:
-        log.warning("job %s: could not start the MLflow recorder ahead of its end: %s", job.id, e)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _restart(ctx: JobContext, job_id: str) -> None:
-    try:
-        job = ctx.store.get(job_id)
-    except NotFound:
-        secrets: Sequence[str] | None = []
-    else:
-        secrets = mask_values(ctx.secrets, job)
-    start(ctx.workspace, ctx.settings.tracking, job_id, secrets)
 
 
 # -- the recorder process ----------------------------------------------------------------------
@@ -407,21 +353,12 @@ def _attempt(workspace: Workspace, job_id: str) -> int:
     return counter.stat().st_size
 
 
-def _finish(workspace: Workspace, job_id: str, run_id: str | None, problem: str | None) -> None:
-    store = JobStore(workspace.state_file)
-    with store.transaction() as jobs:
-        job = jobs.get(job_id)
-        if job is None:
-            return  # deleted meanwhile
-        if run_id is not None:
-            job.mlflow_run_id = run_id
-        else:
-            job.reason = ((job.reason or "") + f" (not recorded in MLflow: {problem})").strip()
-        job.updated = utcnow()
-
-
 def record_pending(
-    workspace: Workspace, settings: TrackingSettings, job_id: str, secrets: Sequence[str] | None
+    workspace: Workspace,
+    settings: TrackingSettings,
+    job_id: str,
+    secrets: Sequence[str] | None,
+    jobs: RecordedJobs,
 ) -> tuple[str | None, str | None] | None:
     """Record one to-do, if no other recorder holds it: (its run id, or why not); None when it was not
     this process's to do (gone, or another recorder holds it).
@@ -439,9 +376,7 @@ def record_pending(
             record = without_far_records(record)
         run_id: str | None
         problem: str | None
-        try:
-            JobStore(workspace.state_file).get(job_id)
-        except NotFound:
+        if not jobs.exists(workspace, job_id):
             run_id, problem = None, None  # deleted before it was recorded: nothing to record it for
         else:
             if _attempt(workspace, job_id) > MAX_ATTEMPTS:
@@ -451,7 +386,7 @@ def record_pending(
                     run_id, problem = record_job(workspace.root, settings, record), None
                 except Exception as e:  # MLflow down must not lose the job: say so on it, as collection did
                     run_id, problem = None, mask(str(e).encode(), secrets or ()).decode(errors="replace")[:500]
-            _finish(workspace, job_id, run_id, problem)
+            jobs.finish(workspace, job_id, run_id, problem)
         # A collection of the job that came after (its collector died meanwhile) wrote a fresh to-do
         # and fetched into the same folder: those are that to-do's now.
         if _same_file(fd, path):
@@ -468,8 +403,9 @@ def record_pending(
 class Recorder:
     """The user's recorder process: takes requests on its socket, works them one at a time."""
 
-    def __init__(self, idle: float) -> None:
+    def __init__(self, idle: float, jobs: RecordedJobs) -> None:
         self.idle = idle
+        self.jobs = jobs
         self.work: queues.Queue[tuple[dict[str, Any], socket.socket | None]] = queues.Queue()
         self.busy = 0  # requests taken and not yet done
         self.last = time.monotonic()
@@ -587,7 +523,7 @@ class Recorder:
         if request["op"] == "warm":
             warm_up(workspace.root, settings)
             return {}
-        done = record_pending(workspace, settings, str(request["job"]), request.get("mask_values"))
+        done = record_pending(workspace, settings, str(request["job"]), request.get("mask_values"), self.jobs)
         if done is None:
             return {"run_id": None, "problem": None, "taken": True}
         return {"run_id": done[0], "problem": done[1]}
@@ -618,13 +554,3 @@ def recorder_idle() -> float:
         return float(os.environ.get(IDLE_ENV) or RECORDER_IDLE)
     except ValueError:
         return RECORDER_IDLE
-
-
-def _main(argv: Sequence[str]) -> int:
-    if argv:
-        raise SystemExit("usage: python -m jupyter_remote_compute.recording.recorder (it serves every workspace)")
-    return Recorder(recorder_idle()).serve()
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
