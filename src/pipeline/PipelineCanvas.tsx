@@ -100,6 +100,8 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
   const flow = useReactFlow();
   const wrapper = React.useRef<HTMLDivElement>(null);
   const [selected, setSelected] = React.useState<string | null>(null);
+  // A node just added and selected here, until React Flow reports it selected too.
+  const justAdded = React.useRef<string | null>(null);
   const [renaming, setRenaming] = React.useState<string | null>(null);
   const body = React.useRef<HTMLDivElement>(null);
   const [nodes, setNodes] = React.useState<StepCardNode[]>([]);
@@ -223,7 +225,17 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
   );
   const onSelectionChange = React.useCallback(
     (params: OnSelectionChangeParams) => {
-      setSelected(params.nodes.length === 1 ? params.nodes[0].id : null);
+      const ids = params.nodes.map(n => n.id);
+      const dropped = justAdded.current;
+      if (dropped !== null) {
+        // React Flow first lets go of what was selected before a drop (an empty or an older
+        // selection), then reports the dropped node: only that report ends the wait.
+        if (!ids.includes(dropped)) {
+          return;
+        }
+        justAdded.current = null;
+      }
+      setSelected(ids.length === 1 ? ids[0] : null);
     },
     []
   );
@@ -231,6 +243,7 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
   const addStep = (stepId: string, position: { x: number; y: number }) => {
     const id = model.addNode(stepId, position);
     if (id) {
+      justAdded.current = id;
       setNodes(ns => ns.map(n => ({ ...n, selected: false })));
       setSelected(id);
     }
