@@ -19,7 +19,8 @@ ssh_agent_env = sshd_fixture.ssh_agent_env
 
 # A training loop as training code writes checkpoints: to a temporary name, then renamed into place
 # (torch.save(state, tmp); os.replace(tmp, path)). The test says when each step may end (go-N in the
-# job's folder); meanwhile a log it appends to all along is never whole, and a .tmp stays half-written.
+# job's folder, else it gives up); meanwhile a log it appends to all along is never whole, and a .tmp
+# stays half-written.
 TRAIN = """\
 import os, threading, time
 d = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
@@ -35,9 +36,12 @@ def grow():
 writer = threading.Thread(target=grow); writer.start()
 save("config.json", b'{"lr": 0.1}' * 1000)
 half = open(os.path.join(d, "next.pt.tmp"), "wb"); half.write(b"half")
+given_up = time.monotonic() + 300  # a test that failed never says go: the job ends, not orphaned
 for step in (1, 2, 3):
     save("model.pt", bytes([step]) * 200000)
     while not os.path.exists("go-%d" % step):
+        if time.monotonic() > given_up:
+            stop.set(); raise SystemExit("no go-%d within 300 s" % step)
         time.sleep(0.02)
 stop.set(); writer.join(); half.close()
 """
