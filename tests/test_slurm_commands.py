@@ -68,7 +68,7 @@ def test_resources_from_json_round_trip() -> None:
         ({"gpus": -1}, "gpus", "at least 0"),
         ({"gpus": True}, "gpus", "whole number"),
         ({"partition": "gpu; rm -rf /"}, "partition", "not a Slurm name"),
-        ({"ram": "1G"}, "ram", "not a resource"),
+        ({"ram": "1G"}, "ram", "unknown setting; use gpus, cpus, memory, nodes or partition"),
     ],
 )
 def test_bad_resources_name_their_field(data: dict, field: str, words: str) -> None:

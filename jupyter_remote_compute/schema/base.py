@@ -76,14 +76,47 @@ def field_name(loc: tuple[str | int, ...], prefix: str = "") -> str:
     return name
 
 
-def invalid(error: ValidationError, prefix: str = "") -> InvalidSettings:
-    """The first of pydantic's errors as the error users see: the setting named, then what is wrong."""
+def invalid(error: ValidationError, prefix: str = "", type_: Any = None) -> InvalidSettings:
+    """The first of pydantic's errors as the error users see: the setting named, then what is wrong
+    (for a setting the type does not know, the ones it does, when ``type_`` is given)."""
     first = error.errors(include_url=False)[0]
     context = first.get("ctx") or {}
     at = context.get("at")
     field = field_name((*first["loc"], *(() if at is None else (at,))), prefix)
     message = context["message"] if first["type"] == "invalid" else _MESSAGES.get(first["type"], first["msg"])
+    if first["type"] in ("extra_forbidden", "unexpected_keyword_argument") and type_ is not None:
+        known = known_settings(type_, tuple(first["loc"][:-1]))
+        if known:
+            message += f"; use {', '.join(known[:-1])} or {known[-1]}" if len(known) > 1 else f"; use {known[0]}"
     return InvalidSettings(f"{field}: {message}" if field else message, field=field or None)
+
+
+def known_settings(type_: Any, path: tuple[str | int, ...]) -> list[str]:
+    """The settings the object at ``path`` inside ``type_`` takes, as they are written; [] if unknown."""
+    schema = _input_schema(type_)
+    definitions = schema.get("$defs", {})
+
+    def resolved(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:
+            node = definitions.get(node["$ref"].rsplit("/", 1)[-1], {})
+        for choice in node.get("anyOf", ()):  # an optional object: the alternative that has settings
+            choice = resolved(choice)
+            if "properties" in choice or "items" in choice:
+                return choice
+        return node
+
+    node = resolved(schema)
+    for part in path:
+        node = resolved(node.get("items", {}) if isinstance(part, int) else node.get("properties", {}).get(part, {}))
+    return list(node.get("properties", {}))
+
+
+@functools.cache
+def _input_schema(type_: Any) -> dict[str, Any]:
+    try:
+        return adapter(type_).json_schema(mode="validation")
+    except Exception:  # a type pydantic cannot describe: its refusals just say "unknown setting"
+        return {}
 
 
 @functools.cache
@@ -97,7 +130,7 @@ def validate(type_: type[T], data: Any, prefix: str = "") -> T:
     try:
         return adapter(type_).validate_python(data)
     except ValidationError as e:
-        raise invalid(e, prefix) from None
+        raise invalid(e, prefix, type_) from None
 
 
 def to_json(type_: Any, value: Any) -> Any:
