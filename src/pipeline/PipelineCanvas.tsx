@@ -229,11 +229,17 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
       const dropped = justAdded.current;
       if (dropped !== null) {
         // React Flow first lets go of what was selected before a drop (an empty or an older
-        // selection), then reports the dropped node: only that report ends the wait.
+        // selection), then reports the dropped node, at times with the node that was selected
+        // before it still beside it: the dropped node alone is the selection then.
         if (!ids.includes(dropped)) {
           return;
         }
         justAdded.current = null;
+        if (ids.length > 1) {
+          setNodes(ns => ns.map(n => ({ ...n, selected: n.id === dropped })));
+        }
+        setSelected(dropped);
+        return;
       }
       setSelected(ids.length === 1 ? ids[0] : null);
     },

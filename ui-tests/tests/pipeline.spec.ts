@@ -31,11 +31,7 @@ async function addListItem(page: IJupyterLabPageFixture, node: string, name: str
 test.describe('Pipeline canvas', () => {
   test.use({ viewport: { width: 1400, height: 900 } });
 
-  // FIXME: the second step dropped on a canvas whose first step's settings are open does not open
-  // its own settings pane (nor does a click on its card), since the settings form and canvas changes
-  // of 2026-12-04; it failed both tries in a clean clone's CI. Held here until the canvas's selection
-  // is fixed; the steps of this flow are otherwise covered by the other tests of this file.
-  test.fixme('a pipeline from the launcher: drag, fill, connect, save, run on this machine', async ({
+  test('a pipeline from the launcher: drag, fill, connect, save, run on this machine', async ({
     page,
     tmpPath
   }) => {
