@@ -299,23 +299,12 @@ export type IJob = Schemas['JobSummary'] & Partial<IJobDetail>;
 export type IJobList = AnswerOf<paths['/remote-compute/jobs']['get']>;
 
 /**
- * Which jobs a page lists; the server filters, so nothing hidden is downloaded.
+ * Which jobs a page lists (the query of `GET /jobs`); the server filters, so nothing hidden is
+ * downloaded.
  */
-export interface IJobQuery {
-  limit?: number;
-  cursor?: string | null;
-  machine?: string;
-  /**
-   * One state or several, comma-separated.
-   */
-  state?: string;
-  /**
-   * A part of the name, any case.
-   */
-  name?: string;
-  since?: string;
-  until?: string;
-}
+export type IJobQuery = NonNullable<
+  paths['/remote-compute/jobs']['get']['parameters']['query']
+>;
 
 /**
  * What `POST /jobs/prune` removed.
@@ -420,8 +409,10 @@ export function listJobs(
 ): Promise<IJobList> {
   const params = new URLSearchParams();
   for (const [key, value] of Object.entries(query)) {
-    if (value !== undefined && value !== null && value !== '') {
-      params.set(key, String(value));
+    // A list (the states) goes as one comma-separated value, as the API reads it.
+    const text = Array.isArray(value) ? value.join(',') : String(value ?? '');
+    if (text !== '') {
+      params.set(key, text);
     }
   }
   const search = params.toString();
@@ -569,15 +560,17 @@ export type IUsage = Schemas['Usage'];
  */
 export type IUsageRow = IUsage['rows'][number];
 
-export interface IUsageQuery {
-  groupBy?: string[];
-  since?: string;
-  until?: string;
-}
+/**
+ * How `GET /usage` groups and which attempts it sums; the format is the caller's (JSON or CSV).
+ */
+export type IUsageQuery = Omit<
+  NonNullable<paths['/remote-compute/usage']['get']['parameters']['query']>,
+  'format'
+>;
 
 function usageSearch(query: IUsageQuery, format: 'json' | 'csv'): string {
   const params = new URLSearchParams();
-  params.set('group_by', (query.groupBy ?? ['machine']).join(','));
+  params.set('group_by', (query.group_by ?? ['machine']).join(','));
   if (query.since) {
     params.set('since', query.since);
   }

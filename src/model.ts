@@ -118,7 +118,11 @@ function queryOf(filter: IJobFilter): IJobQuery {
     limit: JOB_PAGE_SIZE,
     machine: filter.machine,
     state:
-      filter.state === 'active' ? [...ACTIVE_STATES].join(',') : filter.state,
+      filter.state === 'active'
+        ? [...ACTIVE_STATES]
+        : filter.state
+          ? [filter.state as JobState]
+          : undefined,
     name: filter.name.trim()
   };
 }

@@ -128,9 +128,8 @@ export function registerJobCommands(
         // Asked of the server: the panel's list may be filtered or not paged that far.
         let active: readonly IJob[] = [];
         try {
-          active = (
-            await listJobs({ state: [...ACTIVE_STATES].join(','), limit: 500 })
-          ).jobs;
+          active = (await listJobs({ state: [...ACTIVE_STATES], limit: 500 }))
+            .jobs;
         } catch (error) {
           showError(trans.__('Could not list the active jobs'), error, trans);
           return;

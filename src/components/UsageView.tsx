@@ -11,13 +11,13 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { getUsage, IUsage, IUsageRow, usageCsvUrl } from '../api';
+import { getUsage, IUsage, IUsageQuery, IUsageRow, usageCsvUrl } from '../api';
 import { formatSize } from '../format';
 import { computeIcon } from '../icons';
 import { asAPIError } from '../model';
 import { BarChart } from './charts/BarChart';
 
-const GROUP_BY = ['machine', 'month'];
+const GROUP_BY: IUsageQuery['group_by'] = ['machine', 'month'];
 
 function hours(value: number): string {
   if (value === 0) {
@@ -132,7 +132,7 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
   const load = React.useCallback(async () => {
     setLoading(true);
     try {
-      setUsage(await getUsage({ groupBy: GROUP_BY }));
+      setUsage(await getUsage({ group_by: GROUP_BY }));
       setError(null);
     } catch (e) {
       setError(asAPIError(e).message);
@@ -156,7 +156,7 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
         />
         <a
           className="jp-RemoteCompute-usageCsv"
-          href={usageCsvUrl({ groupBy: GROUP_BY })}
+          href={usageCsvUrl({ group_by: GROUP_BY })}
           download="usage.csv"
           title={trans.__('Download these sums as CSV')}
         >
