@@ -27,13 +27,15 @@ import { ComputePanel } from './components/ComputePanel';
 import { EventSocket } from './eventsocket';
 import { filePicker } from './filePicker';
 import { PipelineRuns } from './pipelineRuns';
-import { registerKindFaces } from './kindFaces';
+import { IKindFacesRegistry, kindFaces } from './kindFaces';
 import { ComputeModel, IComputeSettings } from './model';
 import { registerPipelines } from './pipeline/commands';
 
 export { APIError, listJobs, listMachines, requestAPI } from './api';
 export type { IJob, IMachine, JobState } from './api';
 export { CommandIDs } from './commands';
+export { IKindFacesRegistry } from './kindFaces';
+export type { IKindFaces } from './kindFaces';
 
 const PLUGIN_ID = 'jupyter-remote-compute:plugin';
 
@@ -146,11 +148,12 @@ function showServerMissing(error: APIError, trans: TranslationBundle): void {
 /**
  * The Compute panel in the left sidebar and its commands.
  */
-const plugin: JupyterFrontEndPlugin<void> = {
+const plugin: JupyterFrontEndPlugin<IKindFacesRegistry> = {
   id: PLUGIN_ID,
   description:
     'Run a training job on a named machine and follow it from the Compute panel; draw and run pipelines of jobs.',
   autoStart: true,
+  provides: IKindFacesRegistry,
   optional: [
     ITranslator,
     ICommandPalette,
@@ -169,10 +172,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     fileBrowser: IDefaultFileBrowser | null,
     launcher: ILauncher | null,
     mainMenu: IMainMenu | null
-  ): void => {
+  ): IKindFacesRegistry => {
     const trans = (translator ?? nullTranslator).load('jupyter_remote_compute');
     // The kinds that add to the panel (the server's engines/faces.py BUILT_IN_FACES, this side).
-    registerKindFaces('agent', AGENT_FACES);
+    kindFaces.register('agent', AGENT_FACES);
 
     // A socket of our own: the panel polls only while it is down, which JupyterLab's shared
     // event manager does not tell.
@@ -262,6 +265,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           );
         });
     }
+    return kindFaces;
   }
 };
 

@@ -10,7 +10,7 @@ import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { UsageWidget } from '../components/UsageView';
 import { showError } from '../dialogs';
 import { computeIcon } from '../icons';
-import { allKindFaces } from '../kindFaces';
+import { kindFaces } from '../kindFaces';
 import { openMlflow } from '../mlflow';
 import { CommandIDs, ICommandContext, stringArg } from './context';
 import { registerJobCommands } from './jobs';
@@ -23,9 +23,7 @@ export type { ICommandContext } from './context';
 export function registerCommands(context: ICommandContext): void {
   const { app, model, panel, trans, palette } = context;
   const { commands } = app;
-  for (const faces of allKindFaces()) {
-    faces.registerCommands?.(commands, model, trans);
-  }
+  kindFaces.registerCommands(commands, model, trans);
   const category = trans.__('Compute');
   const openers = new Openers(context);
 
