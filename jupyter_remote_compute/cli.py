@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .engines.faces import CliCommand, all_faces, faces_of
-from .engines.organization.client import OrganizationClient, organization, with_organization
+from .engines.organization.client import ORG_PREFIX, OrganizationClient, organization, with_organization
 from .errors import InvalidSettings, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
@@ -86,9 +86,33 @@ def _done(args: argparse.Namespace, data: Any, text: str) -> int:
     return 0
 
 
+def _default_machine(args: argparse.Namespace) -> int:
+    """``machines default``: the organization's default machine, through its service."""
+    if not args.org:
+        raise RemoteComputeError(
+            "machines default: a default machine is the organization's (on a hub); add --org. Without one, "
+            "a job that names no machine runs on local"
+        )
+    if args.clear and args.name:
+        raise RemoteComputeError("machines default: give a machine's name or --clear, not both")
+    client = _organization_or_refuse("the default machine")
+    if args.clear:
+        client.clear_default_machine()
+        return _done(args, {"machine": None}, "the organization has no default machine now")
+    current = client.set_default_machine(args.name) if args.name else client.default_machine()
+    machine = current["machine"]
+    if machine is None:
+        return _done(args, current, "the organization has no default machine: a job that names none runs on local")
+    verb = "is now" if args.name else "is"
+    text = f"{ORG_PREFIX}{machine['name']} {verb} the organization's default machine (set by {current['set_by']})"
+    return _done(args, current, text)
+
+
 def cmd_machines(args: argparse.Namespace) -> int:
-    admin = _service(args).admin
     action = args.action
+    if action == "default":
+        return _default_machine(args)
+    admin = _service(args).admin
     if action == "list":
         # On a hub with an organization service, its machines follow the user's own.
         machines, organization = with_organization([m.to_json() for m in admin.list()])
@@ -111,6 +135,8 @@ def cmd_machines(args: argparse.Namespace) -> int:
                 ],
                 ["NAME", "KIND", "ADDRESS", "ENABLED", "CREATED", "OWNER"],
             )
+            if organization and organization.get("default"):
+                print(f"a job that names no machine runs on the organization's default, {organization['default']}")
         return 0
     if action == "show":
         _print_json(admin.get(args.name).to_json())
@@ -510,6 +536,13 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--address")
     p.add_argument("--option", action="append", metavar="KEY=VALUE")
     p.add_argument("--token-stdin", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p = msub.add_parser(
+        "default", help="show or set (an admin) the organization's default machine, where a job naming none runs"
+    )
+    p.add_argument("name", nargs="?", help="one of the organization's machines (none: show the default)")
+    p.add_argument("--org", action="store_true", help="the organization's default (the only one there is)")
+    p.add_argument("--clear", action="store_true", help="no default: a job naming no machine runs on local")
     p.add_argument("--json", action="store_true")
     p = msub.add_parser("trust", help="trust an SSH machine's host key, after comparing its fingerprint")
     p.add_argument("name")

@@ -27,7 +27,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
-from .engines.organization.client import with_organization
+from .engines.organization.client import job_machine, with_organization
 from .errors import InvalidSettings, MachineUnreachable, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import JobQuery
@@ -351,7 +351,10 @@ class JobsHandler(RemoteComputeHandler):
 
     @api(action="execute")
     async def post(self) -> None:
-        request = JobRequest.from_json(self.body())
+        body = self.body()
+        if not body.get("machine"):  # none named: the organization's default on a hub that has one
+            body["machine"] = await self.call(job_machine, None)
+        request = JobRequest.from_json(body)
         result = await self.call(self.service.submit, request.spec, new=bool(request.new), user=self.person())
         if not result.attached:
             # Start sending now; the poller would pick it up too, a little later.

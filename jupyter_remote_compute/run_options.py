@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .engines.organization.client import job_machine
 from .errors import InvalidSettings
 
 RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
@@ -21,7 +22,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     --detach, --new, --registry-secret,
     the resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment
     (--requirements, --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
-    parser.add_argument("--machine", default="local", help="machine name from the Compute panel (default: local)")
+    parser.add_argument(
+        "--machine",
+        help="machine name from the Compute panel (default: local, or on a hub the organization's default machine)",
+    )
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
     parser.add_argument(
         "--bring-back", dest="bring_back", action="append", default=[], metavar="PATH", help="files the job writes"
@@ -109,7 +113,7 @@ def spec_settings(args: argparse.Namespace, command: str | list[str]) -> dict[st
         "runtime": getattr(args, "runtime", None),
     }
     settings = {
-        "machine": args.machine,
+        "machine": job_machine(args.machine),
         "command": command if isinstance(command, str) else command[0] if len(command) == 1 else command,
         "send": list(args.send),
         "bring_back": list(args.bring_back),

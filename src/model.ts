@@ -198,6 +198,14 @@ export class ComputeModel implements IDisposable {
   }
 
   /**
+   * The hub organization's default machine (`org:NAME`), where its admin set one: not among the
+   * machines, but what a job runs on when it names none, as `local` is elsewhere.
+   */
+  get defaultMachine(): string | null {
+    return this._defaultMachine;
+  }
+
+  /**
    * compute.yaml's version as of the last GET /machines.
    */
   get version(): string {
@@ -472,6 +480,7 @@ export class ComputeModel implements IDisposable {
       this._machines = machines.machines ?? [];
       this._kinds = machines.kinds ?? this._kinds;
       this._version = machines.version ?? '';
+      this._defaultMachine = machines.organization?.default ?? null;
       this._error = null;
     } catch (error) {
       this._error = asAPIError(error);
@@ -697,6 +706,7 @@ export class ComputeModel implements IDisposable {
   private _filter: IJobFilter = { ...NO_FILTER };
   private _generationFilter = '';
   private _events: IJobEvents | null = null;
+  private _defaultMachine: string | null = null;
   private _isDisposed = false;
   private _jobChanged = new Signal<this, IJob>(this);
   private _jobEnded = new Signal<this, IJob>(this);

@@ -1438,6 +1438,8 @@ export interface components {
             admin?: boolean;
             /** @description why the organization's machines are not listed */
             problem?: string;
+            /** @description the organization's default machine (`org:NAME`), not among the machines: preselected, and where a job that names none runs */
+            default?: string | null;
         };
         Usage: {
             group_by: string[];
@@ -1617,7 +1619,10 @@ export interface components {
         };
         /** @description What submits a job (``POST /jobs``): its spec, and whether to start new work when the same is under way. */
         JobRequest: {
-            /** @default local */
+            /**
+             * @description the machine's name (`org:NAME`: the organization's); none given: `local`, or where a hub's organization has a default machine, that one (`POST /jobs`)
+             * @default local
+             */
             machine?: string | null;
             /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
             command: string | string[];
@@ -1669,7 +1674,10 @@ export interface components {
             new?: boolean | null;
         };
         JobSpec: {
-            /** @default local */
+            /**
+             * @description the machine's name (`org:NAME`: the organization's); none given: `local`, or where a hub's organization has a default machine, that one (`POST /jobs`)
+             * @default local
+             */
             machine?: string | null;
             /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
             command: string | string[];
@@ -1865,7 +1873,10 @@ export interface components {
         /** @enum {string} */
         State: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
         StoredJobSpec: {
-            /** @default local */
+            /**
+             * @description the machine's name (`org:NAME`: the organization's); none given: `local`, or where a hub's organization has a default machine, that one (`POST /jobs`)
+             * @default local
+             */
             machine: string;
             /** @description one line for the machine's shell (sh), run in the job's folder as written (`&&`, pipes and `$VARS` work); a list is the line's words, each quoted */
             command: string | string[];

@@ -563,3 +563,76 @@ def test_a_used_up_job_hours_quota_stops_a_running_job_and_says_why(
         assert record["notices"] and "job_hours hard quota" in record["notices"][0], record
     finally:
         assert _service(hub, "DELETE", "api/quotas/user/rcalice", hub.user_token(ADMIN_USER)).status_code == 204
+
+
+# -- the organization's default machine ------------------------------------------------------------
+
+
+def _usage_row(hub: Hub, user: str, machine: str) -> dict[str, Any]:
+    rows = _service(hub, "GET", "api/usage?all_users=1&group_by=user,machine", hub.user_token(ADMIN_USER)).json()
+    found = [r for r in rows["rows"] if (r["user"], r["machine"]) == (user, machine)]
+    return found[0] if found else {"attempts": 0, "job_hours": 0.0}
+
+
+def test_only_an_admin_names_the_default_machine(org: tuple[Hub, Path], team_ssh: str, bobs_job: Any) -> None:
+    hub, state = org
+    refused = _as_user(bobs_job["server"], "machines", "default", team_ssh, "--org")
+    assert refused.returncode != 0, refused.stdout
+    assert f"rcbob may not set the organization's default machine: ask a hub admin for the {ADMIN}" in refused.stderr
+    answer = _service(hub, "PUT", "api/default-machine", bobs_job["server"].token, json={"machine": team_ssh})
+    assert answer.status_code == 403 and ADMIN in answer.json()["message"], answer.text
+    assert _service(hub, "DELETE", "api/default-machine", bobs_job["server"].token).status_code == 403
+    assert not (state / ".punica" / "default.json").exists()
+    # Without --org there is no default to set: a single user's is local.
+    alone = _as_user(bobs_job["server"], "machines", "default", team_ssh)
+    assert alone.returncode != 0 and "add --org" in alone.stderr, alone.stderr
+
+
+def test_the_default_machine_is_preselected_unlisted_and_metered(
+    org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed
+) -> None:
+    """rcadmin names team-ssh the default: rcalice's server lists it apart, as the default; a job she
+    submits naming no machine (the CLI's run, the REST API the New job form calls) runs there through
+    the service and is metered as hers on it. Cleared, a job naming none runs on local again."""
+    hub, _ = org
+    admin = hub.start_server(ADMIN_USER)
+    alice = hub.start_server("rcalice")
+    before = _usage_row(hub, "rcalice", team_ssh)["attempts"]
+    named = _as_user(admin, "machines", "default", team_ssh, "--org")
+    assert named.returncode == 0, named.stderr
+    assert f"org:{team_ssh} is now the organization's default machine (set by {ADMIN_USER})" in named.stdout
+    try:
+        listed = _machines_of(alice)
+        assert listed["organization"]["default"] == f"org:{team_ssh}"
+        assert team_ssh not in [m["name"] for m in listed["machines"]], listed["machines"]
+        table = _as_user(alice, "machines", "list")
+        assert table.returncode == 0 and f"the organization's default, org:{team_ssh}" in table.stdout, table.stdout
+        shown = _as_user(alice, "machines", "default", "--org", "--json")
+        assert json.loads(shown.stdout)["machine"]["name"] == team_ssh, shown.stdout + shown.stderr
+
+        ran = _as_user(alice, "run", "--new", "--", "sh", "-c", "echo on the default", timeout=300)
+        assert ran.returncode == 0 and "on the default" in ran.stdout, ran.stdout + ran.stderr
+        cli_job = re.search(r"submitted job (\S+)", ran.stderr)
+        assert cli_job, ran.stderr
+        job = json.loads(_as_user(alice, "jobs", "show", cli_job.group(1), "--json").stdout)
+        assert job["machine"] == f"org:{team_ssh}" and job["state"] == "succeeded", job
+        assert (_far_users(sshd_bed) / "rcalice" / "jobs" / job["id"]).is_dir()
+
+        session = loopback_session()
+        session.headers["Authorization"] = f"token {alice.token}"
+        posted = session.post(f"{alice.url}remote-compute/jobs", json={"command": "true", "new": True}, timeout=60)
+        assert posted.status_code == 201 and posted.json()["job"]["machine"] == f"org:{team_ssh}", posted.text
+        rest_job = f"{alice.url}remote-compute/jobs/{posted.json()['job']['id']}"
+        wait_for(lambda: session.get(rest_job, timeout=30).json()["state"] == "succeeded", 120, "the REST job to end")
+
+        metered = _usage_row(hub, "rcalice", team_ssh)
+        assert metered["attempts"] == before + 2 and metered["job_hours"] > 0, metered
+    finally:
+        cleared = _as_user(admin, "machines", "default", "--org", "--clear")
+        assert cleared.returncode == 0, cleared.stderr
+    listed = _machines_of(alice)
+    assert listed["organization"]["default"] is None and team_ssh in [m["name"] for m in listed["machines"]]
+    session = loopback_session()
+    session.headers["Authorization"] = f"token {alice.token}"
+    local = session.post(f"{alice.url}remote-compute/jobs", json={"command": "true", "new": True}, timeout=60)
+    assert local.status_code == 201 and local.json()["job"]["machine"] == "local", local.text

@@ -4,6 +4,10 @@ The service's state folder is a workspace like a user's (``<state>/.punica/compu
 kept on every save), so machines are added, checked and changed by the same ``MachineAdmin`` a user's
 panel uses; their tokens go to the service's own Secret Manager (``SERVICE``), never to a user. Who set
 each machine is kept beside compute.yaml in ``admins.json``, a name per machine, written whole.
+
+An admin may name one of them the organization's *default* (``default.json``: the machine and who set
+it): what ``local`` is for a single user. It is not listed among the machines but beside them, and a
+job that names no machine runs there (the user's server asks, ``engines/organization/client.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import NotFound
+from ..errors import InvalidSettings, NotFound
 from ..fsutil import SharedFileLock, atomic_write
 from ..jobs.service import JobService, ServiceSettings
 from ..machines.registry import Machine
@@ -38,14 +42,48 @@ class Organization:
         #: Users' jobs on these machines (``jobs.py``).
         self.org_jobs = OrgJobs(self.workspace.punica_dir, self.admin)
         self._admins_file = self.workspace.punica_dir / "admins.json"
+        self._default_file = self.workspace.punica_dir / "default.json"
         self._lock = SharedFileLock(self.workspace.punica_dir / "admins.lock", timeout=30)
 
     def machines(self) -> dict[str, Any]:
-        """Every machine the organization set (not the service's own ``local``), and the file's version."""
+        """Every machine the organization set (not the service's own ``local``), the default apart from
+        the others, and the file's version."""
         version = self.admin.version()
         admins = self._admins()
-        shown = [self.describe(m, admins) for m in self.admin.list() if not m.builtin]
-        return {"machines": shown, "version": version}
+        default = self.default_name()
+        machines = [m for m in self.admin.list() if not m.builtin]
+        shown = [self.describe(m, admins) for m in machines if m.name != default]
+        chosen = [self.describe(m, admins) for m in machines if m.name == default]
+        return {"machines": shown, "default": chosen[0] if chosen else None, "version": version}
+
+    def default(self) -> dict[str, Any]:
+        """The default machine (described, with the admin who chose it), or ``machine: None``."""
+        name = self.default_name()
+        if name is None:
+            return {"machine": None, "set_by": None}
+        return {"machine": self.machine(name), "set_by": self._read(self._default_file).get("admin")}
+
+    def default_name(self) -> str | None:
+        """The default machine's name; one removed since is no default."""
+        name = self._read(self._default_file).get("machine")
+        if not name:
+            return None
+        try:
+            return self._organizations(name).name
+        except NotFound:
+            return None
+
+    def set_default(self, admin_name: str, name: Any) -> dict[str, Any]:
+        if not isinstance(name, str) or not name:
+            raise InvalidSettings("machine: expected the name of one of the organization's machines", field="machine")
+        self._organizations(name)  # NotFound names it
+        with self._lock:
+            atomic_write(self._default_file, json.dumps({"machine": name, "admin": admin_name}).encode(), mode=0o600)
+        return self.default()
+
+    def clear_default(self) -> None:
+        with self._lock:
+            self._default_file.unlink(missing_ok=True)
 
     def machine(self, name: str) -> dict[str, Any]:
         return self.describe(self._organizations(name), self._admins())
@@ -65,6 +103,8 @@ class Organization:
         self._organizations(name)
         self.admin.remove(name, expected_version=expected_version)
         self._set_admin(name, None)
+        if self._read(self._default_file).get("machine") == name:
+            self.clear_default()  # a machine of that name added later is not the default by chance
 
     def describe(self, machine: Machine, admins: Mapping[str, str]) -> dict[str, Any]:
         return {**self.admin.describe(machine), "owner": OWNER, "admin": admins.get(machine.name)}
@@ -79,11 +119,15 @@ class Organization:
         return machine
 
     def _admins(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self._read(self._admins_file).items()}
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Any]:
         try:
-            data = json.loads(self._admins_file.read_text())
+            data = json.loads(path.read_text())
         except FileNotFoundError:
             return {}
-        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        return data if isinstance(data, dict) else {}
 
     def _set_admin(self, machine: str, admin_name: str | None) -> None:
         with self._lock:

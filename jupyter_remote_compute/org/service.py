@@ -15,6 +15,9 @@ Routes, under the prefix:
 - ``GET``/``PATCH``/``DELETE api/machines/<name>`` (use to read, admin to change).
 - ``POST api/machines/<name>/check`` and ``…/admit`` (use): the machine's facts; whether it gives the
   resources a job asks for.
+- ``GET api/default-machine`` (use): the organization's default machine (``machine``: described, or
+  null) and the admin who chose it; ``PUT`` (admin, ``{machine}``) names it; ``DELETE`` (admin) clears it.
+  ``GET api/machines`` lists it apart, as ``default``.
 
 Jobs on those machines (use; ``jobs.py``), each the call of an engine method a user's server makes
 (``engines/organization/engine.py``), on the caller's own jobs only (another's id is "not found"):
@@ -175,6 +178,25 @@ class MachineHandler(OrgHandler):
     async def delete(self, name: str) -> None:
         self.require(scopes.ADMIN)
         await self.call(self.organization.remove, name, self.get_argument("version", None))
+        self.set_status(204)
+        self.finish()
+
+
+class DefaultMachineHandler(OrgHandler):
+    @route
+    async def get(self) -> None:
+        self.require(scopes.USE)
+        self.reply(await self.call(self.organization.default))
+
+    @route
+    async def put(self) -> None:
+        admin = self.require(scopes.ADMIN, "set the organization's default machine")
+        self.reply(await self.call(self.organization.set_default, admin, self.body().get("machine")))
+
+    @route
+    async def delete(self) -> None:
+        self.require(scopes.ADMIN, "set the organization's default machine")
+        await self.call(self.organization.clear_default)
         self.set_status(204)
         self.finish()
 
@@ -452,6 +474,7 @@ def make_app(organization: Organization, prefix: str) -> tornado.web.Application
             (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
             (url_path_join(prefix, "api/me"), MeHandler),
             (url_path_join(prefix, "api/machines"), MachinesHandler),
+            (url_path_join(prefix, "api/default-machine"), DefaultMachineHandler),
             (url_path_join(prefix, r"api/machines/([^/]+)"), MachineHandler),
             (url_path_join(prefix, r"api/machines/([^/]+)/check"), CheckHandler),
             (url_path_join(prefix, r"api/machines/([^/]+)/admit"), AdmitHandler),

@@ -115,7 +115,14 @@ RelativePath = Annotated[str, BeforeValidator(values.relative_path, json_schema_
 @with_config(STRICT)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    machine: Annotated[str, BeforeValidator(_machine, json_schema_input_type=str | None)] = "local"
+    machine: Annotated[
+        str,
+        BeforeValidator(_machine, json_schema_input_type=str | None),
+        Field(
+            description="the machine's name (`org:NAME`: the organization's); none given: `local`, or where a hub's "
+            "organization has a default machine, that one (`POST /jobs`)"
+        ),
+    ] = "local"
     command: Annotated[
         str | tuple[str, ...],
         BeforeValidator(

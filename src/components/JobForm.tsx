@@ -96,10 +96,13 @@ function pathList(paths: string | string[] | null | undefined): string[] {
   return typeof paths === 'string' ? [paths] : (paths ?? []);
 }
 
-function fromSpec(spec: IJobSpec | undefined): Values {
+function fromSpec(
+  spec: IJobSpec | undefined,
+  defaultMachine: string | null
+): Values {
   const command = spec?.command;
   return {
-    machine: spec?.machine ?? 'local',
+    machine: spec?.machine ?? defaultMachine ?? 'local',
     command:
       command === undefined || command === null ? '' : shellLine(command),
     send: pathList(spec?.send).join('\n'),
@@ -214,7 +217,7 @@ function JobForm(props: {
   const { model, trans, commands, pickFiles } = props;
   useSignal(model.changed);
   const [values, setValues] = React.useState<Values>(() =>
-    fromSpec(props.spec)
+    fromSpec(props.spec, model.defaultMachine)
   );
   const [errors, setErrors] = React.useState<Record<string, string>>({});
   const [formError, setFormError] = React.useState<APIError | null>(null);
@@ -351,6 +354,14 @@ function JobForm(props: {
             value={values.machine}
             onChange={e => set({ machine: e.target.value })}
           >
+            {model.defaultMachine && (
+              <option value={model.defaultMachine}>
+                {trans.__(
+                  '%1 (the organization’s default)',
+                  model.defaultMachine.replace(/^org:/, '')
+                )}
+              </option>
+            )}
             {machines.length === 0 && (
               <option value="local">{trans.__('This machine')}</option>
             )}

@@ -6,11 +6,15 @@ roles say what they may do. The service is found at ``REMOTE_COMPUTE_ORG_URL`` w
 configuration sets it for its servers (``c.Spawner.environment``), else asked of the hub by name
 (``REMOTE_COMPUTE_ORG_SERVICE``, default ``remote-compute``). Outside a hub there is none, and each
 user works alone as before.
+
+Where an admin named one of the organization's machines the default, a job that names no machine runs
+there (``job_machine``), as it runs on ``local`` everywhere else.
 """
 
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -20,6 +24,8 @@ import requests
 
 from ...errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
 from ...schema.machine import Machine
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE = "remote-compute"
 TIMEOUT = 10.0
@@ -71,7 +77,21 @@ class OrganizationClient:
         return self._ask("GET", "api/me")
 
     def machines(self) -> list[dict[str, Any]]:
-        return list(self._ask("GET", "api/machines")["machines"])
+        return list(self.listing()["machines"])
+
+    def listing(self) -> dict[str, Any]:
+        """The organization's machines and, apart from them, its default (or None)."""
+        return dict(self._ask("GET", "api/machines"))
+
+    def default_machine(self) -> dict[str, Any]:
+        """``{machine: described or None, set_by}``."""
+        return dict(self._ask("GET", "api/default-machine"))
+
+    def set_default_machine(self, name: str) -> dict[str, Any]:
+        return dict(self._ask("PUT", "api/default-machine", {"machine": name}))
+
+    def clear_default_machine(self) -> None:
+        self._ask("DELETE", "api/default-machine")
 
     def machine(self, name: str) -> dict[str, Any]:
         return self._ask("GET", f"api/machines/{name}")
@@ -176,14 +196,41 @@ def shared_machine(name: str) -> Machine | None:
 def with_organization(own: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """A face's machine list: the user's own machines (``owner``: the user) and then the organization's,
     with what the organization says of this user — or, when it could not be asked, why (the user's own
-    machines are listed all the same). ``None``: no organization here."""
+    machines are listed all the same). ``None``: no organization here.
+
+    The organization's default machine is not among them: ``default`` names it (``org:NAME``), for the
+    faces to preselect."""
     mine = [{**m, "owner": user_name()} for m in own]
     client = organization()
     if client is None:
         return mine, None
     try:
         me = client.me()
-        shared = client.machines() if me.get("use") else []
+        listing = client.listing() if me.get("use") else {"machines": []}
     except (OrganizationUnavailable, Forbidden) as e:
         return mine, {"url": client.url, "problem": e.message}
-    return mine + shared, {"url": client.url, **me}
+    default = listing.get("default")
+    return mine + list(listing["machines"]), {
+        "url": client.url,
+        **me,
+        "default": ORG_PREFIX + default["name"] if default else None,
+    }
+
+
+def job_machine(given: str | None) -> str:
+    """The machine of a job that names ``given`` (None or "": it names none): the organization's
+    default (``org:NAME``) where an admin set one and the user may use it, else ``local``, as where
+    there is no organization (a service that does not answer included: its user's work goes on)."""
+    if given:
+        return given
+    client = organization()
+    if client is None:
+        return "local"
+    try:
+        default = client.default_machine().get("machine")
+    except Forbidden:  # no use scope: the organization's machines are not this user's
+        return "local"
+    except OrganizationUnavailable as e:
+        log.warning("no machine named: running on local, as %s", e.message)
+        return "local"
+    return ORG_PREFIX + str(default["name"]) if default else "local"
