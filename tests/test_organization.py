@@ -636,3 +636,92 @@ def test_the_default_machine_is_preselected_unlisted_and_metered(
     session.headers["Authorization"] = f"token {alice.token}"
     local = session.post(f"{alice.url}remote-compute/jobs", json={"command": "true", "new": True}, timeout=60)
     assert local.status_code == 201 and local.json()["job"]["machine"] == "local", local.text
+
+
+# -- quota notices the user sees ---------------------------------------------------------------------
+
+
+def _ended(server: Server, job_id: str) -> dict[str, Any] | None:
+    job = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
+    return job if job["state"] in ("succeeded", "failed", "cancelled", "lost") else None
+
+
+def _submitted(ran: subprocess.CompletedProcess[str]) -> str:
+    found = re.search(r"submitted job (\S+)", ran.stderr)
+    assert ran.returncode == 0 and found, ran.stdout + ran.stderr
+    return found.group(1)
+
+
+def test_a_hard_quota_notices_in_the_jobs_log_then_stops_it_naming_quota_used_and_limit(
+    org: tuple[Hub, Path], team_ssh: str
+) -> None:
+    """rcadmin's job-hours quota of 0.0003 h (about a second), grace 0: his running job's own log gets the
+    organization's notice and then why it was stopped, and the job fails with that reason."""
+    hub, _ = org
+    server = hub.start_server(ADMIN_USER)
+    _set_quota(hub, f"user/{ADMIN_USER}", {"job_hours": 0.0003, "grace_seconds": 0})
+    try:
+        job_id = _submitted(_as_user(server, "run", "--detach", "--new", "--machine", team_ssh, "--", "sleep", "600"))
+        job = wait_for(lambda: _ended(server, job_id), 90, "the job over his quota to be stopped")
+        assert job["state"] == "failed", job
+        reason = job["reason"]
+        assert f"stopped by the organization: user {ADMIN_USER}'s job_hours quota of 0.0003 h per month" in reason
+        used = re.search(r"is used up: (\d+\.\d{4}) h used", reason)
+        assert used and float(used.group(1)) >= 0.0003, reason
+        logged = _as_user(server, "jobs", "log", job_id)
+        assert logged.returncode == 0, logged.stderr
+        lines = [line for line in logged.stdout.splitlines() if line.startswith("[organization] ")]
+        assert len(lines) == 2, logged.stdout
+        assert lines[0].startswith(f"[organization] notice: user {ADMIN_USER}'s job_hours hard quota: ")
+        assert "of 0.0003 h per month used" in lines[0] and "stopped at 100 % after a grace of 0 s" in lines[0]
+        assert lines[1] == f"[organization] {reason}"
+        record = _service(hub, "GET", f"api/jobs/{job_id}", server.token).json()
+        assert record["notices"] == [lines[0].removeprefix("[organization] notice: ")], record
+        assert record["stopped"] == reason
+    finally:
+        assert _service(hub, "DELETE", f"api/quotas/user/{ADMIN_USER}", hub.user_token(ADMIN_USER)).status_code == 204
+
+
+def test_a_soft_gpu_hours_quota_counts_a_running_jobs_gpus_and_only_notices(
+    org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed
+) -> None:
+    """The machine's last check found two GPUs, so a job there that asked for none holds both: its
+    GPU-hours count while it runs, a soft quota of 0.0003 GPU-hours notices it in its log before it ends,
+    and it runs to its end."""
+    hub, state = org
+    server = hub.start_server(ADMIN_USER)
+    facts_file = state / ".punica" / "machine-facts.json"
+    kept = facts_file.read_text() if facts_file.exists() else None
+    facts = json.loads(kept) if kept else {}
+    facts[team_ssh] = {**facts.get(team_ssh, {}), "gpus": 2, "gpu_names": ["A100", "A100"], "checked": 0}
+    facts_file.write_text(json.dumps(facts))
+    facts_file.chmod(0o600)
+    before = _set_quota(hub, f"user/{ADMIN_USER}", {"gpu_hours": 1000, "soft": True})["used"]["gpu_hours"]
+    _set_quota(hub, f"user/{ADMIN_USER}", {"gpu_hours": before + 0.0003, "soft": True, "grace_seconds": 0})
+    try:
+        command = "while [ ! -f gate ]; do sleep 0.1; done; echo done"
+        ran = _as_user(server, "run", "--detach", "--new", "--machine", team_ssh, "--", "sh", "-c", command)
+        job_id = _submitted(ran)
+
+        def noticed() -> str | None:
+            record = _service(hub, "GET", f"api/jobs/{job_id}", server.token).json()
+            return record["notices"][0] if record["notices"] else None
+
+        notice = wait_for(noticed, 60, "the soft GPU-hours quota's notice")
+        assert notice.startswith(f"user {ADMIN_USER}'s gpu_hours soft quota: "), notice
+        quotas = _service(hub, "GET", "api/quotas", server.token).json()["quotas"]
+        (mine,) = [q for q in quotas if q["who"] == f"user:{ADMIN_USER}"]
+        assert mine["used"]["gpu_hours"] >= before + 0.0003 * 0.9, mine  # counted while it runs
+        shown = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
+        assert shown["state"] == "running", shown  # soft: noticed, not stopped
+        logged = _as_user(server, "jobs", "log", job_id).stdout
+        assert f"[organization] notice: {notice}\n" in logged, logged
+        (_far_users(sshd_bed) / ADMIN_USER / "jobs" / job_id / "work" / "gate").touch()
+        job = wait_for(lambda: _ended(server, job_id), 90, "the noticed job to end")
+        assert job["state"] == "succeeded" and "stopped" not in (job["reason"] or ""), job
+    finally:
+        if kept is None:
+            facts_file.unlink()
+        else:
+            facts_file.write_text(kept)
+        assert _service(hub, "DELETE", f"api/quotas/user/{ADMIN_USER}", hub.user_token(ADMIN_USER)).status_code == 204

@@ -265,6 +265,15 @@ d="$jobs/"{quote(job.job_id)}
             raise EngineError(res.error(f"{self.name}: reading the log of {job.job_id}"))
         return res.out
 
+    def note(self, job: RemoteJob, line: str) -> None:
+        """Add a line to the job's log on the machine, after what its command wrote so far: the command
+        appends to the log too (``>>``; Slurm's ``--open-mode=append``), so neither writes over the other."""
+        log_file = quote(self.job_dir(job) + "/log")
+        data = (line.rstrip("\n") + "\n").encode()
+        res = self._run(f"[ -f {log_file} ] && cat >> {log_file}", data, timeout=60, retry=False)
+        if res.code != 0:
+            raise EngineError(res.error(f"{self.name}: adding a line to the log of {job.job_id}"))
+
     def cancel(self, job: RemoteJob, grace: float) -> None:
         self.launcher.cancel(job, grace)
 

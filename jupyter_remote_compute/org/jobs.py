@@ -308,10 +308,13 @@ class OrgJobs:
                         self._over(job, standing, limit, used, now)
 
     def _notice(self, job: OrgJob, standing: Mapping[str, Any], limit: str, used: float) -> None:
-        """Once per quota and limit: kept on the job's record (its ``notices``) and in the service's log."""
+        """Once per quota and limit: kept on the job's record (its ``notices``), added to the job's own
+        log on its machine (which its user reads through their server), and in the service's log."""
         about = f"{describe(standing['who'])} {limit} {'soft' if standing['soft'] else 'hard'} quota"
         share = int(100 * used / standing[limit]) if standing[limit] else 100
-        text = f"{about}: {share} % of {standing[limit]:g} h per {standing['period']} used"
+        text = f"{about}: {share} % of {standing[limit]:g} h per {standing['period']} used ({used:.4f} h)"
+        if not standing["soft"]:
+            text += f"; the job is stopped at 100 % after a grace of {standing['grace_seconds']:g} s"
         with self._lock:
             current = self.get(job.user, job.id)
             if any(n.startswith(about + ":") for n in current.notices):
@@ -319,6 +322,18 @@ class OrgJobs:
             current.notices.append(text)
             self._save(current)
         log.info("job %s of %s: %s", job.id, job.user, text)
+        self._note(current, f"notice: {text}")
+
+    def _note(self, job: OrgJob, text: str) -> None:
+        """A line of the organization's in the job's log on its machine; one that cannot be written there
+        is in the record and the service's log all the same."""
+        engine = self.engine(job)
+        if not isinstance(engine, ShellEngine):
+            return
+        try:
+            engine.note(job.remote(), f"[organization] {text}")
+        except Exception as e:
+            log.warning("job %s of %s: could not add to its log: %s", job.id, job.user, e)
 
     def _over(self, job: OrgJob, standing: Mapping[str, Any], limit: str, used: float, now: float) -> None:
         with self._lock:
@@ -332,13 +347,14 @@ class OrgJobs:
             return
         reason = (
             f"stopped by the organization: {describe(standing['who'])} {limit} quota of {standing[limit]:g} h "
-            f"per {standing['period']} is used up ({used:.4f} h)"
+            f"per {standing['period']} is used up: {used:.4f} h used"
         )
         with self._lock:
             current = self.get(job.user, job.id)
             current.stopped = reason
             self._save(current)
         log.info("job %s of %s: %s", job.id, job.user, reason)
+        self._note(current, reason)
         self._cancel(current, 10.0, "failed")
 
     def engine(self, job: OrgJob) -> Engine:
