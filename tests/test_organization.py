@@ -459,6 +459,57 @@ def test_a_service_killed_mid_job_loses_nothing(
     assert (home / model).read_text() == "late\n"
 
 
+def test_a_service_stopped_while_its_job_ends_follows_it_once_started_again(
+    org: tuple[Hub, Path], bobs_job: dict[str, Any], team_ssh: str, sshd_bed: TestBed
+) -> None:
+    """Stopped as the hub stops it (SIGTERM) while rcbob's job runs, the service is down when the job
+    ends; the hub starts it again, and then his server follows the job to its end: the output and the
+    MLflow run land in his workspace, and the organization's ledger meters the job once."""
+    hub, state = org
+    server, home = bobs_job["server"], bobs_job["home"]
+    model = f"after-{uuid.uuid4().hex[:8]}.txt"
+    command = f"while [ ! -f gate ]; do sleep 0.1; done; echo after > {model}"
+    ran = _as_user(server, "run", "--detach", "--machine", team_ssh, "--bring-back", model, "--", "sh", "-c", command)
+    submitted = re.search(r"submitted job (\S+)", ran.stderr)
+    assert ran.returncode == 0 and submitted, ran.stderr
+    job_id = submitted.group(1)
+    job_dir = _far_users(sshd_bed) / "rcbob" / "jobs" / job_id
+    wait_for(lambda: (job_dir / "pid").exists(), 60, "the job to start on the machine")
+    stopped = _service_pid(hub)
+    assert stopped is not None
+    os.kill(stopped, signal.SIGTERM)
+    wait_for(lambda: _service_pid(hub) != stopped, 30, "the service to stop")
+    (job_dir / "work" / "gate").touch()  # it ends while the service is down
+    wait_for(lambda: (job_dir / "exit_code").exists(), 30, "the job to end on the machine")
+
+    def serving_again() -> bool:
+        pid = _service_pid(hub)
+        return pid not in (None, stopped) and _service(hub, "GET", "api/me", server.token).status_code == 200
+
+    wait_for(serving_again, 90, "the hub to start the service again")
+    followed = _as_user(server, "jobs", "log", "-f", job_id, timeout=180)
+    assert followed.returncode == 0, followed.stderr
+
+    def recorded() -> dict[str, Any] | None:
+        job = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
+        return job if job["mlflow_run_id"] else None
+
+    shown = wait_for(recorded, 120, "his job's MLflow run to be recorded")
+    assert shown["state"] == "succeeded", shown
+    assert (home / model).read_text() == "after\n"
+    read = subprocess.run(
+        [str(hub.build.python), "-c", _READ_RUN, f"sqlite:///{home / 'mlflow.db'}", shown["mlflow_run_id"]],
+        env=server.environment, user="rcbob", group="rcbob", cwd=home, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr
+    run = json.loads(read.stdout)
+    assert run["status"] == "FINISHED" and run["tags"]["remote_compute.job_id"] == job_id, run
+    ledger = (state / ".punica" / "usage.jsonl").read_text().splitlines()
+    assert len([line for line in ledger if json.loads(line).get("job") == job_id]) == 1, ledger
+    (listed,) = [j for j in _service(hub, "GET", "api/jobs", server.token).json()["jobs"] if j["id"] == job_id]
+    assert listed["running"] is False, listed
+
+
 # -- usage and quotas --------------------------------------------------------------------------------
 
 
