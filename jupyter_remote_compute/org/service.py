@@ -466,29 +466,35 @@ OUTPUT_CHUNK = 1 << 20
 JOB = r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})"
 
 
+#: The service's API under its prefix, as ``org/openapi.yaml`` describes it (``tests/test_org_openapi.py``).
+API_ROUTES: list[tuple[str, type[OrgHandler]]] = [
+    ("api/me", MeHandler),
+    ("api/machines", MachinesHandler),
+    ("api/default-machine", DefaultMachineHandler),
+    (r"api/machines/([^/]+)", MachineHandler),
+    (r"api/machines/([^/]+)/check", CheckHandler),
+    (r"api/machines/([^/]+)/admit", AdmitHandler),
+    ("api/jobs", JobsHandler),
+    (f"api/jobs/{JOB}", JobHandler),
+    (f"api/jobs/{JOB}/(send|start|cancel|fetch)", JobActionHandler),
+    (f"api/jobs/{JOB}/log", LogHandler),
+    (f"api/jobs/{JOB}/outputs", OutputsHandler),
+    ("api/poll", PollHandler),
+    ("api/usage", UsageHandler),
+    ("api/quotas", QuotasHandler),
+    (r"api/quotas/(user|group)/([^/]+)", QuotaHandler),
+    ("api/inputs/missing", MissingInputsHandler),
+    (r"api/inputs/([0-9a-f]{64})", InputHandler),
+]
+
+
 def make_app(organization: Organization, prefix: str) -> tornado.web.Application:
     # One HubOAuth for the process: the OAuth callback handler finds it as the routes do, by its instance().
     HubOAuth.instance(cache_max_age=60)
     return tornado.web.Application(
         [
             (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
-            (url_path_join(prefix, "api/me"), MeHandler),
-            (url_path_join(prefix, "api/machines"), MachinesHandler),
-            (url_path_join(prefix, "api/default-machine"), DefaultMachineHandler),
-            (url_path_join(prefix, r"api/machines/([^/]+)"), MachineHandler),
-            (url_path_join(prefix, r"api/machines/([^/]+)/check"), CheckHandler),
-            (url_path_join(prefix, r"api/machines/([^/]+)/admit"), AdmitHandler),
-            (url_path_join(prefix, "api/jobs"), JobsHandler),
-            (url_path_join(prefix, f"api/jobs/{JOB}"), JobHandler),
-            (url_path_join(prefix, f"api/jobs/{JOB}/(send|start|cancel|fetch)"), JobActionHandler),
-            (url_path_join(prefix, f"api/jobs/{JOB}/log"), LogHandler),
-            (url_path_join(prefix, f"api/jobs/{JOB}/outputs"), OutputsHandler),
-            (url_path_join(prefix, "api/poll"), PollHandler),
-            (url_path_join(prefix, "api/usage"), UsageHandler),
-            (url_path_join(prefix, "api/quotas"), QuotasHandler),
-            (url_path_join(prefix, r"api/quotas/(user|group)/([^/]+)"), QuotaHandler),
-            (url_path_join(prefix, "api/inputs/missing"), MissingInputsHandler),
-            (url_path_join(prefix, r"api/inputs/([0-9a-f]{64})"), InputHandler),
+            *((url_path_join(prefix, pattern), handler) for pattern, handler in API_ROUTES),
         ],
         organization=organization,
         jobs=organization.org_jobs,
