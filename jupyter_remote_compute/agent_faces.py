@@ -63,18 +63,18 @@ def _token_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_agent_token(args: argparse.Namespace) -> int:
     """``machines agent-token NAME --rotate|--revoke``."""
-    from .cli import _done, _service
+    from .cli.console import done, job_service
     from .errors import RemoteComputeError
 
-    service = _service(args)
+    service = job_service(args)
     if service.admin.get(args.name).kind != "agent":
         raise RemoteComputeError(f"{args.name} is not an agent machine: it has no agent token")
     punica = service.workspace.punica_dir
     if args.revoke:
         AgentHub(punica).machine(args.name).revoke_token()
-        return _done(args, {"name": args.name, "revoked": True}, f"revoked the agent token of {args.name}")
+        return done(args, {"name": args.name, "revoked": True}, f"revoked the agent token of {args.name}")
     data = {"name": args.name, **welcome(punica, args.name, args.server_url or "SERVER_URL")}
-    return _done(args, data, f"new agent token for {args.name}" + welcome_text(data))
+    return done(args, data, f"new agent token for {args.name}" + welcome_text(data))
 
 
 def cmd_agent(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """What a kind of machine adds to the faces besides its engine: routes, CLI commands, periodic tasks, hooks.
 
-The server (``extension.py``), the CLI (``cli.py``) and the machine admin (``machines/admin.py``) know no
+The server (``extension.py``), the CLI (``cli/``) and the machine admin (``machines/admin.py``) know no
 kind: each reads every kind's ``KindFaces`` from here and uses what it declares. A kind's faces are
 found by kind, as its engine is: this package's own in ``BUILT_IN_FACES``, a plugin's through the
 entry point group ``jupyter_remote_compute.faces``::
