@@ -15,7 +15,7 @@ import pytest
 from skypilot_fixture import sky_client, sky_home
 from waiting import wait_for
 
-from jupyter_remote_compute.engines.skypilot import no_infra_message, plain_failure, request_failure
+from jupyter_remote_compute.engines.skypilot_failures import no_infra_message, plain_failure, request_failure
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 __all__ = ["sky_client", "sky_home"]  # fixtures used by name

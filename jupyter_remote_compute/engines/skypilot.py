@@ -34,18 +34,12 @@ what to install) where SkyPilot is not.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
-import importlib.util
-import math
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from ..errors import InvalidSettings
 from . import farside
 from .base import (
     Engine,
@@ -66,11 +60,22 @@ from .base import (
 )
 from .launcher import command_script, launch_input
 from .resources import Resources
+from .skypilot_cluster import cluster_state, default_known_hosts, head_route, hourly_price
+from .skypilot_failures import error_line, error_text, no_infra_message, request_failure, said_plainly
+from .skypilot_launch import (
+    DEFAULT_AUTOSTOP,
+    INSTALL_HINT,
+    SkyPilotSettings,
+    cloud_key,
+    launch_task,
+    load_sdk,
+    sky_installed,
+    sky_module,
+    sky_resources,
+)
 from .ssh import SSHEngine
 from .transport import quote
 
-INSTALL_HINT = 'install jupyter-remote-compute[skypilot] (pip install "jupyter-remote-compute[skypilot]")'
-DEFAULT_AUTOSTOP = 30
 #: How long SkyPilot's cluster record (and the head's route) is trusted before asking again.
 RECORD_TTL = 10.0
 #: How long one quick SDK request (status, api_status, check) may take before we give up on it.
@@ -78,8 +83,6 @@ QUICK_TIMEOUT = 120.0
 #: The file start writes the job's environment to, read and removed by the SkyPilot job.
 ENV_FILE = "skypilot.env"
 START_SCRIPT = "skypilot-start.sh"
-#: SkyPilot cluster names: a letter, then letters, digits, '-', '_' or '.', ending in a letter or digit.
-_CLUSTER_NAME = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
 _FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 # Started by the SkyPilot job in the job folder: the launcher with the environment start left
@@ -100,137 +103,6 @@ read -r pg < pid
 while [ ! -f exit_code ] && kill -0 -"$pg" 2>/dev/null; do sleep 2; done
 exit 0
 """
-
-
-def sky_installed() -> bool:
-    """Whether SkyPilot (the ``skypilot`` distribution, not the unrelated ``sky``) can be imported."""
-    try:
-        importlib.metadata.distribution("skypilot")
-        return importlib.util.find_spec("sky") is not None
-    except (ImportError, ValueError):  # PackageNotFoundError is an ImportError
-        return False
-
-
-def load_sdk() -> ModuleType:
-    """SkyPilot's client SDK, imported on first use; a clear error naming the extra when it is missing."""
-    try:
-        from sky.client import sdk
-    except ImportError:
-        raise EngineError(f"SkyPilot is not installed: {INSTALL_HINT}") from None
-    return sdk
-
-
-def _sky() -> ModuleType:
-    load_sdk()
-    import sky
-
-    return sky
-
-
-def default_cluster(machine: str) -> str:
-    """The SkyPilot cluster a machine uses unless it names one: ``jrc-<machine name>``, made valid."""
-    slug = re.sub(r"[^a-z0-9]+", "-", machine.lower()).strip("-")[:40] or "machine"
-    return f"jrc-{slug}"
-
-
-@dataclasses.dataclass(frozen=True)
-class SkyPilotSettings:
-    """A machine's SkyPilot settings, checked when the machine is saved."""
-
-    infra: str | None
-    accelerator: str | None
-    use_spot: bool
-    cluster: str
-    autostop: int
-    down: bool
-    defaults: Resources
-
-    @property
-    def cloud(self) -> str | None:
-        """The infra's cloud in SkyPilot's lower-case spelling (``k8s`` is ``kubernetes``)."""
-        return _cloud_key(self.infra.split("/")[0]) if self.infra else None
-
-    @classmethod
-    def from_options(cls, machine: str, address: str, options: Mapping[str, Any]) -> SkyPilotSettings:
-        infra = options.get("infra") or (address if address not in ("", "-", "skypilot") else None)
-        if infra is not None and (not isinstance(infra, str) or not re.match(r"^[a-zA-Z0-9][-_./a-zA-Z0-9*]*$", infra)):
-            raise InvalidSettings(
-                "infra: use SkyPilot's infra string, such as aws, gcp/us-central1, k8s or slurm/mycluster",
-                field="infra",
-            )
-        accelerator = options.get("accelerator") or None
-        if accelerator is not None and (
-            not isinstance(accelerator, str) or not re.match(r"^[A-Za-z0-9][-_.A-Za-z0-9]*(:\d+)?$", accelerator)
-        ):
-            raise InvalidSettings(
-                "accelerator: a SkyPilot accelerator name such as A100, H100 or L4", field="accelerator"
-            )
-        cluster = options.get("cluster") or default_cluster(machine)
-        if not isinstance(cluster, str) or not _CLUSTER_NAME.match(cluster) or len(cluster) > 63:
-            raise InvalidSettings(
-                "cluster: a SkyPilot cluster name: a letter, then letters, digits, '-', '_' or '.'", field="cluster"
-            )
-        autostop = options.get("autostop", DEFAULT_AUTOSTOP)
-        if isinstance(autostop, str) and autostop.strip().lstrip("-").isdigit():
-            autostop = int(autostop)
-        if isinstance(autostop, bool) or not isinstance(autostop, int) or autostop < -1:
-            raise InvalidSettings(
-                "autostop: idle minutes before the cluster stops itself (0 or more; -1 never)", field="autostop"
-            )
-        flags = {}
-        for name in ("use_spot", "down"):
-            value = options.get(name, False)
-            if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-                value = value.lower() in ("true", "yes", "1")
-            if not isinstance(value, bool):
-                raise InvalidSettings(f"{name}: true or false", field=name)
-            flags[name] = value
-        defaults = Resources.from_json(options.get("resources"), "resources.")
-        return cls(infra, accelerator, flags["use_spot"], cluster, autostop, flags["down"], defaults)
-
-
-def sky_resources(settings: SkyPilotSettings, asked: Resources | None) -> Any:
-    """The ``sky.Resources`` a job's resources ask for on this machine (the machine's defaults under them)."""
-    sky = _sky()
-    res = (asked or Resources()).over(settings.defaults)
-    if res.nodes is not None and res.nodes > 1:
-        raise InvalidSettings(
-            "resources.nodes: a SkyPilot machine runs each job on its head node", field="resources.nodes"
-        )
-    if res.partition:
-        raise InvalidSettings(
-            "resources.partition: choose the Slurm partition in the machine's infra (slurm/<cluster>/<partition>)",
-            field="resources.partition",
-        )
-    kwargs: dict[str, Any] = {"use_spot": settings.use_spot}
-    if settings.infra:
-        kwargs["infra"] = settings.infra
-    if res.gpus:
-        if not settings.accelerator:
-            raise InvalidSettings(
-                f"resources.gpus: {res.gpus} GPUs asked, but the machine names no accelerator (e.g. A100)",
-                field="resources.gpus",
-            )
-        kwargs["accelerators"] = f"{settings.accelerator.split(':')[0]}:{res.gpus}"
-    elif settings.accelerator:
-        kwargs["accelerators"] = settings.accelerator
-    if res.cpus is not None:
-        kwargs["cpus"] = str(res.cpus)
-    if res.memory_mb is not None:
-        kwargs["memory"] = f"{max(1, math.ceil(res.memory_mb / 1024))}"
-    try:
-        return sky.Resources(**kwargs)
-    except (ValueError, TypeError) as e:
-        # SkyPilot's own words (an unknown infra, a bad accelerator) name what is wrong.
-        raise InvalidSettings(f"SkyPilot refused the resources: {e}", field="resources") from None
-
-
-def launch_task(settings: SkyPilotSettings, asked: Resources | None) -> Any:
-    """The task a launch provisions with: resources only, no command (jobs come later, one ``exec`` each)."""
-    sky = _sky()
-    task = sky.Task(name=settings.cluster)
-    task.set_resources(sky_resources(settings, asked))
-    return task
 
 
 class SkyPilotEngine(Engine):
@@ -334,7 +206,7 @@ class SkyPilotEngine(Engine):
 
     def launch_cluster(self) -> str | None:
         """Launch (or restart) the cluster now, without a job: the request id, or None when it is up."""
-        if _state(self.cluster_record(fresh=True)) == "UP":
+        if cluster_state(self.cluster_record(fresh=True)) == "UP":
             return None
         return self._launch(None)
 
@@ -406,7 +278,7 @@ class SkyPilotEngine(Engine):
         cloud = self.settings.cloud
         enabled = self._quick(sdk.check((cloud,) if cloud else None, verbose=False))
         clouds = sorted({c for per_workspace in (enabled or {}).values() for c in per_workspace})
-        if not clouds or (cloud and not any(_cloud_key(c) == cloud for c in clouds)):
+        if not clouds or (cloud and not any(cloud_key(c) == cloud for c in clouds)):
             raise EngineError(
                 f"{self.name}: "
                 + no_infra_message(
@@ -450,16 +322,16 @@ class SkyPilotEngine(Engine):
     def _request_failure(self, payload: Any) -> str:
         """Why a request (a launch, an exec) failed, said plainly (``request_failure``); for a catalogue or
         credentials failure `sky check` is asked here whether it finds any infra it can use."""
-        text = _error_text(payload)
+        text = error_text(payload)
         tried = self.settings.infra or "every cloud"
-        if payload.status == "CANCELLED" or not _said_plainly(text):
-            return _error(payload)
+        if payload.status == "CANCELLED" or not said_plainly(text):
+            return error_line(payload)
         # A failure that names no cause (SkyPilot's error can be a bare null) is asked of `sky check` too.
         try:
             sdk = load_sdk()
             cloud = self.settings.cloud
             enabled = self._quick(sdk.check((cloud,) if cloud else None, verbose=False))
-            clouds = {_cloud_key(c) for per_workspace in (enabled or {}).values() for c in per_workspace}
+            clouds = {cloud_key(c) for per_workspace in (enabled or {}).values() for c in per_workspace}
             no_infra = not clouds or bool(cloud and cloud not in clouds)
         except Exception:  # the check failing too says nothing new: keep SkyPilot's own words
             no_infra = None
@@ -477,7 +349,7 @@ class SkyPilotEngine(Engine):
 
     def image_facts(self) -> dict[str, Any] | None:
         # The head's facts once the cluster is up; before, nothing is known and no launch is asked for.
-        if _state(self.cluster_record()) != "UP":
+        if cluster_state(self.cluster_record()) != "UP":
             return None
         facts = self.head().check()
         if self.settings.cloud == "slurm":
@@ -505,7 +377,7 @@ class SkyPilotEngine(Engine):
             self._record = None
             self._trust_new_head()
         record = self.cluster_record(fresh=not handle.get("cluster_ready"))
-        state = _state(record)
+        state = cluster_state(record)
         if state != "UP":
             resources = Resources.from_json(handle.get("resources")) if handle.get("resources") else None
             request_id = self._launch(resources)
@@ -540,7 +412,7 @@ echo written
         res = head.transport.run(body, payload, timeout=60, retry=False)
         if res.code != 0:
             raise EngineError(res.error(f"{self.name}: writing job {job.job_id} on the head node"))
-        sky = _sky()
+        sky = sky_module()
         task = sky.Task(name=f"jrc-{job.job_id}", run=f"sh {quote(d + '/' + START_SCRIPT)} {quote(d)}")
         request_id = load_sdk().exec(task, cluster_name=self.settings.cluster)
         return dataclasses.replace(job, handle={**job.handle, "exec_request": str(request_id)})
@@ -637,7 +509,7 @@ echo written
         return self.head().fetch(job, outputs, dest, progress)
 
     def cleanup(self, job: RemoteJob) -> None:
-        if not job.handle.get("dir") or _state(self.cluster_record()) != "UP":
+        if not job.handle.get("dir") or cluster_state(self.cluster_record()) != "UP":
             return  # a stopped or removed cluster: its folders went (or wait) with it
         self.head().cleanup(job)
 
@@ -649,152 +521,6 @@ echo written
             head, self._head = self._head, None
         if head is not None:
             head[1].close()
-
-    # -- usage ----------------------------------------------------------------------------
-
-
-def _cloud_key(cloud: str) -> str:
-    return {"k8s": "kubernetes"}.get(cloud.lower(), cloud.lower())
-
-
-def _state(record: Any | None) -> str:
-    if record is None:
-        return "absent"
-    status = record["status"]
-    return str(getattr(status, "value", status))
-
-
-#: SkyPilot's words for "no infra it can use is set up" (its NoCloudAccessError, `sky check`'s advice).
-_NO_INFRA = re.compile(
-    r"NoCloudAccessError|no cloud access|cloud access is not set up|no (?:enabled|available) (?:cloud|infra)"
-    r"|all clouds are disabled|run:? `?sky check",
-    re.IGNORECASE,
-)
-#: A network failure, in the words of requests/urllib3 and the resolver.
-_NETWORK = re.compile(
-    r"Failed to resolve|NameResolutionError|Temporary failure in name resolution|Name or service not known"
-    r"|Max retries exceeded|ConnectionError|Connection (?:refused|reset)|Network is unreachable|timed out",
-    re.IGNORECASE,
-)
-#: SkyPilot fetches its catalogues (instance types, prices) from GitHub at run time.
-_CATALOG = re.compile(r"raw\.githubusercontent\.com|catalog", re.IGNORECASE)
-_HOST = re.compile(r"(?:Failed to resolve|host=)\s*'([^']+)'")
-
-
-def no_infra_message(tried: str, reason: str) -> str:
-    """What to do when SkyPilot has no infra it can use: ``sky check``, what was tried, and why not."""
-    return f"no cloud SkyPilot can use: run `sky check` (tried {tried}: {reason})"
-
-
-def plain_failure(text: str, tried: str, no_infra: bool | None = None) -> str:
-    """SkyPilot's failure in words that say what to do; ``no_infra`` is what `sky check` found, if asked.
-
-    A failed catalogue download is SkyPilot's first step on a cloud it has no credentials for, so
-    when `sky check` found no usable infra that is what the person is told first.
-    """
-    network = bool(_NETWORK.search(text))
-    # The resolver's or the socket's own words, not the HTTP client's wrapping of them.
-    resolve = re.search(r"Failed to resolve '[^']+'(?: \([^)]*\))?", text)
-    reason = resolve.group(0) if network and resolve else _one_line(text)
-    if no_infra or (no_infra is None and _NO_INFRA.search(text)):
-        return no_infra_message(tried, reason)
-    if network and _CATALOG.search(text):
-        host = _HOST.search(text)
-        where = f" from {host.group(1)}" if host else ""
-        return (
-            f"SkyPilot could not download its cloud catalogue{where}: a network failure ({reason}); "
-            "this server needs to reach it (directly or through a proxy), or use infra that needs no "
-            "catalogue (Kubernetes, Slurm); `sky check` shows what is set up"
-        )
-    if network:
-        return f"a network failure while SkyPilot worked ({reason}); check this server's network and try again"
-    return reason
-
-
-def _said_plainly(text: str) -> bool:
-    """Whether ``plain_failure`` has words for SkyPilot's error: a network failure, no infra, or nothing said."""
-    return bool(_NETWORK.search(text) or _NO_INFRA.search(text) or text == NO_REASON)
-
-
-def request_failure(payload: Any, tried: str, no_infra: bool | None = None) -> str:
-    """A failed request's error (``sky.api_status``'s payload) in one line: a network or infra failure
-    as a sentence that says what to do (``plain_failure``), never the HTTP client's nested reprs;
-    anything else in SkyPilot's own words."""
-    text = _error_text(payload)
-    return plain_failure(text, tried, no_infra) if _said_plainly(text) else _error(payload)
-
-
-NO_REASON = "no reason given"
-
-
-def _one_line(text: str) -> str:
-    """The last line that says something (SkyPilot's own message after its traceback), at most 300 characters."""
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip() and not ln.strip().startswith(("File ", "^"))]
-    line = lines[-1] if lines else NO_REASON
-    return " ".join(line.split())[:300]
-
-
-def _error_text(payload: Any) -> str:
-    """A failed request's error as SkyPilot gave it (its message, when the error is JSON)."""
-    text = str(payload.error or payload.status_msg or NO_REASON)
-    try:
-        import json
-
-        data = json.loads(text)
-    except (ValueError, TypeError):
-        return text
-    if data is None or data == "":  # an error serialised as JSON null: SkyPilot said nothing more
-        return str(payload.status_msg or NO_REASON)
-    if isinstance(data, dict):
-        return str(data.get("message") or data.get("object", text))
-    return text
-
-
-def _error(payload: Any) -> str:
-    """A failed request's error in one line, without SkyPilot's traceback."""
-    return " ".join(_error_text(payload).split())[:500]
-
-
-def head_route(record: Any) -> tuple[str, int, str, str | None]:
-    """(host, port, user, key file) of a cluster's head node, as SkyPilot's record says.
-
-    A Slurm cluster is reached through its login node (the one ``~/.slurm/config`` names), whose
-    home the allocation shares; a cloud VM at its head address with the key SkyPilot made.
-    """
-    handle = record["handle"]
-    info = getattr(handle, "cached_cluster_info", None)
-    provider = getattr(info, "provider_config", None) or {}
-    login = provider.get("ssh") if isinstance(provider, Mapping) else None
-    if isinstance(login, Mapping) and login.get("hostname"):
-        return (str(login["hostname"]), int(login.get("port") or 22), str(login["user"]), login.get("private_key"))
-    credentials = record.get("credentials") or {}
-    host = getattr(handle, "head_ip", None)
-    if not host:
-        raise EngineError(
-            f"SkyPilot reports no address for the head of cluster {record['name']}; try again", transient=True
-        )
-    port = getattr(handle, "head_ssh_port", None) or 22
-    user = credentials.get("ssh_user") or getattr(handle, "ssh_user", None)
-    if not user:
-        raise EngineError(f"SkyPilot reports no ssh user for cluster {record['name']}")
-    return (str(host), int(port), str(user), credentials.get("ssh_private_key"))
-
-
-def hourly_price(record: Any) -> float | None:
-    """The cluster's price per hour in US dollars when SkyPilot knows it (clouds; not Slurm or Kubernetes)."""
-    handle = record.get("handle")
-    launched = getattr(handle, "launched_resources", None)
-    nodes = getattr(handle, "launched_nodes", 1) or 1
-    try:
-        price = launched.get_cost(3600) * nodes if launched is not None else None
-    except Exception:
-        return None
-    return round(float(price), 4) if price else None
-
-
-def default_known_hosts(cluster: str) -> Path:
-    """Where a cluster's head node key is kept unless the machine names a known_hosts file."""
-    return Path.home() / ".config" / "jupyter-remote-compute" / "skypilot" / f"{cluster}.known_hosts"
 
 
 __all__ = ["INSTALL_HINT", "SkyPilotEngine", "SkyPilotSettings", "launch_task", "load_sdk", "sky_resources"]
