@@ -1,6 +1,6 @@
 """The single-node Slurm test bed, driven as the slurm engine will drive it: over ssh, as the test user.
 
-Every parser of engines/slurm_commands.py reads here what the real commands print.
+Every parser of engines/slurm_commands/ reads here what the real commands print.
 """
 
 from __future__ import annotations

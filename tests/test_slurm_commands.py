@@ -1,4 +1,4 @@
-"""engines/slurm_commands.py without a cluster: validation, argv, scripts and every parser.
+"""engines/slurm_commands/ without a cluster: validation, argv, scripts and every parser.
 
 Canned outputs here are copied from what Slurm 22.05 printed on the test bed (or, for sacct with
 accounting and multi-partition sinfo, from the formats Slurm documents); tests/test_slurm_bed.py

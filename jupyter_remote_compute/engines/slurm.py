@@ -16,7 +16,7 @@ how a job starts, is watched and stops, all in the launcher:
 - ``check`` adds the cluster's facts (version, partitions, nodes, CPUs, GPUs, limits) to the
   login node's.
 
-All of Slurm's text (argv, scripts, parsers, states) lives in ``slurm_commands.py``.
+All of Slurm's text (argv, scripts, parsers, states) lives in ``slurm_commands/``.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def admit_gpus(
 
 
 #: What the machine gives a job where it has it (container.sh passes those that are set): the GPUs an
-#: agent chose, the rendezvous of Slurm's batch script (slurm_commands.batch_script), Slurm's own.
+#: agent chose, the rendezvous of Slurm's batch script (slurm_commands.sbatch.batch_script), Slurm's own.
 MACHINE_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "MASTER_ADDR",
