@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from agent_fixture import running_bed  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
-from jupyter_remote_compute.agent.client import Server as AgentClient  # noqa: E402
+from jupyter_remote_compute.agent.server import Server as AgentClient  # noqa: E402
 
 POLL_LOOP = 10.0
 

@@ -79,7 +79,7 @@ def cmd_agent_token(args: argparse.Namespace) -> int:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """``agent ...``: the pull agent of an agent machine, with its own options."""
-    from .agent.client import main as agent_main
+    from .agent.command import main as agent_main
 
     return agent_main(args.rest)
 

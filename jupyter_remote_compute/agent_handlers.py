@@ -342,15 +342,20 @@ class AgentTokenHandler(RemoteComputeHandler):
         self.reply({"name": name, **await self.call(welcome, punica, name, self.server_url())})
 
 
+#: The agent's modules as the zipapp carries them (its ``__main__.py`` is the zipapp's own).
+AGENT_MODULES = ("__init__.py", "server.py", "client.py", "command.py")
+
+
 @functools.cache
 def agent_zipapp() -> bytes:
-    """agent/client.py as a zipapp: stdlib only, so a bare Python ≥ 3.9 runs it."""
-    source = (Path(__file__).parent / "agent" / "client.py").read_text(encoding="utf-8")
+    """The agent/ package as a zipapp: stdlib only, so a bare Python ≥ 3.9 runs it."""
+    package = Path(__file__).parent / "agent"
     buffer = io.BytesIO()
     buffer.write(b"#!/usr/bin/env python3\n")
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("jrc_agent.py", source)
-        archive.writestr("__main__.py", "import sys\nimport jrc_agent\n\nsys.exit(jrc_agent.main())\n")
+        for module in AGENT_MODULES:
+            archive.writestr(f"jrc_agent/{module}", (package / module).read_text(encoding="utf-8"))
+        archive.writestr("__main__.py", "import sys\nfrom jrc_agent.command import main\n\nsys.exit(main())\n")
     return buffer.getvalue()
 
 

@@ -14,7 +14,8 @@ from procs import group_members
 from test_agent import GATED, ended, state_of, submit
 from waiting import wait_for
 
-from jupyter_remote_compute.agent.client import STARTING_FIELDS, Agent, Refused, Server
+from jupyter_remote_compute.agent.client import STARTING_FIELDS, Agent
+from jupyter_remote_compute.agent.server import Refused, Server
 
 module_bed = agent_fixture.module_bed
 

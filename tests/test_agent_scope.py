@@ -12,7 +12,7 @@ import pytest
 from test_agent import state_of, submit
 from waiting import wait_for
 
-from jupyter_remote_compute.agent.client import Server
+from jupyter_remote_compute.agent.server import Server
 
 module_bed = agent_fixture.module_bed
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from .client import main
+from .command import main
 
 sys.exit(main())

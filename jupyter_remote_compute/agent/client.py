@@ -16,141 +16,31 @@ Everything about a job lives in ``<state>/jobs/<id>/`` (the far-side layout plus
 so a restarted agent re-adopts the jobs it was running. SIGTERM stops claiming and leaves
 running jobs alone.
 
-The token comes from ``--token-file`` (mode 600), ``--token-stdin`` or the environment variable
-``JUPYTER_REMOTE_COMPUTE_AGENT_TOKEN``, never from the command line.
+``server.py`` is the connection to the server, ``command.py`` the agent's command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
-import errno
 import hashlib
-import http.client
 import json
 import os
-import random
 import shutil
-import signal
 import socket
-import ssl
 import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
 
+from .server import NETWORK_ERRORS, Refused, Server, backoff, log
+
 VERSION = "1"
-TOKEN_ENV = "JUPYTER_REMOTE_COMPUTE_AGENT_TOKEN"
 LOG_CHUNK = 1 << 20
-IO_CHUNK = 1 << 20
 CLAIM_TIMEOUT = 60.0  # the server holds a claim ~25 s; past this the connection is taken as dead
-NETWORK_ERRORS = (OSError, http.client.HTTPException)
-
-
-class Refused(Exception):
-    """The server answered with an error status."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"HTTP {status}: {body[:300].decode('utf-8', 'replace')}")
-        self.status = status
-
-
-class Stop(BaseException):
-    """SIGTERM: stop claiming now."""
-
-
-def log(message: str) -> None:
-    sys.stderr.write(time.strftime("%Y-%m-%dT%H:%M:%S ") + message + "\n")
-    sys.stderr.flush()
-
-
-def backoff(failures: int) -> float:
-    """Seconds to wait after ``failures`` failures in a row: doubling up to 30 s, with jitter."""
-    return min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
-
-
-class Server:
-    """The server's agent endpoints for one machine; one kept-alive connection per thread."""
-
-    def __init__(self, url: str, machine: str, token: str, cafile: str | None = None) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise SystemExit(f"--server: expected http(s)://host[:port][/base], not {url!r}")
-        self.scheme = parsed.scheme
-        self.host = parsed.hostname
-        self.port = parsed.port
-        self.base = parsed.path.rstrip("/") + "/remote-compute/agent/" + urllib.parse.quote(machine)
-        self.token = token
-        self.tls = ssl.create_default_context(cafile=cafile) if self.scheme == "https" else None
-        self._local = threading.local()
-
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            if self.tls is not None:
-                conn = http.client.HTTPSConnection(
-                    self.host, self.port, timeout=timeout, context=self.tls, blocksize=IO_CHUNK
-                )
-            else:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout, blocksize=IO_CHUNK)
-            self._local.conn = conn
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
-        return conn
-
-    def drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        query: dict[str, Any] | None = None,
-        timeout: float = 60.0,
-        raw: Any = None,
-        length: int | None = None,
-        sink: Any = None,
-    ) -> tuple[int, Any]:
-        """(status, JSON answer or None); with ``sink``, a 200's body is written there instead."""
-        url = self.base + "/" + path
-        if query:
-            url += "?" + urllib.parse.urlencode(query, doseq=True)
-        headers = {"Authorization": "Bearer " + self.token}
-        data = raw
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        if length is not None:
-            headers["Content-Length"] = str(length)
-        conn = self._connection(timeout)
-        try:
-            conn.request(method, url, body=data, headers=headers)
-            response = conn.getresponse()
-            if sink is not None and response.status == 200:
-                while True:
-                    chunk = response.read(IO_CHUNK)
-                    if not chunk:
-                        break
-                    sink(chunk)
-                return 200, None
-            payload = response.read()
-        except BaseException:
-            self.drop()
-            raise
-        if response.status >= 400:
-            raise Refused(response.status, payload)
-        return response.status, json.loads(payload) if payload else None
 
 
 def _b64(text: str) -> str:
@@ -576,100 +466,3 @@ class Agent:
             proc = self._run("cancel", str(jobdir), str(max(0, int(grace * 10))), timeout=grace + 60)
             if proc.returncode != 0:
                 log(f"cancel of {jobdir.name}: {proc.stderr.decode('utf-8', 'replace')[-300:]}")
-
-
-# -- the command line ------------------------------------------------------------------
-def read_token(args: argparse.Namespace) -> str:
-    if args.token_file:
-        path = Path(args.token_file).expanduser()
-        try:
-            mode = path.stat().st_mode
-        except OSError as e:
-            raise SystemExit(f"--token-file: cannot read {path}: {e.strerror}") from None
-        if mode & 0o077:
-            raise SystemExit(f"--token-file: {path} is readable by others; run: chmod 600 {path}")
-        token = path.read_text().strip()
-    elif args.token_stdin:
-        token = sys.stdin.readline().strip()
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise SystemExit(
-            f"no agent token: give --token-file PATH (mode 600), --token-stdin, or set {TOKEN_ENV}. "
-            "It is never read from the command line."
-        )
-    return token
-
-
-def default_state_dir(machine: str) -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "jupyter-remote-compute-agent" / machine
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="jupyter remote-compute agent",
-        description="Pull jobs for one machine from a Jupyter Server running jupyter-remote-compute.",
-    )
-    parser.add_argument("--server", required=True, help="the server's URL, e.g. https://hub.example.org/user/me")
-    parser.add_argument("--machine", required=True, help="the agent machine's name on that server")
-    parser.add_argument("--token-file", help="a file holding the agent token (mode 600)")
-    parser.add_argument("--token-stdin", action="store_true", help="read the agent token from stdin")
-    parser.add_argument("--state-dir", help="where jobs and the input cache live (default: ~/.local/state/...)")
-    parser.add_argument("--max-jobs", type=int, default=1, help="jobs run at once (default 1)")
-    parser.add_argument("--gpus-per-job", type=int, default=0, help="GPUs given to each job (CUDA_VISIBLE_DEVICES)")
-    parser.add_argument("--gpu-ids", help="the GPUs to hand out, e.g. 0,1,2,3 (default: nvidia-smi's)")
-    parser.add_argument("--cafile", help="CA certificates to verify an HTTPS server with")
-    return parser
-
-
-def _gpu_ids(given: str | None) -> list[str]:
-    if given:
-        return [g.strip() for g in given.split(",") if g.strip()]
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, timeout=30
-        ).stdout.decode()
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.max_jobs < 1:
-        raise SystemExit("--max-jobs: at least 1")
-    token = read_token(args)
-    state = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir(args.machine)
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # One agent per state folder: a second one would adopt the first one's jobs.
-    import fcntl
-
-    lock = open(state / "agent.lock", "w")  # noqa: SIM115 - held open for the agent's whole life
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EAGAIN, errno.EACCES):
-            raise SystemExit(f"another agent runs on {state}") from None
-        raise
-
-    def stop(signum: int, frame: Any) -> None:
-        raise Stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    agent = Agent(
-        Server(args.server, args.machine, token, args.cafile),
-        state,
-        args.max_jobs,
-        _gpu_ids(args.gpu_ids),
-        args.gpus_per_job,
-    )
-    try:
-        return agent.run()
-    except (Stop, KeyboardInterrupt):
-        log("stopping: no new jobs are claimed; running jobs go on and are adopted again at the next start")
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
