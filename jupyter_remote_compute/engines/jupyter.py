@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import posixpath
 import threading
@@ -54,7 +53,6 @@ from .base import (
     SendStats,
 )
 from .jupyter_contents import (
-    KernelChannel,
     KernelGone,
     NotFoundOnServer,
     RemoteCodeError,
@@ -62,6 +60,7 @@ from .jupyter_contents import (
     Token,
     progress_adder,
 )
+from .jupyter_kernel import KernelChannel, decode_answer, far_expression
 from .launcher import command_script, launch_input
 
 log = logging.getLogger(__name__)
@@ -79,32 +78,6 @@ LONG_OP = 1800.0
 FETCH_TAR = "fetch.tar"  # manifest.sh's stream, kept in the job directory until downloaded
 #: Output files of at least this many bytes come down by themselves (parallel ranged GETs), not in the tar.
 DIRECT_FROM = 16 << 20
-
-
-_FAR_B64 = base64.b64encode(farside.kernel_program().encode()).decode()
-
-
-def _far_expression(op: str, args: Sequence[Any], blob: bytes | None = None) -> str:
-    """One Python expression that runs ``op(*args[, blob])`` of ``farside/kernel.py`` in a namespace of its own.
-
-    It travels as a user expression of an otherwise empty execute request: the kernel ``eval``s
-    it directly, skipping IPython's cell machinery (input transformers, which crawl over
-    megabytes of base64, and the linecache copy of every cell, which would keep start's secrets).
-    ``blob`` (bulk data) rides as its own base64 literal rather than inside the JSON arguments.
-    """
-    payload = base64.b64encode(json.dumps([op, list(args)]).encode()).decode()
-    extra = "" if blob is None else ", '" + base64.b64encode(blob).decode("ascii") + "'"
-    return (
-        "(lambda b, j, ns: (exec(compile(b.b64decode('" + _FAR_B64 + "'), '<jupyter-remote-compute>', 'exec'), ns),"
-        " ns['call'](*j.loads(b.b64decode('" + payload + "'))" + extra + "))[1])"
-        "(__import__('base64'), __import__('json'), {'__name__': '__jrc_far__'})"
-    )
-
-
-def _decode(value: str) -> Any:
-    kind, body = value[:1], value[1:]
-    data = base64.b64decode(body)
-    return data if kind == "B" else json.loads(data)
 
 
 class JupyterEngine(Engine):
@@ -233,12 +206,12 @@ class JupyterEngine(Engine):
         if self._channel is None:
             if self._kernel_id is not None:
                 try:
-                    self._channel = self.client.connect(self._kernel_id)
+                    self._channel = KernelChannel(self.client, self._kernel_id)
                 except KernelGone:
                     self._kernel_id = None  # the server restarted or culled it: start another
             if self._channel is None:
                 self._kernel_id = self._start_kernel()
-                self._channel = self.client.connect(self._kernel_id)
+                self._channel = KernelChannel(self.client, self._kernel_id)
         return self._channel
 
     def _start_kernel(self) -> str:
@@ -254,11 +227,11 @@ class JupyterEngine(Engine):
 
     def _far(self, op: str, *args: Any, timeout: float = QUICK_OP, blob: bytes | None = None) -> Any:
         """Run one far-side operation on the kept kernel (started or restarted as needed)."""
-        expression = _far_expression(op, args, blob)
+        expression = far_expression(op, args, blob)
         with self._lock:
             for attempt in (1, 2):
                 try:
-                    return _decode(self._kept_channel().execute(expression, timeout))
+                    return decode_answer(self._kept_channel().execute(expression, timeout))
                 except KernelGone:
                     self._drop_channel()
                     self._kernel_id = None
@@ -384,15 +357,15 @@ class JupyterEngine(Engine):
 
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
         stdin = base64.b64encode(launch_input(launch.env, launch.secret_env)).decode("ascii")
-        expression = _far_expression("launch", [job.handle["abs_dir"], command_script(launch.command), stdin])
+        expression = far_expression("launch", [job.handle["abs_dir"], command_script(launch.command), stdin])
         secrets = [v for v in launch.secret_env.values() if v]
         secrets += [base64.b64encode(v.encode()).decode() for v in secrets]
         # A kernel of its own, deleted at once: its memory held the secrets.
         kernel_id = self._start_kernel()
         try:
-            channel = self.client.connect(kernel_id)
+            channel = KernelChannel(self.client, kernel_id)
             try:
-                result = _decode(channel.execute(expression, QUICK_OP, scrub=secrets))
+                result = decode_answer(channel.execute(expression, QUICK_OP, scrub=secrets))
             finally:
                 channel.close()
         finally:

@@ -1,8 +1,8 @@
-"""A small blocking client for one Jupyter Server: REST (Contents, /files, kernels) and kernel execution.
+"""A small blocking client for one Jupyter Server: REST (Contents, /files, kernels); its kernels' channels
+are ``jupyter_kernel.py``'s.
 
 The jupyter engine runs in worker threads, so everything here blocks: ``http.client`` for REST
-(one keep-alive connection per thread, bodies streamed in and out, never a whole file in memory)
-and ``websocket-client`` (a jupyter_server dependency) for a kernel's channels.
+(one keep-alive connection per thread, bodies streamed in and out, never a whole file in memory).
 
 The token travels only in the ``Authorization`` header. It is never part of a URL, and no error
 raised here holds it: messages name the server's address (which cannot hold credentials, see
@@ -11,10 +11,8 @@ raised here holds it: messages name the server's address (which cannot hold cred
 
 from __future__ import annotations
 
-import ast
 import base64
 import contextlib
-import datetime as dt
 import hashlib
 import http.client
 import json
@@ -22,14 +20,10 @@ import queue
 import socket
 import ssl
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
-
-import websocket
 
 from .base import EngineError, ProgressCallback
 
@@ -41,7 +35,7 @@ DOWNLOAD_BLOCK = 1 << 20
 #: Bytes per ranged GET when a big file comes down as concurrent ranges.
 RANGE_PIECE = 8 << 20
 #: Statuses after which the same request may well succeed later (a proxy or hub with the server down).
-_TRANSIENT_STATUS = frozenset({408, 424, 429, 502, 503, 504})
+TRANSIENT_STATUS = frozenset({408, 424, 429, 502, 503, 504})
 _CONNECT_ERRORS = (ConnectionError, socket.timeout, TimeoutError, socket.gaierror, http.client.HTTPException)
 
 
@@ -96,8 +90,8 @@ class ServerClient:
         self.host = parts.hostname or ""
         self.port = parts.port or (443 if self.https else 80)
         self.prefix = parts.path if parts.path.endswith("/") else parts.path + "/"
-        self._token = token
-        self._refused = refused  # the message for a refused token: it names the secret, never the value
+        self.token = token
+        self.refused = refused  # the message for a refused token: it names the secret, never the value
         self.timeout = timeout
         self.ssl_context: ssl.SSLContext | None = None
         if self.https:
@@ -115,7 +109,8 @@ class ServerClient:
         """The request path for a server-relative path such as ``api/contents/a b``."""
         return self.prefix + quote(path, safe="/")
 
-    def _unreachable(self, error: BaseException) -> EngineError:
+    def unreachable(self, error: BaseException) -> EngineError:
+        """The error for a server that could not be reached (or whose certificate was not trusted)."""
         if isinstance(error, ssl.SSLCertVerificationError):
             return EngineError(
                 f"the TLS certificate of {self.base_url} could not be verified ({error.verify_message}); "
@@ -166,7 +161,7 @@ class ServerClient:
             try:
                 target = self.url_path(path) + ("?" + query if query else "")
                 conn.putrequest(method, target, skip_accept_encoding=True)
-                conn.putheader("Authorization", self._token().header())
+                conn.putheader("Authorization", self.token().header())
                 for name, value in (headers or {}).items():
                     conn.putheader(name, value)
                 if body is None:
@@ -187,10 +182,10 @@ class ServerClient:
                 # A keep-alive connection the server closed while idle: try once on a fresh one.
                 if reused and attempt == 1 and (body is None or isinstance(body, bytes)):
                     continue
-                raise self._unreachable(e) from None
+                raise self.unreachable(e) from None
             except (OSError, *_CONNECT_ERRORS) as e:
                 self._drop_connection()
-                raise self._unreachable(e) from None
+                raise self.unreachable(e) from None
             break
         if response.will_close:
             self._local.conn = None  # the response owns the socket now; closed once read
@@ -199,10 +194,10 @@ class ServerClient:
         detail = _error_detail(response)
         self._drop_connection()  # the error body was read only in part
         if response.status in (401, 403):
-            raise Unauthorized(self._refused())
+            raise Unauthorized(self.refused())
         if response.status == 404:
             raise NotFoundOnServer(f"{path}: not found on {self.base_url}")
-        if response.status in _TRANSIENT_STATUS or 300 <= response.status < 400:
+        if response.status in TRANSIENT_STATUS or 300 <= response.status < 400:
             raise EngineError(f"{self.base_url} answered {response.status} {detail}".strip(), transient=True)
         raise EngineError(f"{self.base_url} answered {response.status} to {method} {path}: {detail}".strip())
 
@@ -321,7 +316,7 @@ class ServerClient:
                 yield block
             whole = True
         except (OSError, http.client.HTTPException) as e:
-            raise self._unreachable(e) from None
+            raise self.unreachable(e) from None
         finally:
             response.close()
             if not whole:  # left with body unread (an error, or the reader stopped): not reusable
@@ -413,7 +408,7 @@ class ServerClient:
                 got += n
         except (OSError, http.client.HTTPException) as e:
             self._drop_connection()
-            raise self._unreachable(e) from None
+            raise self.unreachable(e) from None
         finally:
             response.close()
         if got != len(buf):
@@ -447,143 +442,13 @@ class ServerClient:
         with contextlib.suppress(NotFoundOnServer):
             self.open("DELETE", "api/kernels/" + kernel_id, ok=(204, 200)).read()
 
-    def connect(self, kernel_id: str, timeout: float = 30.0) -> KernelChannel:
-        return KernelChannel(self, kernel_id, timeout)
-
-
-class KernelChannel:
-    """One websocket to one kernel; runs code quietly and returns a value from it."""
-
-    def __init__(self, client: ServerClient, kernel_id: str, timeout: float) -> None:
-        self.client = client
-        self.kernel_id = kernel_id
-        self.session = uuid.uuid4().hex
-        scheme = "wss" if client.https else "ws"
-        url = (
-            f"{scheme}://{client.host}:{client.port}{client.url_path('api/kernels/' + kernel_id + '/channels')}"
-            f"?session_id={self.session}"
-        )
-        sslopt = {"context": client.ssl_context} if client.ssl_context else None
-        try:
-            self.ws = websocket.create_connection(
-                url,
-                header=["Authorization: " + client._token().header()],
-                sslopt=sslopt,
-                timeout=timeout,
-                suppress_origin=True,  # a non-browser client; an Origin would have to match the server's host
-                enable_multithread=True,
-                skip_utf8_validation=True,  # pure-Python validation of megabyte frames; json.loads checks anyway
-            )
-        except websocket.WebSocketBadStatusException as e:
-            if e.status_code in (401, 403):
-                raise Unauthorized(client._refused()) from None
-            if e.status_code == 404:
-                raise KernelGone(f"kernel {kernel_id} is gone from {client.base_url}") from None
-            transient = e.status_code in _TRANSIENT_STATUS or 300 <= e.status_code < 400
-            raise EngineError(
-                f"{client.base_url} refused the kernel connection ({e.status_code})", transient=transient
-            ) from None
-        except (OSError, websocket.WebSocketException) as e:
-            raise client._unreachable(e) from None
-
-    def execute(self, expression: str, timeout: float, *, scrub: Iterable[str] = ()) -> str:
-        """Evaluate ``expression`` (which must yield a str) in the kernel and return its value.
-
-        It is sent as a user expression of an empty, ``silent``, ``store_history=False`` execute
-        request: IPython neither numbers it, broadcasts it on iopub, caches it as a cell nor
-        writes it to its history database, which matters because start's expression carries the
-        job's secret environment. The value comes back in the reply (on this connection only),
-        not as printed output.
-        """
-        msg_id = uuid.uuid4().hex
-        message = {
-            "header": {
-                "msg_id": msg_id,
-                "username": "jupyter-remote-compute",
-                "session": self.session,
-                "date": dt.datetime.now(dt.timezone.utc).isoformat(),
-                "msg_type": "execute_request",
-                "version": "5.3",
-            },
-            "parent_header": {},
-            "metadata": {},
-            "content": {
-                "code": "",
-                "silent": True,
-                "store_history": False,
-                "user_expressions": {"value": expression},
-                "allow_stdin": False,
-                "stop_on_error": False,
-            },
-            "channel": "shell",
-            "buffers": [],
-        }
-        deadline = time.monotonic() + timeout
-        try:
-            self.ws.send(json.dumps(message))
-            del message
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:  # as the socket's own timeout below: a busy kernel may answer later
-                    raise EngineError(
-                        f"the kernel on {self.client.base_url} did not answer within {timeout:.0f}s", transient=True
-                    )
-                self.ws.settimeout(remaining)
-                frame = self.ws.recv()
-                if isinstance(frame, bytes):
-                    continue  # binary frames carry buffers; ours never do
-                reply = json.loads(frame)
-                if reply.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                if reply.get("msg_type") == "status" and reply["content"].get("execution_state") == "dead":
-                    raise KernelGone(f"the kernel on {self.client.base_url} died")
-                if reply.get("channel") == "shell" and reply.get("msg_type") == "execute_reply":
-                    return _expression_value(reply["content"], self.client.base_url, scrub)
-        except websocket.WebSocketTimeoutException:
-            raise EngineError(
-                f"the kernel on {self.client.base_url} did not answer within {timeout:.0f}s", transient=True
-            ) from None
-        except (OSError, websocket.WebSocketException) as e:
-            raise self.client._unreachable(e) from None
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):  # closing a socket that is already broken
-            self.ws.close(timeout=1)
-
-
-def _expression_value(content: dict[str, Any], where: str, scrub: Iterable[str]) -> str:
-    def clean(text: str) -> str:
-        for value in scrub:
-            if value:
-                text = text.replace(value, "***")
-        return text
-
-    if content.get("status") != "ok":
-        # ename and evalue only: a traceback can quote the code, and start's code holds secrets.
-        raise RemoteCodeError(
-            clean(f"code failed in the kernel on {where}: {content.get('ename')}: {content.get('evalue')}")
-        )
-    result = content.get("user_expressions", {}).get("value", {})
-    if result.get("status") != "ok":
-        raise RemoteCodeError(
-            clean(f"code failed in the kernel on {where}: {result.get('ename')}: {result.get('evalue')}")
-        )
-    text = result.get("data", {}).get("text/plain", "")
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise EngineError(f"the kernel on {where} answered something unexpected") from None
-    if not isinstance(value, str):
-        raise EngineError(f"the kernel on {where} answered something unexpected")
-    return value
-
 
 def _read_all(response: http.client.HTTPResponse, client: ServerClient) -> bytes:
     try:
         return response.read()
     except (OSError, http.client.HTTPException) as e:
         client._drop_connection()
-        raise client._unreachable(e) from None
+        raise client.unreachable(e) from None
 
 
 def _error_detail(response: http.client.HTTPResponse) -> str:
