@@ -86,7 +86,7 @@ def engine_service(bed: SlurmBed, tmp: Path) -> JobService:
     )
     service = JobService(Workspace(tmp / "ws"), settings)
     service.machines.add("hpc", "slurm", "127.0.0.1", bed.machine_options())
-    service.check_machine("hpc")  # a server's engine has its connection open before a job comes
+    service.admin.check("hpc")  # a server's engine has its connection open before a job comes
     return service
 
 

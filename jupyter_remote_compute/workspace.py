@@ -12,7 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from .fsutil import private_dir, tighten
+from .fsutil import tighten
 
 PUNICA_DIR = ".punica"
 
@@ -66,9 +66,6 @@ class Workspace:
     def job_dir(self, job_id: str) -> Path:
         """This side's per-job files (inputs manifest, the collected log)."""
         return self.punica_dir / "jobs" / job_id
-
-    def ensure(self) -> None:
-        private_dir(self.punica_dir)
 
     def keep_private(self) -> None:
         """``.punica/`` is this user's only (0700, its files 0600): one an earlier version made open to

@@ -174,7 +174,7 @@ def test_wrong_token_is_refused_naming_the_secret_not_the_token(workspace, make_
     service = make_service(workspace)
     service.machines.add("stale", "jupyter", remote_server.url, {"token_secret": "compute/stale"})
     with pytest.raises(MachineError) as info:
-        service.check_machine("stale")
+        service.admin.check("stale")
     message = str(info.value)
     assert "the token in secret 'compute/stale' was refused" in message
     assert "jupyter remote-compute secrets set compute/stale" in message

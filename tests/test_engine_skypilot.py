@@ -221,7 +221,7 @@ def test_the_first_job_waits_for_the_launch_survives_a_restart_and_lands_here(
     require(_record(skypilot_bed) is None, "a fresh cluster (this test runs before any other job on it)")
     # Adding and checking the machine first, as a user would: SkyPilot's view, no cluster yet.
     service = _service(make_service, quickstart, skypilot_bed)
-    facts = service.check_machine("sky")
+    facts = service.admin.check("sky")
     assert "Slurm" in facts["sky_check"] and facts["cluster_state"] == "absent"
     service.close()
     start = time.monotonic()
@@ -417,7 +417,7 @@ def test_check_shows_skypilots_view_and_a_missing_infra_names_sky_check(
 ) -> None:
     service = _service(make_service, quickstart, skypilot_bed)
     ensure_up(service.engine("sky"))
-    facts = service.check_machine("sky")
+    facts = service.admin.check("sky")
     assert "Slurm" in facts["sky_check"]
     assert facts["cluster"] == skypilot_bed.cluster and facts["cluster_state"] == "UP"
     assert (facts["autostop_minutes"], facts["autostop_down"]) == (30, True)
@@ -426,5 +426,5 @@ def test_check_shows_skypilots_view_and_a_missing_infra_names_sky_check(
 
     service.machines.add("cloud", "skypilot", "aws", {})
     with pytest.raises(RemoteComputeError) as e:
-        service.check_machine("cloud")
+        service.admin.check("cloud")
     assert "sky check" in str(e.value) and "Traceback" not in str(e.value)

@@ -162,7 +162,7 @@ def test_more_cpus_than_any_node_has_is_refused_at_submit(cluster) -> None:
 
 def test_check_reports_the_cluster(cluster) -> None:
     service, bed = cluster
-    facts = service.check_machine("hpc")
+    facts = service.admin.check("hpc")
     assert facts["slurm_version"].startswith(("2", "1"))
     (partition,) = [p for p in facts["partitions"] if p["name"] == bed.partition]
     assert partition["cpus_per_node"] == bed.cpus and partition["nodes"] == 1

@@ -366,7 +366,7 @@ async def test_the_rest_api_runs_a_job_in_its_environment_and_refuses_a_file_out
 
 def test_the_machines_environment_is_the_default_and_the_jobs_own_wins_and_uv_is_sent_once(ssh_box):
     service, _, machine, envs = ssh_box
-    facts = service.check_machine(machine)  # the ssh test user has no uv: the check says so, and what builds
+    facts = service.admin.check(machine)  # the ssh test user has no uv: the check says so, and what builds
     assert facts["uv"] is None and facts["arch"] == platform.machine(), facts
     sent = f"uv {importlib.metadata.version('uv')}, jupyter-remote-compute's, sent with the first job that builds one"
     assert facts["environments"] == sent
@@ -445,7 +445,7 @@ def test_a_machine_whose_check_found_a_uv_builds_with_it_and_gets_none_sent(
     """The remote Jupyter Server's kernels run with this side's venv on PATH: a uv there."""
     service = make_service(quickstart)
     service.machines.add("far", "jupyter", remote_server.url, {"token_secret": "compute/remote"})
-    facts = service.check_machine("far")
+    facts = service.admin.check("far")
     assert facts["uv"] and facts["arch"] == platform.machine(), facts
     (quickstart / "fit.py").write_text(SCRIPT)
     env = {"UV_DEFAULT_INDEX": index.url, "UV_CACHE_DIR": str(index.uv_cache)}
@@ -629,7 +629,7 @@ def test_wheels_from_here_builds_where_no_index_can_be_reached_and_sends_each_wh
     # A machine of another platform: a package with no wheel for it fails the job, named, before anything is
     # sent; the platform is the architecture the machine's last check found (as an aarch64 machine's would
     # read), when the machine names none itself.
-    facts = service.check_machine("island")
+    facts = service.admin.check("island")
     assert facts["arch"] == platform.machine()
     remember_facts(workspace / ".punica", "island", {**facts, "arch": "aarch64"})
     native = _spec(

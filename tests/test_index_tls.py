@@ -53,12 +53,12 @@ def test_the_built_in_machine_builds_from_an_index_its_pip_cert_trusts_and_its_c
     job = local.wait(local.submit(_spec("local")).job.id)
     assert job.state == "succeeded", job.reason
     assert "value a2" in local.read_log(job.id).data.decode()
-    assert local.check_machine("local")["index"] == "trusted"
+    assert local.admin.check("local")["index"] == "trusted"
 
 
 def test_the_built_in_machine_fails_naming_the_certificate_where_nothing_trusts_the_ca(local, private_ca, monkeypatch):
     monkeypatch.setenv("PIP_CERT", str(private_ca.system_roots))
-    assert local.check_machine("local")["index"].startswith("untrusted (certificate verify failed")
+    assert local.admin.check("local")["index"].startswith("untrusted (certificate verify failed")
     job = local.wait(local.submit(_spec("local")).job.id)
     assert job.state == "failed"
     assert "could not be built" in job.reason and "certificate" in job.reason, job.reason
@@ -81,13 +81,13 @@ def test_an_ssh_machine_builds_from_an_index_its_ca_bundle_option_trusts_and_its
     job = service.wait(service.submit(_spec("box")).job.id)
     assert job.state == "succeeded", job.reason
     assert "value a2" in service.read_log(job.id).data.decode()
-    assert service.check_machine("box")["index"] == "trusted"
+    assert service.admin.check("box")["index"] == "trusted"
 
 
 def test_an_ssh_machine_without_the_ca_fails_naming_the_certificate_and_its_check_says_untrusted(ssh):
     service, options, _ = ssh
     service.machines.add("box", "ssh", "127.0.0.1", options)
-    assert service.check_machine("box")["index"].startswith("untrusted (certificate verify failed")
+    assert service.admin.check("box")["index"].startswith("untrusted (certificate verify failed")
     job = service.wait(service.submit(_spec("box")).job.id)
     assert job.state == "failed"
     assert "could not be built" in job.reason and "certificate" in job.reason, job.reason

@@ -98,10 +98,10 @@ def test_an_unknown_host_key_is_reported_with_its_fingerprint_then_trusted(
         "fresh", "ssh", "127.0.0.1", ssh_agent_env.options(known_hosts=str(empty), ssh_transport=ssh_transport)
     )
     with pytest.raises(MachineError) as info:
-        service.check_machine("fresh")
+        service.admin.check("fresh")
     payload = info.value.to_json()
     fingerprint = payload["details"]["host_key"]["fingerprint"]
     assert fingerprint.startswith("SHA256:") and payload["details"]["can_trust"] is True
-    assert service.trust_machine("fresh")["fingerprint"] == fingerprint
-    assert service.check_machine("fresh")["cpus"] >= 1
+    assert service.admin.trust("fresh")["fingerprint"] == fingerprint
+    assert service.admin.check("fresh")["cpus"] >= 1
     assert empty.read_text().strip()

@@ -30,9 +30,9 @@ def _name() -> str:
 def test_a_refused_duplicate_add_keeps_the_existing_machines_token(workspace: Path, make_service) -> None:
     service = make_service(workspace)
     name = _name()
-    service.add_machine(name, "jupyter", ADDRESS, token="first-token-value")
+    service.admin.add(name, "jupyter", ADDRESS, token="first-token-value")
     with pytest.raises(Conflict):
-        service.add_machine(name, "jupyter", ADDRESS, token="second-token-value")
+        service.admin.add(name, "jupyter", ADDRESS, token="second-token-value")
     assert SecretStore().get(f"compute/{name}") == "first-token-value"
 
 
@@ -40,7 +40,7 @@ def test_a_refused_stale_add_leaves_no_orphan_secret(workspace: Path, make_servi
     service = make_service(workspace)
     name = _name()
     with pytest.raises(Conflict):
-        service.add_machine(name, "jupyter", ADDRESS, token="stale-token-value", expected_version="0" * 64)
+        service.admin.add(name, "jupyter", ADDRESS, token="stale-token-value", expected_version="0" * 64)
     assert SecretStore().get(f"compute/{name}") is None
     assert f"compute/{name}" not in SecretStore().names()
 
@@ -49,7 +49,7 @@ def test_an_add_with_invalid_options_stores_no_token(workspace: Path, make_servi
     service = make_service(workspace)
     name = _name()
     with pytest.raises(InvalidSettings) as info:
-        service.add_machine(name, "jupyter", ADDRESS, {"no_such_option": 1}, token="never-stored-value")
+        service.admin.add(name, "jupyter", ADDRESS, {"no_such_option": 1}, token="never-stored-value")
     assert info.value.field == "options.no_such_option"
     assert SecretStore().get(f"compute/{name}") is None
 
@@ -57,18 +57,18 @@ def test_an_add_with_invalid_options_stores_no_token(workspace: Path, make_servi
 def test_a_refused_stale_edit_keeps_the_old_token(workspace: Path, make_service) -> None:
     service = make_service(workspace)
     name = _name()
-    service.add_machine(name, "jupyter", ADDRESS, token="old-token-value")
+    service.admin.add(name, "jupyter", ADDRESS, token="old-token-value")
     with pytest.raises(Conflict):
-        service.update_machine(name, token="new-token-value", expected_version="0" * 64)
+        service.admin.update(name, token="new-token-value", expected_version="0" * 64)
     assert SecretStore().get(f"compute/{name}") == "old-token-value"
-    service.update_machine(name, token="new-token-value", expected_version=service.machines.version())
+    service.admin.update(name, token="new-token-value", expected_version=service.machines.version())
     assert SecretStore().get(f"compute/{name}") == "new-token-value"
 
 
 def test_an_accepted_add_stores_the_token_under_the_name_the_file_keeps(workspace: Path, make_service) -> None:
     service = make_service(workspace)
     name = _name()
-    machine = service.add_machine(name, "jupyter", ADDRESS, token="kept-token-value")
+    machine = service.admin.add(name, "jupyter", ADDRESS, token="kept-token-value")
     assert machine.options["token_secret"] == f"compute/{name}"
     assert SecretStore().get(f"compute/{name}") == "kept-token-value"
     assert "kept-token-value" not in service.workspace.compute_yaml.read_text()
@@ -101,7 +101,7 @@ def untrusted(workspace: Path, make_service, ssh_agent_env):  # type: ignore[no-
     service = make_service(workspace)
     service.machines.add("fresh", "ssh", "127.0.0.1", ssh_agent_env.options(known_hosts=str(known_hosts)))
     with pytest.raises(MachineError) as info:
-        service.check_machine("fresh")
+        service.admin.check("fresh")
     return known_hosts, info.value.details["host_key"]
 
 

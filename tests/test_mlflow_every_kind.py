@@ -357,7 +357,7 @@ def test_the_run_names_the_os_python_and_gpus_of_the_machine_it_ran_on(
     tags = MlflowClient(tracking_uri).get_run(job.mlflow_run_id).data.tags
     # The test beds' machines are this computer (over loopback for ssh): the same kernel as here.
     assert tags["remote_compute.kernel"] == f"{platform.system()} {platform.release()}"
-    facts = service.check_machine(name)
+    facts = service.admin.check(name)
     assert tags["remote_compute.os"] == facts["os"] != ""
     assert tags["remote_compute.python"] == facts["python"] and facts["python"][0].isdigit()
     assert tags["remote_compute.cpus"] == str(facts["cpus"])

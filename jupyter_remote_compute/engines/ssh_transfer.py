@@ -236,14 +236,6 @@ class TarReader:
             pax = {}
             yield info
 
-    def data_blocks(self, info: tarfile.TarInfo) -> int:
-        """How many bytes of data (padded) follow this member's header."""
-        if info.type in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE):
-            return info.size + len(padding(info.size))
-        if info.type in (tarfile.LNKTYPE, tarfile.SYMTYPE, tarfile.DIRTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE):
-            return 0
-        return info.size + len(padding(info.size))
-
 
 def _pax_records(data: bytes) -> dict[str, str]:
     records = {}

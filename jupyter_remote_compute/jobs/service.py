@@ -144,20 +144,6 @@ class JobService:
         """The cached engine of a machine (built from a job's snapshot once the machine is gone)."""
         return self.admin.engine(machine_name, snapshot)
 
-    def add_machine(
-        self, name: Any, kind: Any, address: Any, options: dict[str, Any] | None = None, **kw: Any
-    ) -> Machine:
-        return self.admin.add(name, kind, address, options, **kw)
-
-    def update_machine(self, name: str, **changes: Any) -> Machine:
-        return self.admin.update(name, **changes)
-
-    def check_machine(self, name: str) -> dict[str, Any]:
-        return self.admin.check(name)
-
-    def trust_machine(self, name: str, fingerprint: str | None = None) -> dict[str, Any]:
-        return self.admin.trust(name, fingerprint)
-
     def close(self) -> None:
         self.checkpoints.close()
         self.admin.close()

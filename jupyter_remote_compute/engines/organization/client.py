@@ -105,15 +105,6 @@ class OrganizationClient:
         except requests.RequestException as e:
             raise OrganizationUnavailable(f"the organization service at {self.url} did not answer: {e}") from None
 
-    def add_machine(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._ask("POST", "api/machines", body)
-
-    def update_machine(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._ask("PATCH", f"api/machines/{name}", body)
-
-    def remove_machine(self, name: str) -> None:
-        self._ask("DELETE", f"api/machines/{name}")
-
     def usage(self, params: Mapping[str, str]) -> dict[str, Any]:
         """The organization's ledger summed (``all_users``: everyone's, for an admin)."""
         return self._ask("GET", "api/usage", params=params)
