@@ -429,6 +429,10 @@ def test_parse_check_without_slurm_commands() -> None:
         sc.parse_check("@@missing sbatch\n@@missing sinfo\n@@version\nsh: sinfo: not found\n@@rc 127\n")
 
 
+def test_the_check_script_asks_sinfo_in_the_format_the_parser_reads() -> None:
+    assert f"--format='{sc.SINFO_FORMAT}'" in sc.CHECK_SH
+
+
 def test_fit_is_checked_against_the_partition() -> None:
     parts = sc.parse_sinfo(SINFO_OUT)
     sc.refuse_unfit(Resources(gpus=4, cpus=64), parts)  # the default partition, gpu

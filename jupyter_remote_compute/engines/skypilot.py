@@ -80,29 +80,10 @@ from .transport import quote
 RECORD_TTL = 10.0
 #: How long one quick SDK request (status, api_status, check) may take before we give up on it.
 QUICK_TIMEOUT = 120.0
-#: The file start writes the job's environment to, read and removed by the SkyPilot job.
+#: The file start writes the job's environment to, read and removed by the SkyPilot job (``farside/skypilot-start.sh``).
 ENV_FILE = "skypilot.env"
 START_SCRIPT = "skypilot-start.sh"
 _FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
-
-# Started by the SkyPilot job in the job folder: the launcher with the environment start left
-# (removed before the command runs), then wait while the command runs, so SkyPilot (and its
-# autostop) sees the cluster busy exactly as long as the job.
-_START_SH = f"""\
-#!/bin/sh
-d=$1
-cd -- "$d" || exit 97
-if [ -f {ENV_FILE} ]; then
-  exec 3< {ENV_FILE}
-  rm -f {ENV_FILE}
-  sh launch.sh "$d" <&3 >/dev/null || exit $?
-  exec 3<&-
-fi
-[ -f pid ] || {{ echo "the job was not started" >&2; exit 97; }}
-read -r pg < pid
-while [ ! -f exit_code ] && kill -0 -"$pg" 2>/dev/null; do sleep 2; done
-exit 0
-"""
 
 
 class SkyPilotEngine(Engine):
@@ -405,7 +386,7 @@ class SkyPilotEngine(Engine):
 umask 077
 if [ -f pid ]; then echo started; exit 0; fi
 printf '%s' {quote(command_script(launch.command))} > command.sh
-printf '%s' {quote(_START_SH)} > {START_SCRIPT}
+printf '%s' {quote(farside.script("skypilot-start"))} > {START_SCRIPT}
 {farside.command_line("envfile", ENV_FILE, "--login-path")}
 echo written
 """

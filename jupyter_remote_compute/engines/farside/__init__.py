@@ -18,6 +18,9 @@ an exec channel, jupyter from its kernel), and its answer is read here, once:
 ``cleanup.sh``  remove a job's folder, only the one whose job.json names that job
 ==============  =====================================================================
 
+A kind's own far side is here too: ``slurm-check.sh`` (what a login node offers, in one round trip)
+and ``skypilot-start.sh`` (the SkyPilot job that starts the launcher and lasts as long as the command).
+
 ``kernel.py`` is the Jupyter kind's far side: the standard-library program its kernel runs
 (``kernel_program``), which runs these scripts there and moves bytes through the kernel.
 
@@ -75,6 +78,8 @@ SCRIPTS = (
     "envfile",
     "cleanup",
     "container",
+    "slurm-check",
+    "skypilot-start",
 )
 #: The machine options facts.sh takes after its folder: the index it checks and the CA bundle it trusts.
 INDEX_OPTIONS = ("index_url", "index_ca_bundle")

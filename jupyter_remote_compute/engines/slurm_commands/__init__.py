@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from .partitions import (
     CHECK_SH,
-    REQUIRED_COMMANDS,
     SINFO_FORMAT,
     Partition,
     SlurmFacts,
@@ -72,7 +71,6 @@ from .sbatch import (
 __all__ = [
     "BATCH_SCRIPT",
     "CHECK_SH",
-    "REQUIRED_COMMANDS",
     "SECRETS_FILE",
     "SINFO_FORMAT",
     "SLURM_JOB_ID_FILE",

@@ -8,20 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import InvalidSettings
+from .. import farside
 from ..resources import Resources, format_memory
 
 SINFO_FORMAT = "%P|%a|%l|%D|%T|%c|%m|%G|%N"
-REQUIRED_COMMANDS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol")
 
 #: One round trip for ``check``: each section starts with ``@@name`` and ends with ``@@rc <code>``.
-CHECK_SH = f"""\
-for c in {" ".join(REQUIRED_COMMANDS)}; do command -v "$c" >/dev/null 2>&1 || echo "@@missing $c"; done
-echo @@version; sinfo --version 2>&1; echo "@@rc $?"
-echo @@partitions; sinfo --noheader --format='{SINFO_FORMAT}' 2>&1; echo "@@rc $?"
-echo @@user; id -un; echo "@@rc $?"
-echo @@account
-timeout 20 sacctmgr --noheader --parsable2 show user "$(id -un)" format=DefaultAccount 2>&1; echo "@@rc $?"
-"""
+CHECK_SH = farside.script("slurm-check")
 
 
 class SlurmMissing(Exception):
