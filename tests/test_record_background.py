@@ -26,6 +26,7 @@ from waiting import wait_for
 from jupyter_remote_compute.jobs.recording import PROGRAM
 from jupyter_remote_compute.jobs.store import JobStore
 from jupyter_remote_compute.recording import recorder as record
+from jupyter_remote_compute.recording.recorder import Call
 from jupyter_remote_compute.recording.tracking import TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 
@@ -258,23 +259,20 @@ def test_one_recorder_serves_every_workspace_each_in_its_faces_environment(bed: 
         assert run_id and [r.info.run_id for r in job_runs(bed["uri"], job_id)] == [run_id]
 
 
-def test_the_recorder_calls_only_this_packages_recording_functions(bed: dict[str, Any]) -> None:
+def test_the_recorder_runs_only_the_calls_it_knows(bed: dict[str, Any]) -> None:
     workspace = Workspace(bed["root"])
     marker = bed["root"] / "called"
-    refused = record.ask(
-        PROGRAM,
-        workspace,
+    for request in (
+        {"op": "call", "call": "os:system", "args": {"cmd": f"touch {marker}"}, "wait": True},
         {"op": "call", "target": "os:system", "args": {"cmd": f"touch {marker}"}, "wait": True},
-    )
-    assert "not a recording function of this package" in refused["problem"]
+    ):
+        refused = record.ask(PROGRAM, workspace, request)
+        assert "not a recording call" in refused["problem"]
     assert not marker.exists()
-    # A function of the package is reached by name: the recorder imports it, the caller need not.
-    answer = record.ask(
-        PROGRAM,
-        workspace,
-        {"op": "call", "target": "jupyter_remote_compute.fsutil:no_such_function", "args": {}, "wait": True},
-    )
-    assert "no_such_function" in answer["problem"]
+    # A call is reached by its name: the recorder runs its table's function with the request's args.
+    request = {"op": "call", "call": Call.PIPELINE_PARENT_RUN.value, "args": {}, "wait": True}
+    answer = record.ask(PROGRAM, workspace, request)
+    assert "not a recording call" not in answer["problem"] and "uri" in answer["problem"]
 
 
 def test_a_workspace_made_again_at_the_same_path_has_its_runs_recorded(bed: dict[str, Any], tmp_path: Path) -> None:

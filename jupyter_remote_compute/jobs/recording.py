@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import NotFound
 from ..recording import recorder
+from ..recording.calls import CALLS
 from ..recording.recorder import WAIT_STEP, Recorder, RecorderUnavailable, pending_file, recorder_idle, unclaimed
 from ..workspace import Workspace
 from .context import JobContext
@@ -149,7 +150,7 @@ class StoredJobs:
 def main(argv: Sequence[str]) -> int:
     if argv:
         raise SystemExit(f"usage: {' '.join(PROGRAM[1:])} (it serves every workspace)")
-    return Recorder(recorder_idle(), StoredJobs()).serve()
+    return Recorder(recorder_idle(), StoredJobs(), CALLS).serve()
 
 
 if __name__ == "__main__":

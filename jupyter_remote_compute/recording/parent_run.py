@@ -1,6 +1,6 @@
 """One MLflow parent run per pipeline run, with its nodes' job runs as children.
 
-Recorded by the workspace's recorder (``recording/recorder.py``, its ``call`` request), as job runs are:
+Recorded by the workspace's recorder (``recording/recorder.py``, its ``pipeline_parent_run`` call), as job runs are:
 MLflow never loads into the process that drives the pipeline, and a run (a reused one takes a
 fraction of a second) ends without waiting for MLflow. The
 parent goes to the experiment of the first node's run and is found again by its tag before one is
@@ -17,7 +17,7 @@ from typing import Any
 
 from ..fsutil import atomic_write
 from ..workspace import Workspace
-from .recorder import ask
+from .recorder import Call, ask
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def record_parent(
     if not children:
         return False
     args = {"uri": uri, "run": dict(run), "children": dict(children), "parent_id_file": str(parent_id_file)}
-    ask(program, workspace, {"op": "call", "target": f"{__name__}:record_request", "args": args, "wait": False})
+    ask(program, workspace, {"op": "call", "call": Call.PIPELINE_PARENT_RUN.value, "args": args, "wait": False})
     return True
 
 

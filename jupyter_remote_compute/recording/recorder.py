@@ -24,9 +24,11 @@ of a workspace records where it means to, whoever started the recorder):
   could not be read, so the far side's records are withheld). Without ``wait`` it is answered once
   queued; with it (the server, which ends a job once its run is recorded), with
   ``{"run_id": …, "problem": …}`` once recorded.
-- ``{"op": "call", "target": "jupyter_remote_compute.<module>:<function>", "args": {…}, "wait": bool}``:
-  another MLflow record a face makes beside its jobs' runs (a pipeline's parent run), by a function
-  of this package given ``args``; named in the request, so the lifecycle imports nothing above it.
+- ``{"op": "call", "call": <Call>, "args": {…}, "wait": bool}``: another MLflow record a face makes
+  beside its jobs' runs (a pipeline's parent run), named by its ``Call``; the function that makes it
+  is the recorder program's table's (``recording/calls.py``), given ``args``. (Protocol 2 named it by
+  ``"target": "<module>:<function>"``; a call is never stored, and a face reaches only a recorder of
+  its own protocol.)
 
 Exactly one run per job, always:
 
@@ -49,9 +51,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import fcntl
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -62,7 +64,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,7 +88,7 @@ PENDING_DIR = "recording"
 #: A to-do whose recorder died this many times (it cannot even start, say) is given up, with a reason.
 MAX_ATTEMPTS = 5
 #: In the socket's and the lock's names: a recorder of another version never gets this one's requests.
-PROTOCOL = 2
+PROTOCOL = 3
 #: Seconds a recorder stays up after its last request (the environment variable overrides it).
 RECORDER_IDLE = 600.0
 IDLE_ENV = "JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE"
@@ -400,12 +402,31 @@ def record_pending(
     return run_id, problem
 
 
+class Call(str, enum.Enum):
+    """A record a face asks the recorder to make beside its jobs' runs (a ``call`` request's ``call``)."""
+
+    PIPELINE_PARENT_RUN = "pipeline_parent_run"
+
+
+#: The function that makes each call's record, given the request's ``args`` (``recording/calls.py``).
+CallTable = Mapping[Call, Callable[[Mapping[str, Any]], Any]]
+
+
+def call_of(request: Mapping[str, Any]) -> Call:
+    """The call a ``call`` request names; anything the recorder does not know is refused."""
+    try:
+        return Call(request.get("call"))
+    except ValueError:
+        raise ValueError(f"not a recording call: {request.get('call')!r}") from None
+
+
 class Recorder:
     """The user's recorder process: takes requests on its socket, works them one at a time."""
 
-    def __init__(self, idle: float, jobs: RecordedJobs) -> None:
+    def __init__(self, idle: float, jobs: RecordedJobs, calls: CallTable) -> None:
         self.idle = idle
         self.jobs = jobs
+        self.calls = calls
         self.work: queues.Queue[tuple[dict[str, Any], socket.socket | None]] = queues.Queue()
         self.busy = 0  # requests taken and not yet done
         self.last = time.monotonic()
@@ -518,7 +539,7 @@ class Recorder:
         with contextlib.suppress(OSError):
             os.chdir(workspace.root)
         if request["op"] == "call":
-            return {"result": _call(str(request["target"]), request.get("args") or {})}
+            return {"result": self.calls[call_of(request)](request.get("args") or {})}
         settings = TrackingSettings(**request["settings"])
         if request["op"] == "warm":
             warm_up(workspace.root, settings)
@@ -527,14 +548,6 @@ class Recorder:
         if done is None:
             return {"run_id": None, "problem": None, "taken": True}
         return {"run_id": done[0], "problem": done[1]}
-
-
-def _call(target: str, args: Mapping[str, Any]) -> Any:
-    """Run a recording function of this package (``module:function``), nothing from anywhere else."""
-    module, _, function = target.partition(":")
-    if not module.startswith(__package__.split(".")[0] + ".") or not function.isidentifier():
-        raise ValueError(f"not a recording function of this package: {target!r}")
-    return getattr(importlib.import_module(module), function)(args)
 
 
 def _lock_within(fd: int, seconds: float) -> bool:
