@@ -21,6 +21,7 @@ from typing import Any
 
 import hub_fixture
 import pytest
+import slurm_fixture
 import sshd_fixture
 from hub_fixture import (
     ADMIN,
@@ -35,10 +36,12 @@ from hub_fixture import (
     processes_of,
 )
 from procs import group_members
+from slurm_fixture import SlurmBed
 from sshd_fixture import TestBed, wait_for
 
 hub_bed = hub_fixture.hub_bed
 sshd_bed = sshd_fixture.sshd_bed
+slurm_bed = slurm_fixture.slurm_bed
 TOKEN = "org-token-7f3a9c2e5b1d4f60"  # a machine's token as an admin types it: never in a file or an answer
 
 
@@ -252,13 +255,7 @@ def test_a_member_runs_a_job_on_an_organization_machine_and_gets_its_output_and_
     assert landed.read_text() == "a,1\nb,2\n" and landed.stat().st_uid == pwd.getpwnam("rcbob").pw_uid
     assert set(job["outputs"]) == {model}
     # His MLflow run, in his own store, read back with MLflow's client (the hub's environment's).
-    read = subprocess.run(
-        [str(hub.build.python), "-c", _READ_RUN, f"sqlite:///{home / 'mlflow.db'}", job["mlflow_run_id"]],
-        env=bobs_job["server"].environment, user="rcbob", group="rcbob", cwd=home,
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert read.returncode == 0, read.stderr
-    run = json.loads(read.stdout)
+    run = _mlflow_run(hub, bobs_job["server"], job["mlflow_run_id"])
     assert run["status"] == "FINISHED" and run["tags"]["remote_compute.job_id"] == job["id"]
     assert run["tags"]["remote_compute.machine"] == "org:team-ssh"
     # Far from here his jobs are his: a folder of his own under the machine's base.
@@ -280,8 +277,81 @@ _READ_RUN = """
 import json, sys
 from mlflow import MlflowClient
 run = MlflowClient(tracking_uri=sys.argv[1]).get_run(sys.argv[2])
-print(json.dumps({"status": run.info.status, "tags": run.data.tags}))
+print(json.dumps({"status": run.info.status, "tags": run.data.tags, "metrics": run.data.metrics}))
 """
+
+
+def _mlflow_run(hub: Hub, server: Server, run_id: str) -> dict[str, Any]:
+    """A run in the user's own store (their home's mlflow.db), read as that user with MLflow's client."""
+    home = pwd.getpwnam(server.user).pw_dir
+    read = subprocess.run(
+        [str(hub.build.python), "-c", _READ_RUN, f"sqlite:///{home}/mlflow.db", run_id],
+        env=server.environment, user=server.user, group=server.user, cwd=home,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr
+    return json.loads(read.stdout)
+
+
+@pytest.fixture(scope="module")
+def team_slurm(org: tuple[Hub, Path], slurm_bed: SlurmBed) -> Iterator[str]:
+    """rcadmin adds the Slurm bed's login node as the organization's Slurm machine: its key and
+    known_hosts are the service's, as for the ssh machine."""
+    hub, _ = org
+    body = {"name": "team-slurm", "kind": "slurm", "address": "127.0.0.1", "options": slurm_bed.machine_options()}
+    added = _service(hub, "POST", "api/machines", hub.user_token(ADMIN_USER), json=body)
+    assert added.status_code == 201, added.text
+    yield "team-slurm"
+    slurm_bed.cancel_all()
+
+
+# Logs a metric to MLflow on the cluster's node, then writes its output and says which Slurm job it was.
+TRAIN_ON_SLURM = """\
+import os, sys
+import mlflow
+with mlflow.start_run():
+    mlflow.log_metric("loss", 0.25)
+open(sys.argv[2], "w").write("".join(sorted(open(sys.argv[1]))))
+print("slurm job", os.environ["SLURM_JOB_ID"])
+"""
+
+
+def test_a_member_runs_a_job_on_the_organizations_slurm_machine(
+    org: tuple[Hub, Path], team_slurm: str, slurm_bed: SlurmBed
+) -> None:
+    """rcbob runs a job on the organization's Slurm cluster from a terminal of his server: sbatch'd by the
+    service with the organization's key, in his own 0700 folder under the machine's base; its output and
+    its MLflow run (with what it logged on the node) land in his workspace, and it is metered as his."""
+    hub, _ = org
+    server = hub.start_server("rcbob")
+    bob = pwd.getpwnam("rcbob")
+    home = Path(bob.pw_dir)
+    before = _usage_row(hub, "rcbob", team_slurm)["attempts"]
+    tag = uuid.uuid4().hex[:8]
+    script, data, model = f"train-{tag}.py", f"data-{tag}.csv", f"model-{tag}.txt"
+    for name, text in ((script, TRAIN_ON_SLURM), (data, "b,2\na,1\n")):
+        (home / name).write_text(text)
+        os.chown(home / name, bob.pw_uid, bob.pw_gid)
+    ran = _as_user(
+        server, "run", "--machine", team_slurm, "--send", script, "--send", data, "--bring-back", model,
+        "--", "python", script, data, model, timeout=300,
+    )  # fmt: skip
+    job_id = _submitted(ran)
+    assert re.search(r"slurm job \d+", ran.stdout), ran.stdout + ran.stderr
+    job = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
+    assert job["state"] == "succeeded" and job["machine"] == f"org:{team_slurm}", job
+    landed = home / model
+    assert landed.read_text() == "a,1\nb,2\n" and landed.stat().st_uid == bob.pw_uid
+    run = _mlflow_run(hub, server, job["mlflow_run_id"])
+    assert run["status"] == "FINISHED" and run["tags"]["remote_compute.job_id"] == job_id, run
+    assert run["tags"]["remote_compute.machine"] == f"org:{team_slurm}" and run["metrics"]["loss"] == 0.25, run
+    users = slurm_bed.far_path(slurm_bed.base_dir) / "users"
+    assert (users / "rcbob" / "jobs" / job_id).is_dir()
+    assert (users / "rcbob").stat().st_mode & 0o077 == 0
+    metered = _usage_row(hub, "rcbob", team_slurm)
+    assert metered["attempts"] == before + 1 and metered["job_hours"] > 0, metered
+    key = slurm_bed.user_key.read_text().strip()
+    assert key not in json.dumps(job) + ran.stdout + ran.stderr and str(slurm_bed.user_key) not in json.dumps(job)
 
 
 def test_another_member_can_neither_see_read_nor_cancel_it(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
@@ -497,12 +567,7 @@ def test_a_service_stopped_while_its_job_ends_follows_it_once_started_again(
     shown = wait_for(recorded, 120, "his job's MLflow run to be recorded")
     assert shown["state"] == "succeeded", shown
     assert (home / model).read_text() == "after\n"
-    read = subprocess.run(
-        [str(hub.build.python), "-c", _READ_RUN, f"sqlite:///{home / 'mlflow.db'}", shown["mlflow_run_id"]],
-        env=server.environment, user="rcbob", group="rcbob", cwd=home, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert read.returncode == 0, read.stderr
-    run = json.loads(read.stdout)
+    run = _mlflow_run(hub, server, shown["mlflow_run_id"])
     assert run["status"] == "FINISHED" and run["tags"]["remote_compute.job_id"] == job_id, run
     ledger = (state / ".punica" / "usage.jsonl").read_text().splitlines()
     assert len([line for line in ledger if json.loads(line).get("job") == job_id]) == 1, ledger
