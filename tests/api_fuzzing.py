@@ -18,6 +18,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,11 +125,33 @@ def fuzz(target: FuzzTarget, *, seed: int, max_examples: int, report_dir: Path, 
 
     A run past ``timeout`` seconds is stopped and counts as failed (returncode -1, no cases counted).
     """
+    return run_schemathesis(
+        SPEC, target.url, target.token, "schemathesis_hooks",
+        seed=seed, max_examples=max_examples, report_dir=report_dir, timeout=timeout,
+    )  # fmt: skip
+
+
+def run_schemathesis(
+    spec: Path,
+    url: str,
+    token: str,
+    hooks: str,
+    *,
+    seed: int,
+    max_examples: int,
+    report_dir: Path,
+    timeout: float = 900,
+    checks: tuple[str, ...] = CHECKS,
+    options: Sequence[str] = (),
+) -> FuzzResult:
+    """The schemathesis CLI on ``spec`` against ``url`` with ``Authorization: token TOKEN``, its hooks
+    the module ``hooks`` of this folder, and any other ``options`` of its; a run past ``timeout``
+    seconds is failed (returncode -1)."""
     args = [
-        sys.executable, "-m", "schemathesis.cli", "run", str(SPEC),
-        "--url", target.url,
-        "-H", f"Authorization: token {target.token}",
-        "--checks", ",".join(CHECKS),
+        sys.executable, "-m", "schemathesis.cli", "run", str(spec),
+        "--url", url,
+        "-H", f"Authorization: token {token}",
+        "--checks", ",".join(checks),
         "--seed", str(seed),
         "--max-examples", str(max_examples),
         "--workers", "1",
@@ -138,8 +161,9 @@ def fuzz(target: FuzzTarget, *, seed: int, max_examples: int, report_dir: Path, 
         "--report", "ndjson",
         "--report-dir", str(report_dir),
         "--no-color",
+        *options,
     ]  # fmt: skip
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks"}
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": hooks}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     try:
         proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout, cwd=report_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+from fuzz_failures import kept
 
 HARMLESS_COMMAND = "true"
 
@@ -42,10 +43,4 @@ UPSTREAM_ERRORS = {(502, "machine_error")}
 @schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
     """Keep every failure except a server error that is a documented upstream failure."""
-    if getattr(failure, "code", None) != "ST101":
-        return True
-    try:
-        code = response.json().get("code")
-    except Exception:  # not JSON: a real server error
-        return True
-    return (response.status_code, code) not in UPSTREAM_ERRORS
+    return kept(failure, response, UPSTREAM_ERRORS)

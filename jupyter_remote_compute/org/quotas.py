@@ -55,8 +55,11 @@ def check_quota(body: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(body) - {*LIMITS, "period", "grace_seconds", "soft"})
     if unknown:
         raise InvalidSettings(f"{unknown[0]}: unknown setting of a quota", field=unknown[0])
-    period = body.get("period") or "month"
-    if period not in PERIODS:
+    nulls = sorted(name for name, value in body.items() if value is None)
+    if nulls:  # a limit the quota does not have is left out, never null
+        raise InvalidSettings(f"{nulls[0]}: expected a value (leave it out for none)", field=nulls[0])
+    period = body.get("period", "month")
+    if not isinstance(period, str) or period not in PERIODS:
         raise InvalidSettings(f"period: {period!r} is not a period; use month", field="period")
     quota: dict[str, Any] = {"period": period}
     for name in HOURS:

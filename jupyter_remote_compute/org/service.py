@@ -225,7 +225,7 @@ class JobsHandler(OrgHandler):
     @route
     async def get(self) -> None:
         user = self.require(scopes.USE)
-        if self.get_argument("all_users", "") in ("1", "true"):
+        if _all_users(self):
             self.require(scopes.ADMIN, "see every user's jobs")
             self.reply({"jobs": await self.call(self.jobs.list)})
             return
@@ -270,7 +270,7 @@ class JobActionHandler(OrgHandler):
             self.finish()
         elif action == "cancel":
             grace = body.get("grace", 10)
-            if not isinstance(grace, int | float) or grace < 0:
+            if not _number(grace) or grace < 0:
                 raise InvalidSettings("grace: expected seconds", field="grace")
             await self.call(self.jobs.cancel, user, job_id, float(grace))
             self.set_status(204)
@@ -288,7 +288,7 @@ class UsageHandler(OrgHandler):
         form = self.get_argument("format", "json")
         if form not in ("json", "csv"):
             raise InvalidSettings("format: expected json or csv", field="format")
-        everyone = self.get_argument("all_users", "") in ("1", "true")
+        everyone = _all_users(self)
         if everyone:
             self.require(scopes.ADMIN, "see every user's usage")
         keys = parse_group_by(self.get_argument("group_by", None) or "user,machine", ORG_GROUP_KEYS)
@@ -318,7 +318,7 @@ class QuotasHandler(OrgHandler):
 
 
 class QuotaHandler(OrgHandler):
-    """``PUT``/``DELETE api/quotas/(user|group)/<name>`` (admin)."""
+    """``PUT``/``DELETE api/quotas/(user|group)/<name>`` (admin); another ``who`` is a 400 saying so."""
 
     @route
     async def put(self, who: str, name: str) -> None:
@@ -338,10 +338,12 @@ class PollHandler(OrgHandler):
     async def post(self) -> None:
         user = self.require(scopes.USE)
         body = self.body()
-        ids = [str(i) for i in _list(body, "jobs")]
-        watched = body.get("watched") or {}
+        ids = _list(body, "jobs")
+        if not all(isinstance(i, str) for i in ids):
+            raise InvalidSettings("jobs: expected job ids", field="jobs")
+        watched = body.get("watched", {})
         valid = isinstance(watched, dict) and all(
-            isinstance(o, dict) and all(isinstance(n, int) and n >= 0 for n in o.values()) for o in watched.values()
+            isinstance(o, dict) and all(_count_of(n) for n in o.values()) for o in watched.values()
         )
         if not valid:
             raise InvalidSettings("watched: expected byte offsets by job and metric file", field="watched")
@@ -438,6 +440,13 @@ class InputHandler(BodyToFile, OrgHandler):
         self.finish()
 
 
+class UnknownRoute(OrgHandler):
+    """Any other path under the prefix: the documented ``Error``, not tornado's HTML page."""
+
+    def prepare(self) -> None:
+        self.reply({"code": "not_found", "message": "no such route of the organization service"}, 404)
+
+
 class MissingInputsHandler(OrgHandler):
     @route
     async def post(self) -> None:
@@ -450,6 +459,24 @@ def _list(body: dict[str, Any], field: str) -> list[Any]:
     if not isinstance(value, list):
         raise InvalidSettings(f"{field}: expected a list", field=field)
     return value
+
+
+def _all_users(handler: OrgHandler) -> bool:
+    """``all_users=1`` (or ``true``) asks for every user's; absent, the caller's own; anything else is refused."""
+    value = handler.get_argument("all_users", None)
+    if value is None:
+        return False
+    if value not in ("1", "true"):
+        raise InvalidSettings("all_users: expected 1 or true", field="all_users")
+    return True
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)  # JSON's true is not 1
+
+
+def _count_of(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _count(handler: OrgHandler, name: str, default: int) -> int:
@@ -482,9 +509,9 @@ API_ROUTES: list[tuple[str, type[OrgHandler]]] = [
     ("api/poll", PollHandler),
     ("api/usage", UsageHandler),
     ("api/quotas", QuotasHandler),
-    (r"api/quotas/(user|group)/([^/]+)", QuotaHandler),
+    (r"api/quotas/([^/]+)/([^/]+)", QuotaHandler),
     ("api/inputs/missing", MissingInputsHandler),
-    (r"api/inputs/([0-9a-f]{64})", InputHandler),
+    (r"api/inputs/([^/]+)", InputHandler),
 ]
 
 
@@ -499,6 +526,7 @@ def make_app(organization: Organization, prefix: str) -> tornado.web.Application
         organization=organization,
         jobs=organization.org_jobs,
         executor=ThreadPoolExecutor(max_workers=8, thread_name_prefix="organization"),
+        default_handler_class=UnknownRoute,
         cookie_secret=secrets.token_bytes(32),
         xsrf_cookies=False,  # API routes: a browser's cookie alone is refused by HubOAuth's own XSRF check
     )
