@@ -8,6 +8,9 @@ token, as the README's configuration sets it up.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import hashlib
 import json
 import os
 import pwd
@@ -27,6 +30,7 @@ from hub_fixture import (
     ADMIN,
     ADMIN_USER,
     OUTSIDER,
+    REPO,
     USE,
     Hub,
     HubBed,
@@ -354,28 +358,187 @@ def test_a_member_runs_a_job_on_the_organizations_slurm_machine(
     assert key not in json.dumps(job) + ran.stdout + ran.stderr and str(slurm_bed.user_key) not in json.dumps(job)
 
 
-def test_another_member_can_neither_see_read_nor_cancel_it(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
+# -- the authorization matrix: every route of the service, each kind of user, rcbob's resources ---------
+
+SERVICE_PY = REPO / "jupyter_remote_compute" / "org" / "service.py"
+VERBS = ("get", "post", "put", "patch", "delete")
+
+
+def _api_routes() -> list[tuple[str, str]]:
+    """Every (pattern, verb) of ``org/service.py``'s ``API_ROUTES``, read from its source: the service
+    imports JupyterHub, which only the hub's venv holds, not this test process."""
+    tree = ast.parse(SERVICE_PY.read_text())
+    constants: dict[str, str] = {}
+    verbs: dict[str, list[str]] = {}
+    table: ast.expr | None = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            constants.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
+        elif isinstance(node, ast.ClassDef):
+            methods = (ast.FunctionDef, ast.AsyncFunctionDef)
+            verbs[node.name] = [f.name for f in node.body if isinstance(f, methods) and f.name in VERBS]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "API_ROUTES":
+            table = node.value
+
+    def text(node: ast.expr) -> str:
+        if isinstance(node, ast.Constant):
+            return str(node.value)
+        if isinstance(node, ast.JoinedStr):
+            return "".join(text(part) for part in node.values)
+        assert isinstance(node, ast.FormattedValue) and isinstance(node.value, ast.Name), ast.dump(node)
+        return constants[node.value.id]
+
+    assert isinstance(table, ast.List), "API_ROUTES is no longer a list literal: read it another way"
+    routes = []
+    for entry in table.elts:
+        assert isinstance(entry, ast.Tuple) and isinstance(entry.elts[1], ast.Name), ast.dump(entry)
+        routes += [(text(entry.elts[0]), verb) for verb in verbs[entry.elts[1].id]]
+    return routes
+
+
+JOB_PATTERN = r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})"
+MEMBER, OUTSIDER_ROLE, ADMIN_ROLE = "member", "outsider", "admin"
+#: Who asks: a member of the team (use), a user outside it (no scope), the admin; rcbob's is the resource.
+ASKERS = {"rcalice": MEMBER, OUTSIDER: OUTSIDER_ROLE, ADMIN_USER: ADMIN_ROLE}
+BOBS_INPUT = b"b,2\na,1\n"  # what bobs_job uploaded, so rcbob's blob has its digest
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """One request of the matrix: ``{job}``, ``{sha}`` and ``{user}`` in the path are rcbob's job id, the
+    digest of his upload and his name; ``status`` is what each role gets. Only where ``sees_his`` names a
+    role may its answer name rcbob (the admin's everyone's listings)."""
+
+    method: str
+    path: str
+    status: dict[str, int]
+    body: Any = None
+    data: bytes | None = None
+    sees_his: tuple[str, ...] = ()
+
+
+def _by(member: int, outsider: int, admin: int) -> dict[str, int]:
+    return {MEMBER: member, OUTSIDER_ROLE: outsider, ADMIN_ROLE: admin}
+
+
+#: Every route and verb of the service, with what each asker gets against rcbob's resource. A route added
+#: to API_ROUTES fails test_the_matrix_names_every_route_of_the_service until it is here.
+MATRIX: dict[tuple[str, str], list[Ask]] = {
+    ("api/me", "get"): [Ask("GET", "api/me", _by(200, 200, 200))],
+    # The organization's machines and default machine are the organization's, no user's: the scopes decide.
+    ("api/machines", "get"): [Ask("GET", "api/machines", _by(200, 403, 200))],
+    ("api/machines", "post"): [Ask("POST", "api/machines", _by(403, 403, 400), body={})],
+    ("api/default-machine", "get"): [Ask("GET", "api/default-machine", _by(200, 403, 200))],
+    ("api/default-machine", "put"): [
+        Ask("PUT", "api/default-machine", _by(403, 403, 404), body={"machine": "no-such-machine"})
+    ],
+    ("api/default-machine", "delete"): [Ask("DELETE", "api/default-machine", _by(403, 403, 204))],
+    (r"api/machines/([^/]+)", "get"): [Ask("GET", "api/machines/team-ssh", _by(200, 403, 200))],
+    (r"api/machines/([^/]+)", "patch"): [Ask("PATCH", "api/machines/no-such-machine", _by(403, 403, 404), body={})],
+    (r"api/machines/([^/]+)", "delete"): [Ask("DELETE", "api/machines/no-such-machine", _by(403, 403, 404))],
+    (r"api/machines/([^/]+)/check", "post"): [Ask("POST", "api/machines/no-such-machine/check", _by(404, 403, 404))],
+    (r"api/machines/([^/]+)/admit", "post"): [
+        Ask("POST", "api/machines/no-such-machine/admit", _by(404, 403, 404), body={})
+    ],
+    # His jobs: found in the caller's own folder only, so not found for anyone else, the admin included.
+    ("api/jobs", "get"): [
+        Ask("GET", "api/jobs", _by(200, 403, 200)),
+        Ask("GET", "api/jobs?all_users=1", _by(403, 403, 200), sees_his=(ADMIN_ROLE,)),
+    ],
+    # The same id PUT by another is a job of the caller's own (prepared, then removed here), never his.
+    (f"api/jobs/{JOB_PATTERN}", "put"): [
+        Ask("PUT", "api/jobs/{job}", _by(200, 403, 200), body={"machine": "team-ssh", "key": "matrix"}),
+        Ask("DELETE", "api/jobs/{job}", _by(204, 403, 204)),
+    ],
+    (f"api/jobs/{JOB_PATTERN}", "get"): [Ask("GET", "api/jobs/{job}", _by(404, 403, 404))],
+    (f"api/jobs/{JOB_PATTERN}", "delete"): [Ask("DELETE", "api/jobs/{job}", _by(404, 403, 404))],
+    (f"api/jobs/{JOB_PATTERN}/(send|start|cancel|fetch)", "post"): [
+        Ask("POST", "api/jobs/{job}/send", _by(404, 403, 404), body={"files": []}),
+        Ask("POST", "api/jobs/{job}/start", _by(404, 403, 404), body={"command": "true"}),
+        Ask("POST", "api/jobs/{job}/cancel", _by(404, 403, 404), body={"grace": 1}),
+        Ask("POST", "api/jobs/{job}/fetch", _by(404, 403, 404), body={"outputs": []}),
+    ],
+    (f"api/jobs/{JOB_PATTERN}/log", "get"): [Ask("GET", "api/jobs/{job}/log", _by(404, 403, 404))],
+    (f"api/jobs/{JOB_PATTERN}/outputs", "get"): [
+        Ask("GET", "api/jobs/{job}/outputs?manifest=.fetch-x", _by(404, 403, 404))
+    ],
+    ("api/poll", "post"): [Ask("POST", "api/poll", _by(200, 403, 200), body={"jobs": ["{job}"]})],
+    # His usage and quotas: his own to a member; everyone's only to the admin.
+    ("api/usage", "get"): [
+        Ask("GET", "api/usage?group_by=user,machine", _by(200, 403, 200)),
+        Ask("GET", "api/usage?group_by=user&all_users=1", _by(403, 403, 200), sees_his=(ADMIN_ROLE,)),
+    ],
+    ("api/quotas", "get"): [Ask("GET", "api/quotas", _by(200, 403, 200), sees_his=(ADMIN_ROLE,))],
+    (r"api/quotas/([^/]+)/([^/]+)", "put"): [
+        Ask("PUT", "api/quotas/user/{user}", _by(403, 403, 200), body={"jobs": 98}, sees_his=(ADMIN_ROLE,))
+    ],
+    (r"api/quotas/([^/]+)/([^/]+)", "delete"): [Ask("DELETE", "api/quotas/user/{user}", _by(403, 403, 204))],
+    # His uploads are his: his digest is missing for anyone else, and another's upload never becomes his.
+    ("api/inputs/missing", "post"): [
+        Ask("POST", "api/inputs/missing", _by(200, 403, 200), body={"digests": ["{sha}"]})
+    ],
+    (r"api/inputs/([^/]+)", "put"): [Ask("PUT", "api/inputs/{sha}", _by(400, 403, 400), data=b"not his")],
+}
+ROUTES = _api_routes()
+
+
+def test_the_matrix_names_every_route_of_the_service() -> None:
+    assert set(MATRIX) == set(ROUTES), "a route of API_ROUTES without its row in MATRIX, or a row of none"
+    for (pattern, _), asks in MATRIX.items():
+        actions = re.search(r"/\(([a-z|]+)\)$", pattern)
+        if actions:  # one route, several actions: each is asked
+            assert {a.path.rsplit("/", 1)[1] for a in asks} == set(actions.group(1).split("|")), pattern
+
+
+@pytest.fixture(scope="module")
+def askers(org: tuple[Hub, Path]) -> dict[str, str]:
     hub, _ = org
-    job_id = bobs_job["job"]["id"]
-    alice = hub.user_token("rcalice")
-    listed = _service(hub, "GET", "api/jobs", alice)
-    assert listed.status_code == 200 and job_id not in listed.text, listed.text
-    for method, path, body in (
-        ("GET", f"api/jobs/{job_id}", None),
-        ("GET", f"api/jobs/{job_id}/log", None),
-        ("POST", f"api/jobs/{job_id}/cancel", {"grace": 1}),
-        ("POST", f"api/jobs/{job_id}/fetch", {"outputs": [bobs_job["model"]]}),
-        ("DELETE", f"api/jobs/{job_id}", None),
-    ):
-        refused = _service(hub, method, path, alice, json=body)
-        assert refused.status_code == 404 and "rcbob" not in refused.text, (method, path, refused.text)
-    polled = _service(hub, "POST", "api/poll", alice, json={"jobs": [job_id]})
-    assert polled.json()["statuses"][job_id]["state"] == "gone"
-    # His own token reads it; asking for everyone's needs the admin scope.
-    bob = bobs_job["server"].token
-    assert _service(hub, "GET", f"api/jobs/{job_id}", bob).status_code == 200
-    everyone = _service(hub, "GET", "api/jobs?all_users=1", bob)
-    assert everyone.status_code == 403 and ADMIN in everyone.json()["message"], everyone.text
+    return {user: hub.user_token(user) for user in (*ASKERS, "rcbob")}
+
+
+@pytest.mark.parametrize("asker", list(ASKERS))
+@pytest.mark.parametrize(("pattern", "verb"), ROUTES, ids=[f"{v} {p.replace(JOB_PATTERN, '<job>')}" for p, v in ROUTES])
+def test_no_route_gives_one_user_anothers_job_log_outputs_usage_or_quota(
+    org: tuple[Hub, Path], bobs_job: dict[str, Any], team_ssh: str, askers: dict[str, str],
+    pattern: str, verb: str, asker: str,
+) -> None:  # fmt: skip
+    """Each route of the service (``API_ROUTES``) asked by a member, an outsider and the admin about
+    rcbob's job, upload, usage and quota: refused for the scope, not found for his job, or answered with
+    the asker's own; nothing of his in the answer (but the admin's listings of everyone's), and nothing
+    of his changed."""
+    hub, _ = org
+    bob, job_id = askers["rcbob"], bobs_job["job"]["id"]
+    sha = hashlib.sha256(BOBS_INPUT).hexdigest()
+    his = _service(hub, "GET", f"api/jobs/{job_id}", bob)
+    assert his.status_code == 200, his.text
+    admin = askers[ADMIN_USER]
+    assert _service(hub, "PUT", "api/quotas/user/rcbob", admin, json={"jobs": 99}).status_code == 200
+    role = ASKERS[asker]
+    try:
+        for ask in MATRIX[(pattern, verb)]:
+            path = ask.path.format(job=job_id, sha=sha, user="rcbob")
+            body = json.loads(json.dumps(ask.body).replace("{job}", job_id).replace("{sha}", sha))
+            sent = {"json": body} if ask.body is not None else {"data": ask.data} if ask.data is not None else {}
+            answer = _service(hub, ask.method, path, askers[asker], **sent)
+            said = f"{ask.method} {path} as {asker}: {answer.status_code} {answer.text[:300]}"
+            assert answer.status_code == ask.status[role], said
+            if role not in ask.sees_his:
+                assert "rcbob" not in answer.text, said
+            if answer.status_code == 403:
+                assert answer.json()["code"] == "forbidden", said
+            elif answer.status_code == 404:
+                assert answer.json()["code"] != "forbidden", said
+            if (ask.method, pattern) == ("PUT", f"api/jobs/{JOB_PATTERN}") and answer.status_code == 200:
+                assert answer.json()["user"] == asker, said  # the same id, the asker's own job
+            if ask.path == "api/poll" and answer.status_code == 200:
+                assert answer.json()["statuses"][job_id]["state"] == "gone", said
+            if ask.path == "api/inputs/missing" and answer.status_code == 200:
+                assert answer.json()["missing"] == [sha], said
+        # Nothing of his changed: his job as it was, his upload still his.
+        assert _service(hub, "GET", f"api/jobs/{job_id}", bob).json() == his.json()
+        assert _service(hub, "POST", "api/inputs/missing", bob, json={"digests": [sha]}).json() == {"missing": []}
+    finally:
+        _service(hub, "DELETE", "api/quotas/user/rcbob", admin)
 
 
 def test_the_admin_lists_every_users_jobs_with_their_user(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
