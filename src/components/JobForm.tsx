@@ -27,7 +27,7 @@ import { PickFiles, REQUIREMENTS_FILES } from '../filePicker';
 import { shellLine, splitList } from '../format';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, useSignal } from './common';
-import { isOrganizations } from './ComputePanel';
+import { isOrganizations } from './MachineList';
 
 type Values = {
   machine: string;
