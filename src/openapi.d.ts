@@ -1313,6 +1313,374 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/remote-compute/organization/machines": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Add one of the organization's machines (admin), through the hub's organization service
+         * @description The user's server asks the organization service with its hub token; the service decides (a 403
+         *     names the admin scope to ask for). A token goes to the service's own Secret Manager. Outside a
+         *     hub, or on a hub without the service, every `organization/` route is a 404 `no_organization`.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["MachineInput"];
+                };
+            };
+            responses: {
+                /** @description The machine as the service saved it (`owner` organization, `admin` who set it) */
+                201: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Machine"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                409: components["responses"]["Conflict"];
+                default: components["responses"]["Error"];
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/organization/machines/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Remove one of the organization's machines (admin) */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Removed */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                409: components["responses"]["Conflict"];
+                default: components["responses"]["Error"];
+            };
+        };
+        options?: never;
+        head?: never;
+        /** Change one of the organization's machines (admin) */
+        patch: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["MachinePatch"];
+                };
+            };
+            responses: {
+                /** @description The machine as the service saved it */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Machine"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                409: components["responses"]["Conflict"];
+                default: components["responses"]["Error"];
+            };
+        };
+        trace?: never;
+    };
+    "/remote-compute/organization/machines/{name}/check": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Have the service reach one of the organization's machines and report its facts */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The check's answer */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["CheckResult"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                default: components["responses"]["Error"];
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/organization/jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every job on the organization's machines, each with its user (admin) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Newest first */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            jobs: components["schemas"]["OrgJob"][];
+                        };
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/organization/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every user's usage of the organization's machines, summed per group (admin) */
+        get: {
+            parameters: {
+                query?: {
+                    /** @description comma-separated: user, group, machine, month, kind, state (default user,month) */
+                    group_by?: ("user" | "group" | "machine" | "month" | "kind" | "state")[];
+                    since?: string;
+                    until?: string;
+                };
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description One row per group, as `GET /usage` sums a workspace's */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Usage"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/organization/quotas": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The quotas binding the user, with what is used and left this period (an admin's: every quota) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The quotas */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            quotas: components["schemas"]["Quota"][];
+                        };
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/organization/quotas/{who}/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                who: "user" | "group";
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /** Set a hub user's or group's quota (admin); it replaces the one there was */
+        put: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    who: "user" | "group";
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["QuotaInput"];
+                };
+            };
+            responses: {
+                /** @description The quota as set */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["QuotaInput"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                default: components["responses"]["Error"];
+            };
+        };
+        post?: never;
+        /** Remove a user's or group's quota (admin) */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    who: "user" | "group";
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Removed */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                default: components["responses"]["Error"];
+            };
+        };
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1441,6 +1809,65 @@ export interface components {
             /** @description the organization's default machine (`org:NAME`), not among the machines: preselected, and where a job that names none runs */
             default?: string | null;
         };
+        /** @description A job on one of the organization's machines, as its service keeps it */
+        OrgJob: {
+            id: string;
+            /** @description the hub user whose job it is */
+            user: string;
+            /** @description the organization's machine (its plain name) */
+            machine: string;
+            /** @description ISO 8601 */
+            created: string;
+            /** @description not ended yet */
+            running: boolean;
+            /** @description why the service stopped it (a quota) */
+            stopped?: string | null;
+            /** @description quota notices it was given */
+            notices?: string[];
+        };
+        QuotaLimits: {
+            /** @description GPU-hours per period */
+            gpu_hours?: number;
+            /** @description job-hours per period */
+            job_hours?: number;
+            /** @description jobs running at once */
+            jobs?: number;
+        };
+        /** @description A quota: at least one of gpu_hours, job_hours, jobs */
+        QuotaInput: {
+            /** @description `user:NAME` or `group:NAME` (in answers) */
+            who?: string;
+            /**
+             * @default month
+             * @enum {string}
+             */
+            period?: "month";
+            gpu_hours?: number;
+            job_hours?: number;
+            jobs?: number;
+            /**
+             * @description a hard quota stops a job this long after it is used up
+             * @default 300
+             */
+            grace_seconds?: number;
+            /**
+             * @description only notice, never stop
+             * @default false
+             */
+            soft?: boolean;
+        };
+        Quota: {
+            /** @description `user:NAME` or `group:NAME` */
+            who: string;
+            period: string;
+            gpu_hours?: number;
+            job_hours?: number;
+            jobs?: number;
+            grace_seconds: number;
+            soft: boolean;
+            used: components["schemas"]["QuotaLimits"];
+            left: components["schemas"]["QuotaLimits"];
+        };
         Usage: {
             group_by: string[];
             /** @description epoch seconds */
@@ -1453,6 +1880,8 @@ export interface components {
             rows: {
                 machine?: string;
                 user?: string;
+                /** @description a hub group (the organization's usage) */
+                group?: string;
                 /** @description YYYY-MM (UTC) */
                 month?: string;
                 kind?: string;

@@ -772,6 +772,60 @@ def test_the_admin_sees_every_users_usage_and_a_member_only_his_own(
     assert refused.returncode != 0 and ADMIN in refused.stderr, refused.stderr
 
 
+def _through(server: Server, method: str, path: str, **kwargs: Any) -> Any:
+    """A route of the user's own server, as their Compute panel calls it."""
+    return loopback_session().request(
+        method, f"{server.url}remote-compute/{path}", headers={"Authorization": f"token {server.token}"},
+        timeout=120, **kwargs,
+    )  # fmt: skip
+
+
+def test_an_admins_panel_is_told_so_and_reaches_the_organizations_admin_routes(
+    org: tuple[Hub, Path], bobs_job: dict[str, Any], sshd_bed: TestBed
+) -> None:
+    """The Organization section: shown for the admin only (``organization.admin``), and what it does goes
+    through the user's own server to the service with the server's hub token."""
+    hub, _ = org
+    admin = hub.start_server(ADMIN_USER)
+    assert _machines_of(admin)["organization"]["admin"] is True
+    # Quotas: set, listed with what is used and left, removed. A group nobody is in binds no other test.
+    body = {"gpu_hours": 5, "jobs": 2, "soft": True}
+    quota = _through(admin, "PUT", "organization/quotas/group/rcpanel", json=body)
+    assert quota.status_code == 200, quota.text
+    assert quota.json()["who"] == "group:rcpanel" and quota.json()["gpu_hours"] == 5
+    listed = _through(admin, "GET", "organization/quotas").json()["quotas"]
+    (standing,) = [q for q in listed if q["who"] == "group:rcpanel"]
+    assert standing["used"] == {"gpu_hours": 0, "job_hours": 0, "jobs": 0} and standing["left"]["jobs"] == 2
+    assert _through(admin, "DELETE", "organization/quotas/group/rcpanel").status_code == 204
+    assert "group:rcpanel" not in {q["who"] for q in _through(admin, "GET", "organization/quotas").json()["quotas"]}
+    # Every user's usage per month, and every job with its user.
+    usage = _through(admin, "GET", "organization/usage?group_by=user,month")
+    assert usage.status_code == 200, usage.text
+    assert "rcbob" in {r["user"] for r in usage.json()["rows"]}
+    jobs = _through(admin, "GET", "organization/jobs").json()["jobs"]
+    (found,) = [j for j in jobs if j["id"] == bobs_job["job"]["id"]]
+    assert found["user"] == "rcbob" and found["machine"] == "team-ssh"
+    # The machine form's Save and check, for one of the organization's machines: a port nobody listens on.
+    machine = {"name": "panel-box", "kind": "ssh", "address": "testbox", "options": {"port": 1}}
+    added = _through(admin, "POST", "organization/machines", json=machine)
+    assert added.status_code == 201, added.text
+    assert added.json()["owner"] == "organization" and added.json()["admin"] == ADMIN_USER
+    checked = _through(admin, "POST", "organization/machines/panel-box/check")
+    assert checked.status_code in (200, 502) and checked.json().get("ok") is not True, checked.text
+    assert _through(admin, "DELETE", "organization/machines/panel-box").status_code == 204
+    # A member's server passes the same requests on; the service refuses them, naming the admin scope.
+    bob = bobs_job["server"]
+    assert _machines_of(bob)["organization"]["admin"] is False
+    for method, path, json_body in (
+        ("PUT", "organization/quotas/user/rcbob", {"jobs": 9}),
+        ("GET", "organization/usage", None),
+        ("GET", "organization/jobs", None),
+        ("POST", "organization/machines", machine),
+    ):
+        refused = _through(bob, method, path, json=json_body)
+        assert refused.status_code == 403 and ADMIN in refused.json()["message"], (path, refused.text)
+
+
 def test_a_member_may_not_set_a_quota(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
     _, state = org
     refused = _as_user(bobs_job["server"], "quota", "set", "--user", "rcbob", "--jobs", "9")

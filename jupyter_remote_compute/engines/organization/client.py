@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE = "remote-compute"
 TIMEOUT = 10.0
+#: A check connects to the machine from the service: as long as a check of one's own may take.
+CHECK_TIMEOUT = 120.0
 #: A job's machine that is the organization's: ``org:NAME``. Never a name of one's own (those have no ':').
 ORG_PREFIX = "org:"
 #: The kind of such a machine in a user's workspace: its engine (``engines/organization/engine.py``) asks the service.
@@ -105,6 +107,23 @@ class OrganizationClient:
         except requests.RequestException as e:
             raise OrganizationUnavailable(f"the organization service at {self.url} did not answer: {e}") from None
 
+    def add_machine(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._ask("POST", "api/machines", body)
+
+    def update_machine(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._ask("PATCH", f"api/machines/{name}", body)
+
+    def remove_machine(self, name: str) -> None:
+        self._ask("DELETE", f"api/machines/{name}")
+
+    def check_machine(self, name: str) -> dict[str, Any]:
+        """The machine's facts as the service reads them with the organization's credentials."""
+        return self._ask("POST", f"api/machines/{name}/check", timeout=CHECK_TIMEOUT)
+
+    def jobs(self, all_users: bool = False) -> list[dict[str, Any]]:
+        """The caller's jobs on the organization's machines (``all_users``: everyone's, for an admin)."""
+        return list(self._ask("GET", "api/jobs", params={"all_users": "1"} if all_users else None)["jobs"])
+
     def usage(self, params: Mapping[str, str]) -> dict[str, Any]:
         """The organization's ledger summed (``all_users``: everyone's, for an admin)."""
         return self._ask("GET", "api/usage", params=params)
@@ -119,11 +138,16 @@ class OrganizationClient:
         self._ask("DELETE", f"api/quotas/{who}/{name}")
 
     def _ask(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None, params: Mapping[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        timeout: float = TIMEOUT,
     ) -> Any:
         try:
             answer = self._session.request(
-                method, self.url + path, json=body, params=params, timeout=TIMEOUT, allow_redirects=False
+                method, self.url + path, json=body, params=params, timeout=timeout, allow_redirects=False
             )
         except requests.RequestException as e:
             raise OrganizationUnavailable(f"the organization service at {self.url} did not answer: {e}") from None
