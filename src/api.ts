@@ -724,3 +724,136 @@ export function cancelPipelineRun(
     settings
   );
 }
+
+// -- the organization (a hub's service), asked through this server --------------------------
+
+/**
+ * What the hub's organization service says of this user (`organization` of `GET /machines`);
+ * absent outside a hub or where it runs none.
+ */
+export type IOrganization = Schemas['Organization'];
+
+/**
+ * A job on one of the organization's machines, with its user (an admin's list).
+ */
+export type IOrgJob = Schemas['OrgJob'];
+
+/**
+ * A user's or group's quota, with what it used and has left this period.
+ */
+export type IQuota = Schemas['Quota'];
+
+/**
+ * A quota as an admin sets it: at least one of `gpu_hours`, `job_hours`, `jobs`.
+ */
+export type IQuotaInput = Schemas['QuotaInput'];
+
+export type QuotaHolder = 'user' | 'group';
+
+export function addOrgMachine(
+  input: IMachineInput,
+  settings?: ServerConnection.ISettings
+): Promise<IMachine> {
+  return requestAPI<IMachine>(
+    'organization/machines',
+    jsonBody('POST', input),
+    settings
+  );
+}
+
+export function updateOrgMachine(
+  name: string,
+  patch: IMachinePatch,
+  settings?: ServerConnection.ISettings
+): Promise<IMachine> {
+  return requestAPI<IMachine>(
+    `organization/machines/${enc(name)}`,
+    jsonBody('PATCH', patch),
+    settings
+  );
+}
+
+export async function removeOrgMachine(
+  name: string,
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI<void>(
+    `organization/machines/${enc(name)}`,
+    { method: 'DELETE' },
+    settings
+  );
+}
+
+export function checkOrgMachine(
+  name: string,
+  settings?: ServerConnection.ISettings
+): Promise<ICheckResult> {
+  return requestAPI<ICheckResult>(
+    `organization/machines/${enc(name)}/check`,
+    { method: 'POST' },
+    settings
+  );
+}
+
+/**
+ * Every job on the organization's machines, newest first, each with its user (admin).
+ */
+export async function listOrgJobs(
+  settings?: ServerConnection.ISettings
+): Promise<IOrgJob[]> {
+  const body = await requestAPI<
+    AnswerOf<paths['/remote-compute/organization/jobs']['get']>
+  >('organization/jobs', { method: 'GET' }, settings);
+  return body.jobs;
+}
+
+/**
+ * Every user's usage of the organization's machines, summed per `groupBy` (admin).
+ */
+export function getOrgUsage(
+  groupBy: string[] = ['user', 'month'],
+  settings?: ServerConnection.ISettings
+): Promise<IUsage> {
+  return requestAPI<IUsage>(
+    `organization/usage?group_by=${enc(groupBy.join(','))}`,
+    { method: 'GET' },
+    settings
+  );
+}
+
+/**
+ * The quotas binding this user (an admin: every quota), with what is used and left.
+ */
+export async function listQuotas(
+  settings?: ServerConnection.ISettings
+): Promise<IQuota[]> {
+  const body = await requestAPI<
+    AnswerOf<paths['/remote-compute/organization/quotas']['get']>
+  >('organization/quotas', { method: 'GET' }, settings);
+  return body.quotas;
+}
+
+export function setQuota(
+  who: QuotaHolder,
+  name: string,
+  quota: IQuotaInput,
+  settings?: ServerConnection.ISettings
+): Promise<IQuotaInput> {
+  return requestAPI<IQuotaInput>(
+    `organization/quotas/${who}/${enc(name)}`,
+    jsonBody('PUT', quota),
+    settings
+  );
+}
+
+export async function deleteQuota(
+  who: QuotaHolder,
+  name: string,
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI<void>(
+    `organization/quotas/${who}/${enc(name)}`,
+    { method: 'DELETE' },
+    settings
+  );
+}

@@ -78,13 +78,20 @@ async function confirm(
 
 export function confirmRemoveMachine(
   name: string,
-  trans: TranslationBundle
+  trans: TranslationBundle,
+  organization = false
 ): Promise<boolean> {
   return confirm(
-    trans.__('Remove machine %1?', name),
-    trans.__(
-      'The machine is removed from compute.yaml. Its jobs and their records stay.'
-    ),
+    organization
+      ? trans.__("Remove the organization's machine %1?", name)
+      : trans.__('Remove machine %1?', name),
+    organization
+      ? trans.__(
+          "No member can run a job on it any more. Its jobs and the organization's usage records stay."
+        )
+      : trans.__(
+          'The machine is removed from compute.yaml. Its jobs and their records stay.'
+        ),
     trans.__('Cancel'),
     trans.__('Remove')
   );

@@ -12,6 +12,7 @@ import {
   ACTIVE_STATES,
   APIError,
   checkMachine,
+  checkOrgMachine,
   getJob,
   ICheckResult,
   IJob,
@@ -19,6 +20,7 @@ import {
   IJobQuery,
   IKind,
   IMachine,
+  IOrganization,
   isActive,
   isTerminal,
   JobState,
@@ -208,6 +210,21 @@ export class ComputeModel implements IDisposable {
   /**
    * compute.yaml's version as of the last GET /machines.
    */
+  /**
+   * What the hub's organization service says of this user; null outside a hub or where it runs none.
+   */
+  get organization(): IOrganization | null {
+    return this._organization;
+  }
+
+  /**
+   * Whether this user may change the organization's machines, quotas, and see every user's jobs
+   * and usage (the service's admin scope).
+   */
+  get isOrgAdmin(): boolean {
+    return this._organization?.admin === true;
+  }
+
   get version(): string {
     return this._version;
   }
@@ -389,9 +406,14 @@ export class ComputeModel implements IDisposable {
    * Reach a machine and remember the outcome. A machine that could not be reached is an answer
    * (`ok` false, with the reason); a check that failed otherwise rejects with an APIError.
    */
-  async check(name: string): Promise<ICheckResult> {
+  /**
+   * Check a machine (the organization's one through its service), and keep the answer for the panel.
+   */
+  async check(name: string, organization = false): Promise<ICheckResult> {
     try {
-      const result = await checkMachine(name);
+      const result = await (organization
+        ? checkOrgMachine(name)
+        : checkMachine(name));
       this._checks.set(name, {
         ok: result.ok,
         at: new Date().toISOString(),
@@ -481,6 +503,7 @@ export class ComputeModel implements IDisposable {
       this._kinds = machines.kinds ?? this._kinds;
       this._version = machines.version ?? '';
       this._defaultMachine = machines.organization?.default ?? null;
+      this._organization = machines.organization ?? null;
       this._error = null;
     } catch (error) {
       this._error = asAPIError(error);
@@ -719,6 +742,7 @@ export class ComputeModel implements IDisposable {
   private _missingReported = false;
   private _more: Promise<void> | null = null;
   private _nextCursor: string | null = null;
+  private _organization: IOrganization | null = null;
   private _outdated = new Set<string>();
   private _pagedFilter = '';
   private _pending = new Map<string, number>();

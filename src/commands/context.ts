@@ -19,6 +19,9 @@ export namespace CommandIDs {
   export const removeMachine = 'remote-compute:remove-machine';
   export const checkMachine = 'remote-compute:check-machine';
   export const enableMachine = 'remote-compute:enable-machine';
+  export const addOrgMachine = 'remote-compute:add-org-machine';
+  export const editOrgMachine = 'remote-compute:edit-org-machine';
+  export const removeOrgMachine = 'remote-compute:remove-org-machine';
   export const run = 'remote-compute:run';
   export const runFile = 'remote-compute:run-file';
   export const runAgain = 'remote-compute:run-again';
@@ -29,6 +32,7 @@ export namespace CommandIDs {
   export const openOutputs = 'remote-compute:open-outputs';
   export const pruneJobs = 'remote-compute:prune-jobs';
   export const showUsage = 'remote-compute:show-usage';
+  export const showOrgUsage = 'remote-compute:show-org-usage';
   export const openMlflow = 'remote-compute:open-mlflow';
   export const newPipeline = 'remote-compute:new-pipeline';
   export const runPipeline = 'remote-compute:run-pipeline';

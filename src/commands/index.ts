@@ -98,6 +98,21 @@ export function registerCommands(context: ICommandContext): void {
     }
   });
 
+  commands.addCommand(CommandIDs.showOrgUsage, {
+    label: trans.__("Show the organization's usage per user"),
+    caption: trans.__(
+      "Every user's job-hours and GPU-hours on the organization's machines, per month"
+    ),
+    isEnabled: () => model.isOrgAdmin,
+    execute: () => {
+      reuse(
+        app,
+        'jp-remote-compute-org-usage',
+        () => new UsageWidget({ trans, organization: true })
+      );
+    }
+  });
+
   if (palette) {
     for (const command of [
       CommandIDs.open,

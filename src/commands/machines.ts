@@ -10,7 +10,12 @@ import {
 } from '@jupyterlab/ui-components';
 import { ReadonlyJSONValue } from '@lumino/coreutils';
 
-import { removeMachine, trustMachine, updateMachine } from '../api';
+import {
+  removeMachine,
+  removeOrgMachine,
+  trustMachine,
+  updateMachine
+} from '../api';
 import {
   confirmRemoveMachine,
   confirmTrustHost,
@@ -95,6 +100,49 @@ export function registerMachineCommands(
     }
   });
 
+  // The organization's machines: an admin's, through the hub's service (which refuses anyone else).
+  commands.addCommand(CommandIDs.addOrgMachine, {
+    label: trans.__("Add an organization's machine"),
+    caption: trans.__(
+      'Add a machine every member may run jobs on, its credentials kept by the organization'
+    ),
+    icon: args => (args.isToolbar ? addIcon : undefined),
+    isEnabled: () => model.isOrgAdmin,
+    execute: () => {
+      openers.machineForm('add', undefined, true);
+    }
+  });
+
+  commands.addCommand(CommandIDs.editOrgMachine, {
+    label: args =>
+      trans.__("Edit the organization's machine %1", stringArg(args, 'name')),
+    icon: editIcon,
+    isEnabled: () => model.isOrgAdmin,
+    execute: args => {
+      openers.machineForm('edit', stringArg(args, 'name'), true);
+    }
+  });
+
+  commands.addCommand(CommandIDs.removeOrgMachine, {
+    label: args =>
+      trans.__("Remove the organization's machine %1", stringArg(args, 'name')),
+    icon: deleteIcon,
+    isEnabled: () => model.isOrgAdmin,
+    execute: async args => {
+      const name = stringArg(args, 'name');
+      if (!(await confirmRemoveMachine(name, trans, true))) {
+        return;
+      }
+      try {
+        await removeOrgMachine(name);
+        model.forgetMachine(name);
+      } catch (error) {
+        showError(trans.__('Could not remove %1', name), error, trans);
+      }
+      await model.refresh().catch(() => undefined);
+    }
+  });
+
   commands.addCommand(CommandIDs.enableMachine, {
     label: args =>
       args.enabled === false
@@ -132,6 +180,8 @@ export function registerMachineCommands(
         : trans.__('Check machine'),
     execute: async args => {
       const name = stringArg(args, 'name');
+      // One of the organization's machines: checked by its service, with its credentials.
+      const organization = args.organization === true;
       const id = Notification.emit(
         trans.__('Checking %1…', name),
         'in-progress',
@@ -155,13 +205,13 @@ export function registerMachineCommands(
         callback: () => {
           void showCheckFailure(name, failure, trans).then(edit => {
             if (edit && model.machine(name)?.builtin === false) {
-              openers.machineForm('edit', name);
+              openers.machineForm('edit', name, organization);
             }
           });
         }
       });
       try {
-        const result = await model.check(name);
+        const result = await model.check(name, organization);
         if (!result.ok) {
           // Unreachable is the check's answer, not a failed request: a failed check, with the reason.
           const reason = result.reason ?? '';
@@ -186,9 +236,11 @@ export function registerMachineCommands(
         return true;
       } catch (error) {
         const apiError = asAPIError(error);
-        const hostKey = apiError.details?.can_trust
-          ? apiError.details.host_key
-          : undefined;
+        // The organization's known_hosts is its service's, not this server's to write.
+        const hostKey =
+          apiError.details?.can_trust && !organization
+            ? apiError.details.host_key
+            : undefined;
         const trustAction = hostKey
           ? [
               {

@@ -43,13 +43,18 @@ export function jobWidgetId(jobId: string): string {
 export class Openers {
   constructor(private readonly context: ICommandContext) {}
 
-  machineForm(mode: 'add' | 'edit', source?: string): MachineFormWidget {
+  machineForm(
+    mode: 'add' | 'edit',
+    source?: string,
+    organization = false
+  ): MachineFormWidget {
     const { app, model, trans } = this.context;
     const machine = source ? model.machine(source) : undefined;
+    const which = organization ? 'org-machine' : 'machine';
     const id =
       mode === 'edit' && source
-        ? `jp-remote-compute-edit-${safeId(source)}`
-        : 'jp-remote-compute-add-machine';
+        ? `jp-remote-compute-edit-${organization ? 'org-' : ''}${safeId(source)}`
+        : `jp-remote-compute-add-${which}`;
     const existing = [...app.shell.widgets('main')].find(w => w.id === id);
     if (existing && mode === 'add' && source) {
       // "Duplicate" over an open Add form: start again from the new source.
@@ -64,6 +69,7 @@ export class Openers {
           trans,
           commands: app.commands,
           mode,
+          organization,
           machine: machine
             ? mode === 'add'
               ? { ...machine, name: `${machine.name}-copy`, created: null }

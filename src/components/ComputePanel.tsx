@@ -21,6 +21,7 @@ import { PipelineRuns } from '../pipelineRuns';
 import { useSignal } from './common';
 import { Jobs, PANEL_SCROLLER } from './JobList';
 import { Machines } from './MachineList';
+import { OrganizationSection } from './OrganizationSection';
 import { PipelineRunList } from './PipelineRunList';
 import { Secrets } from './Secrets';
 
@@ -102,6 +103,14 @@ function ComputePanelComponent(props: {
         {error && <RequestFailed error={error} trans={trans} />}
         <Machines model={model} commands={commands} trans={trans} />
         <Secrets trans={trans} />
+        {/* Only for the organization's admins; the service refuses anyone else all the same. */}
+        {model.isOrgAdmin && (
+          <OrganizationSection
+            model={model}
+            commands={commands}
+            trans={trans}
+          />
+        )}
         {runs && (
           <PipelineRunList runs={runs} commands={commands} trans={trans} />
         )}

@@ -15,6 +15,7 @@ import * as React from 'react';
 
 import {
   addMachine,
+  addOrgMachine,
   APIError,
   getSecrets,
   IKind,
@@ -23,7 +24,8 @@ import {
   IMachineInput,
   IMachinePatch,
   ISecrets,
-  updateMachine
+  updateMachine,
+  updateOrgMachine
 } from '../api';
 import { computeIcon } from '../icons';
 import { facesOf } from '../kindFaces';
@@ -125,10 +127,15 @@ function MachineForm(props: {
   commands: CommandRegistry;
   mode: 'add' | 'edit';
   machine?: Partial<IMachine>;
+  /**
+   * One of the organization's machines (an admin's form): saved and checked through its service.
+   */
+  organization?: boolean;
   onSaved: (machine: IMachine) => void;
   onCancel: () => void;
 }): JSX.Element {
   const { model, trans, mode } = props;
+  const organization = !!props.organization;
   useSignal(model.changed);
   const kinds = model.kinds.filter(k => k.kind !== 'local');
   const [values, setValues] = React.useState<Values>(() =>
@@ -146,8 +153,11 @@ function MachineForm(props: {
   );
 
   // Where tokens go, and the ones the deployment provides. A nicety: the form works without it.
+  // The organization's tokens go to its service's own Secret Manager: the user's store is not asked.
   React.useEffect(() => {
-    getSecrets().then(setSecrets, () => setSecrets(null));
+    if (!organization) {
+      getSecrets().then(setSecrets, () => setSecrets(null));
+    }
   }, []);
 
   // Kinds arrive with the first GET; pick a sensible default once they do.
@@ -212,31 +222,40 @@ function MachineForm(props: {
           address: values.address.trim(),
           options,
           enabled: values.enabled,
-          version: model.version || undefined
+          // compute.yaml's version is the user's; the service keeps its own file.
+          version: organization ? undefined : model.version || undefined
         };
         if (values.token) {
           input.token = values.token;
         }
-        saved = await addMachine(input);
-        facesOf(values.kind).afterAdd?.(saved.name, saved, trans);
+        if (organization) {
+          saved = await addOrgMachine(input);
+        } else {
+          saved = await addMachine(input);
+          facesOf(values.kind).afterAdd?.(saved.name, saved, trans);
+        }
       } else {
         const patch: IMachinePatch = {
           address: values.address.trim(),
           options,
           enabled: values.enabled,
-          version: model.version || undefined
+          version: organization ? undefined : model.version || undefined
         };
         if (values.token) {
           patch.token = values.token;
         }
-        saved = await updateMachine(props.machine?.name ?? values.name, patch);
+        const name = props.machine?.name ?? values.name;
+        saved = organization
+          ? await updateOrgMachine(name, patch)
+          : await updateMachine(name, patch);
       }
       setValues(v => ({ ...v, token: '' }));
       await model.refresh().catch(() => undefined);
       props.onSaved(saved);
       if (andCheck) {
         void props.commands.execute('remote-compute:check-machine', {
-          name: saved.name
+          name: saved.name,
+          organization
         });
       }
     } catch (error) {
@@ -516,11 +535,15 @@ function MachineForm(props: {
           label={trans.__('Token')}
           help={
             <>
-              {trans.__(
-                'The token goes to the Secret Manager, in %1; compute.yaml keeps only its name (%2).',
-                secrets?.store.where ?? trans.__('the system keyring'),
-                secretOption[0]
-              )}
+              {organization
+                ? trans.__(
+                    "The token goes to the organization service's own Secret Manager; no user ever sees it."
+                  )
+                : trans.__(
+                    'The token goes to the Secret Manager, in %1; compute.yaml keeps only its name (%2).',
+                    secrets?.store.where ?? trans.__('the system keyring'),
+                    secretOption[0]
+                  )}
               {mode === 'edit' &&
                 ' ' + trans.__('Leave empty to keep the stored token.')}
               {secrets?.store.note && (
@@ -591,18 +614,26 @@ export class MachineFormWidget extends ReactWidget {
   constructor(options: MachineFormWidget.IOptions) {
     super();
     this._options = options;
-    const { trans, mode, machine } = options;
+    const { trans, mode, machine, organization } = options;
     this.addClass('jp-RemoteCompute-formWidget');
-    this.title.label =
-      mode === 'add'
-        ? trans.__('Add a machine')
-        : trans.__('Machine %1', machine?.name ?? '');
+    if (organization) {
+      this.title.label =
+        mode === 'add'
+          ? trans.__("Add an organization's machine")
+          : trans.__("Organization's machine %1", machine?.name ?? '');
+    } else {
+      this.title.label =
+        mode === 'add'
+          ? trans.__('Add a machine')
+          : trans.__('Machine %1', machine?.name ?? '');
+    }
     this.title.icon = computeIcon;
     this.title.closable = true;
   }
 
   render(): JSX.Element {
-    const { model, trans, commands, mode, machine } = this._options;
+    const { model, trans, commands, mode, machine, organization } =
+      this._options;
     return (
       <MachineForm
         model={model}
@@ -610,6 +641,7 @@ export class MachineFormWidget extends ReactWidget {
         commands={commands}
         mode={mode}
         machine={machine}
+        organization={organization}
         onSaved={() => this.close()}
         onCancel={() => this.close()}
       />
@@ -626,5 +658,9 @@ export namespace MachineFormWidget {
     commands: CommandRegistry;
     mode: 'add' | 'edit';
     machine?: Partial<IMachine>;
+    /**
+     * One of the organization's machines, set by an admin through the hub's service.
+     */
+    organization?: boolean;
   }
 }

@@ -24,16 +24,20 @@ function openMachineMenu(
   commands: CommandRegistry,
   name: string,
   anchor: HTMLElement | null,
-  kind?: string
+  kind?: string,
+  organization = false
 ): void {
   const menu = new Menu({ commands });
   menu.addClass('jp-RemoteCompute-menu');
-  for (const command of [
-    'remote-compute:edit-machine',
-    'remote-compute:duplicate-machine',
-    ...(facesOf(kind).machineCommands ?? []),
-    'remote-compute:remove-machine'
-  ]) {
+  const items = organization
+    ? ['remote-compute:edit-org-machine', 'remote-compute:remove-org-machine']
+    : [
+        'remote-compute:edit-machine',
+        'remote-compute:duplicate-machine',
+        ...(facesOf(kind).machineCommands ?? []),
+        'remote-compute:remove-machine'
+      ];
+  for (const command of items) {
     menu.addItem({ command, args: { name } });
   }
   menu.aboutToClose.connect(() => {
@@ -55,9 +59,11 @@ export function MachineRow(props: {
   const kindLabel =
     model.kinds.find(k => k.kind === machine.kind)?.label || machine.kind;
   const displayName = machine.builtin ? trans.__('This machine') : machine.name;
-  // The organization's machines are set by its admins in the hub's service: shown, not changed here.
+  // The organization's machines are set by its admins in the hub's service: shown, not changed here,
+  // except by an admin, whose changes and checks go to the service.
   const ours = isOrganizations(machine);
-  const args = { name: machine.name };
+  const readOnly = ours && !model.isOrgAdmin;
+  const args = { name: machine.name, organization: ours };
   const Beside = facesOf(machine.kind).Beside;
   return (
     <li
@@ -93,7 +99,7 @@ export function MachineRow(props: {
           </label>
         )}
         <span className="jp-RemoteCompute-rowActions">
-          {!ours && (
+          {!readOnly && (
             <button
               type="button"
               className="jp-RemoteCompute-checkButton"
@@ -109,13 +115,19 @@ export function MachineRow(props: {
               {trans.__('Check')}
             </button>
           )}
-          {!machine.builtin && !ours && (
+          {!machine.builtin && !readOnly && (
             <ToolbarButtonComponent
               icon={ellipsesIcon}
               tooltip={trans.__('More actions for %1', machine.name)}
               onClick={() => {
                 const button = document.activeElement as HTMLElement | null;
-                openMachineMenu(commands, machine.name, button, machine.kind);
+                openMachineMenu(
+                  commands,
+                  machine.name,
+                  button,
+                  machine.kind,
+                  ours
+                );
               }}
             />
           )}

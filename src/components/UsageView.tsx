@@ -1,6 +1,7 @@
 /**
  * The Usage view (main area): job-hours and GPU-hours per machine per month as a bar chart,
- * and every figure of each machine and month in a table, with the CSV the server makes.
+ * and every figure of each machine and month in a table, with the CSV the server makes. For an
+ * organization's admin, the same per user and month, of every user of the organization's machines.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import {
@@ -11,13 +12,21 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { getUsage, IUsage, IUsageQuery, IUsageRow, usageCsvUrl } from '../api';
+import {
+  getOrgUsage,
+  getUsage,
+  IUsage,
+  IUsageQuery,
+  IUsageRow,
+  usageCsvUrl
+} from '../api';
 import { formatSize } from '../format';
 import { computeIcon } from '../icons';
 import { asAPIError } from '../model';
 import { BarChart } from './charts/BarChart';
 
 const GROUP_BY: IUsageQuery['group_by'] = ['machine', 'month'];
+const ORG_GROUP_BY = ['user', 'month'];
 
 function hours(value: number): string {
   if (value === 0) {
@@ -44,33 +53,51 @@ function machineName(row: IUsageRow, trans: TranslationBundle): string {
 }
 
 /**
- * "gpu-box · 2026-11": one chart category per machine and month, ordered by month then machine.
+ * Whom or what a row is of: the machine (this workspace's usage) or the user (the organization's).
+ */
+function subjectOf(
+  row: IUsageRow,
+  perUser: boolean,
+  trans: TranslationBundle
+): string {
+  return perUser ? (row.user ?? '') : machineName(row, trans);
+}
+
+/**
+ * "gpu-box · 2026-11": one chart category per machine (or user) and month, by month then name.
  */
 function categoryOf(row: IUsageRow): string {
-  return `${row.machine ?? ''} · ${row.month ?? ''}`;
+  return `${row.user ?? row.machine ?? ''} · ${row.month ?? ''}`;
 }
 
 function sortedRows(usage: IUsage): IUsageRow[] {
   return [...usage.rows].sort(
     (a, b) =>
       (a.month ?? '').localeCompare(b.month ?? '') ||
-      (a.machine ?? '').localeCompare(b.machine ?? '')
+      (a.user ?? a.machine ?? '').localeCompare(b.user ?? b.machine ?? '')
   );
 }
 
 function UsageTable(props: {
   rows: IUsageRow[];
+  perUser: boolean;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { rows, trans } = props;
+  const { rows, perUser, trans } = props;
   return (
     <table
       className="jp-RemoteCompute-usageTable"
-      aria-label={trans.__('Usage per machine and month')}
+      aria-label={
+        perUser
+          ? trans.__('Usage per user and month')
+          : trans.__('Usage per machine and month')
+      }
     >
       <thead>
         <tr>
-          <th scope="col">{trans.__('Machine')}</th>
+          <th scope="col">
+            {perUser ? trans.__('User') : trans.__('Machine')}
+          </th>
           <th scope="col">{trans.__('Month')}</th>
           <th scope="col">{trans.__('Attempts')}</th>
           <th scope="col">{trans.__('Job-hours')}</th>
@@ -84,7 +111,7 @@ function UsageTable(props: {
       <tbody>
         {rows.map(row => (
           <tr key={categoryOf(row)}>
-            <td>{machineName(row, trans)}</td>
+            <td>{subjectOf(row, perUser, trans)}</td>
             <td>{row.month}</td>
             <td>
               {row.attempts}
@@ -123,8 +150,11 @@ function UsageTable(props: {
   );
 }
 
-function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
-  const { trans } = props;
+function UsageComponent(props: {
+  trans: TranslationBundle;
+  organization: boolean;
+}): JSX.Element {
+  const { trans, organization } = props;
   const [usage, setUsage] = React.useState<IUsage | null>(null);
   const [error, setError] = React.useState<string | null>(null);
   const [loading, setLoading] = React.useState(true);
@@ -132,7 +162,11 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
   const load = React.useCallback(async () => {
     setLoading(true);
     try {
-      setUsage(await getUsage({ group_by: GROUP_BY }));
+      setUsage(
+        await (organization
+          ? getOrgUsage(ORG_GROUP_BY)
+          : getUsage({ group_by: GROUP_BY }))
+      );
       setError(null);
     } catch (e) {
       setError(asAPIError(e).message);
@@ -148,21 +182,27 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
   return (
     <div className="jp-RemoteCompute-usage">
       <div className="jp-RemoteCompute-sectionHeader">
-        <h2 className="jp-RemoteCompute-title">{trans.__('Usage')}</h2>
+        <h2 className="jp-RemoteCompute-title">
+          {organization
+            ? trans.__("Usage of the organization's machines, per user")
+            : trans.__('Usage')}
+        </h2>
         <ToolbarButtonComponent
           icon={refreshIcon}
           tooltip={trans.__('Sum the usage again')}
           onClick={() => void load()}
         />
-        <a
-          className="jp-RemoteCompute-usageCsv"
-          href={usageCsvUrl({ group_by: GROUP_BY })}
-          download="usage.csv"
-          title={trans.__('Download these sums as CSV')}
-        >
-          <downloadIcon.react tag="span" />
-          {trans.__('CSV')}
-        </a>
+        {!organization && (
+          <a
+            className="jp-RemoteCompute-usageCsv"
+            href={usageCsvUrl({ group_by: GROUP_BY })}
+            download="usage.csv"
+            title={trans.__('Download these sums as CSV')}
+          >
+            <downloadIcon.react tag="span" />
+            {trans.__('CSV')}
+          </a>
+        )}
       </div>
       {error && (
         <p className="jp-RemoteCompute-error" role="alert">
@@ -181,9 +221,14 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
         <>
           <div className="jp-RemoteCompute-chartScroller">
             <BarChart
-              label={trans.__('Job-hours and GPU-hours per machine per month')}
+              label={
+                organization
+                  ? trans.__('Job-hours and GPU-hours per user per month')
+                  : trans.__('Job-hours and GPU-hours per machine per month')
+              }
               categories={rows.map(
-                row => `${machineName(row, trans)} · ${row.month ?? ''}`
+                row =>
+                  `${subjectOf(row, organization, trans)} · ${row.month ?? ''}`
               )}
               series={[
                 {
@@ -201,7 +246,7 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
               tickFormat={tickHours}
             />
           </div>
-          <UsageTable rows={rows} trans={trans} />
+          <UsageTable rows={rows} perUser={organization} trans={trans} />
           <p className="jp-RemoteCompute-usageNote">
             {trans.__(
               'Job-hours are wall time; GPU-hours are allocated (wall time × GPUs held). Costs are estimates from each machine’s price_per_hour, where one is set. An attempt counts in the month it ended.'
@@ -217,18 +262,30 @@ function UsageComponent(props: { trans: TranslationBundle }): JSX.Element {
  * The Usage view as a main-area widget.
  */
 export class UsageWidget extends ReactWidget {
-  constructor(options: { trans: TranslationBundle }) {
+  constructor(options: {
+    trans: TranslationBundle;
+    /**
+     * Every user's usage of the organization's machines (an admin's view), not this workspace's.
+     */
+    organization?: boolean;
+  }) {
     super();
     this._trans = options.trans;
+    this._organization = !!options.organization;
     this.addClass('jp-RemoteCompute-usageWidget');
     this.title.icon = computeIcon;
     this.title.closable = true;
-    this.title.label = this._trans.__('Compute usage');
+    this.title.label = this._organization
+      ? this._trans.__('Organization usage')
+      : this._trans.__('Compute usage');
   }
 
   render(): JSX.Element {
-    return <UsageComponent trans={this._trans} />;
+    return (
+      <UsageComponent trans={this._trans} organization={this._organization} />
+    );
   }
 
+  private _organization: boolean;
   private _trans: TranslationBundle;
 }

@@ -62,4 +62,23 @@ test.describe('Compute panel in the sidebar', () => {
     await panel.screenshot({ path: test.info().outputPath('panel-dark.png') });
     await page.theme.setLightTheme();
   });
+
+  test('shows no Organization section without a hub, and its admin routes say there is none', async ({ page }) => {
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    const panel = page.locator('#jp-remote-compute-panel');
+    await expect(panel.getByRole('region', { name: 'Machines' })).toBeVisible();
+    await expect(panel.getByRole('region', { name: 'Organization' })).toHaveCount(0);
+    // No organization in the machine list's answer, so the admin's commands stay off.
+    const { organization } = await api(page, 'GET', 'machines');
+    expect(organization).toBeUndefined();
+    const enabled = await page.evaluate(() =>
+      ['remote-compute:add-org-machine', 'remote-compute:show-org-usage'].map(id =>
+        (window as any).jupyterapp.commands.isEnabled(id)
+      )
+    );
+    expect(enabled).toEqual([false, false]);
+    const quotas = await page.request.get('/remote-compute/organization/quotas');
+    expect(quotas.status()).toBe(404);
+    expect((await quotas.json()).code).toBe('no_organization');
+  });
 });
