@@ -2043,8 +2043,21 @@ export interface components {
              * @default null
              */
             checkpoint?: components["schemas"]["CheckpointSet"] | null;
+            /** @description the attempts that ended, oldest first (at the end the last one too, for a job with a retry policy or more than one attempt): the machine, when each started and ended, and how; absent when none */
+            attempts?: components["schemas"]["JobAttempt"][];
             name: string;
             progress?: components["schemas"]["Progress"];
+        };
+        /**
+         * @description An attempt of a job that ended (``Job.attempts``): those before the one under way, and at the job's
+         *     end its last, for a job that had more than one or whose retry policy allowed it.
+         */
+        JobAttempt: {
+            machine: string;
+            started: string | null;
+            ended: string;
+            end: string;
+            reason: string | null;
         };
         /** @description What submits a job (``POST /jobs``): its spec, and whether to start new work when the same is under way. */
         JobRequest: {
@@ -2096,6 +2109,16 @@ export interface components {
              * @default null
              */
             checkpoint_every?: (number | string) | null;
+            /**
+             * @description the attempts after the first an attempt's end may lead to, and for which causes; a number N is {max: N}; null: none
+             * @default null
+             */
+            retry?: (components["schemas"]["RetryPolicy"] | number) | null;
+            /**
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @default []
+             */
+            fallback?: string[] | null;
             /**
              * @description start a new job even if the same work is under way
              * @default null
@@ -2151,6 +2174,16 @@ export interface components {
              * @default null
              */
             checkpoint_every?: (number | string) | null;
+            /**
+             * @description the attempts after the first an attempt's end may lead to, and for which causes; a number N is {max: N}; null: none
+             * @default null
+             */
+            retry?: (components["schemas"]["RetryPolicy"] | number) | null;
+            /**
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @default []
+             */
+            fallback?: string[] | null;
         };
         /** @description A row of the job list (``GET /jobs``); ``reason`` is its first line only. */
         JobSummary: {
@@ -2252,6 +2285,11 @@ export interface components {
             reach_machine: boolean;
             /** @default null */
             at?: number | null;
+            /**
+             * @default null
+             * @enum {string|null}
+             */
+            cause?: "lost" | "preempted" | "machine_unreachable" | "failed" | null;
         };
         /** @description An output brought back: its content's digest and size. */
         OutputFile: {
@@ -2292,6 +2330,33 @@ export interface components {
              * @default null
              */
             partition?: string | null;
+        };
+        /** @description How many attempts after the first a job gets, and for which causes. */
+        RetryPolicy: {
+            /**
+             * @description attempts after the first, at most
+             * @default 3
+             */
+            max?: number;
+            /**
+             * @description the causes of an attempt's end that are retried; none given: lost, preempted, machine_unreachable
+             * @default [
+             *       "lost",
+             *       "preempted",
+             *       "machine_unreachable"
+             *     ]
+             */
+            on?: ("lost" | "preempted" | "machine_unreachable" | "failed")[] | null;
+            /**
+             * @description a failed attempt is retried when its exit code is one of these (with or without failed in on); none given: every failed attempt, when on names failed
+             * @default []
+             */
+            exit_codes?: number[] | null;
+            /**
+             * @description the wait before the first retry, doubled for each one after (seconds, or 30s, 5m; at most 3600 s); null: none
+             * @default null
+             */
+            backoff?: (number | string) | null;
         };
         /** @description What the machine's scheduler said (epoch seconds), only those it reported. */
         SchedulerTimes: {
@@ -2381,6 +2446,16 @@ export interface components {
              * @default null
              */
             checkpoint_every?: number | null;
+            /**
+             * @description the attempts after the first an attempt's end may lead to, and for which causes; a number N is {max: N}; null: none
+             * @default null
+             */
+            retry?: components["schemas"]["StoredRetryPolicy"] | null;
+            /**
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @default []
+             */
+            fallback?: string[];
         };
         /**
          * @description What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.
@@ -2411,6 +2486,33 @@ export interface components {
              * @default null
              */
             partition?: string | null;
+        };
+        /** @description How many attempts after the first a job gets, and for which causes. */
+        StoredRetryPolicy: {
+            /**
+             * @description attempts after the first, at most
+             * @default 3
+             */
+            max: number;
+            /**
+             * @description the causes of an attempt's end that are retried; none given: lost, preempted, machine_unreachable
+             * @default [
+             *       "lost",
+             *       "preempted",
+             *       "machine_unreachable"
+             *     ]
+             */
+            on: ("lost" | "preempted" | "machine_unreachable" | "failed")[];
+            /**
+             * @description a failed attempt is retried when its exit code is one of these (with or without failed in on); none given: every failed attempt, when on names failed
+             * @default []
+             */
+            exit_codes: number[];
+            /**
+             * @description the wait before the first retry, doubled for each one after (seconds, or 30s, 5m; at most 3600 s); null: none
+             * @default null
+             */
+            backoff?: number | null;
         };
         /** @description ``POST /jobs``'s answer: the job, and whether it was the same work already under way. */
         SubmitResult: {

@@ -148,6 +148,9 @@ class RemoteStatus:
     queued_at: float | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    # Why a job that ended without its command's exit did, where the machine says (a retry policy's
+    # cause: ``preempted``, ``lost``); None: the lifecycle's own reading of the state.
+    cause: str | None = None
 
 
 #: New bytes of one job's MLflow metric files: path under ``mlruns/`` -> (the offset they start at, the bytes).

@@ -278,7 +278,14 @@ def _status(outcome: Outcome, log_size: int | None, slurm: SlurmJob | None = Non
         return RemoteStatus("exited", exit_code=outcome.exit_code, log_size=log_size, **times)
     if outcome.state == "lost":
         return RemoteStatus("gone", log_size=log_size, detail=outcome.reason, **times)
-    return RemoteStatus(outcome.state, exit_code=outcome.exit_code, log_size=log_size, detail=outcome.reason, **times)
+    return RemoteStatus(
+        outcome.state,
+        exit_code=outcome.exit_code,
+        log_size=log_size,
+        detail=outcome.reason,
+        cause=outcome.cause,
+        **times,
+    )
 
 
 def _times(outcome: Outcome, slurm: SlurmJob | None) -> dict[str, float | None]:

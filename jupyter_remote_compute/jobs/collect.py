@@ -32,6 +32,7 @@ from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .reasons import failure_reason
+from .retries import Retries, with_last_attempt
 from .spec import check_relative_path
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class Collector:
         self.ctx = ctx
         self.leases = leases
         self.checkpoints = checkpoints
+        self.retries = Retries(ctx, leases)
 
     def collect(self, job: Job) -> None:
         """collecting → its outcome: fetch and verify outputs, land them, record the run, end the job."""
@@ -61,6 +63,8 @@ class Collector:
         shutil.rmtree(incoming, ignore_errors=True)
         private_dir(incoming)
         wanted = list(job.spec.bring_back) if outcome.state == "succeeded" else []
+        # An attempt its retry policy retries brings home its checkpoints and log, then goes back to the queue.
+        retried = self.retries.retried(job, outcome)
         secrets = mask_values(self.ctx.secrets, job)
         result = FetchResult()
         log_path: Path | None = None
@@ -70,7 +74,8 @@ class Collector:
             # The last checkpoint set first: the job has ended, so every file of its folder is complete.
             self.checkpoints.final(job)
             try:
-                result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
+                if not retried:
+                    result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
                 log_path = fetch_masked_log(engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:
@@ -81,6 +86,14 @@ class Collector:
                     return
                 if outcome.state == "succeeded":
                     outcome = Outcome("failed", f"could not fetch outputs from {job.machine}: {e}")
+
+        if outcome.state == "failed" and outcome.reason is None:
+            reason = failure_reason(job.exit_code, log_path, job.spec.send, self.ctx.workspace.root)
+            # The log is masked already; a secret printed in pieces between terminal codes is whole here.
+            outcome = dataclasses.replace(outcome, reason=mask(reason.encode(), secrets or []).decode())
+        if retried and self.retries.requeue(job, outcome, engine, remote, log_path):
+            shutil.rmtree(incoming, ignore_errors=True)
+            return
 
         # What came back (outputs, the job's MLflow store, the log), measured before anything moves on.
         fetched = _bytes_under(incoming) + (log_path.stat().st_size if log_path and log_path.exists() else 0)
@@ -94,10 +107,6 @@ class Collector:
                 outcome = Outcome("failed", problem)
             else:
                 landed = self._land(incoming, verified)
-        if outcome.state == "failed" and outcome.reason is None:
-            reason = failure_reason(job.exit_code, log_path, job.spec.send, self.ctx.workspace.root)
-            # The log is masked already; a secret printed in pieces between terminal codes is whole here.
-            outcome = dataclasses.replace(outcome, reason=mask(reason.encode(), secrets or []).decode())
 
         ended = utcnow()
         attempt = meter(
@@ -136,6 +145,7 @@ class Collector:
             **({"mlflow_run_id": run_id} if run_id else {}),
             lease=None,
             failing_since=None,
+            **with_last_attempt(job, outcome, ended),
         )
         if background:
             recording.start(self.ctx, job.id, secrets)

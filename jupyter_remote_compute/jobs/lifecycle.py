@@ -23,16 +23,25 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..engines.base import Engine, EngineError, InputFile, LaunchSpec, NotReady, ProgressCallback, RemoteStatus
+from ..engines.base import (
+    Engine,
+    EngineError,
+    InputFile,
+    LaunchSpec,
+    NotReady,
+    ProgressCallback,
+    RemoteJob,
+    RemoteStatus,
+)
 from ..engines.farside import BUILDING
 from ..environments import image as images
 from ..environments import image_registry as registry
 from ..environments.environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
 from ..errors import InvalidSettings, RemoteComputeError
 from ..machines.facts import known_facts
+from ..schema.retry import CAUSES, Cause
 from ..schema.spec import CHECKPOINTS_VAR
 from ..transfer.manifest import DigestCache
-from ..usage.ledger import REQUEUED, meter
 from . import recording
 from .checkpoints import Checkpoints
 from .collect import Collector
@@ -41,6 +50,7 @@ from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
 from .logs import secret_env
+from .retries import attempt_record, checkpoint_inputs, end_attempt, unreachable_after, wait_left
 from .spec import format_duration
 from .transitions import ON_MACHINE_STATES, State, move
 
@@ -130,6 +140,8 @@ class Driver:
                 statuses.update(self._poll(self.ctx.engine_of(group[0]), group))
             except EngineError as e:
                 log.warning("polling %s failed: %s", machine, e)
+                for job in group:
+                    self._unanswered(job, e)
             except Exception:
                 log.exception("polling %s failed", machine)
         for job in jobs:
@@ -148,6 +160,8 @@ class Driver:
 
     # -- queued / sending → running -----------------------------------------
     def _launch(self, job: Job, progress: ProgressCallback | None) -> None:
+        if job.state == "queued" and not job.cancel_requested and wait_left(job) > 0:
+            return  # a next attempt waits out its retry policy's backoff
         claimed = self.leases.claim(job.id, {"queued", "sending"})
         if claimed is None:
             return
@@ -158,9 +172,14 @@ class Driver:
         engine = self.ctx.engine_of(job)
         remote = remote_of(job)
         try:
+            if job.state == "queued" and job.attempts and engine.is_prepared(remote):
+                # A next attempt on the machine of one whose folder could not be removed then: the
+                # launcher would find that attempt's pid in the folder of the same name.
+                engine.cleanup(remote)
+                remote = RemoteJob(job.id, job.key, {})
             # Every step is idempotent (the launcher finds a command it started already), so a
             # job whose sender died is simply sent and started again by whoever picks it up.
-            job = self.leases.update(job.id, to="sending")
+            job = self.leases.update(job.id, to="sending", handle=dict(remote.handle))
             remote = engine.prepare(remote)
             self.leases.update(job.id, handle=dict(remote.handle))
             jobdir = self.ctx.workspace.job_dir(job.id)
@@ -169,6 +188,8 @@ class Driver:
             wheels = wheel_inputs(job, jobdir, self.digests, punica / "wheels", facts)
             files = self._inputs(job) + environment_inputs(job, jobdir, self.digests)
             files += tool_inputs(job, self.digests, facts) + wheels
+            # A next attempt starts from the newest checkpoint set that came home (retries.py).
+            files += checkpoint_inputs(job, punica, self.digests)
 
             def report(done: int, total: int) -> None:
                 self.progress[job.id] = (done, total)
@@ -278,6 +299,7 @@ class Driver:
             else:
                 # A dropped connection is not a dead job: look again on the next poll.
                 log.warning("job %s: %s", job.id, e)
+                self._unanswered(job, e)
             return
         if status.state == "queued" and job.state == "pending":
             self._requeue(job)
@@ -287,23 +309,46 @@ class Driver:
             self._move(job, status, times)
             return
         changes: dict[str, Any] = {"times": times} if times is not None else {}
+        if job.failing_since is not None:
+            changes["failing_since"] = None  # it answered
         if status.state == "pending" and (status.detail or None) != job.reason:
             changes["reason"] = status.detail or None
         elif status.state == "running" and (status.detail or None) != job.reason and _building(status, job):
             changes["reason"] = status.detail or None  # the environment's build, while it lasts
         if status.state == "exited":
             outcome = "succeeded" if status.exit_code == 0 else "failed"
-            self._to_collecting(job, outcome, None, exit_code=status.exit_code, times=times)
+            cause: Cause | None = "failed" if status.exit_code != 0 else None
+            self._to_collecting(job, outcome, None, exit_code=status.exit_code, times=times, cause=cause)
         elif status.state in ("failed", "cancelled"):
-            self._to_collecting(job, status.state, status.detail or None, exit_code=status.exit_code, times=times)
+            cause = _cause(status.cause) or ("failed" if status.state == "failed" else None)
+            detail = status.detail or None
+            self._to_collecting(job, status.state, detail, exit_code=status.exit_code, times=times, cause=cause)
         elif status.state == "gone":
             reason = f"lost: the process vanished on {job.machine} ({status.detail})"
-            self._to_collecting(job, "lost", reason, times=times)
+            cause = _cause(status.cause) or ("lost" if status.detail != "cancelled" else None)
+            self._to_collecting(job, "lost", reason, times=times, cause=cause)
         else:
             if status.log_size is not None and status.log_size != job.log_size:
                 changes["log_size"] = status.log_size
             if changes:
                 self.leases.update(job.id, **changes)
+
+    def _unanswered(self, job: Job, error: EngineError) -> None:
+        """A poll of the job's machine failed: past the machine's limit (retries.unreachable_after) the
+        attempt ends machine_unreachable, without asking the machine for anything more."""
+        limit = unreachable_after(job)
+        if limit is None or job.state != "running":
+            return
+        now = time.time()
+        if job.failing_since is None:
+            with self.ctx.store.transaction() as jobs:
+                current = jobs[job.id]
+                if current.state == job.state and current.failing_since is None:
+                    current.failing_since = now
+            return
+        if now - job.failing_since > limit:
+            reason = f"machine_unreachable: {job.machine} did not answer for {format_duration(limit)} ({error})"
+            self._to_collecting(job, "lost", reason, cause="machine_unreachable", reach_machine=False)
 
     def _move(self, job: Job, status: RemoteStatus, times: dict[str, float] | None = None) -> None:
         """running ⇄ pending as the machine says (compare-and-set); a pending job carries the reason.
@@ -326,12 +371,11 @@ class Driver:
                 current.log_size = status.log_size
             if requeued:
                 current.times = {}  # the next attempt's times are its own
+                current.attempts = [*current.attempts, attempt_record(job, "requeued", status.detail or None)]
             elif times is not None:
                 current.times = times
         if requeued:
-            ended = job.times.get("ended_at") or time.time()
-            attempt = meter(job, self.ctx.usage, self.ctx.workspace.punica_dir, state=REQUEUED, ended=ended)
-            self.ctx.usage.append(attempt)
+            end_attempt(self.ctx, job, ended=job.times.get("ended_at") or time.time())
         self.ctx.emit(current)
 
     def _requeue(self, job: Job) -> None:
@@ -351,9 +395,13 @@ class Driver:
         reason: str | None,
         exit_code: int | None = None,
         times: dict[str, float] | None = None,
+        *,
+        cause: Cause | None = None,
+        reach_machine: bool = True,
     ) -> None:
         """running → collecting, once (compare-and-set); collection is the next step's work."""
-        outcome = Outcome(state, reason, at=time.time())  # when it stopped: the end of its metered time
+        # ``at``: when it stopped, the end of its metered time; ``cause``: what a retry policy reads.
+        outcome = Outcome(state, reason, reach_machine, at=time.time(), cause=cause)
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state not in ON_MACHINE_STATES:
@@ -374,6 +422,11 @@ def scheduler_times(job: Job, status: RemoteStatus) -> dict[str, float] | None:
     reported = {name: value for name in SCHEDULER_TIMES if (value := getattr(status, name)) is not None}
     merged = {**job.times, **reported}
     return merged if merged != job.times else None
+
+
+def _cause(said: str | None) -> Cause | None:
+    """A cause the machine gave (RemoteStatus.cause), if it is one a retry policy knows."""
+    return said if said in CAUSES else None  # type: ignore[return-value]
 
 
 def _building(status: RemoteStatus, job: Job) -> bool:

@@ -139,6 +139,8 @@ def waiting_line(job: Job) -> str:
     """What a person following a job reads when it starts or stops waiting for its machine's scheduler."""
     if job.state == "pending":
         return f"job {job.id} is pending on {job.machine}: {job.reason or 'waiting'}\n"
+    if job.state == "queued" and job.attempts and job.reason:  # a next attempt (jobs/retries.py)
+        return f"job {job.id} is queued on {job.machine}: {job.reason}\n"
     return f"job {job.id} is {job.state} on {job.machine}\n"
 
 
@@ -159,7 +161,8 @@ def follow(
     """Drive the job until it ends, ``timeout`` passes or ``stop`` is set; hand its new log to ``on_log``.
 
     ``on_wait`` hears when the job starts or stops waiting for someone else (``pending``, with its
-    reason, and the ``running`` after it), so a person following it knows why nothing happens.
+    reason, and the ``running`` after it), so a person following it knows why nothing happens, and
+    when an attempt ended and the next one is queued.
     ``on_metrics`` hears the live metrics each round brought (reading them marks the job watched,
     so the next poll brings what it logged to MLflow since).
 
@@ -170,10 +173,16 @@ def follow(
     offset = 0
     cursor: str | None = None
     waiting: tuple[str, str | None] | None = None
+    attempts = 0
     # Look again soon, then less often: a short job ends within a poll or two, not a whole interval later.
     delay = min(FIRST_LOOK, interval)
     while True:
         job = advance(job_id, progress=progress)
+        if len(job.attempts) != attempts:
+            # A next attempt (jobs/retries.py): its log starts afresh; the ended one's is kept beside it.
+            attempts, offset = len(job.attempts), 0
+            if on_wait is not None:
+                on_wait(job)
         if on_wait is not None and (job.state == "pending" or waiting is not None):
             now = (job.state, job.reason)
             if now != waiting:

@@ -231,6 +231,7 @@ class JobService:
                 "run on a local or ssh machine, or leave checkpoints out",
                 field="checkpoints",
             )
+        self._admit_fallback(spec, machine, [f.relpath for f in files])
 
         job_id = new_job_id()
         jobdir = self.workspace.job_dir(job_id)
@@ -259,6 +260,26 @@ class JobService:
         self._emit(job)
         recording.resume(self.ctx)  # a run some earlier face left unrecorded (it was killed, say)
         return SubmitResult(job, attached=False)
+
+    def _admit_fallback(self, spec: JobSpec, machine: Machine, inputs: list[str]) -> None:
+        """Each fallback machine exists, is enabled, may receive the inputs and can bring checkpoints home."""
+        for i, name in enumerate(spec.fallback):
+            field = f"fallback[{i}]"
+            try:
+                other = self.admin.resolve(name)
+            except NotFound as e:
+                raise InvalidSettings(f"{field}: {e.message}", field=field) from None
+            if other.name == machine.name:
+                raise InvalidSettings(f"{field}: {name!r} is the job's own machine", field=field)
+            if not other.enabled:
+                raise InvalidSettings(f"{field}: {other.name!r} is disabled; enable it first", field=field)
+            features = engine_class(other.kind).features
+            if spec.checkpoints and not features.checkpoints:
+                raise InvalidSettings(
+                    f"{field}: {other.name} is a {other.kind} machine, whose checkpoints do not come home yet",
+                    field=field,
+                )
+            check_egress(self.workspace.policy_yaml, other.name, features.remote, inputs)
 
     def _admit(self, machine: Machine, spec: JobSpec) -> None:
         """The machine refuses, before anything is stored, resources it cannot give."""

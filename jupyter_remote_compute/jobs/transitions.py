@@ -1,6 +1,7 @@
 """A job's states, the edges between them, and the one function that moves a job along one.
 
     queued → sending → [pending ⇄] running → collecting → succeeded | failed | cancelled | lost
+                                                  ↘ queued (the next attempt, under a retry policy)
 
 ``pending``: the machine accepted the job and it waits for someone else (a scheduler, an agent, a
 cloud provisioning); ``Job.reason`` says for what, in that party's words. A pending job whose machine
@@ -57,8 +58,9 @@ EDGES: Mapping[str, frozenset[str]] = {
     "sending": frozenset({"sending", "pending", "running", "collecting"}),
     "pending": frozenset({"queued", "running", "collecting"}),
     "running": frozenset({"pending", "collecting"}),
-    # A collection that keeps failing ends with a new outcome decided while collecting.
-    "collecting": frozenset({"collecting"}) | TERMINAL_STATES,
+    # A collection that keeps failing ends with a new outcome decided while collecting; an attempt its
+    # job's retry policy retries goes back to the queue as the next attempt (jobs/retries.py).
+    "collecting": frozenset({"collecting", "queued"}) | TERMINAL_STATES,
     **{state: frozenset() for state in TERMINAL_STATES},
 }
 

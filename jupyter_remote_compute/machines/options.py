@@ -61,6 +61,12 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
         int, "Seconds an image pull may go without progress before the job fails (default 600)"
     ),
     "image_max_age_days": OptionField(int, "Days an image no job used stays on the machine (default 30)"),
+    # A running job's machine that does not answer (jobs/retries.py).
+    "unreachable_after": OptionField(
+        int,
+        "Seconds the machine may not answer before a running job's attempt ends machine_unreachable (default: "
+        "waited for; 600 for a job whose retry names machine_unreachable)",
+    ),
 }
 #: Option names that would put a secret in the file.
 _SECRET_KEYS = frozenset({"token", "password", "passwd", "passphrase", "secret", "api_key", "apikey"})

@@ -19,6 +19,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from ..errors import InvalidSettings
 from .base import to_json, validate
+from .retry import Cause
 from .spec import JobSpec
 
 State = Literal["queued", "sending", "pending", "running", "collecting", "succeeded", "failed", "cancelled", "lost"]
@@ -103,6 +104,9 @@ class Outcome:
     # when the job stopped on its machine, as this side saw it (epoch seconds); absent when unknown,
     # so a record an older version wrote reads back the same
     at: Annotated[float | None, BeforeValidator(_number_or_none), Field(exclude_if=lambda v: v is None)] = None
+    # why the attempt ended, where this side could tell (a retry policy names these); absent: not a
+    # cause any policy retries (it succeeded, was cancelled or timed out)
+    cause: Annotated[Cause | None, Field(exclude_if=lambda v: v is None)] = None
 
     def to_json(self) -> dict[str, Any]:
         return to_json(Outcome, self)
@@ -136,6 +140,19 @@ class CheckpointSet(TypedDict):
     fetched_bytes: int  # every byte brought home for the job's checkpoints so far, all sets together
 
 
+class JobAttempt(TypedDict):
+    """An attempt of a job that ended (``Job.attempts``): those before the one under way, and at the job's
+    end its last, for a job that had more than one or whose retry policy allowed it."""
+
+    machine: str
+    started: str | None  # when it started running (ISO 8601, UTC); None: it never did
+    ended: str
+    #: how it ended: a retry policy's cause (lost, preempted, machine_unreachable, failed), ``requeued``
+    #: (its scheduler put it back in its queue), or the job's end state for its last attempt
+    end: str
+    reason: str | None
+
+
 class Progress(TypedDict):
     """How far a send has come (``GET /jobs/{id}`` while sending)."""
 
@@ -154,7 +171,8 @@ class Shown(TypedDict):
 HIDDEN = ("lease",)
 
 
-# Written whole but for ``times``, ``user`` and ``checkpoint`` (left out when unset, as before they existed).
+# Written whole but for ``times``, ``user``, ``checkpoint`` and ``attempts`` (left out when unset, as
+# before they existed).
 @with_config(ConfigDict(json_schema_serialization_defaults_required=True))
 @dataclasses.dataclass
 class Job:
@@ -212,6 +230,14 @@ class Job:
             exclude_if=lambda v: v is None,
         ),
     ] = None
+    attempts: Annotated[
+        list[JobAttempt],
+        Field(
+            description="the attempts that ended, oldest first (at the end the last one too, for a job with a retry "
+            "policy or more than one attempt): the machine, when each started and ended, and how; absent when none",
+            exclude_if=lambda v: not v,
+        ),
+    ] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -279,4 +305,9 @@ class SubmitResult(TypedDict):
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job))
 _JOB_FIELD_SET = frozenset(_JOB_FIELDS)
 #: Fields added after schema 1's first release, with the value that means "not set".
-_ADDED_FIELDS: tuple[tuple[str, Any], ...] = (("times", {}), ("user", None), ("checkpoint", None))
+_ADDED_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("times", {}),
+    ("user", None),
+    ("checkpoint", None),
+    ("attempts", []),
+)

@@ -25,6 +25,7 @@ from . import values
 from .base import STRICT, absent, problem, to_json, validate
 from .environment import Environment, Image
 from .resources import NO_RESOURCES, Resources
+from .retry import RetryPolicy
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -101,6 +102,20 @@ def _key(value: Any) -> Any:
     if value is not None and (not isinstance(value, str) or not _KEY.fullmatch(value)):
         raise problem("letters, digits and _ . : - only, at most 128")
     return value
+
+
+def _fallback(value: Any) -> Any:
+    value = values.given_or(())(value)
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise problem("expected a list of machine names")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name:
+            raise problem("expected a machine name", at=i)
+        if name in value[:i]:
+            raise problem(f"names {name!r} twice", at=i)
+    return tuple(value)
 
 
 def _environment(value: Any) -> Any:
@@ -209,6 +224,27 @@ class JobSpec:
         ),
     ] = None
 
+    # When an attempt that ended goes back to the queue, and where the next one may run
+    # (jobs/retries.py); None and (): the job ends with its first attempt, on its machine.
+    retry: Annotated[
+        RetryPolicy | None,
+        BeforeValidator(values.given_or(None), json_schema_input_type=RetryPolicy | int | None),
+        Field(
+            description="the attempts after the first an attempt's end may lead to, and for which causes; a number "
+            "N is {max: N}; null: none",
+            exclude_if=absent,
+        ),
+    ] = None
+    fallback: Annotated[
+        tuple[str, ...],
+        BeforeValidator(_fallback, json_schema_input_type=list[str] | None),
+        Field(
+            description="machines an attempt that ended lost, preempted or machine_unreachable continues on, in "
+            "order (the checkpoint set following it)",
+            exclude_if=lambda v: not v,
+        ),
+    ] = ()
+
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         return core_schema.no_info_before_validator_function(_spec_in, handler(source))
@@ -244,6 +280,8 @@ class JobSpec:
             registry_secret=data.get("registry_secret"),
             checkpoints=data.get("checkpoints"),
             checkpoint_every=data.get("checkpoint_every"),
+            retry=RetryPolicy.from_stored(data.get("retry")),
+            fallback=tuple(data.get("fallback") or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -285,6 +323,7 @@ class JobSpec:
             settings["environment.image"] = self.image.ref
         if self.checkpoints:
             settings["checkpoints"] = self.checkpoints
+        settings.update({f"fallback[{i}]": m for i, m in enumerate(self.fallback)})
         if self.registry_secret:  # a pasted password instead of a name is caught here
             settings["registry_secret"] = self.registry_secret
         return settings

@@ -150,9 +150,12 @@ def meter(
     ended: float | None,
     bytes_fetched: int = 0,
     running: bool = False,
+    number: int | None = None,
 ) -> Attempt:
-    """The attempt under way for ``job``, ending at ``ended`` in ``state`` (None: still running)."""
-    number, queued = current_attempt(job, record)
+    """The attempt under way for ``job``, ending at ``ended`` in ``state`` (None: still running);
+    ``number``: its number when the caller knows it (else counted from the record)."""
+    counted, queued = current_attempt(job, record)
+    number = number or counted
     times = job.times or {}
     started = job.started and parse_time(job.started)
     source = "engine"

@@ -165,6 +165,7 @@ class Outcome:
     state: OurState
     reason: str = ""
     exit_code: int | None = None
+    cause: str | None = None  # a retry policy's cause where Slurm says it (schema/retry.py)
 
 
 _CANCELLED_BY = re.compile(r"^CANCELLED(?: by (\d+))?$", re.IGNORECASE)
@@ -212,11 +213,11 @@ def interpret(job: SlurmJob | None, exit_code: int | None = None, log_tail: str 
     if word == "DEADLINE":
         return Outcome("failed", "stopped by Slurm: it could not finish before its deadline", exit_code)
     if word == "NODE_FAIL":
-        return Outcome("failed", "a node it ran on failed", exit_code)
+        return Outcome("failed", "a node it ran on failed", exit_code, cause="lost")
     if word == "BOOT_FAIL":
         return Outcome("failed", "its node failed to boot")
     if word == "PREEMPTED":
-        return Outcome("failed", "preempted by Slurm for a higher-priority job", exit_code)
+        return Outcome("failed", "preempted by Slurm for a higher-priority job", exit_code, cause="preempted")
     if word == "REVOKED":
         return Outcome("lost", "revoked by Slurm: a sibling cluster of the federation runs it")
     cancelled = _CANCELLED_BY.match(state)

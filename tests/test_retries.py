@@ -1,0 +1,190 @@
+"""A job whose attempt ends for a cause its retry policy names goes back to the queue as its next attempt:
+on the next machine of its ``fallback`` after a machine's fault, from the last checkpoint set that came
+home; a failing command is retried ``max`` times; a bad policy is refused at submit, naming the field."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import sshd_fixture
+from procs import group_members
+from waiting import wait_for
+
+from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+
+# Training that resumes from its newest checkpoint: each step's state is written to a temporary name
+# and renamed into place. On its first attempt (nothing to resume from) it stops after step 2 and
+# waits for a "go" that never comes: the test kills its machine's process group there.
+TRAIN = """\
+import os, time
+d = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
+steps = [int(n[5:-3]) for n in os.listdir(d) if n.startswith("step-") and n.endswith(".pt")]
+start = max(steps, default=0)
+state = open(os.path.join(d, "step-%d.pt" % start)).read() if start else ""
+print("resuming from step", start, flush=True)
+for step in range(start + 1, 6):
+    state += "%d," % step
+    with open(os.path.join(d, "step.tmp"), "w") as f:
+        f.write(state)
+    os.replace(os.path.join(d, "step.tmp"), os.path.join(d, "step-%d.pt" % step))
+    print("step", step, flush=True)
+    if start == 0 and step == 2:
+        given_up = time.monotonic() + 300  # a test that failed never kills it: the job ends, not orphaned
+        while not os.path.exists("go") and time.monotonic() < given_up:
+            time.sleep(0.05)
+with open("trained.txt", "w") as f:
+    f.write("from %d: %s" % (start, state))
+"""
+
+
+def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint(
+    workspace, make_service, ssh_agent_env
+):
+    bed = ssh_agent_env
+    (workspace / "train.py").write_text(TRAIN)
+    service = make_service(workspace)
+    service.machines.add("box", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh"))
+    # The fallback: a second sshd (the bed's jump host) with a folder of its own.
+    other_base = bed.base_dir + "-fallback"
+    service.machines.add(
+        "box2", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh", port=bed.jump.port, base_dir=other_base)
+    )
+    try:
+        spec = {
+            "machine": "box",
+            "command": "python3 train.py",
+            "send": ["train.py"],
+            "bring_back": ["trained.txt"],
+            "checkpoints": "ckpt",
+            "checkpoint_every": 0.2,
+            "retry": {"max": 2, "on": ["lost", "machine_unreachable"]},
+            "fallback": ["box2"],
+        }
+        job = service.submit(JobSpec.from_json(spec)).job
+        home = workspace / ".punica/checkpoints" / job.id
+
+        def second_step_home() -> object:
+            current = service.advance(job.id)
+            return (home / "step-2.pt").is_file() and current
+
+        running = wait_for(second_step_home, timeout=120, message="step 2's checkpoint to come home")
+        assert running.state == "running" and running.machine == "box"
+        far = Path(running.handle["dir"])
+        pgid = int((far / "pid").read_text().split()[0])
+        # The machine loses the job: its whole process group killed, no exit code left behind.
+        os.killpg(pgid, signal.SIGKILL)
+        lost_at = time.monotonic()
+        wait_for(lambda: not group_members(pgid), message="the group to die")
+
+        def running_elsewhere() -> object:
+            current = service.advance(job.id)
+            # Started there (a short rest of training may have ended already within this advance).
+            return current.machine == "box2" and current.started and current
+
+        try:
+            moved = wait_for(running_elsewhere, timeout=60, message="the next attempt to run on box2")
+        except TimeoutError:
+            pytest.fail(f"the next attempt did not run on box2: {service.get(job.id).public_json()}")
+        resumed_after = time.monotonic() - lost_at
+        assert (moved.attempts[0]["machine"], moved.attempts[0]["end"]) == ("box", "lost"), moved.attempts
+        assert moved.attempts[0]["reason"].startswith("lost: the process vanished on box")
+        assert moved.key == job.key and moved.id == job.id
+
+        done = service.wait(job.id, timeout=120)
+        assert done.state == "succeeded", done.reason
+        # Resumed from the checkpoint of step 2 that came home with the attempt that was lost.
+        assert (workspace / "trained.txt").read_text() == "from 2: 1,2,3,4,5,"
+        assert [(a["machine"], a["end"]) for a in done.attempts] == [("box", "lost"), ("box2", "succeeded")]
+        assert all(a["started"] and a["ended"] for a in done.attempts)
+        usage = service.usage_record.attempts_of(job.id)
+        assert [(a.attempt, a.machine, a.state) for a in usage] == [(1, "box", "requeued"), (2, "box2", "succeeded")]
+        assert (home / "step-5.pt").read_text() == "1,2,3,4,5,"
+        print(f"\nfrom the machine lost to the next attempt running on the fallback: {resumed_after:.1f} s")
+    finally:
+        shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
+
+
+def test_a_failing_exit_code_is_retried_max_times_then_fails_with_the_last_reason(workspace, make_service):
+    service = make_service(workspace)
+    spec = {"command": 'echo "try at $(date +%s%N)"; exit 3', "retry": {"max": 2, "exit_codes": [3]}}
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=120)
+    assert job.state == "failed"
+    assert [(a["machine"], a["end"]) for a in job.attempts] == [("local", "failed")] * 3
+    reasons = [a["reason"] for a in job.attempts]
+    assert all(r.startswith("exit code 3: try at ") for r in reasons) and len(set(reasons)) == 3, reasons
+    assert job.reason == reasons[-1]
+    usage = service.usage_record.attempts_of(job.id)
+    assert [(a.attempt, a.state) for a in usage] == [(1, "requeued"), (2, "requeued"), (3, "failed")]
+
+    # An exit code the policy does not name ends the job at once.
+    other = service.wait(service.submit(JobSpec.from_json({**spec, "command": "exit 4"})).job.id, timeout=60)
+    assert other.state == "failed" and [a["end"] for a in other.attempts] == ["failed"]
+
+
+def test_a_job_back_in_the_queue_is_taken_up_by_the_next_process_without_a_second_attempt(
+    workspace, make_service, tmp_path
+):
+    """The process that requeued the attempt goes away; another (a restarted server, the CLI) drives the
+    next attempt: one attempt queued, metered once, and the job ends with two."""
+    marker = tmp_path / "failed-once"
+    first = make_service(workspace)
+    command = f"test -e {marker} || {{ touch {marker}; exit 3; }}"
+    spec = JobSpec.from_json({"command": command, "retry": {"max": 3, "on": ["failed"], "backoff": "1s"}})
+    job = first.submit(spec).job
+    queued = wait_for(
+        lambda: (j := first.advance(job.id)).state == "queued" and j.attempts and j,
+        timeout=60,
+        message="the first attempt to end and the next to be queued",
+    )
+    assert queued.reason.startswith("attempt 2 of at most 4: attempt 1 failed (exit code 3")
+    first.close()
+
+    second = make_service(workspace)
+    done = second.wait(job.id, timeout=60)
+    assert done.state == "succeeded", done.reason
+    assert [a["end"] for a in done.attempts] == ["failed", "succeeded"]
+    # The backoff: the second attempt started no sooner than a second after the first ended.
+    from jupyter_remote_compute.jobs.job import parse_time
+
+    assert parse_time(done.attempts[1]["started"]) - parse_time(done.attempts[0]["ended"]) >= 1.0
+    usage = second.usage_record.attempts_of(job.id)
+    assert [(a.attempt, a.state) for a in usage] == [(1, "requeued"), (2, "succeeded")]
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"retry": {"max": -1}}, "retry.max"),
+        ({"retry": {"max": 3, "on": ["lost", "oom"]}}, "retry.on[1]"),
+        ({"retry": {"exit_codes": [0]}}, "retry.exit_codes[0]"),
+        ({"retry": {"backoff": "soon"}}, "retry.backoff"),
+        ({"retry": {"tries": 3}}, "retry.tries"),
+        ({"retry": "always"}, "retry"),
+        ({"fallback": ["box2", "box2"]}, "fallback[1]"),
+    ],
+)
+def test_a_bad_retry_policy_is_refused_naming_the_field(settings, field):
+    with pytest.raises(InvalidSettings) as info:
+        JobSpec.from_json({"command": "true", **settings})
+    assert info.value.field == field
+    assert str(info.value).startswith(field + ":")
+
+
+def test_a_fallback_machine_that_cannot_take_the_job_is_refused_at_submit(workspace, make_service):
+    service = make_service(workspace)
+    service.machines.add("nb", "jupyter", "http://127.0.0.1:9", {"token_secret": "nb-token"})
+    for fallback, problem in ((["nowhere"], "nowhere"), (["local"], "own machine"), (["nb"], "checkpoints")):
+        spec = JobSpec.from_json({"command": "true", "checkpoints": "ckpt", "retry": 1, "fallback": fallback})
+        with pytest.raises(InvalidSettings) as info:
+            service.submit(spec)
+        assert info.value.field == "fallback[0]" and problem in str(info.value), info.value
+    assert service.list_jobs() == []
