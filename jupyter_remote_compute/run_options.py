@@ -19,7 +19,7 @@ COMMAND_RULE = (
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --send, --bring-back, --env, --name, --timeout, --checkpoints, --checkpoint-every,
-    --detach, --new, --registry-secret,
+    --detach, --new, --registry-secret, the retries (--retry, --retry-on, --fallback),
     the resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment
     (--requirements, --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
     parser.add_argument(
@@ -54,6 +54,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the Secret Manager entry (user:password) to pull the image with (default: the machine's)",
     )
+    add_retry_options(parser)
     wanted = parser.add_argument_group("resources", "what the job asks its machine for (default: the machine's)")
     wanted.add_argument("--gpus", help="GPUs per node")
     wanted.add_argument("--cpus", help="CPUs per node")
@@ -128,6 +129,43 @@ def spec_settings(args: argparse.Namespace, command: str | list[str]) -> dict[st
             settings[name] = getattr(args, name)
     if getattr(args, "registry_secret", None):
         settings["registry_secret"] = args.registry_secret
+    settings.update(retry_settings(args))
     if any(environment.values()):  # none asked: the machine's defaults, if it has them
         settings["environment"] = environment
+    return settings
+
+
+def add_retry_options(parser: argparse.ArgumentParser) -> None:
+    """--retry N, --retry-on CAUSE,…, --fallback MACHINE (repeated): the job's retry policy and fallback."""
+    retries = parser.add_argument_group("retries", "an attempt that ends for one of these causes runs again")
+    retries.add_argument("--retry", metavar="N", help="attempts after the first, at most (default with --retry-on: 3)")
+    retries.add_argument(
+        "--retry-on",
+        dest="retry_on",
+        metavar="CAUSES",
+        help="the causes retried, of lost,preempted,machine_unreachable,failed "
+        "(default: lost,preempted,machine_unreachable)",
+    )
+    retries.add_argument(
+        "--fallback",
+        action="append",
+        default=[],
+        metavar="MACHINE",
+        help="a machine a lost, preempted or unreachable attempt continues on (repeated: in order)",
+    )
+
+
+def retry_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``retry`` and ``fallback`` from --retry, --retry-on and --fallback, as ``JobSpec.from_json`` checks them."""
+    settings: dict[str, Any] = {}
+    retry, on = getattr(args, "retry", None), getattr(args, "retry_on", None)
+    if retry is not None or on is not None:
+        policy: dict[str, Any] = {}
+        if retry is not None:  # a number stays a string when it is none, for the error to show it
+            policy["max"] = int(retry) if retry.strip().isdigit() else retry
+        if on is not None:
+            policy["on"] = [cause.strip() for cause in on.split(",") if cause.strip()]
+        settings["retry"] = policy
+    if getattr(args, "fallback", None):
+        settings["fallback"] = list(args.fallback)
     return settings

@@ -188,3 +188,24 @@ def test_a_fallback_machine_that_cannot_take_the_job_is_refused_at_submit(worksp
             service.submit(spec)
         assert info.value.field == "fallback[0]" and problem in str(info.value), info.value
     assert service.list_jobs() == []
+
+
+def test_the_cli_and_the_magic_take_the_retry_policy_and_the_fallback_machines():
+    from jupyter_remote_compute.cli import build_parser
+    from jupyter_remote_compute.magics import build_train_parser
+    from jupyter_remote_compute.run_options import command_of, spec_settings
+
+    words = ["--retry", "2", "--retry-on", "lost,failed", "--fallback", "b1", "--fallback", "b2", "--", "train"]
+    for args in (build_parser(plugins=False).parse_args(["run", *words]), build_train_parser().parse_args(words)):
+        spec = JobSpec.from_json(spec_settings(args, command_of(args)))
+        assert spec.retry is not None and (spec.retry.max, spec.retry.on) == (2, ("lost", "failed"))
+        assert spec.fallback == ("b1", "b2")
+    for bad, field in ((["--retry", "2x"], "retry.max"), (["--retry-on", "lost,oom"], "retry.on[1]")):
+        args = build_parser(plugins=False).parse_args(["run", *bad, "--", "train"])
+        with pytest.raises(InvalidSettings) as info:
+            JobSpec.from_json(spec_settings(args, command_of(args)))
+        assert info.value.field == field
+    plain = build_parser(plugins=False).parse_args(["run", "--", "train"])
+    assert "retry" not in spec_settings(plain, command_of(plain)) and "fallback" not in spec_settings(
+        plain, command_of(plain)
+    )
