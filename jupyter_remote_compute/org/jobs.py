@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import os
 import re
 import shutil
-import tarfile
 import threading
 import time
 import uuid
@@ -56,7 +54,6 @@ from ..engines.base import (
     RemoteJob,
     RemoteStatus,
 )
-from ..engines.farside import SUMS_SUFFIX
 from ..engines.organization.wire import status_json
 from ..engines.resources import Resources
 from ..engines.shell import ShellEngine
@@ -67,6 +64,7 @@ from ..machines.admin import MachineAdmin, snapshot_of
 from ..machines.facts import known_facts
 from ..schema.usage import Attempt
 from ..usage.ledger import USAGE_FILE, UsageRecord, summarize
+from .outputs import write_manifest_stream
 from .quotas import HOURS, NOTICE_AT, Quotas, describe, month_start, refusal
 
 log = logging.getLogger(__name__)
@@ -555,19 +553,7 @@ class OrgJobs:
             raise NotFound(f"job {job_id}: nothing fetched to download; fetch first") from None
         if not manifest.startswith(".fetch-") or "/" in manifest:
             raise InvalidSettings("manifest: expected the name fetch gave", field="manifest")
-        outputs, missing = fetched["outputs"], set(fetched["missing"])
-        tree = dest / "tree"
-        roots = [f"work/{o}" for o in outputs if o not in missing and os.path.lexists(tree / "work" / o)]
-        if (tree / "mlruns").is_dir():
-            roots.append("mlruns")
-        total = sum(_bytes_in(tree / root) for root in roots)
-        head = [f"M {i}" for i, o in enumerate(outputs) if o in missing] + [f"T {(total + 1023) // 1024}"]
-        sums = b"".join(_sum_line(digest, f"work/{rel}") for rel, digest in sorted(fetched["digests"].items()))
-        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            _add_bytes(tar, manifest, ("\n".join(head) + "\n").encode())
-            for root in roots:
-                tar.add(tree / root, arcname=root, recursive=True)
-            _add_bytes(tar, manifest + SUMS_SUFFIX, sums)
+        write_manifest_stream(dest / "tree", fetched, manifest, out)
         shutil.rmtree(dest, ignore_errors=True)
 
     def cleanup(self, user: str, job_id: str) -> None:
@@ -580,27 +566,6 @@ class OrgJobs:
             engine.cleanup(job.remote())
         shutil.rmtree(self.folder(user) / "fetched" / job_id, ignore_errors=True)
         self._record_path(user, job_id).unlink(missing_ok=True)
-
-
-def _bytes_in(path: Path) -> int:
-    if not path.is_dir() or path.is_symlink():
-        return path.lstat().st_size
-    return sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(path) for n in names)
-
-
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _sum_line(digest: str, path: str) -> bytes:
-    """One line of sha256sum's output, with its escaping of '\\' and line breaks in names."""
-    raw = os.fsencode(path)
-    if b"\\" in raw or b"\n" in raw or b"\r" in raw:
-        raw = raw.replace(b"\\", b"\\\\").replace(b"\n", b"\\n").replace(b"\r", b"\\r")
-        return b"\\" + digest.encode() + b"  " + raw + b"\n"
-    return digest.encode() + b"  " + raw + b"\n"
 
 
 __all__ = ["OrgJob", "OrgJobs", "user_folder"]
