@@ -45,8 +45,18 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("secrets", "GET"): "read",
     ("secrets/{secret_name}", "PUT"): "write",
     ("secrets/{secret_name}", "DELETE"): "write",
+    # The organization's admin routes, passed on to its service (404 outside a hub, past the check here).
+    ("organization/machines", "POST"): "write",
+    ("organization/machines/{name}", "PATCH"): "write",
+    ("organization/machines/{name}", "DELETE"): "write",
+    ("organization/machines/{name}/check", "POST"): "write",
+    ("organization/jobs", "GET"): "read",
+    ("organization/usage", "GET"): "read",
+    ("organization/quotas", "GET"): "read",
+    ("organization/quotas/{who}/{name}", "PUT"): "write",
+    ("organization/quotas/{who}/{name}", "DELETE"): "write",
 }
-IDS = {"name": "nobox", "job_id": "nojob", "secret_name": "no/such-secret", "run_id": "norun"}
+IDS = {"name": "nobox", "job_id": "nojob", "secret_name": "no/such-secret", "run_id": "norun", "who": "user"}
 REFUSED: set[str] = set()  # the actions RefusingAuthorizer refuses on remote-compute, set by each test
 
 
