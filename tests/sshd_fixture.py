@@ -193,6 +193,14 @@ def start_agent(workdir: Path, keys: list[Path]) -> Agent:
         if proc.poll() is not None:
             raise RuntimeError(f"ssh-agent exited with {proc.returncode}")
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+
+        def answers() -> bool:
+            # The socket is bound before the agent listens: on a busy machine a first client can be
+            # refused. `ssh-add -l` says 1 (no identities) once it is connected, 2 while it cannot be.
+            listed = subprocess.run(["ssh-add", "-l"], env=env, capture_output=True)
+            return listed.returncode != 2 or proc.poll() is not None
+
+        wait_for(answers, 10, "ssh-agent to answer")
         for key in keys:
             subprocess.run(["ssh-add", "-q", str(key)], check=True, env=env, capture_output=True)
     except BaseException:
