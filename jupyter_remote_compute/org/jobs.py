@@ -227,11 +227,14 @@ class OrgJobs:
 
     def _meter_end(self, job: OrgJob, state: str) -> OrgJob:
         """The job's attempt ended: one line in the ledger, then the record says so (a crash between
-        the two writes the line again, and the ledger keeps the first)."""
-        ended = time.time()
-        self.usage.append(job.attempt(state, ended))
+        the two writes the line again, and the ledger keeps the first). Under the lock, so two polls
+        that see the same end at once (the user's server and a CLI following the job) meter it once."""
         with self._lock:
             job = self.get(job.user, job.id)
+            if not job.active:
+                return job
+            ended = time.time()
+            self.usage.append(job.attempt(state, ended))
             job.ended = ended
             self._save(job)
         return job
