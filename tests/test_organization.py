@@ -658,6 +658,20 @@ def _service_pid(hub: Hub) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
+def _gated_job(server: Server, machine: str, sshd_bed: TestBed, word: str) -> tuple[str, Path, str]:
+    """rcbob's job on the organization's ssh machine, started and waiting for a file ``gate`` in its work
+    folder; then it writes ``word`` to the output it names. Its id, far folder and output."""
+    model = f"{word}-{uuid.uuid4().hex[:8]}.txt"
+    command = f"while [ ! -f gate ]; do sleep 0.1; done; echo {word} > {model}"
+    ran = _as_user(server, "run", "--detach", "--machine", machine, "--bring-back", model, "--", "sh", "-c", command)
+    submitted = re.search(r"submitted job (\S+)", ran.stderr)
+    assert ran.returncode == 0 and submitted, ran.stderr
+    job_id = submitted.group(1)
+    job_dir = _far_users(sshd_bed) / server.user / "jobs" / job_id
+    wait_for(lambda: (job_dir / "pid").exists(), 60, "the job to start on the machine")
+    return job_id, job_dir, model
+
+
 def test_a_service_killed_mid_job_loses_nothing(
     org: tuple[Hub, Path], bobs_job: dict[str, Any], team_ssh: str, sshd_bed: TestBed
 ) -> None:
@@ -665,14 +679,7 @@ def test_a_service_killed_mid_job_loses_nothing(
     it follows the job to its end, and his output lands."""
     hub, _ = org
     server, home = bobs_job["server"], bobs_job["home"]
-    model = f"late-{uuid.uuid4().hex[:8]}.txt"
-    command = f"while [ ! -f gate ]; do sleep 0.1; done; echo late > {model}"
-    ran = _as_user(server, "run", "--detach", "--machine", team_ssh, "--bring-back", model, "--", "sh", "-c", command)
-    submitted = re.search(r"submitted job (\S+)", ran.stderr)
-    assert ran.returncode == 0 and submitted, ran.stderr
-    job_id = submitted.group(1)
-    job_dir = _far_users(sshd_bed) / "rcbob" / "jobs" / job_id
-    wait_for(lambda: (job_dir / "pid").exists(), 60, "the job to start on the machine")
+    job_id, job_dir, model = _gated_job(server, team_ssh, sshd_bed, "late")
     killed = _service_pid(hub)
     assert killed is not None
     os.kill(killed, signal.SIGKILL)
@@ -700,14 +707,7 @@ def test_a_service_stopped_while_its_job_ends_follows_it_once_started_again(
     MLflow run land in his workspace, and the organization's ledger meters the job once."""
     hub, state = org
     server, home = bobs_job["server"], bobs_job["home"]
-    model = f"after-{uuid.uuid4().hex[:8]}.txt"
-    command = f"while [ ! -f gate ]; do sleep 0.1; done; echo after > {model}"
-    ran = _as_user(server, "run", "--detach", "--machine", team_ssh, "--bring-back", model, "--", "sh", "-c", command)
-    submitted = re.search(r"submitted job (\S+)", ran.stderr)
-    assert ran.returncode == 0 and submitted, ran.stderr
-    job_id = submitted.group(1)
-    job_dir = _far_users(sshd_bed) / "rcbob" / "jobs" / job_id
-    wait_for(lambda: (job_dir / "pid").exists(), 60, "the job to start on the machine")
+    job_id, job_dir, model = _gated_job(server, team_ssh, sshd_bed, "after")
     stopped = _service_pid(hub)
     assert stopped is not None
     os.kill(stopped, signal.SIGTERM)
