@@ -7,6 +7,7 @@ from typing import Any
 
 from .engines.organization.client import job_machine
 from .errors import InvalidSettings
+from .pipelines.sweep import CONFIRM_ABOVE
 
 RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
 
@@ -133,6 +134,33 @@ def spec_settings(args: argparse.Namespace, command: str | list[str]) -> dict[st
     if any(environment.values()):  # none asked: the machine's defaults, if it has them
         settings["environment"] = environment
     return settings
+
+
+def add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    """--sweep NAME=V1,V2,… (repeated: a grid), --sweep-random N, --max-parallel K, --yes (pipelines/sweep.py)."""
+    sweep = parser.add_argument_group(
+        "sweep", "run the command once per combination of parameters, each trial a job ({name} in the command)"
+    )
+    sweep.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=VALUES",
+        help="a swept parameter: lr=0.001,0.01,0.1, or with --sweep-random a range: lr=loguniform(1e-4,1e-1), "
+        "depth=int(2,8), x=uniform(0,1); {lr} in the command (or a --send/--bring-back path) is its value, "
+        "and $lr is set too",
+    )
+    sweep.add_argument(
+        "--sweep-random",
+        dest="sweep_random",
+        type=int,
+        metavar="N",
+        help="N trials, each drawing every parameter at random (a list is a choice), the same N on a rerun",
+    )
+    sweep.add_argument(
+        "--max-parallel", dest="max_parallel", type=int, default=4, metavar="K", help="trials at once (default 4)"
+    )
+    sweep.add_argument("--yes", action="store_true", help=f"run a sweep of over {CONFIRM_ABOVE} trials")
 
 
 def add_retry_options(parser: argparse.ArgumentParser) -> None:

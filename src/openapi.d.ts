@@ -1713,7 +1713,7 @@ export interface components {
         };
         PipelineRun: {
             id: string;
-            /** @description workspace-relative path of the .rcpipeline */
+            /** @description workspace-relative path of the .rcpipeline; empty for a sweep */
             file: string;
             /** @description the document as it was when the run started */
             pipeline: {
@@ -1732,6 +1732,17 @@ export interface components {
             nodes: {
                 [key: string]: components["schemas"]["PipelineNodeRun"];
             };
+            /** @description a sweep's run (run --sweep): its trials are the nodes, at most max_parallel at once */
+            sweep?: {
+                name: string;
+                max_parallel: number;
+                /** @description node id → the trial's parameters, name → value */
+                parameters: {
+                    [key: string]: {
+                        [key: string]: string;
+                    };
+                };
+            } | null;
         };
         PipelineProblem: {
             /** @description cycle, missing_setting, invalid_setting, missing_input, outside_workspace, unknown_step; or a job's own check: invalid, secret_in_settings */

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import Any
 
 from ..errors import InvalidSettings, RemoteComputeError
 from ..jobs.job import Job
@@ -12,7 +13,7 @@ from ..jobs.logs import waiting_line
 from ..jobs.service import JobService, require_trained
 from ..jobs.spec import JobSpec
 from ..jobs.transitions import TERMINAL_STATES
-from ..run_options import add_run_options, command_of, is_python_version, spec_settings
+from ..run_options import add_run_options, add_sweep_options, command_of, is_python_version, spec_settings
 from ..workspace import Workspace, relative_to_note
 from .console import EXIT_DETACHED, EXIT_FAILED, Subcommands, job_service
 
@@ -24,6 +25,7 @@ def add_parser(sub: Subcommands) -> None:
     """The ``run`` command's parser."""
     run = sub.add_parser("run", help="submit a job (or attach to the same one running) and follow its log")
     add_run_options(run)
+    add_sweep_options(run)
     run.add_argument(
         "--notebook", help="execute this workspace notebook on the machine (nbclient) instead of a command"
     )
@@ -83,9 +85,10 @@ def follow(service: JobService, job: Job) -> int:
     return 0
 
 
-def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
-    """``run --notebook NB -p name=value``: the job that executes the notebook (pipelines/notebook.py)."""
-    from ..pipelines.notebook import notebook_spec, parse_parameters
+def _notebook_settings(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
+    """``run --notebook NB -p name=value``: the settings of the job that executes the notebook
+    (pipelines/notebook.py), as the pipeline's notebook step takes them."""
+    from ..pipelines.notebook import parse_parameters
 
     if command:
         raise RemoteComputeError("run: give either --notebook or a command after --, not both")
@@ -98,24 +101,46 @@ def _notebook_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     if not settings["name"]:
         del settings["name"]
     settings.update(notebook=args.notebook, parameters=parse_parameters(args.parameter), python=python)
-    return notebook_spec(settings)[0]
+    return settings
+
+
+def _sweep(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    from ..pipelines.cli import sweep_command
+
+    for flag, given in (("--detach", args.detach), ("--new", args.new)):
+        if given:
+            raise InvalidSettings(
+                f"{flag}: a sweep is driven by this command and reuses trials that succeeded; leave {flag} out",
+                field="sweep",
+            )
+    service = job_service(args)
+    try:
+        return sweep_command(service, args, settings)
+    finally:
+        service.close()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ..pipelines.notebook import notebook_spec
+
     command = command_of(args)
     try:
         if args.notebook:
-            spec = _notebook_spec(args, command)
+            settings = _notebook_settings(args, command)
+            spec = notebook_spec(settings)[0]
         elif not command:
             raise RemoteComputeError("run: give the command after --, e.g. run --machine local -- python train.py")
         else:
-            spec = JobSpec.from_json(spec_settings(args, command))
+            settings = spec_settings(args, command)
+            spec = JobSpec.from_json(settings)
     except InvalidSettings as e:
         # A path given from a folder inside the workspace is taken from the workspace's folder: say which.
         if e.field and e.field.split("[", 1)[0] in WORKSPACE_PATH_FIELDS:
             root = Workspace.find(args.workspace, fallback=args.workspace).root
             raise InvalidSettings(f"{e.message}; {relative_to_note(root)}", field=e.field) from None
         raise
+    if args.sweep or args.sweep_random is not None:
+        return _sweep(args, settings)
     service = job_service(args)
     result = service.submit(spec, new=args.new)
     job = result.job

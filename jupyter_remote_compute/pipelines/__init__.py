@@ -4,6 +4,7 @@
   provides, unknown step ids) and write the pipeline document;
 - ``runner``: run it, each node a job through ``JobService``, with a record of its own per run;
 - ``notebook``: the job that executes a notebook on its machine (``farside/run_notebook.py``);
+- ``sweep``: a job's work over a grid of parameters, each trial a node of a run without edges;
 - ``handlers``: ``/remote-compute/pipelines/runs``.
 """
 

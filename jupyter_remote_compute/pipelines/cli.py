@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from ..jobs.service import JobService
 from .document import PipelineInvalid
@@ -23,7 +23,8 @@ EXIT_DETACHED = 3
 def _node_lines(run: PipelineRun) -> list[str]:
     lines = []
     for node_id, node in run.nodes.items():
-        line = f"  {node_id}: {node.state}"
+        params = " ".join(f"{k}={v}" for k, v in run.sweep["parameters"].get(node_id, {}).items()) if run.sweep else ""
+        line = f"  {node_id}{f' ({params})' if params else ''}: {node.state}"
         if node.job_id:
             line += f" (job {node.job_id})"
         if node.reason:
@@ -36,7 +37,7 @@ def _print_run(run: PipelineRun, as_json: bool) -> None:
     if as_json:
         print(json.dumps(run.public_json(), indent=2, default=str))
         return
-    print(f"pipeline run {run.id} of {run.file}: {run.state}" + (f" — {run.reason}" if run.reason else ""))
+    print(f"pipeline run {run.id} of {run.label}: {run.state}" + (f" — {run.reason}" if run.reason else ""))
     print("\n".join(_node_lines(run)))
 
 
@@ -69,7 +70,7 @@ def _dispatch(runner: PipelineRunner, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([r.public_json() for r in runs], indent=2, default=str))
         for run in [] if args.json else runs:
-            print(f"{run.id}  {run.state:<9}  {run.file}")
+            print(f"{run.id}  {run.state:<9}  {run.label}")
         return 0
     if args.action == "show":
         _print_run(runner.get(args.run_id), args.json)
@@ -81,6 +82,58 @@ def _dispatch(runner: PipelineRunner, args: argparse.Namespace) -> int:
 
 
 def _run(runner: PipelineRunner, args: argparse.Namespace) -> int:
+    if not args.json:
+        runner.add_listener(_node_printer(sys.stderr))
+    run, attached = runner.start(args.file, background=False)
+    return _follow(runner, run, attached, args.json)
+
+
+def sweep_command(service: JobService, args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    """``run --sweep …``: the sweep driven here; 0 when every trial succeeded."""
+    run = drive_sweep(service, args, settings, out=sys.stderr)
+    if run is None:
+        return EXIT_DETACHED
+    _print_run(run, as_json=False)
+    return 0 if run.state == "succeeded" else EXIT_FAILED
+
+
+def drive_sweep(
+    service: JobService, args: argparse.Namespace, settings: dict[str, Any], out: TextIO
+) -> PipelineRun | None:
+    """A sweep's trials drawn from ``args`` (``run_options.add_sweep_options``), checked, and driven here
+    as a run's nodes, each one's state written to ``out`` as it changes; None when Ctrl-C detached."""
+    from .sweep import check_count, draw_trials, parse_axes, sweep_document, unused_parameters
+
+    axes = parse_axes(args.sweep)
+    trials = draw_trials(axes, args.sweep_random)
+    check_count(trials, args.yes)
+    for name in unused_parameters(settings, [a.name for a in axes]):
+        print(
+            f"warning: the command never mentions {{{name}}} or ${name}: "
+            f"the trials get {name} only as an environment variable",
+            file=out,
+        )
+    document, parameters = sweep_document(settings, trials)
+    name = settings.get("name") or " by ".join(a.name for a in axes)
+    runner = PipelineRunner(service)
+    try:
+        runner.add_listener(_node_printer(out, parameters))
+        run, attached = runner.start_sweep(name, document, parameters, args.max_parallel)
+        if attached:
+            print(f"sweep {name} is already under way (pipeline run {run.id}, driven elsewhere)", file=out)
+            return run
+        print(f"sweep {name}: {len(trials)} trials, {args.max_parallel} at once (pipeline run {run.id})", file=out)
+        try:
+            return runner.drive(run.id)
+        except KeyboardInterrupt:
+            print(f"\ndetached from sweep {name} (pipeline run {run.id}); its jobs keep running", file=out)
+            return None
+    finally:
+        runner.close()
+
+
+def _node_printer(out: TextIO, parameters: dict[str, dict[str, str]] | None = None) -> Any:
+    """A listener printing each node's state (a trial's parameters beside it) as it changes."""
     seen: dict[str, Any] = {}
 
     def show(run: PipelineRun) -> None:
@@ -88,21 +141,24 @@ def _run(runner: PipelineRunner, args: argparse.Namespace) -> int:
             now = (node.state, node.job_id)
             if seen.get(node_id) != now:
                 seen[node_id] = now
-                line = f"{node_id}: {node.state}" + (f" (job {node.job_id})" if node.job_id else "")
-                print(line + (f" — {node.reason}" if node.reason else ""), file=sys.stderr)
+                params = " ".join(f"{k}={v}" for k, v in (parameters or {}).get(node_id, {}).items())
+                line = f"{node_id}{f' ({params})' if params else ''}: {node.state}"
+                line += f" (job {node.job_id})" if node.job_id else ""
+                print(line + (f" — {node.reason}" if node.reason else ""), file=out)
 
-    if not args.json:
-        runner.add_listener(show)
-    run, attached = runner.start(args.file, background=False)
+    return show
+
+
+def _follow(runner: PipelineRunner, run: PipelineRun, attached: bool, as_json: bool) -> int:
     if attached:
-        print(f"pipeline run {run.id} of {run.file} is already under way (driven elsewhere)", file=sys.stderr)
-        _print_run(run, args.json)
+        print(f"pipeline run {run.id} of {run.label} is already under way (driven elsewhere)", file=sys.stderr)
+        _print_run(run, as_json)
         return 0
-    print(f"pipeline run {run.id} of {run.file}", file=sys.stderr)
+    print(f"pipeline run {run.id} of {run.label}", file=sys.stderr)
     try:
         run = runner.drive(run.id)
     except KeyboardInterrupt:
         print(f"\ndetached from pipeline run {run.id}; its jobs keep running", file=sys.stderr)
         return EXIT_DETACHED
-    _print_run(run, args.json)
+    _print_run(run, as_json)
     return 0 if run.state == "succeeded" else EXIT_FAILED

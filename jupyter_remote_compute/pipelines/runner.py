@@ -81,6 +81,13 @@ class PipelineRun:
     mlflow_run_id: str | None = None  # the parent run of the nodes' job runs, once recorded
     driver: dict[str, Any] | None = None
     nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
+    #: A sweep's run (``sweep.py``): its name, ``max_parallel`` and each trial's ``parameters`` by node.
+    sweep: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        """What a person calls the run: its file, or the sweep's name."""
+        return f"sweep {self.sweep['name']}" if self.sweep else self.file
 
     @property
     def active(self) -> bool:
@@ -262,11 +269,40 @@ class PipelineRunner:
             driver=self.identity,
             nodes={n.id: NodeRun() for n in pipeline.nodes},
         )
+        return self._begin(run, background), False
+
+    def start_sweep(
+        self, name: str, document: Mapping[str, Any], parameters: Mapping[str, Mapping[str, str]], max_parallel: int
+    ) -> tuple[PipelineRun, bool]:
+        """Start a sweep's run (``sweep.sweep_document`` made its trials), or attach to the same sweep
+        under way; driven as ``start`` with ``background=False`` (call ``drive``)."""
+        if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+            raise InvalidSettings("max_parallel: give 1 or more trials at once", field="max_parallel")
+        source = f"sweep {name}"
+        pipeline = Pipeline.from_json(dict(document), source)
+        problems = self.problems(pipeline)
+        if problems:
+            raise PipelineInvalid(problems, source)
+        sweep = {"name": name, "max_parallel": max_parallel, "parameters": {k: dict(v) for k, v in parameters.items()}}
+        for existing in self.store.runs():
+            if existing.sweep == sweep and existing.active and holder_alive(existing.driver):
+                return existing, True
+        run = PipelineRun(
+            id=new_job_id(),
+            file="",
+            pipeline=pipeline.to_json(),
+            driver=self.identity,
+            nodes={n.id: NodeRun() for n in pipeline.nodes},
+            sweep=sweep,
+        )
+        return self._begin(run, background=False), False
+
+    def _begin(self, run: PipelineRun, background: bool) -> PipelineRun:
         self.store.put(run)
         self._emit(run)
         if background:
             self._pool.submit(self._drive_logged, run.id)
-        return run, False
+        return run
 
     def resume(self) -> list[str]:
         """Take up every run whose driver died (a server restarted); returns their ids."""
@@ -333,8 +369,10 @@ class PipelineRunner:
             self._stops[run_id] = stop
         try:
             run = self.store.get(run_id)
-            pipeline = Pipeline.from_json(run.pipeline, run.file)
+            pipeline = Pipeline.from_json(run.pipeline, run.label)
             ordered, _ = order(pipeline)
+            # A sweep runs at most max_parallel trials at once; a pipeline, every node that is ready.
+            at_once = run.sweep["max_parallel"] if run.sweep else len(ordered)
             if run.cancel_requested:
                 stop.set()
             with ThreadPoolExecutor(max(1, len(ordered)), thread_name_prefix=f"pipeline-{run_id}") as nodes:
@@ -361,6 +399,8 @@ class PipelineRunner:
                             if run.nodes[blocked[0]].state == "not_run":
                                 reason = f"not run: it needs {blocked[0]}, which was not run"
                             self._set_node(run_id, node_id, state="not_run", reason=reason)
+                        elif len(running) >= at_once:
+                            continue
                         elif all(s.state in ("succeeded", "reused") for s in needs):
                             future = nodes.submit(self._run_node, run_id, pipeline, pipeline.node(node_id), stop)
                             running[future] = node_id
@@ -416,6 +456,13 @@ class PipelineRunner:
             failed = [k for k, n in run.nodes.items() if n.state == "failed"]
             run.state = "failed"
             run.reason = f"node {failed[0]} failed: {run.nodes[failed[0]].reason}" if failed else "not every node ran"
+            if run.sweep and failed:
+                done = sum(s in ("succeeded", "reused") for s in states)
+                params = " ".join(f"{k}={v}" for k, v in run.sweep["parameters"].get(failed[0], {}).items())
+                run.reason = (
+                    f"{done} of {len(states)} trials succeeded; {failed[0]} ({params}) failed: "
+                    f"{run.nodes[failed[0]].reason}"
+                )
 
     def _set_node(self, run_id: str, node_id: str, **changes: Any) -> PipelineRun:
         def apply(run: PipelineRun) -> None:

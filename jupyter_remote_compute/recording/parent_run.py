@@ -1,4 +1,4 @@
-"""One MLflow parent run per pipeline run, with its nodes' job runs as children.
+"""One MLflow parent run per pipeline run (or sweep), with its nodes' (trials') job runs as children.
 
 Recorded by the workspace's recorder (``recording/recorder.py``, its ``pipeline_parent_run`` call), as job runs are:
 MLflow never loads into the process that drives the pipeline, and a run (a reused one takes a
@@ -22,6 +22,9 @@ from .recorder import Call, ask
 log = logging.getLogger(__name__)
 
 TAG_PIPELINE_RUN = "remote_compute.pipeline_run_id"
+TAG_SWEEP = "remote_compute.sweep"
+#: A sweep's trial run carries each of its parameters as ``remote_compute.sweep.param.<name>``.
+TAG_SWEEP_PARAM = "remote_compute.sweep.param."
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
 
@@ -56,8 +59,12 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> st
     found = client.search_runs(
         [experiment], filter_string=f"tags.`{TAG_PIPELINE_RUN}` = '{run['id']}'", run_view_type=ViewType.ALL
     )
+    sweep = run.get("sweep")
     if found:
         parent = found[0].info.run_id
+    elif sweep:
+        tags = {TAG_PIPELINE_RUN: run["id"], TAG_SWEEP: sweep["name"]}
+        parent = client.create_run(experiment, run_name=f"sweep {sweep['name']}", tags=tags).info.run_id
     else:
         tags = {TAG_PIPELINE_RUN: run["id"], "remote_compute.pipeline_file": run["file"]}
         parent = client.create_run(experiment, run_name=f"pipeline {run['file']}", tags=tags).info.run_id
@@ -66,6 +73,10 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> st
         existing = client.get_run(child).data.tags.get("mlflow.parentRunId")
         if existing is None:
             client.set_tag(child, "mlflow.parentRunId", parent)
+        if sweep:
+            # A trial's parameters as it was given them, beside whatever its script logged.
+            params = sweep["parameters"].get(node_id, {})
+            client.log_batch(child, tags=[RunTag(f"{TAG_SWEEP_PARAM}{k}", v) for k, v in params.items()])
         node = run["nodes"][node_id]
         node_tags.append(RunTag(f"remote_compute.node.{node_id}", f"{node['state']} run {child}"))
     client.log_batch(parent, tags=node_tags)

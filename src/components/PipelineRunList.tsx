@@ -96,7 +96,9 @@ function RunRow(props: {
           aria-hidden="true"
         />
         <span className="jp-RemoteCompute-jobName">
-          {PathExt.basename(run.file) || run.id}
+          {run.sweep
+            ? trans.__('sweep %1', run.sweep.name)
+            : PathExt.basename(run.file) || run.id}
         </span>
         <span className="jp-RemoteCompute-state" data-state={run.state}>
           {stateLabel(run.state, trans)}

@@ -1,0 +1,188 @@
+"""Sweeps (``run --sweep``): a grid or random sample of parameters, each trial a real job on ``local``.
+
+The CLI in a real subprocess as a person runs it; the trials' MLflow runs read back with MLflow's own
+client, as a quality gate would: one parent run per sweep, each trial a child with its parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from mlflow.entities import ViewType
+from mlflow.tracking import MlflowClient
+from waiting import wait_for
+
+from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.pipelines.sweep import draw_trials, parse_axes, sweep_document
+
+PY = sys.executable
+TRAIN = """\
+import argparse, json, sys, time
+import mlflow
+
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float)
+p.add_argument("--depth", type=int)
+args = p.parse_args()
+start = time.time()
+with mlflow.start_run():
+    mlflow.log_params({"lr": args.lr, "depth": args.depth})
+    for step in range(3):
+        mlflow.log_metric("loss", args.lr * args.depth / (step + 1), step=step)
+with open(f"result-{args.lr}-{args.depth}.json", "w") as f:
+    json.dump({"lr": args.lr, "depth": args.depth, "start": start, "end": time.time()}, f)
+"""
+
+
+def cli(workspace: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "jupyter_remote_compute.cli", "run", *args],
+        cwd=workspace, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def cli_env(scratch_dir: Path, tracking_uri: str) -> dict[str, str]:
+    return {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
+
+
+GRID = [
+    "--machine", "local", "--send", "train.py", "--bring-back", "result-{lr}-{depth}.json",
+    "--sweep", "lr=0.1,0.01,0.001", "--sweep", "depth=3,5", "--max-parallel", "2",
+    "--", f"{PY} train.py --lr {{lr}} --depth {{depth}}",
+]  # fmt: skip
+
+
+def sweep_parent(tracking_uri: str) -> object:
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+
+    def found() -> object:
+        runs = client.search_runs(experiments, "tags.`remote_compute.sweep` = 'lr by depth'")
+        return runs[0] if runs and runs[0].info.status == "FINISHED" else None
+
+    return wait_for(found, timeout=120, message="the sweep's MLflow parent run")
+
+
+def test_a_grid_runs_every_trial_under_one_parent_run_and_a_rerun_reuses_them(workspace, cli_env, tracking_uri):
+    (workspace / "train.py").write_text(TRAIN)
+    done = cli(workspace, *GRID, env=cli_env)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(p.read_text()) for p in sorted(workspace.glob("result-*.json"))]
+    assert sorted((r["lr"], r["depth"]) for r in results) == sorted(
+        (lr, depth) for lr in (0.1, 0.01, 0.001) for depth in (3, 5)
+    )
+    # --max-parallel 2: no moment had three trials running at once.
+    moments = sorted([(r["start"], 1) for r in results] + [(r["end"], -1) for r in results])
+    running, most = 0, 0
+    for _, change in moments:
+        running += change
+        most = max(most, running)
+    assert most <= 2, results
+    assert "trial-1 (lr=0.1 depth=3): succeeded" in done.stderr, done.stderr
+
+    parent = sweep_parent(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    assert parent.info.run_name == "sweep lr by depth"  # type: ignore[attr-defined]
+    children = client.search_runs(
+        [parent.info.experiment_id],  # type: ignore[attr-defined]
+        f"tags.mlflow.parentRunId = '{parent.info.run_id}'",  # type: ignore[attr-defined]
+    )
+    assert len(children) == 6
+    for child in children:
+        given = {
+            k.rsplit(".", 1)[1]: v for k, v in child.data.tags.items() if k.startswith("remote_compute.sweep.param.")
+        }
+        assert float(child.data.params["lr"]) == float(given["lr"]) and child.data.params["depth"] == given["depth"]
+        history = client.get_metric_history(child.info.run_id, "loss")
+        assert [m.step for m in history] == [0, 1, 2]
+
+    again = cli(workspace, *GRID, env=cli_env)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count(": reused") == 6, again.stderr
+    jobs = json.loads(
+        subprocess.run(
+            [PY, "-m", "jupyter_remote_compute.cli", "jobs", "list", "--json"],
+            cwd=workspace, env=cli_env, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert len(jobs) == 6  # nothing ran twice
+
+
+def test_a_failing_trial_fails_the_sweep_naming_it_while_the_others_run(workspace, cli_env):
+    command = f"{PY} -c \"import sys; sys.exit(3 if '{{x}}' == 'b' else 0)\""
+    done = cli(workspace, "--sweep", "x=a,b,c", "--", command, env=cli_env)
+    assert done.returncode == 1
+    assert "2 of 3 trials succeeded; trial-2 (x=b) failed: exit code 3" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sweep", "lr="], "sweep[0]: lr has an empty value"),
+        (["--sweep", "1lr=1,2"], "sweep[0]: '1lr=1,2': write NAME=V1,V2"),
+        (["--sweep", "lr=1,2", "--sweep", "lr=3"], "sweep[1]: lr is swept twice"),
+        (["--sweep", "lr=loguniform(1e-4,1e-1)"], "sweep: lr is a range, drawn only by a random sweep"),
+        (["--sweep", "lr=loguniform(0,1)", "--sweep-random", "3"], "loguniform needs bounds above 0"),
+        (["--sweep-random", "3"], "sweep: give at least one --sweep"),
+        (["--sweep", "a=" + ",".join(map(str, range(1001)))], "1001 trials is more than 1000; add --yes"),
+        (["--sweep", "a=1,2", "--bring-back", "model.pkl"], "trial-1 and trial-2 would both bring back model.pkl"),
+        (["--sweep", "a=1,2", "--detach"], "--detach: a sweep is driven by this command"),
+        (["--sweep", "a=1,2", "--retry", "2"], "retry: a sweep's trials do not take retry yet"),
+    ],
+)
+def test_a_bad_sweep_is_refused_naming_what_to_change_and_nothing_runs(workspace, cli_env, args, message):
+    done = cli(workspace, *args, "--", "echo {a}", env=cli_env)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert not (workspace / ".punica" / "pipelines").exists() or not any(
+        (workspace / ".punica/pipelines").glob("*.json")
+    )
+
+
+def test_a_parameter_the_command_never_mentions_is_warned(workspace, cli_env):
+    done = cli(workspace, "--sweep", "seed=1", "--sweep", "unused=2", "--", "echo $seed", env=cli_env)
+    assert done.returncode == 0, done.stderr
+    assert "the command never mentions {unused} or $unused" in done.stderr
+    assert "mentions {seed}" not in done.stderr
+
+
+def test_a_random_sweep_draws_the_same_trials_again() -> None:
+    axes = parse_axes(["lr=loguniform(1e-4,1e-1)", "depth=int(2,8)", "opt=adam,sgd"])
+    first = draw_trials(axes, 5)
+    assert first == draw_trials(axes, 5) and len({tuple(t.values()) for t in first}) == 5
+    for trial in first:
+        assert 1e-4 <= float(trial["lr"]) <= 1e-1 and 2 <= int(trial["depth"]) <= 8 and trial["opt"] in ("adam", "sgd")
+    with pytest.raises(InvalidSettings, match="the low bound must be below the high one"):
+        parse_axes(["x=uniform(2,1)"])
+
+
+def test_a_shell_value_is_quoted_and_the_shells_own_braces_are_left() -> None:
+    settings = {"machine": "local", "command": "echo {msg} ${HOME} {other}", "env": {"A": "1"}}
+    document, params = sweep_document(settings, [{"msg": "a b; rm -rf x"}])
+    trial = document["nodes"][0]["settings"]
+    assert trial["command"] == "echo 'a b; rm -rf x' ${HOME} {other}"
+    assert trial["env"] == {"A": "1", "msg": "a b; rm -rf x"} and params == {"trial-1": {"msg": "a b; rm -rf x"}}
+
+
+def test_a_notebook_sweep_gives_each_trial_its_typed_parameters(workspace, cli_env):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("epochs = 1", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("open(f'epochs-{epochs}.txt', 'w').write(type(epochs).__name__)"),
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, workspace / "train.ipynb")
+    done = subprocess.run(
+        [PY, "-m", "jupyter_remote_compute.cli", "run", "--notebook", "train.ipynb", "--python", PY,
+         "--bring-back", "epochs-{epochs}.txt", "--sweep", "epochs=2,4"],
+        cwd=workspace, env=cli_env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (workspace / "epochs-2.txt").read_text() == "int" and (workspace / "epochs-4.txt").read_text() == "int"
+    assert (workspace / "train.trial-1.ipynb").exists() and (workspace / "train.trial-2.ipynb").exists()
