@@ -24,13 +24,13 @@ from typing import Any, NoReturn
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
-from .errors import NotTrained
+from .errors import NotTrained, RemoteComputeError
 from .fsutil import atomic_write
 from .jobs.listing import add_list_arguments, iter_jobs, list_arguments
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration, parse_duration
 from .jobview import JobTable, RemoteTrainJob, detach_hint, follow, summary_line
-from .run_options import add_run_options, spec_settings
+from .run_options import add_run_options, add_sweep_options, spec_settings
 from .workspace import Workspace
 
 #: Where ``%%remote_train`` keeps cell bodies: in the workspace (so they can be sent), never in .punica.
@@ -89,6 +89,7 @@ def build_train_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_options(p)
+    add_sweep_options(p)
     p.add_argument("--wait", help="how long this cell waits (default: until the job ends); the job keeps running")
     return p
 
@@ -198,7 +199,11 @@ class RemoteComputeMagics(Magics):
         elif not command:
             raise UsageError("%remote_train: give the command after --, e.g. %remote_train -- python train.py")
         wait = parse_duration(args.wait, "wait")
-        spec = JobSpec.from_json(spec_settings(args, command))
+        settings = spec_settings(args, command)
+        spec = JobSpec.from_json(settings)
+        if args.sweep or args.sweep_random is not None:
+            self._sweep(service, args, settings)
+            return None
 
         job = None
         if self._detached and not args.new:
@@ -247,6 +252,20 @@ class RemoteComputeMagics(Magics):
             # Raised from here, without the lifecycle's frames: the message says everything.
             raise e.with_traceback(None) from None
         return RemoteTrainJob(service, job)
+
+    def _sweep(self, service: JobService, args: argparse.Namespace, settings: dict[str, Any]) -> None:
+        """``%remote_train --sweep …``: the trials driven in this cell, each one's state printed as it changes."""
+        from .pipelines.cli import drive_sweep
+
+        for flag, given in (("--detach", args.detach), ("--new", args.new), ("--wait", args.wait)):
+            if given:
+                raise UsageError(f"{flag}: a sweep is driven by this cell and reuses the trials that succeeded")
+        run = drive_sweep(service, args, settings, out=sys.stdout)
+        if run is None:
+            raise KeyboardInterrupt("detached from the sweep; its jobs keep running")
+        print(f"{run.label}: {run.state}" + (f" — {run.reason}" if run.reason else ""))
+        if run.state != "succeeded":
+            raise RemoteComputeError(run.reason or f"the sweep {run.state}") from None
 
     @line_magic
     def remote_jobs(self, line: str) -> JobTable | RemoteTrainJob | None:

@@ -362,3 +362,15 @@ def test_remote_train_prints_the_latest_metrics_under_the_log_while_the_job_runs
     lines = cell.stdout.splitlines()
     # The last point comes after the log it followed, in the same stream.
     assert any("loss 0.125 (step 3)" in line for line in lines[lines.index("trained") :])
+
+
+def test_a_sweep_runs_each_trial_prints_its_state_and_fails_naming_the_trial(kernel, quickstart: Path) -> None:
+    cell = kernel.run("%remote_train --sweep x=1,2 --bring-back 'out-{x}.txt' -- echo {x} > out-{x}.txt")
+    assert cell.error is None, (cell.error, cell.stdout)
+    assert "sweep x: 2 trials, 4 at once" in cell.stdout and "trial-2 (x=2): succeeded" in cell.stdout
+    assert (quickstart / "out-1.txt").read_text() == "1\n" and (quickstart / "out-2.txt").read_text() == "2\n"
+    failing = kernel.run("%remote_train --sweep x=0,5 -- exit {x}")
+    assert failing.error is not None and failing.error["ename"] == "RemoteComputeError"
+    assert "1 of 2 trials succeeded; trial-2 (x=5) failed: exit code 5" in failing.error["evalue"]
+    detached = kernel.run("%remote_train --sweep x=1 --detach -- echo {x}")
+    assert detached.error is not None and "--detach: a sweep is driven by this cell" in detached.error["evalue"]
