@@ -129,9 +129,11 @@ def pending_file(workspace: Workspace, job_id: str) -> Path:
 
 def recorder_file(suffix: str) -> Path:
     """The recorder's own files, ``sock`` (where it listens), ``lock`` (held for its life, with its pid)
-    and ``log``: in a folder only this user can open, named after the Python that runs the recorder
-    and the protocol, so a face never reaches a recorder of another environment or version."""
-    digest = hashlib.sha256(os.fsencode(sys.executable)).hexdigest()[:16]
+    and ``log``: in a folder only this user can open, named after the Python that runs the recorder,
+    the package's own folder and the protocol, so a face never reaches a recorder of another environment
+    or version (two checkouts on one Python, as a developer has, each get their own)."""
+    where = os.fsencode(sys.executable) + b"\0" + os.fsencode(str(Path(__file__).resolve().parent.parent))
+    digest = hashlib.sha256(where).hexdigest()[:16]
     return _private_folder() / f"recorder-{digest}.v{PROTOCOL}.{suffix}"
 
 
