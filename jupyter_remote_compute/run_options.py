@@ -160,6 +160,18 @@ def add_sweep_options(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument(
         "--max-parallel", dest="max_parallel", type=int, default=4, metavar="K", help="trials at once (default 4)"
     )
+    sweep.add_argument(
+        "--sweep-metric",
+        dest="sweep_metric",
+        metavar="METRIC[:min|max]",
+        help="the MLflow metric the trials log that judges them (default goal: min), followed live",
+    )
+    sweep.add_argument(
+        "--early-stop",
+        dest="early_stop",
+        choices=("median",),
+        help="median: stop a trial whose metric is worse than the median of the others at the same step",
+    )
     sweep.add_argument("--yes", action="store_true", help=f"run a sweep of over {CONFIRM_ABOVE} trials")
 
 

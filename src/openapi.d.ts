@@ -1742,6 +1742,20 @@ export interface components {
                         [key: string]: string;
                     };
                 };
+                /** @description the MLflow metric the trials are judged by */
+                metric?: string | null;
+                /** @enum {string|null} */
+                goal?: "min" | "max" | null;
+                /** @enum {string|null} */
+                early_stop?: "median" | null;
+                /** @description node id → [step, value]: the metric's last point each trial logged */
+                latest?: {
+                    [key: string]: number[];
+                };
+                /** @description node id → why early stopping stopped it */
+                stopped?: {
+                    [key: string]: string;
+                };
             } | null;
         };
         PipelineProblem: {
@@ -1755,10 +1769,10 @@ export interface components {
         };
         PipelineNodeRun: {
             /**
-             * @description reused: unchanged since its job succeeded, outputs taken as they are; not_run: a node it needs did not succeed
+             * @description reused: unchanged since its job succeeded, outputs taken as they are; not_run: a node it needs did not succeed; stopped_early: a sweep's trial its early stopping ended
              * @enum {string}
              */
-            state: "waiting" | "running" | "succeeded" | "reused" | "failed" | "cancelled" | "not_run";
+            state: "waiting" | "running" | "succeeded" | "reused" | "failed" | "cancelled" | "not_run" | "stopped_early";
             job_id?: string | null;
             reason?: string | null;
             /** @description workspace-relative path → sha256, size, path */

@@ -105,7 +105,7 @@ def test_a_grid_runs_every_trial_under_one_parent_run_and_a_rerun_reuses_them(wo
 
     again = cli(workspace, *GRID, env=cli_env)
     assert again.returncode == 0, again.stderr
-    assert again.stderr.count(": reused") == 6, again.stderr
+    assert again.stdout.count(": reused") == 6, again.stdout
     jobs = json.loads(
         subprocess.run(
             [PY, "-m", "jupyter_remote_compute.cli", "jobs", "list", "--json"],
@@ -135,6 +135,7 @@ def test_a_failing_trial_fails_the_sweep_naming_it_while_the_others_run(workspac
         (["--sweep", "a=1,2", "--bring-back", "model.pkl"], "trial-1 and trial-2 would both bring back model.pkl"),
         (["--sweep", "a=1,2", "--detach"], "--detach: a sweep is driven by this command"),
         (["--sweep", "a=1,2", "--retry", "2"], "retry: a sweep's trials do not take retry yet"),
+        (["--sweep", "a=1,2", "--early-stop", "median"], "early_stop: name the metric the trials are judged by"),
     ],
 )
 def test_a_bad_sweep_is_refused_naming_what_to_change_and_nothing_runs(workspace, cli_env, args, message):
@@ -186,3 +187,58 @@ def test_a_notebook_sweep_gives_each_trial_its_typed_parameters(workspace, cli_e
     assert done.returncode == 0, done.stderr
     assert (workspace / "epochs-2.txt").read_text() == "int" and (workspace / "epochs-4.txt").read_text() == "int"
     assert (workspace / "train.trial-1.ipynb").exists() and (workspace / "train.trial-2.ipynb").exists()
+
+
+DIVERGING = """\
+import sys, time
+import mlflow
+
+x = float(sys.argv[1])
+with mlflow.start_run():
+    for step in range(4):
+        mlflow.log_metric("loss", x, step=step)
+    while x > 5:  # the diverging trial would run on: only early stopping ends it
+        time.sleep(0.1)
+"""
+
+
+def test_median_stopping_stops_the_trial_behind_the_others_and_the_sweep_succeeds(workspace, cli_env):
+    (workspace / "train.py").write_text(DIVERGING)
+    done = cli(
+        workspace, "--send", "train.py", "--sweep", "x=1,2,9", "--sweep-metric", "loss", "--early-stop", "median",
+        "--", f"{PY} train.py {{x}}", env=cli_env,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    lines = {line.split(":", 1)[0].strip(): line for line in done.stdout.splitlines()}
+    assert lines["trial-3 (x=9)"].startswith("  trial-3 (x=9): stopped_early, loss 9 at step 3 (job "), done.stdout
+    assert lines["trial-3 (x=9)"].endswith(
+        "stopped early: loss 9 at step 3 is worse than the median 1.5 of the 2 other trials at that step"
+    )
+    assert lines["trial-1 (x=1)"].startswith("  trial-1 (x=1): succeeded, loss 1 at step 3 (best) (job ")
+    assert "sweep x: succeeded — 1 of 3 trials stopped early" in done.stdout
+    jobs = json.loads(
+        subprocess.run(
+            [PY, "-m", "jupyter_remote_compute.cli", "jobs", "list", "--json"],
+            cwd=workspace, env=cli_env, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+    )  # fmt: skip
+    states = sorted((j["state"], j.get("reason") or "") for j in jobs)
+    assert states[0] == ("cancelled", "cancelled by early stopping"), states
+
+
+def test_median_verdicts_judge_at_a_step_the_others_reached_with_the_goal_given() -> None:
+    from jupyter_remote_compute.pipelines.early_stop import Objective, median_verdict
+
+    loss = Objective.parse("loss")
+    histories = {"a": {0: 1.0, 1: 1.0}, "b": {0: 2.0, 1: 2.0}, "c": {0: 9.0, 1: 9.0, 7: 0.1}}
+    # c's step 7 has no company: it is judged at step 1, the latest step two others logged.
+    assert median_verdict(loss, histories, "c") == (
+        "stopped early: loss 9 at step 1 is worse than the median 1.5 of the 2 other trials at that step"
+    )
+    assert median_verdict(loss, histories, "a") is None
+    assert median_verdict(loss, {"a": {0: 5.0}, "b": {0: 1.0}, "c": {0: 1.0}}, "a") is None  # never at the first
+    accuracy = Objective.parse("accuracy:max")
+    assert median_verdict(accuracy, histories, "a") is not None and median_verdict(accuracy, histories, "c") is None
+    assert accuracy.best({"a": 0.5, "b": 0.9}) == "b" and loss.best({"a": 0.5, "b": 0.9}) == "a"
+    with pytest.raises(InvalidSettings, match="sweep_metric: 'loss:low': the goal after ':' is min or max"):
+        Objective.parse("loss:low")

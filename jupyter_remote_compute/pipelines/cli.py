@@ -14,7 +14,9 @@ from typing import Any, TextIO
 
 from ..jobs.service import JobService
 from .document import PipelineInvalid
-from .runner import PipelineRun, PipelineRunner
+from .early_stop import Objective
+from .runner import PipelineRunner
+from .runs import NODE_DONE, PipelineRun
 
 EXIT_FAILED = 1
 EXIT_DETACHED = 3
@@ -22,9 +24,15 @@ EXIT_DETACHED = 3
 
 def _node_lines(run: PipelineRun) -> list[str]:
     lines = []
+    sweep = run.sweep or {}
+    latest = sweep.get("latest") or {}
+    best = Objective(sweep["metric"], sweep["goal"]).best({k: v[1] for k, v in latest.items()}) if latest else None
     for node_id, node in run.nodes.items():
-        params = " ".join(f"{k}={v}" for k, v in run.sweep["parameters"].get(node_id, {}).items()) if run.sweep else ""
+        params = " ".join(f"{k}={v}" for k, v in sweep.get("parameters", {}).get(node_id, {}).items())
         line = f"  {node_id}{f' ({params})' if params else ''}: {node.state}"
+        if node_id in latest:
+            step, value = latest[node_id]
+            line += f", {sweep['metric']} {value:.4g} at step {step:g}" + (" (best)" if node_id == best else "")
         if node.job_id:
             line += f" (job {node.job_id})"
         if node.reason:
@@ -118,7 +126,8 @@ def drive_sweep(
     runner = PipelineRunner(service)
     try:
         runner.add_listener(_node_printer(out, parameters))
-        run, attached = runner.start_sweep(name, document, parameters, args.max_parallel)
+        objective = Objective.parse(args.sweep_metric) if args.sweep_metric else None
+        run, attached = runner.start_sweep(name, document, parameters, args.max_parallel, objective, args.early_stop)
         if attached:
             print(f"sweep {name} is already under way (pipeline run {run.id}, driven elsewhere)", file=out)
             return run
@@ -139,7 +148,11 @@ def _node_printer(out: TextIO, parameters: dict[str, dict[str, str]] | None = No
     def show(run: PipelineRun) -> None:
         for node_id, node in run.nodes.items():
             now = (node.state, node.job_id)
-            if seen.get(node_id) != now:
+            before = seen.get(node_id)
+            # Node threads tell their changes concurrently: an older copy of the run can come after a newer one.
+            if before is not None and before[0] in NODE_DONE and node.state not in NODE_DONE:
+                continue
+            if before != now:
                 seen[node_id] = now
                 params = " ".join(f"{k}={v}" for k, v in (parameters or {}).get(node_id, {}).items())
                 line = f"{node_id}{f' ({params})' if params else ''}: {node.state}"

@@ -7,7 +7,8 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from .runner import PipelineRun, PipelineRunner
+from .runner import PipelineRunner
+from .runs import PipelineRun
 
 RUN_EVENT_SCHEMA = Path(__file__).parent / "run_event.yaml"
 RUN_EVENT_ID = "https://events.jupyter.org/jupyter_remote_compute/pipeline_run"

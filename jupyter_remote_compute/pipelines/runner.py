@@ -6,7 +6,7 @@ them: a node whose settings and inputs are unchanged and whose job succeeded is 
 (``reused``), and one whose job is still under way is attached to. A node that fails stops the
 nodes that need it (``not_run``, with the reason); cancelling a run cancels its running jobs.
 
-A run's record is ``.punica/pipelines/<run id>.json``, written atomically under a lock file
+A run's record (``runs.py``) is ``.punica/pipelines/<run id>.json``, written atomically under a lock file
 (``fsutil``), with the driving process's identity: a run whose driver died (a server killed or
 restarted) is taken up again by ``resume`` and attaches to its jobs where they are.
 Everything here blocks; the server calls it from its worker threads, never from the IOLoop.
@@ -15,8 +15,6 @@ Everything here blocks; the server calls it from its worker threads, never from 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import threading
@@ -26,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError, SecretStoreUnavailable
-from ..fsutil import SharedFileLock, atomic_write, private_dir
 from ..guards import screen_settings
 from ..jobs.job import Job, new_job_id, utcnow
 from ..jobs.liveness import holder_alive, process_identity
@@ -36,14 +33,16 @@ from ..jobs.spec import JobSpec, check_relative_path
 from ..steps import describe_steps, parse_settings
 from ..steps.executor import StepContext, run_spec
 from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs, load_pipeline, order, validate
+from .early_stop import RULES, Objective, TrialMetrics, median_verdict
 from .notebook import NOTEBOOK_STEP, notebook_spec
+from .runs import NODE_DONE, NODE_FINE, NodeRun, PipelineRun, RunStore
 
 log = logging.getLogger(__name__)
 
-RUN_STATES = ("running", "succeeded", "failed", "cancelled")
-#: A node: waiting → running → succeeded | reused | failed | cancelled; or not_run when a need failed.
-NODE_DONE = ("succeeded", "reused", "failed", "cancelled", "not_run")
-LOCK_TIMEOUT = 30.0
+#: How often a sweep with an objective looks at its trials' new points (seconds).
+JUDGE_EVERY = 1.0
+#: What identifies a sweep (a start with the same attaches to it); the rest of its record is what it found.
+SWEEP_DEFINITION = ("name", "max_parallel", "parameters", "metric", "goal", "early_stop")
 #: Steps whose nodes the runner turns into jobs itself (on its service, so cancel reaches them).
 BUILT_IN_STEPS = ("train-on-remote-machine", NOTEBOOK_STEP)
 #: How long a cancelled run follows a job's cancel to its end (the machine's grace, a collection).
@@ -53,120 +52,6 @@ STOP_WAIT = 120.0
 def known_steps() -> dict[str, dict[str, Any]]:
     """Every step a pipeline may use, by id: this package's, then other packages' entry points."""
     return {s["id"]: s for s in describe_steps(installed=True)}
-
-
-@dataclasses.dataclass
-class NodeRun:
-    state: str = "waiting"
-    job_id: str | None = None
-    reason: str | None = None
-    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    started: str | None = None
-    ended: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class PipelineRun:
-    id: str
-    file: str  # workspace-relative path of the .rcpipeline
-    pipeline: dict[str, Any]  # the document as it was when the run started
-    state: str = "running"
-    reason: str | None = None
-    created: str = dataclasses.field(default_factory=utcnow)
-    updated: str = dataclasses.field(default_factory=utcnow)
-    cancel_requested: str | None = None
-    mlflow_run_id: str | None = None  # the parent run of the nodes' job runs, once recorded
-    driver: dict[str, Any] | None = None
-    nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
-    #: A sweep's run (``sweep.py``): its name, ``max_parallel`` and each trial's ``parameters`` by node.
-    sweep: dict[str, Any] | None = None
-
-    @property
-    def label(self) -> str:
-        """What a person calls the run: its file, or the sweep's name."""
-        return f"sweep {self.sweep['name']}" if self.sweep else self.file
-
-    @property
-    def active(self) -> bool:
-        return self.state == "running"
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["nodes"] = {k: v.to_json() for k, v in self.nodes.items()}
-        return data
-
-    def public_json(self) -> dict[str, Any]:
-        data = self.to_json()
-        data.pop("driver")
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PipelineRun:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in fields}
-        values["nodes"] = {k: NodeRun(**v) for k, v in (data.get("nodes") or {}).items()}
-        return cls(**values)
-
-
-class RunStore:
-    """Pipeline runs, one JSON file each under ``.punica/pipelines/``; every change under its lock file."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def path(self, run_id: str) -> Path:
-        if not run_id.replace("-", "").isalnum():
-            raise NotFound(f"no pipeline run {run_id!r}")
-        return self.folder / f"{run_id}.json"
-
-    def _lock(self, run_id: str) -> SharedFileLock:
-        private_dir(self.folder)
-        return SharedFileLock(self.folder / f".{run_id}.lock", LOCK_TIMEOUT)
-
-    def parent_id_path(self, run_id: str) -> Path:
-        """Where the recorder leaves the id of the run's MLflow parent run once it has made it."""
-        return self.folder / f"{run_id}.mlflow-run"
-
-    def get(self, run_id: str) -> PipelineRun:
-        try:
-            run = PipelineRun.from_json(json.loads(self.path(run_id).read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            raise NotFound(f"no pipeline run {run_id!r}") from None
-        except (ValueError, TypeError) as e:
-            raise RemoteComputeError(f"{self.path(run_id)}: the run's record cannot be read ({e})") from None
-        if run.mlflow_run_id is None:
-            with contextlib.suppress(FileNotFoundError):
-                run.mlflow_run_id = self.parent_id_path(run_id).read_text(encoding="utf-8").strip() or None
-        return run
-
-    def put(self, run: PipelineRun) -> None:
-        with self._lock(run.id):
-            self._write(run)
-
-    def _write(self, run: PipelineRun) -> None:
-        run.updated = utcnow()
-        atomic_write(self.path(run.id), (json.dumps(run.to_json(), indent=1) + "\n").encode())
-
-    def change(self, run_id: str, fn: Callable[[PipelineRun], None]) -> PipelineRun:
-        """Read, change and write one run under its lock, so two writers never lose each other's change."""
-        with self._lock(run_id):
-            run = self.get(run_id)
-            fn(run)
-            self._write(run)
-            return run
-
-    def runs(self) -> list[PipelineRun]:
-        """Every readable run, newest first."""
-        out = []
-        for path in sorted(self.folder.glob("*.json"), reverse=True):
-            try:
-                out.append(self.get(path.stem))
-            except RemoteComputeError as e:
-                log.warning("%s", e)
-        return out
 
 
 class PipelineRunner:
@@ -272,20 +157,41 @@ class PipelineRunner:
         return self._begin(run, background), False
 
     def start_sweep(
-        self, name: str, document: Mapping[str, Any], parameters: Mapping[str, Mapping[str, str]], max_parallel: int
+        self,
+        name: str,
+        document: Mapping[str, Any],
+        parameters: Mapping[str, Mapping[str, str]],
+        max_parallel: int,
+        objective: Objective | None = None,
+        early_stop: str | None = None,
     ) -> tuple[PipelineRun, bool]:
         """Start a sweep's run (``sweep.sweep_document`` made its trials), or attach to the same sweep
-        under way; driven as ``start`` with ``background=False`` (call ``drive``)."""
+        under way; driven as ``start`` with ``background=False`` (call ``drive``). With an ``objective``
+        its trials' latest values are followed; ``early_stop="median"`` stops the ones that fall behind."""
         if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
             raise InvalidSettings("max_parallel: give 1 or more trials at once", field="max_parallel")
+        if early_stop is not None and early_stop not in RULES:
+            raise InvalidSettings(f"early_stop: {early_stop!r}: the rule is {' or '.join(RULES)}", field="early_stop")
+        if early_stop is not None and objective is None:
+            raise InvalidSettings(
+                "early_stop: name the metric the trials are judged by (--sweep-metric loss)", field="early_stop"
+            )
         source = f"sweep {name}"
         pipeline = Pipeline.from_json(dict(document), source)
         problems = self.problems(pipeline)
         if problems:
             raise PipelineInvalid(problems, source)
-        sweep = {"name": name, "max_parallel": max_parallel, "parameters": {k: dict(v) for k, v in parameters.items()}}
+        sweep: dict[str, Any] = {
+            "name": name,
+            "max_parallel": max_parallel,
+            "parameters": {k: dict(v) for k, v in parameters.items()},
+            "metric": objective.metric if objective else None,
+            "goal": objective.goal if objective else None,
+            "early_stop": early_stop,
+        }
         for existing in self.store.runs():
-            if existing.sweep == sweep and existing.active and holder_alive(existing.driver):
+            same = existing.sweep and all(existing.sweep.get(k) == sweep[k] for k in SWEEP_DEFINITION)
+            if same and existing.active and holder_alive(existing.driver):
                 return existing, True
         run = PipelineRun(
             id=new_job_id(),
@@ -373,6 +279,7 @@ class PipelineRunner:
             ordered, _ = order(pipeline)
             # A sweep runs at most max_parallel trials at once; a pipeline, every node that is ready.
             at_once = run.sweep["max_parallel"] if run.sweep else len(ordered)
+            judge = self._trial_metrics(run)
             if run.cancel_requested:
                 stop.set()
             with ThreadPoolExecutor(max(1, len(ordered)), thread_name_prefix=f"pipeline-{run_id}") as nodes:
@@ -411,10 +318,14 @@ class PipelineRunner:
                         if after.nodes == run.nodes:
                             break  # nothing can move (a cycle got past validation): end what is left
                         continue
-                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    done, _ = wait(running, timeout=JUDGE_EVERY if judge else None, return_when=FIRST_COMPLETED)
                     for future in done:
                         running.pop(future)
                         future.result()
+                    if judge is not None:
+                        self._judge(run_id, judge)
+            if judge is not None:
+                self._judge(run_id, judge)  # the points of the trials that ended last
             run = self.store.change(run_id, self._finish)
             self._record_parent(run)
             self._emit(run)
@@ -422,6 +333,41 @@ class PipelineRunner:
         finally:
             with self._guard:
                 self._stops.pop(run_id, None)
+
+    def _trial_metrics(self, run: PipelineRun) -> TrialMetrics | None:
+        if not run.sweep or not run.sweep.get("metric"):
+            return None
+        return TrialMetrics(self.service.ctx.metrics, Objective(run.sweep["metric"], run.sweep["goal"]))
+
+    def _judge(self, run_id: str, trials: TrialMetrics) -> None:
+        """A sweep's trials' new points: their latest values into the run's record and, with early stopping,
+        each running trial worse than the median of the others at its step stopped (its job cancelled)."""
+        run = self.store.get(run_id)
+        sweep = run.sweep or {}
+        jobs = {
+            node_id: node.job_id
+            for node_id, node in run.nodes.items()
+            if node.job_id and node_id not in trials.finished and node.state != "reused"
+        }
+        if trials.look(jobs):
+            latest = trials.latest()
+            self.store.change(run_id, lambda r: (r.sweep or {}).update(latest=latest))
+        trials.finished.update(n for n in jobs if run.nodes[n].state in NODE_DONE)
+        if sweep.get("early_stop") != "median" or run.cancel_requested:
+            return
+        for node_id, node in run.nodes.items():
+            if node.state != "running" or not node.job_id or node_id in (sweep.get("stopped") or {}):
+                continue
+            verdict = median_verdict(trials.objective, trials.histories, node_id)
+            if verdict is None:
+                continue
+
+            def stopped(r: PipelineRun, node_id: str = node_id, verdict: str = verdict) -> None:
+                (r.sweep or {}).setdefault("stopped", {})[node_id] = verdict
+
+            self.store.change(run_id, stopped)
+            with contextlib.suppress(Conflict, NotFound):  # it ended meanwhile
+                self.service.cancel(node.job_id, by="early stopping")
 
     def _record_parent(self, run: PipelineRun) -> None:
         """Start recording the run's MLflow parent run, its nodes' job runs as children (``parent_run.py``);
@@ -448,8 +394,10 @@ class PipelineRunner:
             if node.state not in NODE_DONE:
                 node.state, node.reason, node.ended = "cancelled", "the run was cancelled", utcnow()
         states = [n.state for n in run.nodes.values()]
-        if all(s in ("succeeded", "reused") for s in states):
+        if all(s in NODE_FINE for s in states):
             run.state, run.reason = "succeeded", None
+            if "stopped_early" in states:
+                run.reason = f"{states.count('stopped_early')} of {len(states)} trials stopped early"
         elif run.cancel_requested:
             run.state, run.reason = "cancelled", f"cancelled by {run.cancel_requested}"
         else:
@@ -497,7 +445,9 @@ class PipelineRunner:
                 def heard(job: Job, attached: bool) -> None:
                     nonlocal reused
                     reused = job.state == "succeeded"
-                    self._set_node(run_id, node.id, job_id=job.id)
+                    run = self._set_node(run_id, node.id, job_id=job.id)
+                    if run.sweep and run.sweep.get("metric"):
+                        self.service.ctx.metrics.watch(job.id)  # from its first poll: a short trial's points too
 
                 result = run_spec(self.service, spec, wait_for, on_job=heard, stop=stop)
                 state = "reused" if reused else "succeeded"
@@ -519,7 +469,11 @@ class PipelineRunner:
                 self._set_node(run_id, node.id, state="cancelled", reason=reason, job_id=e.job_id)
             else:
                 state = "cancelled" if e.state == "cancelled" else "failed"
-                self._set_node(run_id, node.id, state=state, reason=e.reason or e.message, job_id=e.job_id)
+                reason = e.reason or e.message
+                stopped = ((self.store.get(run_id).sweep or {}).get("stopped") or {}).get(node.id)
+                if stopped and e.state == "cancelled":  # by its sweep's early stopping (_judge)
+                    state, reason = "stopped_early", stopped
+                self._set_node(run_id, node.id, state=state, reason=reason, job_id=e.job_id)
         except RemoteComputeError as e:
             self._set_node(run_id, node.id, state="failed", reason=e.message)
         except Exception as e:  # a step's bug ends that node, not the run's other branches

@@ -132,6 +132,8 @@ export function stateLabel(state: string, trans: TranslationBundle): string {
       return trans.__('reused');
     case 'not_run':
       return trans.__('not run');
+    case 'stopped_early':
+      return trans.__('stopped early');
     default:
       return state;
   }

@@ -1,0 +1,143 @@
+"""A pipeline run's record: ``.punica/pipelines/<run id>.json``, each change under the run's lock file.
+
+The record keeps the document as it was when the run started, each node's state, job, reason and
+outputs, the driving process's identity (so a run whose driver died is taken up again), and for a
+sweep its definition and what its trials found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import NotFound, RemoteComputeError
+from ..fsutil import SharedFileLock, atomic_write, private_dir
+from ..jobs.job import utcnow
+
+log = logging.getLogger(__name__)
+
+#: A node: waiting → running → succeeded | reused | failed | cancelled; or not_run when a need failed;
+#: a sweep's trial may also be stopped_early (``early_stop.py``).
+NODE_DONE = ("succeeded", "reused", "failed", "cancelled", "not_run", "stopped_early")
+#: How a node may end and its run still succeed.
+NODE_FINE = ("succeeded", "reused", "stopped_early")
+LOCK_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass
+class NodeRun:
+    state: str = "waiting"
+    job_id: str | None = None
+    reason: str | None = None
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    started: str | None = None
+    ended: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class PipelineRun:
+    id: str
+    file: str  # workspace-relative path of the .rcpipeline
+    pipeline: dict[str, Any]  # the document as it was when the run started
+    state: str = "running"
+    reason: str | None = None
+    created: str = dataclasses.field(default_factory=utcnow)
+    updated: str = dataclasses.field(default_factory=utcnow)
+    cancel_requested: str | None = None
+    mlflow_run_id: str | None = None  # the parent run of the nodes' job runs, once recorded
+    driver: dict[str, Any] | None = None
+    nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
+    #: A sweep's run (``sweep.py``): its name, ``max_parallel`` and each trial's ``parameters`` by node.
+    sweep: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        """What a person calls the run: its file, or the sweep's name."""
+        return f"sweep {self.sweep['name']}" if self.sweep else self.file
+
+    @property
+    def active(self) -> bool:
+        return self.state == "running"
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["nodes"] = {k: v.to_json() for k, v in self.nodes.items()}
+        return data
+
+    def public_json(self) -> dict[str, Any]:
+        data = self.to_json()
+        data.pop("driver")
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PipelineRun:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in fields}
+        values["nodes"] = {k: NodeRun(**v) for k, v in (data.get("nodes") or {}).items()}
+        return cls(**values)
+
+
+class RunStore:
+    """Pipeline runs, one JSON file each under ``.punica/pipelines/``; every change under its lock file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, run_id: str) -> Path:
+        if not run_id.replace("-", "").isalnum():
+            raise NotFound(f"no pipeline run {run_id!r}")
+        return self.folder / f"{run_id}.json"
+
+    def _lock(self, run_id: str) -> SharedFileLock:
+        private_dir(self.folder)
+        return SharedFileLock(self.folder / f".{run_id}.lock", LOCK_TIMEOUT)
+
+    def parent_id_path(self, run_id: str) -> Path:
+        """Where the recorder leaves the id of the run's MLflow parent run once it has made it."""
+        return self.folder / f"{run_id}.mlflow-run"
+
+    def get(self, run_id: str) -> PipelineRun:
+        try:
+            run = PipelineRun.from_json(json.loads(self.path(run_id).read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise NotFound(f"no pipeline run {run_id!r}") from None
+        except (ValueError, TypeError) as e:
+            raise RemoteComputeError(f"{self.path(run_id)}: the run's record cannot be read ({e})") from None
+        if run.mlflow_run_id is None:
+            with contextlib.suppress(FileNotFoundError):
+                run.mlflow_run_id = self.parent_id_path(run_id).read_text(encoding="utf-8").strip() or None
+        return run
+
+    def put(self, run: PipelineRun) -> None:
+        with self._lock(run.id):
+            self._write(run)
+
+    def _write(self, run: PipelineRun) -> None:
+        run.updated = utcnow()
+        atomic_write(self.path(run.id), (json.dumps(run.to_json(), indent=1) + "\n").encode())
+
+    def change(self, run_id: str, fn: Callable[[PipelineRun], None]) -> PipelineRun:
+        """Read, change and write one run under its lock, so two writers never lose each other's change."""
+        with self._lock(run_id):
+            run = self.get(run_id)
+            fn(run)
+            self._write(run)
+            return run
+
+    def runs(self) -> list[PipelineRun]:
+        """Every readable run, newest first."""
+        out = []
+        for path in sorted(self.folder.glob("*.json"), reverse=True):
+            try:
+                out.append(self.get(path.stem))
+            except RemoteComputeError as e:
+                log.warning("%s", e)
+        return out
