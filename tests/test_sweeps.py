@@ -52,6 +52,14 @@ def cli_env(scratch_dir: Path, tracking_uri: str) -> dict[str, str]:
     return {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "JUPYTER_REMOTE_COMPUTE_SCRATCH": str(scratch_dir)}
 
 
+def listed_jobs(workspace: Path, env: dict[str, str]) -> list[dict]:  # type: ignore[type-arg]
+    listed = subprocess.run(
+        [PY, "-m", "jupyter_remote_compute.cli", "jobs", "list", "--json"],
+        cwd=workspace, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(listed.stdout)
+
+
 GRID = [
     "--machine", "local", "--send", "train.py", "--bring-back", "result-{lr}-{depth}.json",
     "--sweep", "lr=0.1,0.01,0.001", "--sweep", "depth=3,5", "--max-parallel", "2",
@@ -106,12 +114,7 @@ def test_a_grid_runs_every_trial_under_one_parent_run_and_a_rerun_reuses_them(wo
     again = cli(workspace, *GRID, env=cli_env)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count(": reused") == 6, again.stdout
-    jobs = json.loads(
-        subprocess.run(
-            [PY, "-m", "jupyter_remote_compute.cli", "jobs", "list", "--json"],
-            cwd=workspace, env=cli_env, capture_output=True, text=True, timeout=60, check=True,
-        ).stdout
-    )  # fmt: skip
+    jobs = listed_jobs(workspace, cli_env)
     assert len(jobs) == 6  # nothing ran twice
 
 
@@ -216,12 +219,7 @@ def test_median_stopping_stops_the_trial_behind_the_others_and_the_sweep_succeed
     )
     assert lines["trial-1 (x=1)"].startswith("  trial-1 (x=1): succeeded, loss 1 at step 3 (best) (job ")
     assert "sweep x: succeeded — 1 of 3 trials stopped early" in done.stdout
-    jobs = json.loads(
-        subprocess.run(
-            [PY, "-m", "jupyter_remote_compute.cli", "jobs", "list", "--json"],
-            cwd=workspace, env=cli_env, capture_output=True, text=True, timeout=60, check=True,
-        ).stdout
-    )  # fmt: skip
+    jobs = listed_jobs(workspace, cli_env)
     states = sorted((j["state"], j.get("reason") or "") for j in jobs)
     assert states[0] == ("cancelled", "cancelled by early stopping"), states
 
