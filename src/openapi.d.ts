@@ -900,6 +900,109 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/remote-compute/pipelines/sweeps": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Run a sweep, each trial a job (or attach to the same sweep under way)
+         * @description The job's settings (those of the Train on a Remote Machine step) run once per trial: every
+         *     combination of the parameters' values, or `random` trials each drawing every parameter (a list is a
+         *     choice; `uniform(a,b)`, `loguniform(a,b)` and `int(a,b)` are ranges, drawn the same again for the
+         *     same sweep). `{name}` in the command, or in a `send` or `bring_back` path, is the trial's value, and
+         *     each parameter is also an environment variable of its name. The sweep is a pipeline run whose nodes
+         *     are its trials (`sweep` in the run), at most `max_parallel` at once; a trial unchanged since its job
+         *     succeeded is `reused`. With `metric` the trials' latest values are followed (`sweep.latest`); with
+         *     `early_stop: median` a trial worse than the median of the others at the same step is stopped. Over
+         *     1,000 trials needs `confirm: true`; two trials bringing back one path are refused.
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": {
+                        /**
+                         * @description the trials' settings: machine, command ({name} where a value goes), send, bring_back, env, …
+                         * @example {
+                         *       "machine": "local",
+                         *       "command": "python train.py --lr {lr}",
+                         *       "send": [
+                         *         "train.py"
+                         *       ]
+                         *     }
+                         */
+                        job: {
+                            [key: string]: unknown;
+                        };
+                        /**
+                         * @description name → a list of values, or a range such as loguniform(1e-4,1e-1) (with random)
+                         * @example {
+                         *       "lr": [
+                         *         0.001,
+                         *         0.01,
+                         *         0.1
+                         *       ]
+                         *     }
+                         */
+                        parameters: {
+                            [key: string]: (string | number)[] | string;
+                        };
+                        /** @description this many trials drawn at random */
+                        random?: number | null;
+                        /** @default 4 */
+                        max_parallel?: number;
+                        /** @description the MLflow metric judging the trials, e.g. loss or accuracy:max */
+                        metric?: string | null;
+                        /** @enum {string|null} */
+                        early_stop?: "median" | null;
+                        /**
+                         * @description true to run over 1,000 trials
+                         * @default false
+                         */
+                        confirm?: boolean;
+                    };
+                };
+            };
+            responses: {
+                /** @description The same sweep was already under way; this is it */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["SweepStarted"];
+                    };
+                };
+                /** @description The sweep, started */
+                201: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["SweepStarted"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/remote-compute/pipelines/validate": {
         parameters: {
             query?: never;
@@ -1705,6 +1808,13 @@ export interface components {
             fingerprint?: string;
             /** @description why the machine could not be reached, when it was not */
             reason?: string;
+        };
+        SweepStarted: {
+            run: components["schemas"]["PipelineRun"];
+            /** @description true: the same sweep was already under way */
+            attached: boolean;
+            /** @description e.g. a parameter the command never mentions */
+            warnings: string[];
         };
         PipelineRunStarted: {
             run: components["schemas"]["PipelineRun"];

@@ -38,6 +38,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("mlflow", "GET"): "read",
     ("pipelines/runs", "GET"): "read",
     ("pipelines/runs", "POST"): "execute",
+    ("pipelines/sweeps", "POST"): "execute",
     ("pipelines/runs/{run_id}", "GET"): "read",
     ("pipelines/runs/{run_id}/cancel", "POST"): "execute",
     ("pipelines/validate", "POST"): "read",

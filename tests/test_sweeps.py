@@ -240,3 +240,59 @@ def test_median_verdicts_judge_at_a_step_the_others_reached_with_the_goal_given(
     assert accuracy.best({"a": 0.5, "b": 0.9}) == "b" and loss.best({"a": 0.5, "b": 0.9}) == "a"
     with pytest.raises(InvalidSettings, match="sweep_metric: 'loss:low': the goal after ':' is min or max"):
         Objective.parse("loss:low")
+
+
+@pytest.fixture
+def server(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    from server_process import Server
+
+    srv = Server(quickstart, scratch_dir, tracking_uri, tmp_path / "server.log")
+    yield srv
+    srv.stop()
+
+
+def test_the_rest_api_runs_a_sweep_follows_its_metric_and_cancels_it_whole(server, quickstart: Path):
+    from server_process import ApiError
+
+    server.start()
+    (quickstart / "steps.py").write_text(DIVERGING)
+    job = {"machine": "local", "command": f"{PY} steps.py {{x}}", "send": ["steps.py"]}
+    with pytest.raises(ApiError) as refused:
+        server.request("POST", "pipelines/sweeps", {"job": job, "parameters": {"x": [1]}, "trials": 3})
+    assert refused.value.status == 400 and refused.value.body["field"] == "trials", refused.value.body
+    with pytest.raises(ApiError) as refused:
+        server.request("POST", "pipelines/sweeps", {"job": job, "parameters": {"x": []}})
+    assert refused.value.status == 400 and refused.value.body["field"] == "parameters.x", refused.value.body
+    with pytest.raises(ApiError) as refused:
+        server.request("POST", "pipelines/sweeps", {"job": job, "parameters": {"x": [1]}, "early_stop": "median"})
+    assert refused.value.body["field"] == "early_stop"
+
+    started = server.request("POST", "pipelines/sweeps", {"job": job, "parameters": {"x": [1, 2]}, "metric": "loss"})
+    assert started["attached"] is False and started["warnings"] == []
+    run = started["run"]
+    assert run["sweep"]["parameters"] == {"trial-1": {"x": "1"}, "trial-2": {"x": "2"}}
+    ended = wait_for(
+        lambda: (r := server.request("GET", f"pipelines/runs/{run['id']}"))["state"] != "running" and r,
+        timeout=120,
+        message="the sweep to end",
+    )
+    assert ended["state"] == "succeeded" and ended["sweep"]["latest"] == {"trial-1": [3, 1.0], "trial-2": [3, 2.0]}
+
+    # A trial that runs on until stopped: cancelling the sweep cancels it, and the trial not yet started.
+    again = server.request(
+        "POST", "pipelines/sweeps", {"job": job, "parameters": {"x": [9, 8]}, "max_parallel": 1, "metric": "loss"}
+    )["run"]
+    wait_for(
+        lambda: server.request("GET", f"pipelines/runs/{again['id']}")["sweep"].get("latest", {}).get("trial-1"),
+        timeout=120,
+        message="the first trial's points",
+    )
+    server.request("POST", f"pipelines/runs/{again['id']}/cancel")
+    cancelled = wait_for(
+        lambda: (r := server.request("GET", f"pipelines/runs/{again['id']}"))["state"] != "running" and r,
+        timeout=120,
+        message="the sweep to end cancelled",
+    )
+    assert cancelled["state"] == "cancelled"
+    assert [n["state"] for n in cancelled["nodes"].values()] == ["cancelled", "cancelled"]
+    assert not cancelled["nodes"]["trial-2"].get("job_id")  # never started

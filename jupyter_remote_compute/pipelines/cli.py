@@ -110,28 +110,28 @@ def drive_sweep(
 ) -> PipelineRun | None:
     """A sweep's trials drawn from ``args`` (``run_options.add_sweep_options``), checked, and driven here
     as a run's nodes, each one's state written to ``out`` as it changes; None when Ctrl-C detached."""
-    from .sweep import check_count, draw_trials, parse_axes, sweep_document, unused_parameters
+    from .sweep import parse_axes, plan
 
-    axes = parse_axes(args.sweep)
-    trials = draw_trials(axes, args.sweep_random)
-    check_count(trials, args.yes)
-    for name in unused_parameters(settings, [a.name for a in axes]):
-        print(
-            f"warning: the command never mentions {{{name}}} or ${name}: "
-            f"the trials get {name} only as an environment variable",
-            file=out,
-        )
-    document, parameters = sweep_document(settings, trials)
-    name = settings.get("name") or " by ".join(a.name for a in axes)
+    sweep = plan(
+        settings,
+        parse_axes(args.sweep),
+        random_count=args.sweep_random,
+        max_parallel=args.max_parallel,
+        metric=args.sweep_metric,
+        early_stop=args.early_stop,
+        confirmed=args.yes,
+    )
+    for warning in sweep.warnings:
+        print(f"warning: {warning}", file=out)
+    name = sweep.name
     runner = PipelineRunner(service)
     try:
-        runner.add_listener(_node_printer(out, parameters))
-        objective = Objective.parse(args.sweep_metric) if args.sweep_metric else None
-        run, attached = runner.start_sweep(name, document, parameters, args.max_parallel, objective, args.early_stop)
+        runner.add_listener(_node_printer(out, sweep.parameters))
+        run, attached = runner.start_sweep(sweep)
         if attached:
             print(f"sweep {name} is already under way (pipeline run {run.id}, driven elsewhere)", file=out)
             return run
-        print(f"sweep {name}: {len(trials)} trials, {args.max_parallel} at once (pipeline run {run.id})", file=out)
+        print(f"sweep {name}: {sweep.trials} trials, {sweep.max_parallel} at once (pipeline run {run.id})", file=out)
         try:
             return runner.drive(run.id)
         except KeyboardInterrupt:

@@ -1,10 +1,12 @@
-"""``/remote-compute/pipelines/…``: check a document; start, list, read and cancel runs (thin, as handlers.py)."""
+"""``/remote-compute/pipelines/…``: check a document; start a run or a sweep; list, read and cancel runs
+(thin, as handlers.py)."""
 
 from __future__ import annotations
 
 from ..errors import InvalidSettings
 from ..handlers import PREFIX, RemoteComputeHandler, api
 from .runner import PipelineRunner
+from .sweep import plan_from_json
 
 RUN_ID = r"(?P<run_id>[A-Za-z0-9_-]+)"
 
@@ -29,6 +31,17 @@ class PipelineRunsHandler(PipelineHandler):
             raise InvalidSettings(f"{unknown[0]}: unknown setting; give only file", field=unknown[0])
         run, attached = await self.call(self.runner.start, body.get("file"))
         self.reply({"run": run.public_json(), "attached": attached}, 200 if attached else 201)
+
+
+class PipelineSweepsHandler(PipelineHandler):
+    @api(action="execute")
+    async def post(self) -> None:
+        """A sweep: its trials checked and drawn (``sweep.plan_from_json``), then driven by the server."""
+        plan = await self.call(plan_from_json, self.body())
+        run, attached = await self.call(self.runner.start_sweep, plan, background=True)
+        self.reply(
+            {"run": run.public_json(), "attached": attached, "warnings": list(plan.warnings)}, 200 if attached else 201
+        )
 
 
 class PipelineValidateHandler(PipelineHandler):
@@ -64,6 +77,7 @@ class PipelineRunCancelHandler(PipelineHandler):
 #: Part of the API (openapi.yaml); ``routes.py`` registers them.
 PIPELINE_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/pipelines/runs", PipelineRunsHandler),
+    (rf"{PREFIX}/pipelines/sweeps", PipelineSweepsHandler),
     (rf"{PREFIX}/pipelines/validate", PipelineValidateHandler),
     (rf"{PREFIX}/pipelines/runs/{RUN_ID}", PipelineRunHandler),
     (rf"{PREFIX}/pipelines/runs/{RUN_ID}/cancel", PipelineRunCancelHandler),

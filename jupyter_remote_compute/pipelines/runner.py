@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,10 @@ from ..jobs.spec import JobSpec, check_relative_path
 from ..steps import describe_steps, parse_settings
 from ..steps.executor import StepContext, run_spec
 from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs, load_pipeline, order, validate
-from .early_stop import RULES, Objective, TrialMetrics, median_verdict
+from .early_stop import Objective, TrialMetrics, median_verdict
 from .notebook import NOTEBOOK_STEP, notebook_spec
 from .runs import NODE_DONE, NODE_FINE, NodeRun, PipelineRun, RunStore
+from .sweep import SweepPlan
 
 log = logging.getLogger(__name__)
 
@@ -156,38 +157,23 @@ class PipelineRunner:
         )
         return self._begin(run, background), False
 
-    def start_sweep(
-        self,
-        name: str,
-        document: Mapping[str, Any],
-        parameters: Mapping[str, Mapping[str, str]],
-        max_parallel: int,
-        objective: Objective | None = None,
-        early_stop: str | None = None,
-    ) -> tuple[PipelineRun, bool]:
-        """Start a sweep's run (``sweep.sweep_document`` made its trials), or attach to the same sweep
-        under way; driven as ``start`` with ``background=False`` (call ``drive``). With an ``objective``
-        its trials' latest values are followed; ``early_stop="median"`` stops the ones that fall behind."""
-        if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
-            raise InvalidSettings("max_parallel: give 1 or more trials at once", field="max_parallel")
-        if early_stop is not None and early_stop not in RULES:
-            raise InvalidSettings(f"early_stop: {early_stop!r}: the rule is {' or '.join(RULES)}", field="early_stop")
-        if early_stop is not None and objective is None:
-            raise InvalidSettings(
-                "early_stop: name the metric the trials are judged by (--sweep-metric loss)", field="early_stop"
-            )
+    def start_sweep(self, plan: SweepPlan, *, background: bool = False) -> tuple[PipelineRun, bool]:
+        """Start a sweep's run (``sweep.plan`` checked it and made its trials), or attach to the same sweep
+        under way; without ``background``, call ``drive``. With an objective its trials' latest values are
+        followed; with ``early_stop`` the ones that fall behind are stopped."""
+        name, objective = plan.name, plan.objective
         source = f"sweep {name}"
-        pipeline = Pipeline.from_json(dict(document), source)
+        pipeline = Pipeline.from_json(plan.document, source)
         problems = self.problems(pipeline)
         if problems:
             raise PipelineInvalid(problems, source)
         sweep: dict[str, Any] = {
             "name": name,
-            "max_parallel": max_parallel,
-            "parameters": {k: dict(v) for k, v in parameters.items()},
+            "max_parallel": plan.max_parallel,
+            "parameters": plan.parameters,
             "metric": objective.metric if objective else None,
             "goal": objective.goal if objective else None,
-            "early_stop": early_stop,
+            "early_stop": plan.early_stop,
         }
         for existing in self.store.runs():
             same = existing.sweep and all(existing.sweep.get(k) == sweep[k] for k in SWEEP_DEFINITION)
@@ -201,7 +187,7 @@ class PipelineRunner:
             nodes={n.id: NodeRun() for n in pipeline.nodes},
             sweep=sweep,
         )
-        return self._begin(run, background=False), False
+        return self._begin(run, background), False
 
     def _begin(self, run: PipelineRun, background: bool) -> PipelineRun:
         self.store.put(run)

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import InvalidSettings
 from ..steps.executor import SETTINGS as STEP_SETTINGS
+from .early_stop import RULES, Objective
 from .notebook import NOTEBOOK_STEP, typed_parameter
 from .notebook import SETTINGS as NOTEBOOK_SETTINGS
 
@@ -54,6 +55,31 @@ class Axis:
         if kind == "loguniform":
             return f"{math.exp(rng.uniform(math.log(low), math.log(high))):.6g}"
         return f"{rng.uniform(low, high):.6g}"
+
+
+def axes_from_json(parameters: Any, field: str = "parameters") -> list[Axis]:
+    """The REST API's ``parameters``: name → a list of values, or a range as ``"loguniform(1e-4,1e-1)"``."""
+    if not isinstance(parameters, Mapping) or not parameters:
+        raise InvalidSettings(f"{field}: give an object of parameter names to their values", field=field)
+    items = []
+    for name, values in parameters.items():
+        at = f"{field}.{name}"
+        if isinstance(values, list) and values and all(isinstance(v, (str, int, float)) for v in values):
+            if any(isinstance(v, str) and "," in v for v in values):
+                raise InvalidSettings(f"{at}: a value holds a comma; give values without one", field=at)
+            items.append(f"{name}=" + ",".join(str(v) for v in values))
+        elif isinstance(values, str) and _DISTRIBUTION.match(values.strip()):
+            items.append(f"{name}={values}")
+        else:
+            raise InvalidSettings(
+                f"{at}: give a list of values (strings or numbers) or a range such as loguniform(1e-4,1e-1)",
+                field=at,
+            )
+    try:
+        return parse_axes(items, field)
+    except InvalidSettings as e:  # name the parameter, not its place in a list the caller never wrote
+        at = f"{field}.{items[int(e.field.rsplit('[', 1)[1].rstrip(']'))].split('=', 1)[0]}" if e.field else field
+        raise InvalidSettings(at + ":" + e.message.split(":", 1)[1], field=at) from None
 
 
 def parse_axes(items: Sequence[str], field: str = "sweep") -> list[Axis]:
@@ -216,3 +242,85 @@ def sweep_document(
         nodes.append({"id": node_id, "step": step, "settings": trial, "position": {"x": 0, "y": 120 * index}})
         params_of[node_id] = dict(params)
     return {"version": 1, "nodes": nodes, "edges": []}, params_of
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPlan:
+    """A sweep ready to start: its name, the pipeline of its trials and each one's parameters, how it
+    runs, and what the person starting it should be told."""
+
+    name: str
+    document: dict[str, Any]
+    parameters: dict[str, dict[str, str]]
+    max_parallel: int = 4
+    objective: Objective | None = None
+    early_stop: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def trials(self) -> int:
+        return len(self.parameters)
+
+
+def plan(
+    settings: Mapping[str, Any],
+    axes: Sequence[Axis],
+    *,
+    random_count: int | None = None,
+    max_parallel: int = 4,
+    metric: str | None = None,
+    early_stop: str | None = None,
+    confirmed: bool = False,
+) -> SweepPlan:
+    """Every check a sweep makes before anything runs, and its trials: the one way each face starts one."""
+    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+        raise InvalidSettings("max_parallel: give 1 or more trials at once", field="max_parallel")
+    if early_stop is not None and early_stop not in RULES:
+        raise InvalidSettings(f"early_stop: {early_stop!r}: the rule is {' or '.join(RULES)}", field="early_stop")
+    if early_stop is not None and not metric:
+        raise InvalidSettings(
+            "early_stop: name the metric the trials are judged by (--sweep-metric loss)", field="early_stop"
+        )
+    objective = Objective.parse(metric) if metric else None
+    trials = draw_trials(axes, random_count)
+    check_count(trials, confirmed)
+    warnings = tuple(
+        f"the command never mentions {{{name}}} or ${name}: the trials get {name} only as an environment variable"
+        for name in unused_parameters(settings, [a.name for a in axes])
+    )
+    document, parameters = sweep_document(settings, trials)
+    name = str(settings.get("name") or " by ".join(a.name for a in axes))
+    return SweepPlan(name, document, parameters, max_parallel, objective, early_stop, warnings)
+
+
+#: What ``POST /remote-compute/pipelines/sweeps`` takes.
+REQUEST_FIELDS = ("job", "parameters", "random", "max_parallel", "metric", "early_stop", "confirm")
+
+
+def plan_from_json(body: Mapping[str, Any]) -> SweepPlan:
+    """The REST API's sweep: ``job`` (the step's settings, ``{name}`` where a value goes) and
+    ``parameters``, with ``random``, ``max_parallel``, ``metric``, ``early_stop`` and ``confirm``."""
+    unknown = sorted(set(body) - set(REQUEST_FIELDS))
+    if unknown:
+        raise InvalidSettings(f"{unknown[0]}: unknown setting; give {', '.join(REQUEST_FIELDS)}", field=unknown[0])
+    job = body.get("job")
+    if not isinstance(job, Mapping):
+        raise InvalidSettings("job: give the trials' job settings (machine, command, …)", field="job")
+    random_count = body.get("random")
+    if random_count is not None and (isinstance(random_count, bool) or not isinstance(random_count, int)):
+        raise InvalidSettings("random: give a whole number of trials", field="random")
+    metric, early_stop = body.get("metric"), body.get("early_stop")
+    for field, value in (("metric", metric), ("early_stop", early_stop)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidSettings(f"{field}: expected a string", field=field)
+    if not isinstance(body.get("confirm", False), bool):
+        raise InvalidSettings("confirm: expected true or false", field="confirm")
+    return plan(
+        job,
+        axes_from_json(body.get("parameters")),
+        random_count=random_count,
+        max_parallel=body.get("max_parallel", 4),
+        metric=metric,
+        early_stop=early_stop,
+        confirmed=body.get("confirm", False),
+    )
