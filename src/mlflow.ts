@@ -47,11 +47,32 @@ export function mlflowRunUrl(
 }
 
 /**
- * What to open: a run, or (no run) the experiment list.
+ * MLflow's run comparison of ``runIds``: `<url>/#/compare-runs?runs=[…]&experiments=[…]`, as
+ * MLflow's own "Compare" button writes it (both lists JSON).
+ */
+export function mlflowCompareUrl(
+  base: string,
+  runIds: readonly string[],
+  experimentId?: string
+): string {
+  const root = base.replace(/\/+$/, '');
+  const runs = encodeURIComponent(JSON.stringify(runIds));
+  const experiments = encodeURIComponent(
+    JSON.stringify(experimentId ? [experimentId] : [])
+  );
+  return `${root}/#/compare-runs?runs=${runs}&experiments=${experiments}`;
+}
+
+/**
+ * What to open: a run, runs to compare, or (neither) the experiment list.
  */
 export interface IOpenMlflowOptions {
   runId?: string;
   experimentId?: string;
+  /**
+   * Runs to compare side by side (a sweep's trials), in MLflow's run comparison.
+   */
+  compareRunIds?: string[];
   /**
    * The tab's title (a job's name).
    */
@@ -103,15 +124,20 @@ export async function openMlflow(
     // Proxied: a path on this origin that already holds the server's base URL.
     base = ui.url;
   }
-  const url = options.runId
-    ? mlflowRunUrl(base, options.runId, options.experimentId)
-    : base.replace(/\/*$/, '/') + '#/experiments';
+  const url = options.compareRunIds?.length
+    ? mlflowCompareUrl(base, options.compareRunIds, options.experimentId)
+    : options.runId
+      ? mlflowRunUrl(base, options.runId, options.experimentId)
+      : base.replace(/\/*$/, '/') + '#/experiments';
   if (!proxied) {
     window.open(url, '_blank', 'noopener');
     return;
   }
-  const id = options.runId
-    ? `jp-remote-compute-mlflow-${safeId(options.runId)}`
+  const tabOf = options.compareRunIds?.length
+    ? `compare-${safeId(options.compareRunIds.join('-')).slice(0, 64)}`
+    : options.runId;
+  const id = tabOf
+    ? `jp-remote-compute-mlflow-${safeId(tabOf)}`
     : 'jp-remote-compute-mlflow';
   for (const widget of app.shell.widgets('main')) {
     if (widget.id === id) {
@@ -139,8 +165,8 @@ export async function openMlflow(
   widget.id = id;
   widget.title.icon = computeIcon;
   widget.title.closable = true;
-  widget.title.label = options.runId
-    ? trans.__('MLflow: %1', options.label || options.runId.slice(0, 8))
+  widget.title.label = tabOf
+    ? trans.__('MLflow: %1', options.label || tabOf.slice(0, 8))
     : trans.__('MLflow');
   widget.title.caption = url;
   app.shell.add(widget, 'main');

@@ -1838,6 +1838,8 @@ export interface components {
             cancel_requested?: string | null;
             /** @description its MLflow parent run; the nodes' job runs are its children */
             mlflow_run_id?: string | null;
+            /** @description the parent run's experiment */
+            mlflow_experiment_id?: string | null;
             /** @description node id → its state in this run */
             nodes: {
                 [key: string]: components["schemas"]["PipelineNodeRun"];

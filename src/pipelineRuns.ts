@@ -45,7 +45,11 @@ export function applyRunEvent(
     state: emission.state as IPipelineRun['state'],
     reason: (emission.reason as string | null | undefined) ?? null,
     updated: updated || known?.updated || '',
-    nodes: merged
+    nodes: merged,
+    sweep:
+      (emission.sweep as IPipelineRun['sweep'] | undefined) ??
+      known?.sweep ??
+      null
   };
 }
 

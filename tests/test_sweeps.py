@@ -251,7 +251,7 @@ def server(quickstart: Path, scratch_dir: Path, tracking_uri: str, tmp_path: Pat
     srv.stop()
 
 
-def test_the_rest_api_runs_a_sweep_follows_its_metric_and_cancels_it_whole(server, quickstart: Path):
+def test_the_rest_api_runs_a_sweep_follows_its_metric_and_cancels_it_whole(server, quickstart: Path, tracking_uri):
     from server_process import ApiError
 
     server.start()
@@ -277,6 +277,14 @@ def test_the_rest_api_runs_a_sweep_follows_its_metric_and_cancels_it_whole(serve
         message="the sweep to end",
     )
     assert ended["state"] == "succeeded" and ended["sweep"]["latest"] == {"trial-1": [3, 1.0], "trial-2": [3, 2.0]}
+    # Its parent run, and the experiment MLflow's run comparison of the trials needs.
+    recorded = wait_for(
+        lambda: (r := server.request("GET", f"pipelines/runs/{run['id']}"))["mlflow_experiment_id"] and r,
+        timeout=120,
+        message="the sweep's parent run",
+    )
+    parent = MlflowClient(tracking_uri).get_run(recorded["mlflow_run_id"])
+    assert parent.info.experiment_id == recorded["mlflow_experiment_id"] and parent.info.run_name == "sweep x"
 
     # A trial that runs on until stopped: cancelling the sweep cancels it, and the trial not yet started.
     again = server.request(

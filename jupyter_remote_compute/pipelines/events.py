@@ -22,6 +22,7 @@ def run_event(run: PipelineRun) -> dict[str, Any]:
         "reason": run.reason,
         "updated": run.updated,
         "nodes": {k: {"state": n.state, "job_id": n.job_id, "reason": n.reason} for k, n in run.nodes.items()},
+        "sweep": run.sweep,
     }
 
 

@@ -337,7 +337,7 @@ class PipelineRunner:
         }
         if trials.look(jobs):
             latest = trials.latest()
-            self.store.change(run_id, lambda r: (r.sweep or {}).update(latest=latest))
+            self._emit(self.store.change(run_id, lambda r: (r.sweep or {}).update(latest=latest)))
         trials.finished.update(n for n in jobs if run.nodes[n].state in NODE_DONE)
         if sweep.get("early_stop") != "median" or run.cancel_requested:
             return

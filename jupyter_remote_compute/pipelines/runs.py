@@ -53,6 +53,7 @@ class PipelineRun:
     updated: str = dataclasses.field(default_factory=utcnow)
     cancel_requested: str | None = None
     mlflow_run_id: str | None = None  # the parent run of the nodes' job runs, once recorded
+    mlflow_experiment_id: str | None = None  # the parent run's experiment (MLflow's run comparison needs it)
     driver: dict[str, Any] | None = None
     nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
     #: A sweep's run (``sweep.py``): its name, ``max_parallel`` and each trial's ``parameters`` by node.
@@ -113,7 +114,10 @@ class RunStore:
             raise RemoteComputeError(f"{self.path(run_id)}: the run's record cannot be read ({e})") from None
         if run.mlflow_run_id is None:
             with contextlib.suppress(FileNotFoundError):
-                run.mlflow_run_id = self.parent_id_path(run_id).read_text(encoding="utf-8").strip() or None
+                # "<parent run id>" or "<parent run id> <experiment id>" (recording/parent_run.py)
+                recorded = self.parent_id_path(run_id).read_text(encoding="utf-8").split()
+                run.mlflow_run_id = recorded[0] if recorded else None
+                run.mlflow_experiment_id = recorded[1] if len(recorded) > 1 else None
         return run
 
     def put(self, run: PipelineRun) -> None:

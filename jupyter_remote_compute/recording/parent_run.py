@@ -38,8 +38,8 @@ def record_parent(
 ) -> bool:
     """Have the workspace's recorder (``program``) record the parent run; False when no node has a run.
 
-    ``children``: node id -> its job's MLflow run. The recorder writes the parent's id to
-    ``parent_id_file`` once made (the pipeline's run store names it and reads it), so a pipeline run
+    ``children``: node id -> its job's MLflow run. The recorder writes the parent's id and its
+    experiment's to ``parent_id_file`` once made (the pipeline's run store names it and reads it), so a pipeline run
     ends without waiting for MLflow, and recording needs to know nothing of how runs are stored.
     """
     if not children:
@@ -49,7 +49,7 @@ def record_parent(
     return True
 
 
-def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> str:
+def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> tuple[str, str]:
     from mlflow.entities import RunTag, ViewType
     from mlflow.tracking import MlflowClient
 
@@ -81,11 +81,11 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> st
         node_tags.append(RunTag(f"remote_compute.node.{node_id}", f"{node['state']} run {child}"))
     client.log_batch(parent, tags=node_tags)
     client.set_terminated(parent, status=STATUS.get(run["state"], "FINISHED"))
-    return parent
+    return parent, experiment
 
 
 def record_request(args: Mapping[str, Any]) -> str:
-    """The recorder's side: record the parent, then leave its id where the caller asked."""
-    parent = _record(args["uri"], args["run"], args["children"])
-    atomic_write(Path(args["parent_id_file"]), parent.encode())
+    """The recorder's side: record the parent, then leave its id and its experiment's where the caller asked."""
+    parent, experiment = _record(args["uri"], args["run"], args["children"])
+    atomic_write(Path(args["parent_id_file"]), f"{parent} {experiment}".encode())
     return parent

@@ -7,6 +7,7 @@
 import { refreshIcon } from '@jupyterlab/ui-components';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 
+import { getPipelineRun } from '../api';
 import { UsageWidget } from '../components/UsageView';
 import { showError } from '../dialogs';
 import { computeIcon } from '../icons';
@@ -65,10 +66,22 @@ export function registerCommands(context: ICommandContext): void {
       );
     },
     execute: async args => {
-      // A job's id (the panel), or a run id and a label (the result of %remote_train).
-      const id = jobIdOf(args);
+      // A job's id (the panel), or a run id and a label (the result of %remote_train), or a
+      // sweep's trials' runs to compare (compareRunIds, and its pipelineRunId for their experiment).
+      const compare = (args.compareRunIds as string[] | undefined) ?? [];
+      const id = compare.length ? '' : jobIdOf(args);
       let job = id ? model.job(id) : undefined;
       try {
+        if (compare.length) {
+          const run = await getPipelineRun(stringArg(args, 'pipelineRunId'));
+          await openMlflow(app, trans, {
+            compareRunIds: compare,
+            experimentId: run.mlflow_experiment_id ?? undefined,
+            label: stringArg(args, 'label'),
+            configuredUrl: model.settings.mlflowUiUrl
+          });
+          return;
+        }
         if (id && !job?.mlflow_run_id) {
           job = await model.reloadJob(id);
         }

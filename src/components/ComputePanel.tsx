@@ -112,7 +112,12 @@ function ComputePanelComponent(props: {
           />
         )}
         {runs && (
-          <PipelineRunList runs={runs} commands={commands} trans={trans} />
+          <PipelineRunList
+            runs={runs}
+            jobOf={id => model.job(id)}
+            commands={commands}
+            trans={trans}
+          />
         )}
         {/* Last: the list pages in as it scrolls, so nothing below it could be reached. */}
         <Jobs model={model} commands={commands} trans={trans} />

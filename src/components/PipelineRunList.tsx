@@ -1,15 +1,17 @@
 /**
  * The Compute panel's pipeline runs: each run's file, state and age, expandable to its nodes,
- * each with its state and its job (which opens the job's detail, as a job row does).
+ * each with its state and its job (which opens the job's detail, as a job row does); a sweep's
+ * run expands to its trials (SweepTrials).
  */
 import { PathExt } from '@jupyterlab/coreutils';
 import { TranslationBundle } from '@jupyterlab/translation';
 import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
-import { IPipelineRun } from '../api';
+import { IJob, IPipelineRun } from '../api';
 import { PipelineRuns } from '../pipelineRuns';
 import { RelativeTime, stateLabel, useSignal } from './common';
+import { SweepTrials } from './SweepTrials';
 
 function NodeRows(props: {
   run: IPipelineRun;
@@ -67,14 +69,15 @@ function NodeRows(props: {
 
 function RunRow(props: {
   run: IPipelineRun;
+  jobOf: (id: string) => IJob | undefined;
   commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { run, commands, trans } = props;
+  const { run, jobOf, commands, trans } = props;
   const [expanded, setExpanded] = React.useState(false);
   const nodes = Object.values(run.nodes);
-  const done = nodes.filter(
-    n => n.state === 'succeeded' || n.state === 'reused'
+  const done = nodes.filter(n =>
+    ['succeeded', 'reused', 'stopped_early'].includes(n.state)
   ).length;
   return (
     <li
@@ -105,12 +108,24 @@ function RunRow(props: {
         </span>
       </button>
       <div className="jp-RemoteCompute-itemDetail jp-RemoteCompute-runMeta">
-        {trans.__('%1 of %2 nodes done', done, nodes.length)}
+        {run.sweep
+          ? trans.__('%1 of %2 trials done', done, nodes.length)
+          : trans.__('%1 of %2 nodes done', done, nodes.length)}
         {' · '}
         <RelativeTime when={run.created} trans={trans} />
         {run.reason && run.state !== 'succeeded' ? ` · ${run.reason}` : ''}
       </div>
-      {expanded && <NodeRows run={run} commands={commands} trans={trans} />}
+      {expanded && run.sweep && (
+        <SweepTrials
+          run={run}
+          jobOf={jobOf}
+          commands={commands}
+          trans={trans}
+        />
+      )}
+      {expanded && !run.sweep && (
+        <NodeRows run={run} commands={commands} trans={trans} />
+      )}
     </li>
   );
 }
@@ -120,10 +135,14 @@ function RunRow(props: {
  */
 export function PipelineRunList(props: {
   runs: PipelineRuns;
+  /**
+   * A job of the panel's list, for a sweep's trials (machine, MLflow run).
+   */
+  jobOf: (id: string) => IJob | undefined;
   commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element | null {
-  const { runs, commands, trans } = props;
+  const { runs, jobOf, commands, trans } = props;
   useSignal(runs.changed);
   if (runs.runs.length === 0 && !runs.error) {
     return null;
@@ -151,7 +170,13 @@ export function PipelineRunList(props: {
         aria-label={trans.__('Pipeline runs')}
       >
         {runs.runs.map(run => (
-          <RunRow key={run.id} run={run} commands={commands} trans={trans} />
+          <RunRow
+            key={run.id}
+            run={run}
+            jobOf={jobOf}
+            commands={commands}
+            trans={trans}
+          />
         ))}
       </ul>
     </section>

@@ -9,7 +9,9 @@ import { ILauncher } from '@jupyterlab/launcher';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import { TranslationBundle } from '@jupyterlab/translation';
 
+import { cancelPipelineRun } from '../api';
 import { CommandIDs, stringArg } from '../commands/context';
+import { showError } from '../dialogs';
 import { IJobEvents } from '../eventsocket';
 import { pipelineIcon } from '../icons';
 import {
@@ -124,9 +126,21 @@ export function registerPipelines(options: IPipelineOptions): void {
     }
   });
   commands.addCommand(CommandIDs.cancelPipeline, {
-    label: trans.__('Cancel Pipeline Run'),
-    isEnabled: () => current()?.content.model.run?.state === 'running',
-    execute: () => current()?.content.model.cancel()
+    // With an id (a sweep's Cancel in the panel): that run; else the current canvas's run.
+    label: args =>
+      args.id ? trans.__('Cancel Sweep') : trans.__('Cancel Pipeline Run'),
+    isEnabled: args =>
+      !!args.id || current()?.content.model.run?.state === 'running',
+    execute: async args => {
+      if (typeof args.id !== 'string') {
+        return current()?.content.model.cancel();
+      }
+      try {
+        await cancelPipelineRun(args.id);
+      } catch (error) {
+        showError(trans.__('Could not cancel the run'), error, trans);
+      }
+    }
   });
 
   options.launcher?.add({

@@ -28,6 +28,12 @@ export interface ILineChartProps {
    * Formats a value for the axis and the summary (default: up to 4 significant digits).
    */
   format?: (value: number) => string;
+  /**
+   * Points without a line (a metric against a parameter, several trials per value); the
+   * `highlight`ed one larger.
+   */
+  dots?: boolean;
+  highlight?: ILinePoint | null;
 }
 
 const PAD = { top: 8, right: 12, bottom: 22, left: 40 };
@@ -90,10 +96,11 @@ export function LineChart(props: ILineChartProps): JSX.Element {
     [props.points]
   );
   const drawn = points.filter(p => p.y !== null && Number.isFinite(p.y));
-  const last = drawn[drawn.length - 1];
+  // The value beside the title: the last point of a line, the highlighted one of dots.
+  const last = props.dots ? props.highlight : drawn[drawn.length - 1];
   const summary = last
-    ? `${props.title}: ${drawn.length} points, last ${format(last.y as number)} at ${props.xLabel} ${last.x}`
-    : `${props.title}: no points yet`;
+    ? `${props.title}: ${drawn.length} points, ${props.dots ? 'best' : 'last'} ${format(last.y as number)} at ${props.xLabel} ${last.x}`
+    : `${props.title}: ${drawn.length ? `${drawn.length} points` : 'no points yet'}`;
 
   let body: JSX.Element | null = null;
   if (drawn.length > 0) {
@@ -177,7 +184,7 @@ export function LineChart(props: ILineChartProps): JSX.Element {
         )}
         <path
           className="jp-RemoteCompute-lineChartPath"
-          d={linePath(points, sx, sy)}
+          d={props.dots ? '' : linePath(points, sx, sy)}
           fill="none"
           style={{
             stroke: 'var(--jp-brand-color1)',
@@ -185,7 +192,18 @@ export function LineChart(props: ILineChartProps): JSX.Element {
             strokeLinejoin: 'round'
           }}
         />
-        {drawn.length === 1 && (
+        {props.dots &&
+          drawn.map((p, i) => (
+            <circle
+              key={i}
+              className="jp-RemoteCompute-lineChartDot"
+              cx={sx(p.x)}
+              cy={sy(p.y as number)}
+              r={p === props.highlight ? 4 : 2.5}
+              style={{ fill: 'var(--jp-brand-color1)' }}
+            />
+          ))}
+        {!props.dots && drawn.length === 1 && (
           <circle
             cx={sx(drawn[0].x)}
             cy={sy(drawn[0].y as number)}
