@@ -318,6 +318,29 @@ class MachineTrustHandler(RemoteComputeHandler):
         self.reply({**trusted, "reachable": True})
 
 
+# -- pools ------------------------------------------------------------------
+class PoolsHandler(RemoteComputeHandler):
+    @api
+    async def get(self) -> None:
+        admin = self.service.admin
+        version = await self.call(admin.version)  # first: a write carrying it fails if the file changed after
+        pools = await self.call(admin.pools)
+        self.reply({"pools": [pool.to_json() for pool in pools], "version": version})
+
+
+class PoolHandler(RemoteComputeHandler):
+    @api
+    async def put(self, name: str) -> None:
+        pool = await self.call(self.service.admin.put_pool_from, name, self.body())
+        self.reply(pool.to_json())
+
+    @api
+    async def delete(self, name: str) -> None:
+        await self.call(self.service.admin.remove_pool, name, expected_version=self.get_argument("version", None))
+        self.set_status(204)
+        self.finish()
+
+
 # -- jobs -------------------------------------------------------------------
 JOB_QUERY_ARGUMENTS = ("limit", "cursor", "machine", "state", "name", "since", "until")
 
@@ -553,6 +576,8 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/machines/{MACHINE}", MachineHandler),
     (rf"{PREFIX}/machines/{MACHINE}/check", MachineCheckHandler),
     (rf"{PREFIX}/machines/{MACHINE}/trust", MachineTrustHandler),
+    (rf"{PREFIX}/pools", PoolsHandler),
+    (rf"{PREFIX}/pools/{MACHINE}", PoolHandler),
     (rf"{PREFIX}/jobs", JobsHandler),
     (rf"{PREFIX}/jobs/prune", JobsPruneHandler),  # before jobs/{id}, which would take "prune" for an id
     (rf"{PREFIX}/jobs/{JOB_ID}", JobHandler),

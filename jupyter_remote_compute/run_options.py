@@ -25,7 +25,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     (--requirements, --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
     parser.add_argument(
         "--machine",
-        help="machine name from the Compute panel (default: local, or on a hub the organization's default machine)",
+        help="machine or pool name from the Compute panel or compute.yaml (default: local, or on a hub the "
+        "organization's default machine)",
     )
     parser.add_argument("--send", action="append", default=[], metavar="PATH_OR_GLOB", help="files the job needs")
     parser.add_argument(

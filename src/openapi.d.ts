@@ -220,6 +220,130 @@ export interface paths {
         };
         trace?: never;
     };
+    "/remote-compute/pools": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every pool of compute.yaml, in file order, with the file's version */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Pools */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            pools: components["schemas"]["Pool"][];
+                            /** @description compute.yaml's version; send it back to refuse stale writes */
+                            version: string;
+                        };
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/pools/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Make a pool, or replace its machines and placement rule
+         * @description A job names a pool where it would name a machine (`machine`); it is placed on a machine of the
+         *     pool with room, by the pool's rule, or waits `queued` in the pool's line. A pool cannot have a
+         *     machine's name, and names only machines of compute.yaml (or `local`).
+         */
+        put: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": components["schemas"]["PoolInput"];
+                };
+            };
+            responses: {
+                /** @description The pool as saved */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Pool"];
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                409: components["responses"]["Conflict"];
+                default: components["responses"]["Error"];
+            };
+        };
+        post?: never;
+        /** Remove a pool (its waiting jobs wait until it is back, or are cancelled) */
+        delete: {
+            parameters: {
+                query?: {
+                    version?: string;
+                };
+                header?: never;
+                path: {
+                    name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Removed */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                409: components["responses"]["Conflict"];
+                default: components["responses"]["Error"];
+            };
+        };
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/remote-compute/machines/{name}/check": {
         parameters: {
             query?: never;
@@ -2182,6 +2306,16 @@ export interface components {
             checkpoint?: components["schemas"]["CheckpointSet"] | null;
             /** @description the attempts that ended, oldest first (at the end the last one too, for a job with a retry policy or more than one attempt): the machine, when each started and ended, and how; absent when none */
             attempts?: components["schemas"]["JobAttempt"][];
+            /**
+             * @description the pool the job named; absent when it named a machine
+             * @default null
+             */
+            pool?: string | null;
+            /**
+             * @description why its pool placed it on its machine (`placed on b: first with 1 free GPU`); absent until placed
+             * @default null
+             */
+            placement?: string | null;
             name: string;
             progress?: components["schemas"]["Progress"];
         };
@@ -2432,6 +2566,32 @@ export interface components {
         OutputFile: {
             sha256: string;
             size: number;
+        };
+        /** @description One pool of compute.yaml: its name, its machines in order, its placement rule. */
+        Pool: {
+            name: string;
+            machines: string[];
+            /**
+             * @default first
+             * @enum {string}
+             */
+            placement: "first" | "least_loaded" | "cheapest";
+        };
+        /** @description What sets a pool (``PUT /pools/{name}``): its machines and rule, made or replaced whole. */
+        PoolInput: {
+            /** @description the pool's machines, in the order the rule `first` tries them */
+            machines: string[];
+            /**
+             * @description first: the first machine with room; least_loaded: the one running the fewest jobs; cheapest: the one with the lowest price_per_hour (none declared: last)
+             * @default first
+             * @enum {string|null}
+             */
+            placement?: "first" | "least_loaded" | "cheapest" | null;
+            /**
+             * @description the machine list's version: refused if compute.yaml changed since
+             * @default null
+             */
+            version?: string | null;
         };
         /** @description How far a send has come (``GET /jobs/{id}`` while sending). */
         Progress: {

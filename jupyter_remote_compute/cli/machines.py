@@ -7,8 +7,9 @@ import sys
 
 from ..engines.faces import faces_of
 from ..engines.organization.client import ORG_PREFIX, with_organization
-from ..errors import RemoteComputeError
-from ..machines.admin import HostKeyNotConfirmed
+from ..errors import InvalidSettings, RemoteComputeError
+from ..machines.admin import HostKeyNotConfirmed, MachineAdmin
+from ..schema.pool import RULES
 from .console import (
     Subcommands,
     done,
@@ -66,7 +67,42 @@ def add_parser(sub: Subcommands) -> Subcommands:
         help="the fingerprint you compared with the machine's own; without it, the presented key is only shown",
     )
     p.add_argument("--json", action="store_true")
+    # Pools (machines/pools.py): a job names one where it names a machine (run --machine POOL).
+    p = msub.add_parser("pools", help="list the pools of compute.yaml")
+    p.add_argument("--json", action="store_true")
+    p = msub.add_parser("pool", help="make or change a pool (its machines and rule), or remove it")
+    p.add_argument("name")
+    p.add_argument(
+        "--machine", action="append", dest="members", metavar="MACHINE", help="a machine (repeated, in order)"
+    )
+    p.add_argument("--placement", choices=RULES, help="first (default), least_loaded or cheapest")
+    p.add_argument("--remove", action="store_true", help="remove the pool")
+    p.add_argument("--json", action="store_true")
     return msub
+
+
+def _pools(args: argparse.Namespace, admin: MachineAdmin) -> int:
+    """``machines pools`` and ``machines pool NAME``."""
+    if args.action == "pools":
+        pools = [pool.to_json() for pool in admin.pools()]
+        if args.json:
+            print_json(pools)
+        else:
+            table(
+                [[p["name"], ", ".join(p["machines"]), p["placement"]] for p in pools],
+                ["NAME", "MACHINES", "PLACEMENT"],
+            )
+        return 0
+    if args.remove:
+        if args.members or args.placement:
+            raise InvalidSettings("machines pool --remove: give no --machine or --placement with it", field="remove")
+        admin.remove_pool(args.name)
+        return done(args, {"name": args.name, "removed": True}, f"removed pool {args.name}")
+    body: dict[str, object] = {"machines": args.members or []}
+    if args.placement:
+        body["placement"] = args.placement
+    pool = admin.put_pool_from(args.name, body)
+    return done(args, pool.to_json(), f"pool {pool.name}: {', '.join(pool.machines)} ({pool.placement})")
 
 
 def _default_machine(args: argparse.Namespace) -> int:
@@ -96,6 +132,8 @@ def cmd_machines(args: argparse.Namespace) -> int:
     if action == "default":
         return _default_machine(args)
     admin = job_service(args).admin
+    if action in ("pools", "pool"):
+        return _pools(args, admin)
     if action == "list":
         # On a hub with an organization service, its machines follow the user's own.
         machines, organization = with_organization([m.to_json() for m in admin.list()])

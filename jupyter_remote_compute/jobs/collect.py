@@ -56,7 +56,8 @@ class Collector:
         job = claimed
         recorder.wait_unheld(self.ctx.workspace, job.id)  # before its folder is fetched into again
         outcome = job.outcome or Outcome("lost", "lost: no outcome was recorded")
-        engine = self.ctx.engine_of(job)
+        # A job cancelled while it waited in its pool's queue was never on a machine: nothing to ask one.
+        engine = None if job.waiting else self.ctx.engine_of(job)
         remote = remote_of(job)
         local_dir = self.ctx.workspace.job_dir(job.id)
         incoming = local_dir / "incoming"
@@ -68,7 +69,7 @@ class Collector:
         secrets = mask_values(self.ctx.secrets, job)
         result = FetchResult()
         log_path: Path | None = None
-        if engine.is_prepared(remote) and outcome.reach_machine:
+        if engine is not None and engine.is_prepared(remote) and outcome.reach_machine:
             # Only the engine's own faults are handled here; this side's (a full disk while the log
             # lands) go up to the Driver, which retries them as every fault of this side.
             # The last checkpoint set first: the job has ended, so every file of its folder is complete.
@@ -91,7 +92,7 @@ class Collector:
             reason = failure_reason(job.exit_code, log_path, job.spec.send, self.ctx.workspace.root)
             # The log is masked already; a secret printed in pieces between terminal codes is whole here.
             outcome = dataclasses.replace(outcome, reason=mask(reason.encode(), secrets or []).decode())
-        if retried and self.retries.requeue(job, outcome, engine, remote, log_path):
+        if retried and engine is not None and self.retries.requeue(job, outcome, engine, remote, log_path):
             shutil.rmtree(incoming, ignore_errors=True)
             return
 
@@ -121,7 +122,9 @@ class Collector:
         metrics = job_metrics(attempts, parse_time(ended))
         record = self._job_record(job, outcome, log_path, landed, incoming, ended, secrets or [], metrics)
         record = dataclasses.replace(
-            record, digests={rel: verified[rel] for rel in landed}, machine_facts=self._machine_facts(job)
+            record,
+            digests={rel: verified[rel] for rel in landed},
+            machine_facts={} if engine is None else self._machine_facts(job),
         )
         if secrets is None:
             record = without_far_records(record)
@@ -203,6 +206,8 @@ class Collector:
             metrics=dict(metrics),
             user=job.user,
             host=job.machine_snapshot.get("address"),
+            pool=job.pool,
+            placement=job.placement,
         )
 
     def _machine_facts(self, job: Job) -> dict[str, Any]:

@@ -50,9 +50,10 @@ from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .liveness import holder_alive
 from .logs import secret_env
+from .placement import Placement
 from .retries import attempt_record, checkpoint_inputs, end_attempt, unreachable_after, wait_left
 from .spec import format_duration
-from .transitions import ON_MACHINE_STATES, State, move
+from .transitions import ON_MACHINE_STATES, TERMINAL_STATES, State, move
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,17 @@ class Driver:
         self.collector = collector
         self.digests = digests
         self.checkpoints = checkpoints
+        self.placement = Placement(ctx)
         #: Bytes moved so far for jobs this process is sending: job id -> (done, total).
         self.progress: dict[str, tuple[int, int]] = {}
 
     def advance(self, job_id: str, *, progress: ProgressCallback | None = None) -> Job:
         """Take the job as far as it can go now, without waiting for it to finish."""
-        self._drive(self.ctx.store.get(job_id), progress=progress)
+        job = self.ctx.store.get(job_id)
+        if job.waiting and job.pool is not None:
+            self._place([job.pool])  # whoever follows a pool's job places it (the CLI, the magic)
+            job = self.ctx.store.get(job_id)
+        self._drive(job, progress=progress)
         return self.ctx.store.get(job_id)
 
     def _drive(
@@ -88,6 +94,8 @@ class Driver:
             return  # another thread of this process is on it
         try:
             job = self.ctx.store.get(job.id)
+            if job.waiting and not job.cancel_requested:
+                return  # in its pool's queue: a placement pass moves it (placement.py)
             if job.state in ON_MACHINE_STATES:
                 self._watch(job, status)
                 job = self.ctx.store.get(job.id)
@@ -104,6 +112,8 @@ class Driver:
                     job = self.ctx.store.get(job.id)
             if job.state == "collecting":
                 self.collector.collect(job)
+                if self.ctx.store.get(job.id).state in TERMINAL_STATES and not job.waiting:
+                    self._place()  # its machine has room again: a pool's next job takes it now
         except Exception as e:  # a bug or an unexpected OS error must not leave the job active for ever
             current = self.ctx.store.jobs().get(job.id)
             if current is None:
@@ -129,6 +139,9 @@ class Driver:
         Runs whose recorder died are handed to a new one (recording.py).
         """
         recording.resume(self.ctx)
+        # Jobs waiting in pools take the room that came free since the last pass (a job ended, a machine
+        # enabled or checked); before the pass, so those placed are sent in it.
+        self._place()
         jobs = self.ctx.store.active_jobs()
         running: dict[str, list[Job]] = {}
         for job in jobs:
@@ -147,6 +160,13 @@ class Driver:
         for job in jobs:
             if job.state not in ON_MACHINE_STATES or job.id in statuses:
                 self._drive(job, statuses.get(job.id), transfer=transfer)
+
+    def _place(self, pools: list[str] | None = None) -> None:
+        """A placement pass (placement.py); a broken compute.yaml must not stop the other jobs being driven."""
+        try:
+            self.placement.place(pools)
+        except RemoteComputeError as e:
+            log.warning("placing the pools' waiting jobs failed: %s", e.message)
 
     def _poll(self, engine: Engine, jobs: list[Job]) -> dict[str, RemoteStatus]:
         """One round trip for the jobs' states, bringing the new metrics of those someone watches."""

@@ -109,6 +109,8 @@ def read_log(ctx: JobContext, job_id: str, offset: int = 0, limit: int = LOG_CHU
             f.seek(offset)
             data = f.read(limit)
         return LogChunk(data, offset, offset + len(data), len(data) < limit)
+    if job.waiting:  # in its pool's queue: no machine has a log of it yet
+        return LogChunk(b"", offset, offset, False)
     engine = ctx.engine_of(job)
     remote = remote_of(job)
     if not engine.is_prepared(remote):

@@ -44,6 +44,7 @@ from ..guards import check_egress, load_detectors, screen_settings
 from ..machines.admin import MachineAdmin, snapshot_of
 from ..machines.options import COMMON_OPTIONS
 from ..machines.registry import Machine, MachineRegistry
+from ..schema.pool import Pool
 from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
 from ..usage.ledger import UsageRecord, live_attempts, parse_group_by, parse_instant, summarize
@@ -59,6 +60,7 @@ from .lifecycle import Driver
 from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
 from .metrics import MetricsPage
+from .placement import POOL_KIND, never_fits, place_in
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
 from .store import JobStore
@@ -196,10 +198,14 @@ class JobService:
 
         Nothing is stored and nothing leaves this machine until every check passed.
         """
-        machine = self.admin.resolve(spec.machine)
-        if not machine.enabled:
+        # A pool's job waits for a machine of the pool (placement.py); one naming a machine runs there.
+        pool = self.driver.placement.pool(spec.machine)
+        try:
+            machine = None if pool is not None else self.admin.resolve(spec.machine)
+        except NotFound as e:
+            raise NotFound(f"{e.message}, nor a pool of that name (machines pools lists them)") from None
+        if machine is not None and not machine.enabled:
             raise InvalidSettings(f"machine: {machine.name!r} is disabled; enable it first", field="machine")
-        cls = engine_class(machine.kind)
 
         # Stored values are read only if some setting is long enough to hold one (see screen_settings).
         screen_settings(spec.screened_settings(), self._stored_secret_values)
@@ -211,10 +217,11 @@ class JobService:
                     field=f"env.{env_name}",
                 )
 
-        spec = environments.with_machine_default(spec, machine.options)
-        spec = registry.with_machine_default(spec, machine.options)
+        if machine is not None:
+            spec = environments.with_machine_default(spec, machine.options)
+            spec = registry.with_machine_default(spec, machine.options)
         registry.admit(spec, self.secrets)
-        if spec.image:
+        if spec.image and machine is not None:
             self._admit_image(machine, spec.image, spec.resources)
         files, key, resolved = self._inputs_and_key(spec)
         experiment = self.settings.tracking.experiment
@@ -222,16 +229,22 @@ class JobService:
             # The far side's script sees the experiment a local run would use; after the key, so the
             # same work submitted from a process without the variable still attaches.
             spec = dataclasses.replace(spec, env={**spec.env, "MLFLOW_EXPERIMENT_NAME": experiment})
-        check_egress(self.workspace.policy_yaml, machine.name, cls.features.remote, [f.relpath for f in files])
-        if spec.resources.to_json():
-            self._admit(machine, spec)
-        if spec.checkpoints and not cls.features.checkpoints:
-            raise InvalidSettings(
-                f"checkpoints: {machine.name} is a {machine.kind} machine, whose checkpoints do not come home yet; "
-                "run on a local or ssh machine, or leave checkpoints out",
-                field="checkpoints",
-            )
-        self._admit_fallback(spec, machine, [f.relpath for f in files])
+        inputs = [f.relpath for f in files]
+        if pool is not None:
+            members = self._admit_pool(pool, spec, inputs)
+        else:
+            assert machine is not None
+            cls = engine_class(machine.kind)
+            check_egress(self.workspace.policy_yaml, machine.name, cls.features.remote, inputs)
+            if spec.resources.to_json():
+                self._admit(machine, spec)
+            if spec.checkpoints and not cls.features.checkpoints:
+                raise InvalidSettings(
+                    f"checkpoints: {machine.name} is a {machine.kind} machine, whose checkpoints do not come home "
+                    "yet; run on a local or ssh machine, or leave checkpoints out",
+                    field="checkpoints",
+                )
+            self._admit_fallback(spec, machine, inputs)
 
         job_id = new_job_id()
         jobdir = self.workspace.job_dir(job_id)
@@ -240,6 +253,7 @@ class JobService:
         if resolved:
             environments.save(jobdir, resolved)
 
+        placed: list[str] = []
         with self.store.transaction() as jobs:
             if not new:
                 for existing in jobs.unfinished():
@@ -249,17 +263,48 @@ class JobService:
             job = Job(
                 id=job_id,
                 key=key,
-                machine=machine.name,
-                kind=machine.kind,
+                machine=machine.name if machine is not None else spec.machine,
+                kind=machine.kind if machine is not None else POOL_KIND,
                 spec=spec,
-                machine_snapshot=snapshot_of(machine),
+                machine_snapshot=snapshot_of(machine) if machine is not None else {},
                 inputs={"files": len(files), "bytes": sum(f.size for f in files)},
                 user=user or getpass.getuser(),
+                pool=pool.name if pool is not None else None,
             )
             jobs[job_id] = job
+            if pool is not None:
+                # In this same write: a machine of the pool with room takes the job at once, in its turn.
+                placed = place_in(jobs, pool, members, self.workspace.punica_dir, new=job)
+        for changed in placed:
+            if changed != job_id:
+                self._emit(self.store.get(changed))
         self._emit(job)
         recording.resume(self.ctx)  # a run some earlier face left unrecorded (it was killed, say)
         return SubmitResult(job, attached=False)
+
+    def _admit_pool(self, pool: Pool, spec: JobSpec, inputs: list[str]) -> dict[str, Machine]:
+        """Every machine of the pool may receive the inputs (the egress policy) and bring the job's
+        checkpoints home, and one at least could ever give what it asks; the pool's machines by name."""
+        if spec.fallback:
+            raise InvalidSettings(
+                f"fallback: a job on pool {pool.name} moves within its pool, not to fallback machines; leave "
+                "fallback out, or name a machine",
+                field="fallback",
+            )
+        members = {name: self.admin.get(name) for name in pool.machines}
+        for machine in members.values():
+            features = engine_class(machine.kind).features
+            check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
+            if spec.checkpoints and not features.checkpoints:
+                raise InvalidSettings(
+                    f"checkpoints: pool {pool.name}'s machine {machine.name} is a {machine.kind} machine, whose "
+                    "checkpoints do not come home yet; take it out of the pool, or leave checkpoints out",
+                    field="checkpoints",
+                )
+        never = never_fits(pool, members, spec.resources, self.workspace.punica_dir)
+        if never is not None:
+            raise InvalidSettings(f"resources: no machine of pool {pool.name} can give it: {never}", field="resources")
+        return members
 
     def _admit_fallback(self, spec: JobSpec, machine: Machine, inputs: list[str]) -> None:
         """Each fallback machine exists, is enabled, may receive the inputs and can bring checkpoints home."""

@@ -22,6 +22,7 @@ from ..engines.faces import faces_of
 from ..environments.environment import builder
 from ..errors import InvalidSettings, MachineError, MachineUnreachable, NotFound, RemoteComputeError
 from ..schema.machine import MachineInput, MachinePatch
+from ..schema.pool import Pool, PoolInput
 from ..secrets import SecretStore
 from ..workspace import default_scratch_dir
 from .facts import remember_facts
@@ -58,6 +59,19 @@ class MachineAdmin:
 
     def version(self) -> str:
         return self.registry.version()
+
+    # -- pools (machines/pools.py; placing their jobs is jobs/placement.py's) --------------------
+    def pools(self) -> list[Pool]:
+        return self.registry.pools()
+
+    def put_pool_from(self, name: str, body: Mapping[str, Any]) -> Pool:
+        """Make or replace a pool from a REST ``PoolInput`` (``PUT /pools/{name}``)."""
+        given = PoolInput.from_json(body)
+        return self.registry.put_pool(name, given, expected_version=given.version)
+
+    def remove_pool(self, name: str, *, expected_version: str | None = None) -> None:
+        """Remove a pool; its jobs still waiting say so, and wait until it is back or they are cancelled."""
+        self.registry.remove_pool(name, expected_version=expected_version)
 
     def resolve(self, name: str) -> Machine:
         """The machine a job names: this workspace's own; else, on a hub, the organization's, named

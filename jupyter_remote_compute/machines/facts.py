@@ -30,7 +30,8 @@ def remember_facts(punica_dir: Path, machine: str, facts: Mapping[str, Any]) -> 
         known[machine] = {
             "gpus": len(gpus),
             "checked": time.time(),
-            **{key: facts.get(key) for key in ("os", "kernel", "python", "cpus")},
+            # cpus and memory_bytes: what a pool's placement counts as the machine's room (jobs/placement.py)
+            **{key: facts.get(key) for key in ("os", "kernel", "python", "cpus", "memory_bytes")},
             # what the job's environment needs to know (environments/environment.py): absent when not reported
             **{key: facts[key] for key in ("arch", "uv") if key in facts},
             "gpu_names": [str(gpu.get("name") or "") for gpu in gpus if isinstance(gpu, Mapping)],

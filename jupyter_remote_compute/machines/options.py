@@ -61,6 +61,10 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
         int, "Seconds an image pull may go without progress before the job fails (default 600)"
     ),
     "image_max_age_days": OptionField(int, "Days an image no job used stays on the machine (default 30)"),
+    # How many jobs of a pool's (or any) placement the machine takes at once (jobs/placement.py).
+    "max_jobs": OptionField(
+        int, "The most jobs that run on the machine at once when a pool places jobs (default: no limit)"
+    ),
     # A running job's machine that does not answer (jobs/retries.py).
     "unreachable_after": OptionField(
         int,
@@ -210,7 +214,7 @@ def check_options(
         merged[key] = _coerce(key, declared[key], value)
         if key == "price_per_hour" and merged[key] < 0:
             raise InvalidSettings(f"{where} must not be negative", field=where)
-        if key in ("pull_timeout", "image_max_age_days") and merged[key] <= 0:
+        if key in ("pull_timeout", "image_max_age_days", "max_jobs") and merged[key] <= 0:
             raise InvalidSettings(f"{where} must be a whole number above zero", field=where)
         if key == "wheels" and merged[key] != "from_here":
             raise InvalidSettings(f"{where}: the only value is 'from_here' (leave it out for the index)", field=where)

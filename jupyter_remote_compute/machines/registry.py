@@ -31,6 +31,7 @@ from ruamel.yaml.reader import ReaderError
 from ..errors import ConfigFileError, Conflict, InvalidSettings, NotFound
 from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir
 from ..schema.machine import Machine
+from ..schema.pool import Pool, PoolInput
 from .options import (
     FIELDS,
     LOCAL,
@@ -43,6 +44,7 @@ from .options import (
     engine_of_kind,
     option_position,
 )
+from .pools import check_pools, pool_of, pools_of, pools_with, put_pool, remove_pool
 from .yaml_document import (
     YamlDocument,
     append_entry,
@@ -116,7 +118,33 @@ class MachineRegistry:
             raise NotFound(f"no machine named {name!r} in {self.path}")
         return self._machine(doc, name)
 
+    def pools(self) -> list[Pool]:
+        """The file's pools, in file order (machines/pools.py)."""
+        return pools_of(self._parse(self._read()))
+
+    def pool(self, name: str) -> Pool | None:
+        """The pool of that name; None when ``name`` is no pool (a machine's name, say)."""
+        doc = self._parse(self._read())
+        return pool_of(doc, name) if doc.pools is not None and name in doc.pools else None
+
+    def machines_and_pools(self) -> tuple[list[Machine], list[Pool]]:
+        """Both from one read, so a placement sees the pools and the machines they name as one file."""
+        doc = self._parse(self._read())
+        return [LOCAL_MACHINE, *self._machines(doc)], pools_of(doc)
+
     # -- writing ---------------------------------------------------------------------
+    def put_pool(self, name: str, given: PoolInput, *, expected_version: str | None = None) -> Pool:
+        """Make or replace a pool (its machines and rule); the rest of the file stays as it was."""
+
+        def change(doc: YamlDocument) -> Pool:
+            self._machines_for_write(doc)  # a file with no machines yet gets its mapping (local may be pooled)
+            return put_pool(doc, name, given)
+
+        return self._mutate(expected_version, change)
+
+    def remove_pool(self, name: str, *, expected_version: str | None = None) -> None:
+        self._mutate(expected_version, lambda doc: remove_pool(doc, name))
+
     def add(
         self,
         name: str,
@@ -138,6 +166,8 @@ class MachineRegistry:
             machines, carried = self._machines_for_write(doc)
             if name in machines:
                 raise Conflict(f"a machine named {name!r} already exists in {self.path}", field="name")
+            if doc.pools is not None and name in doc.pools:
+                raise Conflict(f"a pool is named {name!r}: a machine cannot have a pool's name", field="name")
             entry = CommentedMap()
             entry["kind"] = kind
             entry["address"] = address
@@ -207,6 +237,11 @@ class MachineRegistry:
 
         def change(doc: YamlDocument) -> None:
             machines, _ = self._entry_for_write(doc, name)
+            pools = pools_with(doc, name)
+            if pools:
+                raise Conflict(
+                    f"machine {name!r} is in pool {pools[0]!r}: take it out of the pool (or remove the pool) first"
+                )
             delete_entry(doc.root, "machines", machines, name)
             if not machines:
                 # "machines: {}" cannot carry the comments that follow the key line; a null can.
@@ -250,6 +285,7 @@ class MachineRegistry:
             raise doc.error(line, "expected a mapping with 'machines:' at the top level")
         doc.root = root
         if "machines" not in root or root["machines"] is None:
+            check_pools(doc)  # a pool of the built-in machine alone needs no machines
             return doc
         machines = root["machines"]
         if not isinstance(machines, CommentedMap):
@@ -257,6 +293,7 @@ class MachineRegistry:
         doc.machines = machines
         for name, entry in machines.items():
             check_entry(doc, name, entry)
+        check_pools(doc)
         return doc
 
     def _machines(self, doc: YamlDocument) -> list[Machine]:

@@ -240,6 +240,7 @@ class YamlDocument:
     crlf: bool  # ruamel mangles CR LF in comments: edit with LF, write back with CR LF
     root: CommentedMap | None
     machines: CommentedMap | None
+    pools: CommentedMap | None = None  # compute.yaml's ``pools:`` (machines/pools.py)
 
     def line(self, container: Any, key: Any, *, value: bool = False) -> int:
         try:

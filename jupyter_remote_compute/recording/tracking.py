@@ -44,6 +44,9 @@ TAG_JOB_ID = "remote_compute.job_id"
 TAG_MACHINE = "remote_compute.machine"
 TAG_ENGINE = "remote_compute.engine"
 TAG_HOST = "remote_compute.host"
+#: A pool's job: the pool it named and why it was placed where it ran (jobs/placement.py).
+TAG_POOL = "remote_compute.pool"
+TAG_PLACEMENT = "remote_compute.placement"
 TAG_KEY = "remote_compute.key"
 TAG_REPLAYED = "remote_compute.replayed"
 TAG_NOT_REPLAYED = "remote_compute.not_replayed"
@@ -103,6 +106,9 @@ class JobRecord:
     host: str | None = None
     #: What the machine is (its check's ``os``, ``kernel``, ``python``, ``cpus``, ``gpu_names``): tags.
     machine_facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: The pool the job named and why it was placed on its machine (``remote_compute.pool``, ``.placement``).
+    pool: str | None = None
+    placement: str | None = None
 
     def to_json(self, *, with_secrets: bool = True) -> dict[str, Any]:
         """As JSON; ``with_secrets=False`` leaves out ``mask_values`` (for anything written to disk)."""
@@ -114,13 +120,17 @@ class JobRecord:
             far_store=str(self.far_store) if self.far_store else None,
             mask_values=list(self.mask_values) if with_secrets else [],
         )
+        for name in _ADDED_FIELDS:
+            if data[name] is None:  # a job that names no pool writes the to-do an earlier version read
+                del data[name]
         return data
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> JobRecord:
         return cls(
             **{
-                **raw,
+                # A field a later version added is left out: its to-do is recorded without it.
+                **{key: value for key, value in raw.items() if key in _RECORD_FIELDS},
                 "log_path": Path(raw["log_path"]) if raw["log_path"] else None,
                 "outputs": {name: Path(path) for name, path in raw["outputs"].items()},
                 "inputs_manifest": Path(raw["inputs_manifest"]) if raw["inputs_manifest"] else None,
@@ -129,6 +139,10 @@ class JobRecord:
             }
         )
 
+
+_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(JobRecord))
+#: Fields added after the to-do's first shape, left out while unset.
+_ADDED_FIELDS = ("pool", "placement")
 
 WITHHELD_FAR_RECORDS = "far-side MLflow records withheld: a secret this job used could not be read to mask them"
 
@@ -365,6 +379,10 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
         }
         if job.host:
             tags[TAG_HOST] = job.host[:500]
+        if job.pool:
+            tags[TAG_POOL] = job.pool
+        if job.placement:
+            tags[TAG_PLACEMENT] = job.placement[:500]
         tags.update(machine_tags(job.machine_facts))
         commit = _git_commit(workspace)
         if commit:

@@ -171,8 +171,8 @@ class Shown(TypedDict):
 HIDDEN = ("lease",)
 
 
-# Written whole but for ``times``, ``user``, ``checkpoint`` and ``attempts`` (left out when unset, as
-# before they existed).
+# Written whole but for ``times``, ``user``, ``checkpoint``, ``attempts``, ``pool`` and ``placement`` (left
+# out when unset, as before they existed).
 @with_config(ConfigDict(json_schema_serialization_defaults_required=True))
 @dataclasses.dataclass
 class Job:
@@ -238,6 +238,20 @@ class Job:
             exclude_if=lambda v: not v,
         ),
     ] = dataclasses.field(default_factory=list)
+    # The pool the job named (jobs/placement.py): until it is placed, ``machine`` is the pool's name and
+    # ``kind`` is ``pool``; once placed, they are the machine's and ``placement`` says why that one.
+    pool: Annotated[
+        str | None,
+        Field(description="the pool the job named; absent when it named a machine", exclude_if=lambda v: v is None),
+    ] = None
+    placement: Annotated[
+        str | None,
+        Field(
+            description="why its pool placed it on its machine (`placed on b: first with 1 free GPU`); absent "
+            "until placed",
+            exclude_if=lambda v: v is None,
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -252,6 +266,11 @@ class Job:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def waiting(self) -> bool:
+        """In its pool's queue, on no machine yet (pools and machines never share a name)."""
+        return self.pool is not None and self.machine == self.pool
 
     def to_json(self) -> dict[str, Any]:
         # Shallow on purpose: values are JSON already, and a deep copy dominates large stores.
@@ -310,4 +329,6 @@ _ADDED_FIELDS: tuple[tuple[str, Any], ...] = (
     ("user", None),
     ("checkpoint", None),
     ("attempts", []),
+    ("pool", None),
+    ("placement", None),
 )

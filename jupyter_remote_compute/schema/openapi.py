@@ -22,6 +22,7 @@ from pydantic import TypeAdapter
 from .error import Error
 from .job import HIDDEN, Job, JobSummary, Shown, State, SubmitResult
 from .machine import Machine, MachineInput, MachinePatch
+from .pool import Pool, PoolInput
 from .spec import JobRequest, JobSpec
 
 SPEC = Path(__file__).parent.parent / "openapi.yaml"
@@ -40,6 +41,8 @@ COMPONENTS: dict[str, tuple[Any, str]] = {
     "Machine": (Machine, "serialization"),
     "MachineInput": (MachineInput, "validation"),
     "MachinePatch": (MachinePatch, "validation"),
+    "Pool": (Pool, "serialization"),
+    "PoolInput": (PoolInput, "validation"),
     "Error": (Error, "serialization"),
 }
 _REF = "#/components/schemas/"

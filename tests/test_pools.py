@@ -1,0 +1,295 @@
+"""Pools: a job names a pool where it would name a machine, is placed on a machine of the pool with room,
+or waits ``queued`` in the pool's line, first in, first out, saying why; placed once, whoever places it.
+
+Two real sshds of the test bed are the pool's machines (``a`` on the main one, ``b`` on the jump one, each
+with its own folder); a job waits on a gate file of its own, so a test sees it hold its machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sshd_fixture
+from waiting import wait_for
+
+from jupyter_remote_compute.errors import ConfigFileError, Conflict, InvalidSettings, NotFound
+from jupyter_remote_compute.jobs.job import Job
+from jupyter_remote_compute.jobs.placement import Room, choose
+from jupyter_remote_compute.jobs.service import JobService
+from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.machines.registry import MachineRegistry
+from jupyter_remote_compute.schema.machine import Machine
+from jupyter_remote_compute.schema.pool import Pool, PoolInput
+from jupyter_remote_compute.schema.resources import Resources
+
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
+
+# Each job notes that it ran (once per run), then holds its machine until its gate opens.
+GATED = 'echo "$JOB" >> "$RUNS/$JOB"; while [ ! -e "$GATES/$JOB" ]; do sleep 0.05; done'
+
+
+class Gates:
+    """Folders the far user writes (runs) and reads (gates): the bed's sshd runs jobs as another user."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="jrc-pool-gates-"))
+        self.runs, self.gates = self.root / "runs", self.root / "gates"
+        for folder, mode in ((self.root, 0o755), (self.runs, 0o777), (self.gates, 0o755)):
+            folder.mkdir(exist_ok=True)
+            os.chmod(folder, mode)
+
+    def spec(self, name: str, machine: str = "pair", **more: Any) -> dict[str, Any]:
+        env = {"JOB": name, "RUNS": str(self.runs), "GATES": str(self.gates)}
+        return {"machine": machine, "command": GATED, "env": env, "name": name, **more}
+
+    def open(self, name: str) -> None:
+        (self.gates / name).touch()
+
+    def runs_of(self, name: str) -> int:
+        path = self.runs / name
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture
+def gates() -> Iterator[Gates]:
+    made = Gates()
+    yield made
+    shutil.rmtree(made.root, ignore_errors=True)
+
+
+def add_pair(service: JobService, bed: Any, placement: str = "first", **options: Any) -> None:
+    """Machines ``a`` and ``b`` on the bed's two sshds, and pool ``pair`` of them."""
+    service.machines.add("a", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh", **options))
+    service.machines.add(
+        "b",
+        "ssh",
+        "127.0.0.1",
+        bed.options(ssh_transport="openssh", port=bed.jump.port, base_dir=bed.base_dir + "-b", **options),
+    )
+    service.machines.put_pool("pair", PoolInput.from_json({"machines": ["a", "b"], "placement": placement}))
+
+
+@pytest.fixture
+def pair(workspace: Path, make_service: Any, ssh_agent_env: Any) -> Iterator[JobService]:
+    bed = ssh_agent_env
+    service = make_service(workspace)
+    add_pair(service, bed, max_jobs=1)
+    yield service
+    shutil.rmtree(bed.far_path(bed.base_dir.removeprefix("~/") + "-b"), ignore_errors=True)
+
+
+def poll_until(service: JobService, condition: Any, message: str, timeout: float = 120) -> Any:
+    """Drive every job as the server's poller does, until ``condition()`` holds."""
+
+    def once() -> Any:
+        service.poll_active()
+        return condition()
+
+    return wait_for(once, timeout=timeout, message=message, interval=0.1)
+
+
+def states(service: JobService, ids: dict[str, str]) -> dict[str, tuple[str, str]]:
+    return {name: ((job := service.get(job_id)).state, job.machine) for name, job_id in ids.items()}
+
+
+# -- placing on machines with room ------------------------------------------------------------------
+def test_a_job_on_a_pool_is_placed_on_the_free_machine_and_says_why(pair: JobService, gates: Gates) -> None:
+    busy = pair.submit(JobSpec.from_json(gates.spec("busy", machine="a"))).job
+    poll_until(pair, lambda: gates.runs_of("busy") == 1, "the job naming a to run there")
+
+    job = pair.submit(JobSpec.from_json(gates.spec("pooled"))).job
+    # Placed in the submit's own write: a is full (max_jobs 1), b is free.
+    assert (job.state, job.machine, job.kind, job.pool) == ("queued", "b", "ssh", "pair")
+    assert job.placement == "placed on b: first with 1 of 1 job slots free"
+    poll_until(pair, lambda: gates.runs_of("pooled") == 1, "the pool's job to run on b")
+    for name in ("busy", "pooled"):
+        gates.open(name)
+    done = pair.wait(job.id, timeout=120)
+    assert done.state == "succeeded", done.reason
+    assert (done.machine, done.pool, done.placement) == ("b", "pair", job.placement)
+    assert pair.wait(busy.id, timeout=120).state == "succeeded"
+    # The run says where the pool put it, and why.
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(pair.settings.tracking.tracking_uri).get_run(done.mlflow_run_id)
+    assert run.data.tags["remote_compute.pool"] == "pair"
+    assert run.data.tags["remote_compute.placement"] == job.placement
+    assert run.data.tags["remote_compute.machine"] == "b"
+
+
+def test_four_jobs_on_two_single_slot_machines_run_two_at_a_time_in_order(pair: JobService, gates: Gates) -> None:
+    names = ["j1", "j2", "j3", "j4"]
+    ids = {name: pair.submit(JobSpec.from_json(gates.spec(name))).job.id for name in names}
+    assert states(pair, ids) == {
+        "j1": ("queued", "a"),
+        "j2": ("queued", "b"),
+        "j3": ("queued", "pair"),
+        "j4": ("queued", "pair"),
+    }
+    j3, j4 = pair.get(ids["j3"]), pair.get(ids["j4"])
+    assert j3.waiting and j4.waiting
+    assert j3.reason == "1st in line for pool pair: a runs 1 of 1 jobs, b runs 1 of 1 jobs"
+    assert j4.reason == "2nd in line for pool pair: a runs 1 of 1 jobs, b runs 1 of 1 jobs"
+    most = 0
+
+    def holding() -> int:
+        nonlocal most
+        on = sum(1 for s, m in states(pair, ids).values() if s in ("sending", "running") and m != "pair")
+        most = max(most, on)
+        return on
+
+    poll_until(pair, lambda: gates.runs_of("j1") and gates.runs_of("j2") and holding() == 2, "j1 and j2 to run")
+    gates.open("j2")  # b frees first: the first in line takes it
+    poll_until(pair, lambda: holding() and gates.runs_of("j3"), "j3 to run on b")
+    assert states(pair, ids)["j3"] == ("running", "b") and pair.get(ids["j4"]).waiting
+    assert pair.get(ids["j4"]).reason == "1st in line for pool pair: a runs 1 of 1 jobs, b runs 1 of 1 jobs"
+    gates.open("j1")
+    poll_until(pair, lambda: holding() and gates.runs_of("j4"), "j4 to run on a")
+    assert states(pair, ids)["j4"] == ("running", "a")
+    gates.open("j3")
+    gates.open("j4")
+    poll_until(pair, lambda: all(s == "succeeded" for s, _ in states(pair, ids).values()), "every job to end")
+    assert most == 2
+    assert [gates.runs_of(name) for name in names] == [1, 1, 1, 1]
+    placed = {name: pair.get(job_id).placement for name, job_id in ids.items()}
+    assert placed["j3"] == "placed on b: first with 1 of 1 job slots free", placed
+    assert placed["j4"] == "placed on a: first with 1 of 1 job slots free", placed
+
+
+def test_a_disabled_machine_takes_no_job_until_it_is_enabled(pair: JobService, gates: Gates) -> None:
+    pair.machines.set_enabled("b", False)
+    first = pair.submit(JobSpec.from_json(gates.spec("first"))).job
+    second = pair.submit(JobSpec.from_json(gates.spec("second"))).job
+    assert first.machine == "a"
+    waiting = pair.get(second.id)
+    assert waiting.waiting and waiting.reason == "1st in line for pool pair: a runs 1 of 1 jobs, b is disabled"
+    # Polled while b is disabled: still waiting, still saying why.
+    poll_until(pair, lambda: gates.runs_of("first") == 1, "the first job to run on a")
+    assert pair.get(second.id).waiting
+
+    pair.machines.set_enabled("b", True)
+    placed = poll_until(pair, lambda: not (j := pair.get(second.id)).waiting and j, "the second job to be placed")
+    assert (placed.machine, placed.placement) == ("b", "placed on b: first with 1 of 1 job slots free")
+    poll_until(pair, lambda: gates.runs_of("second") == 1, "the second job to run on b")
+    for name in ("first", "second"):
+        gates.open(name)
+    assert {pair.wait(j.id, timeout=120).state for j in (first, second)} == {"succeeded"}
+
+
+def test_a_waiting_job_cancelled_ends_without_a_machine(pair: JobService, gates: Gates) -> None:
+    pair.machines.set_enabled("a", False)
+    pair.machines.set_enabled("b", False)
+    job = pair.submit(JobSpec.from_json(gates.spec("never"))).job
+    assert job.waiting and job.reason == "1st in line for pool pair: a is disabled, b is disabled"
+    ended = pair.cancel(job.id)
+    ended = poll_until(pair, lambda: (j := pair.get(job.id)).state == "cancelled" and j, "the cancel to end it")
+    assert ended.reason == "cancelled by user before it started" and ended.machine == "pair"
+    assert gates.runs_of("never") == 0
+
+
+# -- the rules, and the reasons a queued job gives ----------------------------------------------------
+def _room(name: str, *, gpus: int | None = 2, used: int = 0, enabled: bool = True, price: float | None = None) -> Room:
+    machine = Machine(name=name, kind="ssh", address="h", enabled=enabled, created=None, options={})
+    return Room(machine, None, gpus, None, None, price, False, jobs=used, used_gpus=used)
+
+
+def test_each_rule_chooses_and_explains() -> None:
+    one_gpu = Resources(gpus=1)
+    rooms = [_room("a", used=2), _room("b", used=1, price=3.0), _room("c", gpus=4, price=1.5)]
+    assert choose(Pool("p", ("a", "b", "c")), rooms, one_gpu)[1] == "first with 1 free GPU"
+    assert choose(Pool("p", ("a", "b", "c")), rooms, one_gpu)[0].machine.name == "b"
+    room, why = choose(Pool("p", ("a", "b", "c"), "least_loaded"), rooms, one_gpu)
+    assert (room.machine.name, why) == ("c", "least loaded (0 jobs there, 4 free GPUs)")
+    room, why = choose(Pool("p", ("a", "b", "c"), "cheapest"), rooms, one_gpu)
+    assert (room.machine.name, why) == ("c", "cheapest with room (1.5 per hour, 4 free GPUs)")
+    full = [_room("a", used=2), _room("b", enabled=False), _room("c", gpus=None)]
+    assert choose(Pool("gpus", ("a", "b", "c")), full, Resources(gpus=2)) == (
+        None,
+        "a has 0 of 2 GPUs free, b is disabled, c's GPUs are not known (check the machine)",
+    )
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+COMPUTE = """\
+# machines of the team
+machines:
+  a:
+    kind: ssh
+    address: me@127.0.0.1
+pools:
+"""
+
+
+@pytest.mark.parametrize(
+    ("pools", "problem"),
+    [
+        ("  gpus:\n    machines: []\n", "line 8: pools.gpus.machines: a pool needs at least one machine"),
+        ("  gpus:\n    machines: [a, nowhere]\n", "line 8: pools.gpus.machines[1]: no machine named 'nowhere'"),
+        ("  gpus:\n    placement: first\n", "line 7: pools.gpus.machines: a pool needs at least one machine"),
+        ("  gpus:\n    machines: [a]\n    placement: random\n", "line 9: pools.gpus.placement: 'random' is not a"),
+        ("  a:\n    machines: [a]\n", "line 7: pool 'a' has a machine's name"),
+        ("  gpus:\n    machines: [a]\n    size: 3\n", "line 9: pool 'gpus': unknown setting 'size'"),
+    ],
+)
+def test_a_bad_pool_in_compute_yaml_is_refused_naming_its_line_and_field(
+    workspace: Path, pools: str, problem: str
+) -> None:
+    path = workspace / ".punica/compute.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(COMPUTE + pools)
+    with pytest.raises(ConfigFileError) as info:
+        MachineRegistry(path).pools()
+    assert f"{path}, {problem}" in str(info.value), info.value
+
+
+def test_pools_are_written_with_the_files_comments_kept_and_clashes_refused(workspace: Path) -> None:
+    path = workspace / ".punica/compute.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(COMPUTE.replace("pools:\n", "# the end\n"))
+    registry = MachineRegistry(path)
+    registry.put_pool("gpus", PoolInput.from_json({"machines": ["a", "local"]}))
+    registry.put_pool("gpus", PoolInput.from_json({"machines": ["a"], "placement": "least_loaded"}))
+    assert path.read_text() == COMPUTE + "  gpus:\n    machines: [a]\n    placement: least_loaded\n# the end\n"
+    with pytest.raises(InvalidSettings) as info:
+        registry.put_pool("cpus", PoolInput.from_json({"machines": ["a", "nowhere"]}))
+    assert info.value.field == "machines[1]" and "no machine named 'nowhere'" in str(info.value)
+    with pytest.raises(InvalidSettings) as info:
+        PoolInput.from_json({"machines": []})
+    assert str(info.value) == "machines: a pool needs at least one machine"
+    with pytest.raises(Conflict, match="a pool cannot have a machine's name"):
+        registry.put_pool("a", PoolInput.from_json({"machines": ["a"]}))
+    with pytest.raises(Conflict, match="a machine cannot have a pool's name"):
+        registry.add("gpus", "ssh", "me@127.0.0.2")
+    with pytest.raises(Conflict, match="machine 'a' is in pool 'gpus'"):
+        registry.remove("a")
+    registry.remove_pool("gpus")
+    assert path.read_text() == COMPUTE + "# the end\n"
+
+
+def test_a_job_naming_an_unknown_pool_or_one_no_machine_can_serve_is_refused(
+    workspace: Path, make_service: Any
+) -> None:
+    service = make_service(workspace)
+    with pytest.raises(NotFound, match=r"no machine named 'gpus' .*, nor a pool of that name"):
+        service.submit(JobSpec.from_json({"machine": "gpus", "command": "true"}))
+    service.machines.put_pool("here", PoolInput.from_json({"machines": ["local"]}))
+    with pytest.raises(InvalidSettings) as info:
+        service.submit(JobSpec.from_json({"machine": "here", "command": "true", "fallback": ["local"]}))
+    assert info.value.field == "fallback"
+    assert service.list_jobs() == []
+
+
+def test_a_pool_of_the_built_in_machine_runs_a_job_from_the_cli_path(workspace: Path, make_service: Any) -> None:
+    """No server: the face that follows the job (the CLI, the magic) places it."""
+    service = make_service(workspace)
+    service.machines.put_pool("here", PoolInput.from_json({"machines": ["local"]}))
+    job = service.submit(JobSpec.from_json({"machine": "here", "command": "echo pooled"})).job
+    assert (job.machine, job.placement) == ("local", "placed on local: first with room")
+    done: Job = service.wait(job.id, timeout=60)
+    assert done.state == "succeeded" and done.pool == "here"
