@@ -282,6 +282,8 @@ class MachineHandler(RemoteComputeHandler):
     @api
     async def patch(self, name: str) -> None:
         machine = await self.call(self.service.admin.update_from, name, self.body())
+        if machine.enabled:
+            await self.call(self.service.place)  # a pool's waiting job takes a machine just enabled now
         self.reply(machine.to_json())
 
     @api
@@ -300,6 +302,7 @@ class MachineCheckHandler(RemoteComputeHandler):
         except MachineUnreachable as e:
             self.reply({"name": name, "ok": False, "reachable": False, "reason": e.reason})
             return
+        await self.call(self.service.place)  # a check that found more GPUs makes room in a pool at once
         self.reply({"name": name, "ok": True, "reachable": True, "facts": facts})
 
 

@@ -131,7 +131,8 @@ def cmd_machines(args: argparse.Namespace) -> int:
     action = args.action
     if action == "default":
         return _default_machine(args)
-    admin = job_service(args).admin
+    service = job_service(args)
+    admin = service.admin
     if action in ("pools", "pool"):
         return _pools(args, admin)
     if action == "list":
@@ -191,6 +192,8 @@ def cmd_machines(args: argparse.Namespace) -> int:
         return done(args, {"name": args.name, "removed": True}, f"removed {args.name}")
     if action in ("enable", "disable"):
         machine = admin.set_enabled(args.name, action == "enable")
+        if machine.enabled:
+            service.place()  # a pool's waiting job takes it now, whether or not a server polls
         return done(args, machine.to_json(), f"{action}d {args.name}")
     if action == "check":
         facts = admin.check(args.name)

@@ -75,7 +75,7 @@ class Driver:
         """Take the job as far as it can go now, without waiting for it to finish."""
         job = self.ctx.store.get(job_id)
         if job.waiting and job.pool is not None:
-            self._place([job.pool])  # whoever follows a pool's job places it (the CLI, the magic)
+            self.place([job.pool])  # whoever follows a pool's job places it (the CLI, the magic)
             job = self.ctx.store.get(job_id)
         self._drive(job, progress=progress)
         return self.ctx.store.get(job_id)
@@ -113,7 +113,7 @@ class Driver:
             if job.state == "collecting":
                 self.collector.collect(job)
                 if self.ctx.store.get(job.id).state in TERMINAL_STATES and not job.waiting:
-                    self._place()  # its machine has room again: a pool's next job takes it now
+                    self.place()  # its machine has room again: a pool's next job takes it now
         except Exception as e:  # a bug or an unexpected OS error must not leave the job active for ever
             current = self.ctx.store.jobs().get(job.id)
             if current is None:
@@ -141,7 +141,7 @@ class Driver:
         recording.resume(self.ctx)
         # Jobs waiting in pools take the room that came free since the last pass (a job ended, a machine
         # enabled or checked); before the pass, so those placed are sent in it.
-        self._place()
+        self.place()
         jobs = self.ctx.store.active_jobs()
         running: dict[str, list[Job]] = {}
         for job in jobs:
@@ -161,7 +161,7 @@ class Driver:
             if job.state not in ON_MACHINE_STATES or job.id in statuses:
                 self._drive(job, statuses.get(job.id), transfer=transfer)
 
-    def _place(self, pools: list[str] | None = None) -> None:
+    def place(self, pools: list[str] | None = None) -> None:
         """A placement pass (placement.py); a broken compute.yaml must not stop the other jobs being driven."""
         try:
             self.placement.place(pools)

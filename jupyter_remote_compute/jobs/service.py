@@ -360,11 +360,21 @@ class JobService:
 
     def latest_same_work(self, spec: JobSpec) -> Job | None:
         """The newest job doing the same work as ``spec`` (same key), whatever its state."""
+        if self.driver.placement.pool(spec.machine) is not None:
+            # A pool's jobs ran on any of its machines, with no machine's defaults (as submit keys them).
+            _, key, _ = self._inputs_and_key(spec)
+            same = [j for j in self.list_jobs() if j.pool == spec.machine and j.key == key]
+            return same[0] if same else None
         machine = self.admin.resolve(spec.machine)
         spec = environments.with_machine_default(spec, machine.options)
         _, key, _ = self._inputs_and_key(spec)
         same = [j for j in self.list_jobs(machine=machine.name) if j.key == key]
         return same[0] if same else None
+
+    def place(self) -> None:
+        """Place the pools' waiting jobs that fit now (placement.py): a face that enabled or checked a
+        machine calls it, so a pool's job takes the room at once rather than at the next poll."""
+        self.driver.place()
 
     def changed_outputs(self, job: Job) -> list[str]:
         """Outputs of ``job`` no longer in the workspace as it brought them back."""
