@@ -222,3 +222,18 @@ def test_run_refuses_resources_this_machine_cannot_give(cli) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: resources.gpus: 1000 asked") and "Traceback" not in proc.stderr
     assert json.loads(cli("jobs", "list", "--json").stdout) == []
+
+
+def test_a_pool_is_made_listed_and_named_by_run_from_the_command_line(cli) -> None:
+    made = json.loads(cli("machines", "pool", "here", "--machine", "local", "--json").stdout)
+    assert made == {"name": "here", "machines": ["local"], "placement": "first"}
+    assert json.loads(cli("machines", "pools", "--json").stdout) == [made]
+    assert "pooled" in cli("run", "--machine", "here", "--", "echo pooled").stdout
+    job = json.loads(cli("jobs", "list", "--json").stdout)[0]
+    job = json.loads(cli("jobs", "show", job["id"], "--json").stdout)
+    assert (job["state"], job["machine"], job["pool"]) == ("succeeded", "local", "here")
+    assert job["placement"] == "placed on local: first with room"
+    bad = cli("machines", "pool", "empty", check=False)
+    assert bad.returncode != 0 and "machines: a pool needs at least one machine" in bad.stderr
+    cli("machines", "pool", "here", "--remove")
+    assert json.loads(cli("machines", "pools", "--json").stdout) == []
