@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import slurm_fixture
 import sshd_fixture
 from pool_bed import Gates, add_pair, gates, remove_b_folder
 from waiting import wait_for
@@ -27,6 +28,7 @@ from jupyter_remote_compute.schema.resources import Resources
 
 gates = gates  # the fixture, used here
 sshd_bed = sshd_fixture.sshd_bed
+slurm_bed = slurm_fixture.slurm_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
 
 
@@ -250,3 +252,28 @@ def test_a_pool_of_the_built_in_machine_runs_a_job_from_the_cli_path(workspace: 
     assert (job.machine, job.placement) == ("local", "placed on local: first with room")
     done: Job = service.wait(job.id, timeout=60)
     assert done.state == "succeeded" and done.pool == "here"
+
+
+def test_a_pool_with_the_slurm_cluster_places_a_job_there_when_both_ssh_machines_are_busy(
+    pair: JobService, gates: Gates, slurm_bed: Any
+) -> None:
+    """The issue's pool: two ssh machines and the local Slurm cluster. A scheduler keeps its own queue, so
+    only its max_jobs (none here) limits what the pool places there: it has room while a and b are busy."""
+    pair.machines.add("cluster", "slurm", "127.0.0.1", slurm_bed.machine_options())
+    pair.machines.put_pool("mixed", PoolInput.from_json({"machines": ["a", "b", "cluster"]}))
+    jobs = {name: pair.submit(JobSpec.from_json(gates.spec(name, machine="mixed"))).job for name in ("m1", "m2", "m3")}
+    assert {name: (job.machine, job.kind) for name, job in jobs.items()} == {
+        "m1": ("a", "ssh"),
+        "m2": ("b", "ssh"),
+        "m3": ("cluster", "slurm"),
+    }
+    assert jobs["m3"].placement == "placed on cluster: first with room"
+    poll_until(pair, lambda: all(gates.runs_of(name) for name in jobs), "each job to run where it was placed")
+    for name in jobs:
+        gates.open(name)
+    done = {name: pair.wait(job.id, timeout=180) for name, job in jobs.items()}
+    assert {name: (job.state, job.machine) for name, job in done.items()} == {
+        "m1": ("succeeded", "a"),
+        "m2": ("succeeded", "b"),
+        "m3": ("succeeded", "cluster"),
+    }
