@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, ConfigDict, Field, with_config
 
+from . import values
 from .base import STRICT, problem, to_json, validate
 
 #: How a machine is chosen among those of the pool that have room: the first in the pool's order, the
@@ -22,18 +23,10 @@ RULES: tuple[PlacementRule, ...] = get_args(PlacementRule)
 
 
 def _machines(value: Any) -> Any:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)):
-        raise problem("expected a list of machine names")
-    if not value:
+    names = values.machine_names(value)
+    if not names:
         raise problem("a pool needs at least one machine")
-    for i, name in enumerate(value):
-        if not isinstance(name, str) or not name:
-            raise problem("expected a machine name", at=i)
-        if name in value[:i]:
-            raise problem(f"names {name!r} twice", at=i)
-    return tuple(value)
+    return names
 
 
 def _rule(value: Any) -> Any:

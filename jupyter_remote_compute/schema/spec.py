@@ -105,17 +105,7 @@ def _key(value: Any) -> Any:
 
 
 def _fallback(value: Any) -> Any:
-    value = values.given_or(())(value)
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)):
-        raise problem("expected a list of machine names")
-    for i, name in enumerate(value):
-        if not isinstance(name, str) or not name:
-            raise problem("expected a machine name", at=i)
-        if name in value[:i]:
-            raise problem(f"names {name!r} twice", at=i)
-    return tuple(value)
+    return values.machine_names(values.given_or(())(value))
 
 
 def _environment(value: Any) -> Any:

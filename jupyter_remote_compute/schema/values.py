@@ -87,6 +87,20 @@ def path_list(value: Any) -> Any:
     return value
 
 
+def machine_names(value: Any) -> tuple[str, ...]:
+    """A list of machine names (one as a string), none twice: a job's fallback machines, a pool's machines."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise problem("expected a list of machine names")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name:
+            raise problem("expected a machine name", at=i)
+        if name in value[:i]:
+            raise problem(f"names {name!r} twice", at=i)
+    return tuple(value)
+
+
 def memory_mb(value: Any) -> int:
     """MiB from ``"32G"``, ``"512M"``, ``"1.5G"``, ``"2T"`` or a plain number of MiB (Slurm's default unit)."""
     if isinstance(value, bool):
