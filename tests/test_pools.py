@@ -141,6 +141,45 @@ def test_a_disabled_machine_takes_no_job_until_it_is_enabled(pair: JobService, g
     assert {pair.wait(j.id, timeout=120).state for j in (first, second)} == {"succeeded"}
 
 
+def test_a_machines_checked_cpus_are_its_room_and_what_no_machine_has_is_refused(
+    pair: JobService, gates: Gates
+) -> None:
+    """The room a check found (``machines check``: CPUs, GPUs, memory), less what the jobs there asked."""
+    unknown = pair.submit(JobSpec.from_json(gates.spec("unknown", resources={"cpus": 1}))).job
+    assert unknown.waiting, unknown.placement  # never checked: how many CPUs a and b have is not known
+    assert unknown.reason == (
+        "1st in line for pool pair: a's CPUs are not known (check the machine), "
+        "b's CPUs are not known (check the machine)"
+    )
+    pair.cancel(unknown.id)
+    cpus = pair.admin.check("a")["cpus"]
+    assert pair.admin.check("b")["cpus"] == cpus  # one host behind both sshds
+    pair.machines.update("a", options={"max_jobs": None})  # only its CPUs limit a now
+
+    for resources, field, problem in (
+        ({"cpus": cpus + 1}, "resources", f"no machine of pool pair can give it: a has {cpus} CPUs, b has {cpus} CPUs"),
+        ({"gpus": 1}, "resources", "no machine of pool pair can give it: a has 0 GPUs, b has 0 GPUs"),
+        ({"partition": "gpu"}, "resources", "a is one ssh machine, with no partitions or nodes"),
+    ):
+        with pytest.raises(InvalidSettings) as info:
+            pair.submit(JobSpec.from_json(gates.spec("too-big", resources=resources)))
+        assert info.value.field == field and problem in str(info.value), info.value
+
+    whole = pair.submit(JobSpec.from_json(gates.spec("whole", resources={"cpus": cpus}))).job
+    assert (whole.machine, whole.placement) == ("a", f"placed on a: first with {cpus} free CPU{'s' * (cpus > 1)}")
+    one = pair.submit(JobSpec.from_json(gates.spec("one", resources={"cpus": 1}))).job
+    assert (one.machine, one.placement) == ("b", f"placed on b: first with {cpus} free CPU{'s' * (cpus > 1)}")
+    third = pair.submit(JobSpec.from_json(gates.spec("third", resources={"cpus": 1}))).job
+    assert third.reason == f"1st in line for pool pair: a has 0 of {cpus} CPUs free, b runs 1 of 1 jobs"
+    poll_until(pair, lambda: gates.runs_of("whole") and gates.runs_of("one"), "the first two jobs to run")
+    gates.open("whole")
+    placed = poll_until(pair, lambda: not (j := pair.get(third.id)).waiting and j, "the third job to take a")
+    assert placed.machine == "a"
+    for name in ("one", "third"):
+        gates.open(name)
+    assert {pair.wait(j.id, timeout=120).state for j in (whole, one, third)} == {"succeeded"}
+
+
 def test_a_waiting_job_cancelled_ends_without_a_machine(pair: JobService, gates: Gates) -> None:
     pair.machines.set_enabled("a", False)
     pair.machines.set_enabled("b", False)

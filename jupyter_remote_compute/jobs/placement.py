@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from typing import Any
 
 from ..engines import engine_class
 from ..engines.resources import Resources
 from ..machines.admin import snapshot_of
-from ..machines.facts import known_facts
+from ..machines.facts import recorded_facts
 from ..machines.registry import Machine
 from ..schema.pool import Pool
 from .context import JobContext
@@ -39,6 +39,8 @@ from .snapshot import JobMap
 
 #: A waiting job's ``kind``: it is on no machine yet.
 POOL_KIND = "pool"
+#: Every machine's last check, by name (``machines/facts.py``'s ``recorded_facts``).
+Facts = Mapping[str, Mapping[str, Any]]
 
 
 @dataclasses.dataclass
@@ -70,39 +72,51 @@ class Room:
             return f"{name} is disabled"
         if self.max_jobs is not None and self.jobs >= self.max_jobs:
             return f"{name} runs {self.jobs} of {self.max_jobs} jobs"
-        if self.scheduler:
-            return None
-        for what, want, total, used in (
-            ("GPUs", asked.gpus, self.gpus, self.used_gpus),
-            ("CPUs", asked.cpus, self.cpus, self.used_cpus),
-            ("MiB of memory", asked.memory_mb, self.memory_mb, self.used_mb),
-        ):
-            if not want:
-                continue
+        short = self.shortfall(asked)
+        if short is not None or self.scheduler:
+            return short
+        for what, want, total, used in self._wanted(asked):
             if total is None:
                 return f"{name}'s {what.split()[-1]} are not known (check the machine)"
             if total - used < want:
                 return f"{name} has {max(0, total - used)} of {total} {what} free"
         return None
 
-    def totals(self, asked: Resources) -> list[tuple[str, int, int]]:
-        """(what, asked, the machine's all) for each resource asked whose total the last check found."""
-        wanted = (("GPUs", asked.gpus, self.gpus), ("CPUs", asked.cpus, self.cpus))
-        memory = (("MiB of memory", asked.memory_mb, self.memory_mb),)
-        return [(what, want, total) for what, want, total in (*wanted, *memory) if want and total is not None]
+    def shortfall(self, asked: Resources) -> str | None:
+        """Why the machine could never give ``asked``, even with nothing running on it (by its last check);
+        None when it could, or might (not checked yet, a scheduler's)."""
+        if self.scheduler:
+            return None
+        if asked.partition or (asked.nodes or 1) > 1:
+            return f"{self.machine.name} is one {self.machine.kind} machine, with no partitions or nodes"
+        for what, want, total, _used in self._wanted(asked):
+            if total is not None and want > total:
+                return f"{self.machine.name} has {total} {what}"
+        return None
 
     def free(self, asked: Resources) -> str:
         """What room the machine had for the job, for its placement's explanation."""
-        if asked.gpus and self.gpus is not None:
-            n = self.gpus - self.used_gpus
-            return f"{n} free GPU" + ("s" if n != 1 else "")
+        for what, _want, total, used in self._wanted(asked):
+            if total is not None and not self.scheduler:
+                n = total - used
+                return f"{n} free {what[:-1] if n == 1 and what.endswith('s') else what}"
         if self.max_jobs is not None:
             return f"{self.max_jobs - self.jobs} of {self.max_jobs} job slots free"
         return "room"
 
+    def _wanted(self, asked: Resources) -> list[tuple[str, int, int | None, int]]:
+        """(what, asked, the machine's all or None, what its jobs hold) for each resource the job asks."""
+        every = (
+            ("GPUs", asked.gpus, self.gpus, self.used_gpus),
+            ("CPUs", asked.cpus, self.cpus, self.used_cpus),
+            ("MiB of memory", asked.memory_mb, self.memory_mb, self.used_mb),
+        )
+        return [(what, want, total, used) for what, want, total, used in every if want]
 
-def rooms_of(pool: Pool, machines: Mapping[str, Machine], active: Iterable[Job], punica: Path) -> list[Room]:
-    """The pool's machines in its order, each with what the unfinished jobs on it hold."""
+
+def rooms_of(pool: Pool, machines: Mapping[str, Machine], active: Iterable[Job], facts: Facts) -> list[Room]:
+    """The pool's machines in its order, each with what the unfinished jobs on it hold; ``facts``: every
+    machine's last check (``machines/facts.py``), read before the store's lock is taken."""
     rooms: dict[str, Room] = {}
     for name in pool.machines:
         machine = machines.get(name)
@@ -110,14 +124,14 @@ def rooms_of(pool: Pool, machines: Mapping[str, Machine], active: Iterable[Job],
             continue
         options = machine.options
         scheduler = engine_class(machine.kind).features.pending
-        facts = None if scheduler else known_facts(punica, name)
-        memory = (facts or {}).get("memory_bytes")
+        found = {} if scheduler else facts.get(name) or {}
+        memory = found.get("memory_bytes")
         price = options.get("price_per_hour")
         rooms[name] = Room(
             machine=machine,
             max_jobs=options.get("max_jobs") if isinstance(options.get("max_jobs"), int) else None,
-            gpus=facts["gpus"] if facts and isinstance(facts.get("gpus"), int) else None,
-            cpus=facts["cpus"] if facts and isinstance(facts.get("cpus"), int) else None,
+            gpus=found["gpus"] if isinstance(found.get("gpus"), int) else None,
+            cpus=found["cpus"] if isinstance(found.get("cpus"), int) else None,
             memory_mb=memory // (1 << 20) if isinstance(memory, int) else None,
             price=float(price) if isinstance(price, (int, float)) else None,
             scheduler=scheduler,
@@ -129,15 +143,15 @@ def rooms_of(pool: Pool, machines: Mapping[str, Machine], active: Iterable[Job],
     return list(rooms.values())
 
 
-def never_fits(pool: Pool, machines: Mapping[str, Machine], asked: Resources, punica: Path) -> str | None:
+def never_fits(pool: Pool, machines: Mapping[str, Machine], asked: Resources, facts: Facts) -> str | None:
     """Why no machine of the pool could give ``asked`` even with nothing running (by their last checks);
     None when one could, or might (not checked yet, a scheduler's, disabled for now)."""
     whys = []
-    for room in rooms_of(pool, machines, (), punica):
-        short = [f"{room.machine.name} has {total} {what}" for what, want, total in room.totals(asked) if want > total]
-        if room.scheduler or not short:
+    for room in rooms_of(pool, machines, (), facts):
+        why = room.shortfall(asked)
+        if why is None:
             return None
-        whys.append(short[0])
+        whys.append(why)
     return ", ".join(whys) or "it has no machines"
 
 
@@ -163,7 +177,7 @@ def ordinal(n: int) -> str:
 
 
 def place_in(
-    jobs: JobMap, pool: Pool, machines: Mapping[str, Machine], punica: Path, new: Job | None = None
+    jobs: JobMap, pool: Pool, machines: Mapping[str, Machine], facts: Facts, new: Job | None = None
 ) -> list[str]:
     """Inside a store transaction: place the pool's waiting jobs, oldest first, while the first fits;
     tell the rest their place in line. ``new``: a job this transaction added (submit's). The ids of the
@@ -175,7 +189,7 @@ def place_in(
     )
     if not line:
         return []
-    rooms = rooms_of(pool, machines, active, punica)
+    rooms = rooms_of(pool, machines, active, facts)
     changed: list[str] = []
     position = 0  # in line among the jobs still waiting after this pass
     for waiting in line:
@@ -219,14 +233,14 @@ class Placement:
             return []
         machine_list, pools = self.ctx.admin.registry.machines_and_pools()
         machines = {m.name: m for m in machine_list}
-        punica = self.ctx.workspace.punica_dir
+        facts = recorded_facts(self.ctx.workspace.punica_dir)
         changed: list[str] = []
         known = {pool.name: pool for pool in pools}
         with self.ctx.store.transaction() as jobs:
             for name in sorted(wanted):
                 pool = known.get(name)
                 if pool is not None:
-                    changed += place_in(jobs, pool, machines, punica)
+                    changed += place_in(jobs, pool, machines, facts)
                     continue
                 reason = f"pool {name} is no longer in compute.yaml: add it again, or cancel the job"
                 for job in jobs.unfinished():

@@ -42,6 +42,7 @@ from ..errors import (
 from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, load_detectors, screen_settings
 from ..machines.admin import MachineAdmin, snapshot_of
+from ..machines.facts import recorded_facts
 from ..machines.options import COMMON_OPTIONS
 from ..machines.registry import Machine, MachineRegistry
 from ..schema.pool import Pool
@@ -254,6 +255,7 @@ class JobService:
             environments.save(jobdir, resolved)
 
         placed: list[str] = []
+        facts = recorded_facts(self.workspace.punica_dir) if pool is not None else {}  # read before the lock
         with self.store.transaction() as jobs:
             if not new:
                 for existing in jobs.unfinished():
@@ -274,7 +276,7 @@ class JobService:
             jobs[job_id] = job
             if pool is not None:
                 # In this same write: a machine of the pool with room takes the job at once, in its turn.
-                placed = place_in(jobs, pool, members, self.workspace.punica_dir, new=job)
+                placed = place_in(jobs, pool, members, facts, new=job)
         for changed in placed:
             if changed != job_id:
                 self._emit(self.store.get(changed))
@@ -301,7 +303,7 @@ class JobService:
                     "checkpoints do not come home yet; take it out of the pool, or leave checkpoints out",
                     field="checkpoints",
                 )
-        never = never_fits(pool, members, spec.resources, self.workspace.punica_dir)
+        never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
         if never is not None:
             raise InvalidSettings(f"resources: no machine of pool {pool.name} can give it: {never}", field="resources")
         return members
