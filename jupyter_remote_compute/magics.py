@@ -216,7 +216,9 @@ class RemoteComputeMagics(Magics):
             result = service.submit(spec, new=args.new)
             job = result.job
             verb = "attached to running job" if result.attached else "submitted job"
-            print(f"{verb} {job.id} on {job.machine}")
+            # A pool's job says where it went and why, or that it waits in the pool's line.
+            where = f" ({job.placement})" if job.placement else f" ({job.reason})" if job.waiting else ""
+            print(f"{verb} {job.id} on {job.machine}{where}")
         self._detached.discard(job.id)
 
         try:

@@ -315,3 +315,29 @@ def test_the_job_event_schema_admits_every_lifecycle_state() -> None:
 
     schema = yaml.safe_load(files("jupyter_remote_compute").joinpath("events/job.yaml").read_text())
     assert set(schema["properties"]["state"]["enum"]) == ACTIVE_STATES | TERMINAL_STATES
+
+
+async def test_a_pool_is_made_listed_named_by_a_job_and_removed(jp_fetch):
+    code, pool = await _json(jp_fetch, "pools", "here", method="PUT", body={"machines": ["local"]})
+    assert code == 200 and pool == {"name": "here", "machines": ["local"], "placement": "first"}
+    _, listed = await _json(jp_fetch, "pools")
+    assert listed["pools"] == [pool] and listed["version"]
+    for name, body, status, field in (
+        ("bad", {"machines": ["local", "nowhere"]}, 400, "machines[1]"),
+        ("bad", {"machines": []}, 400, "machines"),
+        ("bad", {"machines": ["local"], "placement": "random"}, 400, "placement"),
+        ("local", {"machines": ["local"]}, 409, "name"),
+    ):
+        code, err = await _error(jp_fetch, "pools", name, method="PUT", body=body)
+        assert (code, err["field"]) == (status, field), err
+        assert err["message"].startswith(field + ":") or status == 409, err
+
+    _, submitted = await _json(jp_fetch, "jobs", method="POST", body={"machine": "here", "command": "echo pooled"})
+    job = submitted["job"]
+    assert (job["pool"], job["machine"], job["placement"]) == ("here", "local", "placed on local: first with room")
+    done = await _wait_job(jp_fetch, job["id"], {"succeeded", "failed"})
+    assert done["state"] == "succeeded", done["reason"]
+    code, _ = await _json(jp_fetch, "pools", "here", method="DELETE")
+    assert code == 204
+    code, err = await _error(jp_fetch, "pools", "here", method="DELETE")
+    assert code == 404 and err["code"] == "not_found"

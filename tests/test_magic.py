@@ -242,6 +242,18 @@ def test_the_command_after_dashes_runs_in_the_machines_shell_as_written(kernel, 
     assert job.spec.command == """echo "a  b" && echo 'second' | tr a-z A-Z"""
 
 
+def test_remote_train_names_a_pool_where_it_names_a_machine(kernel, make_service, quickstart) -> None:
+    from jupyter_remote_compute.schema.pool import PoolInput
+
+    service = make_service(quickstart)
+    service.machines.put_pool("here", PoolInput.from_json({"machines": ["local"]}))
+    cell = kernel.run("%remote_train --machine here -- echo pooled")
+    assert cell.error is None, (cell.error, cell.stdout)
+    assert "on local (placed on local: first with room)" in cell.stdout and "pooled" in cell.stdout
+    [job] = service.list_jobs()
+    assert (job.state, job.pool, job.machine) == ("succeeded", "here", "local")
+
+
 def test_a_cell_body_runs_as_the_script_and_running_it_again_attaches(kernel, quickstart: Path, make_service) -> None:
     go = quickstart.parent / "go-cell"
     body = (
