@@ -2,7 +2,7 @@
 
 Not a test: it prints figures and the difference against its goal, measured in the same run.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_pools.py [--runs N]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_pools.py [--runs N] [--queue N]
 
 The machines are the tests' two loopback sshds (``a`` on the main one, ``b`` on the jump one); pool
 ``pair`` is [a, b] with the rule ``first``, so its job is placed on ``a``, free between runs. Each run
@@ -14,6 +14,11 @@ within 0.2 s of the machine's (median).
 What the pool adds: reading compute.yaml's pools at submit, and the placement in submit's own store
 transaction (the machine's room: its facts, the unfinished jobs on it); the driver then sends the job
 as any other.
+
+``--queue N``: N jobs waiting over a pool of four single-slot machines (never reached: no job is sent);
+ten placed jobs are cancelled one after the other, each freeing a slot, and each placement pass that
+follows is timed (it places the next in line and rewrites the place in line of those behind it).
+Reference for issue 41's second benchmark (the queue adds ≤ 50 ms to each placement).
 """
 
 from __future__ import annotations
@@ -56,9 +61,55 @@ def to_start(service: JobService, machine: str) -> tuple[float, float]:
     return submitted, seconds
 
 
+def queue(service: JobService, waiting: int, frees: int) -> None:
+    """``waiting`` jobs over a pool of 4 single-slot machines: what a placement pass costs when a slot
+    frees (a placed job cancelled before it was sent), the pass that places the next in line and tells
+    the rest their place."""
+    for i in range(4):
+        service.machines.add(f"q{i}", "ssh", "127.0.0.1", {"max_jobs": 1})  # never reached: nothing is sent
+    service.machines.put_pool("four", PoolInput.from_json({"machines": [f"q{i}" for i in range(4)]}))
+    ids = []
+    submits = []
+    for i in range(waiting + 4):
+        start = time.perf_counter()
+        ids.append(service.submit(JobSpec.from_json({"machine": "four", "command": f"echo {i}"})).job.id)
+        submits.append(time.perf_counter() - start)
+    passes: list[float] = []
+    placement = service.driver.placement
+    place = placement.place
+
+    def timed(names: object = None) -> object:
+        start = time.perf_counter()
+        try:
+            return place(names)  # type: ignore[arg-type]
+        finally:
+            passes.append(time.perf_counter() - start)
+
+    placement.place = timed  # type: ignore[method-assign]
+    ended = 0
+    for job_id in ids:
+        if ended == frees:
+            break
+        if service.get(job_id).waiting:
+            continue
+        service.cancel(job_id)  # ends it at once (it was never sent): its slot frees, the next is placed
+        ended += 1
+    placement.place = place  # type: ignore[method-assign]
+    placed = [job_id for job_id in ids if not service.get(job_id).waiting]
+    print(f"{waiting} jobs waiting over a pool of 4 single-slot machines (load {os.getloadavg()[0]:.1f})")
+    print(
+        f"  submit into the queue: median {statistics.median(submits) * 1000:.1f} ms, max {max(submits) * 1000:.1f} ms"
+    )
+    print(
+        f"  the pass after a slot frees: {len(passes)} passes, median {statistics.median(passes) * 1000:.1f} ms, "
+        f"max {max(passes) * 1000:.1f} ms; {len(placed)} placed in all"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--queue", type=int, default=0, help="also: a queue of this many jobs over 4 machines")
     args = parser.parse_args()
     from sshd_fixture import build_testbed
 
@@ -99,6 +150,8 @@ def main() -> None:
         added = statistics.median(rows["pair"]) - statistics.median(rows["a"])
         verdict = "meets" if added <= GOAL else "misses"
         print(f"  the pool adds {added * 1000:+.0f} ms (median against median): {verdict} the goal of ≤ {GOAL:g} s")
+        if args.queue:
+            queue(service, args.queue, frees=10)
     finally:
         service.close()
         bed.stop()

@@ -191,6 +191,24 @@ def test_a_waiting_job_cancelled_ends_without_a_machine(pair: JobService, gates:
     assert gates.runs_of("never") == 0
 
 
+def test_a_long_line_tells_the_first_ten_their_place_and_the_rest_that_they_wait_behind(
+    pair: JobService, gates: Gates
+) -> None:
+    """Those behind the first ten keep one reason as the line moves: a placement rewrites ten jobs at most."""
+    pair.machines.set_enabled("a", False)
+    pair.machines.set_enabled("b", False)
+    ids = [pair.submit(JobSpec.from_json(gates.spec(f"w{i}"))).job.id for i in range(12)]
+    reasons = [pair.get(job_id).reason for job_id in ids]
+    assert reasons[0] == "1st in line for pool pair: a is disabled, b is disabled"
+    assert reasons[9] == "10th in line for pool pair: a is disabled, b is disabled"
+    assert reasons[10:] == ["in line for pool pair, behind 10 or more jobs"] * 2
+    pair.cancel(ids[0])
+    assert pair.get(ids[10]).reason == "10th in line for pool pair: a is disabled, b is disabled"
+    assert pair.get(ids[11]).reason == "in line for pool pair, behind 10 or more jobs"
+    for job_id in ids[1:]:
+        pair.cancel(job_id)
+
+
 # -- the rules, and the reasons a queued job gives ----------------------------------------------------
 def _room(name: str, *, gpus: int | None = 2, used: int = 0, enabled: bool = True, price: float | None = None) -> Room:
     machine = Machine(name=name, kind="ssh", address="h", enabled=enabled, created=None, options={})

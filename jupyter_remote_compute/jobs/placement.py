@@ -39,6 +39,10 @@ from .snapshot import JobMap
 
 #: A waiting job's ``kind``: it is on no machine yet.
 POOL_KIND = "pool"
+#: The waiting jobs told their exact place in line and why; those behind them say only that they wait
+#: behind these, a reason that does not change as the line moves, so a pass writes a bounded number of
+#: jobs however long the line (each write is the whole job, under the state file's lock).
+TOLD = 10
 #: Every machine's last check, by name (``machines/facts.py``'s ``recorded_facts``).
 Facts = Mapping[str, Mapping[str, Any]]
 
@@ -193,6 +197,12 @@ def place_in(
     changed: list[str] = []
     position = 0  # in line among the jobs still waiting after this pass
     for waiting in line:
+        if position >= TOLD:
+            reason = f"in line for pool {pool.name}, behind {TOLD} or more jobs"
+            if waiting.reason != reason:
+                jobs[waiting.id].reason = reason
+                changed.append(waiting.id)
+            continue
         asked = waiting.spec.resources
         room, why = choose(pool, rooms, asked)
         if position or room is None:
@@ -220,10 +230,6 @@ class Placement:
 
     def __init__(self, ctx: JobContext) -> None:
         self.ctx = ctx
-
-    def pool(self, name: str) -> Pool | None:
-        """The pool a job names; None when the name is no pool's."""
-        return self.ctx.admin.registry.pool(name)
 
     def place(self, names: Iterable[str] | None = None) -> list[Job]:
         """Place what fits in each pool named (None: every pool with a waiting job); the jobs changed."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
+from ..engines.organization.client import ORG_PREFIX
 from ..engines.resources import Resources
 from ..environments import environment as environments
 from ..environments import image as images
@@ -43,7 +44,7 @@ from ..fsutil import atomic_write, sha256_file
 from ..guards import check_egress, load_detectors, screen_settings
 from ..machines.admin import MachineAdmin, snapshot_of
 from ..machines.facts import recorded_facts
-from ..machines.options import COMMON_OPTIONS
+from ..machines.options import COMMON_OPTIONS, LOCAL
 from ..machines.registry import Machine, MachineRegistry
 from ..schema.pool import Pool
 from ..secrets import SecretStore
@@ -200,11 +201,7 @@ class JobService:
         Nothing is stored and nothing leaves this machine until every check passed.
         """
         # A pool's job waits for a machine of the pool (placement.py); one naming a machine runs there.
-        pool = self.driver.placement.pool(spec.machine)
-        try:
-            machine = None if pool is not None else self.admin.resolve(spec.machine)
-        except NotFound as e:
-            raise NotFound(f"{e.message}, nor a pool of that name (machines pools lists them)") from None
+        machine, pool, members = self._target(spec.machine)
         if machine is not None and not machine.enabled:
             raise InvalidSettings(f"machine: {machine.name!r} is disabled; enable it first", field="machine")
 
@@ -232,7 +229,7 @@ class JobService:
             spec = dataclasses.replace(spec, env={**spec.env, "MLFLOW_EXPERIMENT_NAME": experiment})
         inputs = [f.relpath for f in files]
         if pool is not None:
-            members = self._admit_pool(pool, spec, inputs)
+            self._admit_pool(pool, members, spec, inputs)
         else:
             assert machine is not None
             cls = engine_class(machine.kind)
@@ -284,16 +281,29 @@ class JobService:
         recording.resume(self.ctx)  # a run some earlier face left unrecorded (it was killed, say)
         return SubmitResult(job, attached=False)
 
-    def _admit_pool(self, pool: Pool, spec: JobSpec, inputs: list[str]) -> dict[str, Machine]:
+    def _target(self, name: str) -> tuple[Machine | None, Pool | None, dict[str, Machine]]:
+        """What a job names: a machine, or a pool and its machines by name; compute.yaml read once."""
+        if name == LOCAL or name.startswith(ORG_PREFIX):
+            return self.admin.resolve(name), None, {}  # the built-in machine is answered without the file
+        machines, pools = self.machines.machines_and_pools()
+        pool = next((p for p in pools if p.name == name), None)
+        if pool is not None:
+            return None, pool, {m.name: m for m in machines if m.name in pool.machines}
+        own = next((m for m in machines if m.name == name), None)
+        try:
+            return own or self.admin.resolve(name), None, {}  # not its own: the organization's, on a hub
+        except NotFound as e:
+            raise NotFound(f"{e.message}, nor a pool of that name (machines pools lists them)") from None
+
+    def _admit_pool(self, pool: Pool, members: Mapping[str, Machine], spec: JobSpec, inputs: list[str]) -> None:
         """Every machine of the pool may receive the inputs (the egress policy) and bring the job's
-        checkpoints home, and one at least could ever give what it asks; the pool's machines by name."""
+        checkpoints home, and one at least could ever give what it asks."""
         if spec.fallback:
             raise InvalidSettings(
                 f"fallback: a job on pool {pool.name} moves within its pool, not to fallback machines; leave "
                 "fallback out, or name a machine",
                 field="fallback",
             )
-        members = {name: self.admin.get(name) for name in pool.machines}
         for machine in members.values():
             features = engine_class(machine.kind).features
             check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
@@ -306,7 +316,6 @@ class JobService:
         never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
         if never is not None:
             raise InvalidSettings(f"resources: no machine of pool {pool.name} can give it: {never}", field="resources")
-        return members
 
     def _admit_fallback(self, spec: JobSpec, machine: Machine, inputs: list[str]) -> None:
         """Each fallback machine exists, is enabled, may receive the inputs and can bring checkpoints home."""
@@ -362,12 +371,12 @@ class JobService:
 
     def latest_same_work(self, spec: JobSpec) -> Job | None:
         """The newest job doing the same work as ``spec`` (same key), whatever its state."""
-        if self.driver.placement.pool(spec.machine) is not None:
+        machine, _, _ = self._target(spec.machine)
+        if machine is None:
             # A pool's jobs ran on any of its machines, with no machine's defaults (as submit keys them).
             _, key, _ = self._inputs_and_key(spec)
             same = [j for j in self.list_jobs() if j.pool == spec.machine and j.key == key]
             return same[0] if same else None
-        machine = self.admin.resolve(spec.machine)
         spec = environments.with_machine_default(spec, machine.options)
         _, key, _ = self._inputs_and_key(spec)
         same = [j for j in self.list_jobs(machine=machine.name) if j.key == key]

@@ -44,7 +44,7 @@ from .options import (
     engine_of_kind,
     option_position,
 )
-from .pools import check_pools, pool_of, pools_of, pools_with, put_pool, remove_pool
+from .pools import check_pools, pools_of, pools_with, put_pool, remove_pool
 from .yaml_document import (
     YamlDocument,
     append_entry,
@@ -121,11 +121,6 @@ class MachineRegistry:
     def pools(self) -> list[Pool]:
         """The file's pools, in file order (machines/pools.py)."""
         return pools_of(self._parse(self._read()))
-
-    def pool(self, name: str) -> Pool | None:
-        """The pool of that name; None when ``name`` is no pool (a machine's name, say)."""
-        doc = self._parse(self._read())
-        return pool_of(doc, name) if doc.pools is not None and name in doc.pools else None
 
     def machines_and_pools(self) -> tuple[list[Machine], list[Pool]]:
         """Both from one read, so a placement sees the pools and the machines they name as one file."""
