@@ -180,6 +180,31 @@ def test_a_machines_checked_cpus_are_its_room_and_what_no_machine_has_is_refused
     assert {pair.wait(j.id, timeout=120).state for j in (whole, one, third)} == {"succeeded"}
 
 
+def test_following_a_pools_job_says_its_place_in_line_then_where_it_went(pair: JobService, gates: Gates) -> None:
+    """What `run` and the panel's log view print while a pool's job waits (``on_wait``)."""
+    from jupyter_remote_compute.jobs.logs import waiting_line
+
+    pair.machines.set_enabled("a", False)
+    pair.machines.set_enabled("b", False)
+    job = pair.submit(JobSpec.from_json(gates.spec("followed"))).job
+    lines: list[str] = []
+
+    def heard(current: Job) -> None:
+        lines.append(waiting_line(current))
+        if current.waiting:
+            pair.machines.set_enabled("b", True)  # the next look places it there
+        else:
+            gates.open("followed")
+
+    done = pair.wait(job.id, timeout=120, on_wait=heard)
+    assert done.state == "succeeded", done.reason
+    assert lines[0] == f"job {job.id} is queued in pool pair: 1st in line for pool pair: a is disabled, b is disabled\n"
+    assert (
+        lines[1].startswith(f"job {job.id} is ") and " on b (placed on b: first with 1 of 1 job slots free)" in lines[1]
+    )
+    assert len(lines) == 2, lines
+
+
 def test_a_waiting_job_cancelled_ends_without_a_machine(pair: JobService, gates: Gates) -> None:
     pair.machines.set_enabled("a", False)
     pair.machines.set_enabled("b", False)

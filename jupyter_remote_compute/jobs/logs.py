@@ -138,12 +138,16 @@ FIRST_LOOK = 0.05  # seconds before following looks at a job again the first tim
 
 
 def waiting_line(job: Job) -> str:
-    """What a person following a job reads when it starts or stops waiting for its machine's scheduler."""
+    """What a person following a job reads when it starts or stops waiting for its machine's scheduler,
+    or for a machine of its pool."""
+    if job.waiting:
+        return f"job {job.id} is queued in pool {job.pool}: {job.reason or 'waiting for a machine'}\n"
     if job.state == "pending":
         return f"job {job.id} is pending on {job.machine}: {job.reason or 'waiting'}\n"
     if job.state == "queued" and job.attempts and job.reason:  # a next attempt (jobs/retries.py)
         return f"job {job.id} is queued on {job.machine}: {job.reason}\n"
-    return f"job {job.id} is {job.state} on {job.machine}\n"
+    placed = f" ({job.placement})" if job.placement else ""  # a pool's job: where it went, and why
+    return f"job {job.id} is {job.state} on {job.machine}{placed}\n"
 
 
 def follow(
@@ -185,11 +189,13 @@ def follow(
             attempts, offset = len(job.attempts), 0
             if on_wait is not None:
                 on_wait(job)
-        if on_wait is not None and (job.state == "pending" or waiting is not None):
+        # Pending on its machine, or queued in its pool for a machine: said as it starts, changes and ends.
+        held = job.state == "pending" or job.waiting
+        if on_wait is not None and (held or waiting is not None):
             now = (job.state, job.reason)
             if now != waiting:
                 on_wait(job)
-            waiting = now if job.state == "pending" else None
+            waiting = now if held else None
         while on_log is not None:
             chunk = read(job_id, offset)
             if chunk.data:

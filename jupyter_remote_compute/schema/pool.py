@@ -23,6 +23,8 @@ RULES: tuple[PlacementRule, ...] = get_args(PlacementRule)
 
 
 def _machines(value: Any) -> Any:
+    if not isinstance(value, (list, tuple)):  # one name is still a list of one: [a]
+        raise problem("expected a list of machine names, such as [a, b]")
     names = values.machine_names(value)
     if not names:
         raise problem("a pool needs at least one machine")
