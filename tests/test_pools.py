@@ -205,6 +205,25 @@ def test_following_a_pools_job_says_its_place_in_line_then_where_it_went(pair: J
     assert len(lines) == 2, lines
 
 
+def test_a_job_whose_pool_is_removed_says_so_and_is_placed_once_it_is_back(pair: JobService, gates: Gates) -> None:
+    pair.machines.set_enabled("a", False)
+    job = pair.submit(JobSpec.from_json(gates.spec("orphan"))).job
+    assert job.machine == "b"
+    held = pair.submit(JobSpec.from_json(gates.spec("held"))).job
+    assert pair.get(held.id).waiting
+    pair.machines.remove_pool("pair")
+    pair.place()
+    assert pair.get(held.id).reason == "pool pair is no longer in compute.yaml: add it again, or cancel the job"
+    pair.machines.put_pool("pair", PoolInput.from_json({"machines": ["a", "b"]}))
+    pair.machines.set_enabled("a", True)
+    pair.place()
+    back = pair.get(held.id)
+    assert (back.machine, back.placement) == ("a", "placed on a: first with 1 of 1 job slots free")
+    for name in ("orphan", "held"):
+        gates.open(name)
+    assert {pair.wait(j.id, timeout=120).state for j in (job, held)} == {"succeeded"}
+
+
 def test_a_waiting_job_cancelled_ends_without_a_machine(pair: JobService, gates: Gates) -> None:
     pair.machines.set_enabled("a", False)
     pair.machines.set_enabled("b", False)
@@ -303,6 +322,9 @@ def test_pools_are_written_with_the_files_comments_kept_and_clashes_refused(work
     with pytest.raises(InvalidSettings) as info:
         PoolInput.from_json({"machines": []})
     assert str(info.value) == "machines: a pool needs at least one machine"
+    with pytest.raises(InvalidSettings) as info:
+        registry.update("a", options={"max_jobs": 0})
+    assert info.value.field == "options.max_jobs" and "above zero" in str(info.value)
     with pytest.raises(Conflict, match="a pool cannot have a machine's name"):
         registry.put_pool("a", PoolInput.from_json({"machines": ["a"]}))
     with pytest.raises(Conflict, match="a machine cannot have a pool's name"):
