@@ -14,12 +14,16 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import sshd_fixture
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.pipelines.sweep import draw_trials, parse_axes, sweep_document
+
+sshd_bed = sshd_fixture.sshd_bed
+ssh_agent_env = sshd_fixture.ssh_agent_env
 
 PY = sys.executable
 TRAIN = """\
@@ -304,3 +308,43 @@ def test_the_rest_api_runs_a_sweep_follows_its_metric_and_cancels_it_whole(serve
     assert cancelled["state"] == "cancelled"
     assert [n["state"] for n in cancelled["nodes"].values()] == ["cancelled", "cancelled"]
     assert not cancelled["nodes"]["trial-2"].get("job_id")  # never started
+
+
+def test_a_grid_over_a_pool_spreads_its_trials_and_a_rerun_reuses_all_six(
+    workspace: Path, make_service, ssh_agent_env, tracking_uri
+) -> None:
+    """Two ssh machines of one job each in a pool: six trials wait in its line and go where there is room."""
+    from pool_bed import add_pair, remove_b_folder
+
+    from jupyter_remote_compute.pipelines.runner import PipelineRunner
+    from jupyter_remote_compute.pipelines.sweep import plan
+
+    service = make_service(workspace)
+    add_pair(service, ssh_agent_env, max_jobs=1)
+    settings = {
+        "machine": "pair",
+        "command": "echo {lr} {depth} > out-{lr}-{depth}.txt",
+        "bring_back": ["out-{lr}-{depth}.txt"],
+        "name": "grid",
+    }
+    axes = parse_axes(["lr=0.1,0.01,0.001", "depth=3,5"])
+    runner = PipelineRunner(service)
+    try:
+        run, attached = runner.start_sweep(plan(settings, axes, max_parallel=6))
+        ended = runner.drive(run.id)
+        assert not attached and ended.state == "succeeded", ended.reason
+        assert (workspace / "out-0.01-5.txt").read_text() == "0.01 5\n"
+        jobs = [service.get(node.job_id) for node in ended.nodes.values() if node.job_id]
+        assert len(jobs) == 6 and {j.machine for j in jobs} == {"a", "b"} and all(j.pool == "pair" for j in jobs)
+
+        parent = wait_for(lambda: runner.get(run.id).mlflow_run_id, timeout=120, message="the parent run")
+        children = MlflowClient(tracking_uri).search_runs(
+            [runner.get(run.id).mlflow_experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+        )
+        assert len(children) == 6
+
+        again, _ = runner.start_sweep(plan(settings, axes, max_parallel=6))
+        assert [n.state for n in runner.drive(again.id).nodes.values()] == ["reused"] * 6
+    finally:
+        runner.close()
+        remove_b_folder(ssh_agent_env)
