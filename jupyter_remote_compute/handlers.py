@@ -28,11 +28,12 @@ from jupyter_server.base.handlers import APIHandler
 
 from .engines import engine_class, engine_kinds
 from .engines.organization.client import job_machine, with_organization
-from .errors import InvalidSettings, MachineUnreachable, RemoteComputeError
+from .errors import InvalidSettings, MachineUnreachable, NotFound, RemoteComputeError
 from .jobs.job import Job
 from .jobs.listing import JobQuery
 from .jobs.service import JobService
 from .json_routes import JsonRoute
+from .schema.openapi import FORMS, form_schema
 from .schema.spec import JobRequest
 
 T = TypeVar("T")
@@ -510,6 +511,16 @@ class StepsHandler(RemoteComputeHandler):
         self.reply({"steps": await self.call(describe_steps, enabled, installed=True)})
 
 
+class FormSchemaHandler(RemoteComputeHandler):
+    @api
+    async def get(self, type_name: str) -> None:
+        """The JSON Schema of a type a form draws (``JobRequest``, ``MachineInput``): the one the server reads."""
+        schema = form_schema(type_name)
+        if schema is None:
+            raise NotFound(f"no form schema {type_name!r}; these are: {', '.join(FORMS)}")
+        self.reply({"schema": schema})
+
+
 # -- secrets ------------------------------------------------------------------
 class SecretsHandler(RemoteComputeHandler):
     @api
@@ -588,6 +599,7 @@ HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{PREFIX}/jobs/{JOB_ID}/log", JobLogHandler),
     (rf"{PREFIX}/jobs/{JOB_ID}/metrics", JobMetricsHandler),
     (rf"{PREFIX}/steps", StepsHandler),
+    (rf"{PREFIX}/schemas/(?P<type_name>[A-Za-z]+)", FormSchemaHandler),
     (rf"{PREFIX}/usage", UsageHandler),
     (rf"{PREFIX}/secrets", SecretsHandler),
     # Names may hold "/" (compute/lab): the rest of the path is the name, checked by the Secret Manager.

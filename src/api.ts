@@ -650,6 +650,27 @@ export function readMetrics(
   );
 }
 
+// -- forms -------------------------------------------------------------------------------------
+
+/**
+ * The types a form draws from their JSON Schema, the very one the server reads them with.
+ */
+export type FormType =
+  paths['/remote-compute/schemas/{type_name}']['get']['parameters']['path']['type_name'];
+
+/**
+ * A form's JSON Schema (2020-12, the types it uses under `$defs`): `GET /schemas/{type_name}`.
+ */
+export async function getFormSchema(
+  type: FormType,
+  settings?: ServerConnection.ISettings
+): Promise<Record<string, unknown>> {
+  const body = await requestAPI<
+    AnswerOf<paths['/remote-compute/schemas/{type_name}']['get']>
+  >(`schemas/${enc(type)}`, { method: 'GET' }, settings);
+  return body.schema;
+}
+
 // -- pipelines ---------------------------------------------------------------------------------
 
 /**

@@ -933,6 +933,52 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/remote-compute/schemas/{type_name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The JSON Schema (2020-12) of a type a form draws, as the server reads it: JobRequest (the New job form), MachineInput (the machine form) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    type_name: "JobRequest" | "MachineInput";
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The type's JSON Schema, the types it uses under $defs */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            schema: {
+                                [key: string]: unknown;
+                            };
+                        };
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                default: components["responses"]["Error"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/remote-compute/pipelines/runs": {
         parameters: {
             query?: never;

@@ -37,6 +37,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("jobs/{job_id}/log", "GET"): "read",
     ("jobs/{job_id}/metrics", "GET"): "read",
     ("steps", "GET"): "read",
+    ("schemas/{type_name}", "GET"): "read",
     ("kinds", "GET"): "read",
     ("mlflow", "GET"): "read",
     ("pipelines/runs", "GET"): "read",
@@ -60,7 +61,14 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("organization/quotas/{who}/{name}", "PUT"): "write",
     ("organization/quotas/{who}/{name}", "DELETE"): "write",
 }
-IDS = {"name": "nobox", "job_id": "nojob", "secret_name": "no/such-secret", "run_id": "norun", "who": "user"}
+IDS = {
+    "name": "nobox",
+    "job_id": "nojob",
+    "secret_name": "no/such-secret",
+    "run_id": "norun",
+    "who": "user",
+    "type_name": "NoSuchType",
+}
 REFUSED: set[str] = set()  # the actions RefusingAuthorizer refuses on remote-compute, set by each test
 
 

@@ -61,6 +61,27 @@ def test_the_job_request_schema_reads_what_the_server_reads() -> None:
     assert JobSpec.from_json(spec.to_json()) == spec
 
 
+async def test_the_forms_are_served_the_schemas_the_server_reads(jp_fetch) -> None:
+    """The New job and machine forms draw the very schema a request is validated against."""
+    import json
+
+    from pydantic import TypeAdapter
+    from tornado.httpclient import HTTPClientError
+
+    from jupyter_remote_compute.schema.machine import MachineInput
+    from jupyter_remote_compute.schema.spec import JobRequest
+
+    for name, type_ in (("JobRequest", JobRequest), ("MachineInput", MachineInput)):
+        body = json.loads((await jp_fetch("remote-compute", "schemas", name)).body)
+        assert body == {"schema": TypeAdapter(type_).json_schema(mode="validation")}, name
+    try:
+        await jp_fetch("remote-compute", "schemas", "Job")
+        raise AssertionError("a type no form draws was served")
+    except HTTPClientError as e:
+        assert e.code == 404
+        assert "JobRequest, MachineInput" in json.loads(e.response.body)["message"]
+
+
 def test_every_operation_documents_its_errors_and_the_token_is_required() -> None:
     spec = _spec()
     assert spec["security"] == [{"token": []}]

@@ -46,6 +46,8 @@ COMPONENTS: dict[str, tuple[Any, str]] = {
     "Error": (Error, "serialization"),
 }
 _REF = "#/components/schemas/"
+#: The types a person fills in a form (the front end's New job and machine forms draw these).
+FORMS: dict[str, Any] = {"JobRequest": JobRequest, "MachineInput": MachineInput}
 
 
 def _name(pydantic_name: str) -> str:
@@ -112,6 +114,13 @@ def schemas() -> dict[str, Any]:
             found[name] = schema
     found["Job"] = _public_job(found["Job"], found.pop("Shown"))
     return dict(sorted(_used(found).items()))
+
+
+def form_schema(name: str) -> dict[str, Any] | None:
+    """The JSON Schema (2020-12, its types in ``$defs``) of a type a form draws, as a request reads it;
+    None for a name ``FORMS`` does not hold."""
+    type_ = FORMS.get(name)
+    return None if type_ is None else TypeAdapter(type_).json_schema(mode="validation")
 
 
 def _used(found: dict[str, Any]) -> dict[str, Any]:
