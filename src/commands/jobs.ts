@@ -84,7 +84,7 @@ export function registerJobCommands(
       };
       delete spec.key;
       delete spec.new;
-      openers.jobForm(spec, !!spec.env && Object.keys(spec.env).length > 0);
+      openers.jobForm(spec);
     }
   });
 

@@ -79,11 +79,18 @@ export class Openers {
     );
   }
 
-  jobForm(spec?: IJobSpec, envNote?: boolean): JobFormWidget {
+  /**
+   * The New job form: filled in with `spec` ("Run again", "Run on a machine…"), else empty; one
+   * still being filled in is brought back as it is, one a job was started from is started again.
+   */
+  jobForm(spec?: IJobSpec): JobFormWidget {
     const { app, model, trans, pickFiles } = this.context;
     const id = 'jp-remote-compute-new-job';
     const existing = [...app.shell.widgets('main')].find(w => w.id === id);
-    if (existing && spec) {
+    if (
+      existing &&
+      (spec || (existing instanceof JobFormWidget && existing.started))
+    ) {
       existing.dispose();
     }
     return reuse(
@@ -95,7 +102,6 @@ export class Openers {
           trans,
           commands: app.commands,
           spec,
-          keptEnv: envNote,
           pickFiles
         })
     );

@@ -3,33 +3,26 @@
  * node (a missing or invalid setting) are shown on the field they name.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
-import { FormComponent, IFormComponentProps } from '@jupyterlab/ui-components';
 import { ReadonlyJSONObject } from '@lumino/coreutils';
-import { ErrorSchema, RJSFSchema } from '@rjsf/utils';
-import validator from '@rjsf/validator-ajv8';
+import { RJSFSchema } from '@rjsf/utils';
 import * as React from 'react';
 
 import { IPipelineProblem, IStep } from '../api';
 import { IPipelineNode } from './document';
 import { PickFiles } from '../filePicker';
-import { fileUiSchema } from './fileFields';
-import { CollapsedSection } from './FormSection';
 import {
   formSchema,
   fromFormData,
   IFormSchema,
   toFormData
-} from './formSchema';
+} from '../forms/formSchema';
+import { InlineMarkdown } from '../forms/formTemplates';
 import {
-  CheckboxWidget,
-  InlineMarkdown,
-  LinesField,
-  SettingTemplate,
-  VariablesField
-} from './formTemplates';
-
-// rjsf's validator is generic over the form's data; the lab's form names that type ReadonlyJSONObject.
-const formValidator = validator as unknown as IFormComponentProps['validator'];
+  fieldErrors,
+  FormUiSchema,
+  SchemaForm,
+  settingsUiSchema
+} from '../forms/uiSchema';
 
 function isEmpty(value: unknown): boolean {
   return (
@@ -80,78 +73,6 @@ function withoutFilledDefaults(
   return out;
 }
 
-/**
- * How the form draws the schema: lists of text as lines, variables as NAME=VALUE lines, pickers
- * on the settings naming workspace files, and each group of settings (the Python environment,
- * the resources) as a collapsed section of whatever fields the step's schema gives it.
- */
-function formUiSchema(
-  schema: RJSFSchema | null
-): IFormComponentProps['uiSchema'] {
-  const ui: NonNullable<IFormComponentProps['uiSchema']> = {
-    'ui:submitButtonOptions': { norender: true }
-  };
-  const properties = (schema?.properties ?? {}) as Record<string, RJSFSchema>;
-  for (const [key, prop] of Object.entries(properties)) {
-    if (
-      prop.type === 'array' &&
-      (prop.items as RJSFSchema)?.type === 'string'
-    ) {
-      ui[key] = { 'ui:field': LinesField };
-    } else if (
-      prop.type === 'object' &&
-      !prop.properties &&
-      (prop.additionalProperties as RJSFSchema | undefined)?.type === 'string'
-    ) {
-      ui[key] = { 'ui:field': VariablesField };
-    } else if (prop.type === 'object' && prop.properties) {
-      ui[key] = { 'ui:ObjectFieldTemplate': CollapsedSection };
-    }
-  }
-  const files = schema ? fileUiSchema(schema as Record<string, unknown>) : {};
-  for (const [key, entry] of Object.entries(files)) {
-    ui[key] = { ...(ui[key] ?? {}), ...(entry as object) };
-  }
-  return ui;
-}
-
-const TEMPLATES = { FieldTemplate: SettingTemplate };
-const WIDGETS = {
-  CheckboxWidget: CheckboxWidget as unknown as NonNullable<
-    IFormComponentProps['widgets']
-  >[string]
-};
-
-/**
- * The server's problems on the fields they name: `resources.memory` on the memory field of the
- * resources section; `send[0]` or `env.TOKEN` on the setting itself (a list, the variables).
- */
-function fieldErrors(
-  problems: IPipelineProblem[],
-  schema: RJSFSchema
-): ErrorSchema {
-  const errors: Record<string, unknown> = {};
-  for (const problem of problems) {
-    if (!problem.field) {
-      continue;
-    }
-    let at = errors;
-    let within: RJSFSchema | undefined = schema;
-    for (const key of problem.field.split('[')[0].split('.')) {
-      const inner: RJSFSchema | undefined = (
-        within?.properties as Record<string, RJSFSchema> | undefined
-      )?.[key];
-      if (!inner) {
-        break;
-      }
-      at = (at[key] ??= {}) as Record<string, unknown>;
-      within = inner;
-    }
-    ((at.__errors ??= []) as string[]).push(problem.message);
-  }
-  return errors as ErrorSchema;
-}
-
 export function SettingsForm(props: {
   node: IPipelineNode;
   step: IStep | undefined;
@@ -171,7 +92,7 @@ export function SettingsForm(props: {
   );
   const schema = form?.schema ?? null;
   const uiSchema = React.useMemo(
-    (): IFormComponentProps['uiSchema'] => formUiSchema(schema),
+    (): FormUiSchema => settingsUiSchema(schema),
     [schema]
   );
   const formContext = React.useMemo(
@@ -194,7 +115,7 @@ export function SettingsForm(props: {
   }
   return (
     <div
-      className="jp-RemoteCompute-pipelineForm"
+      className="jp-RemoteCompute-pipelineForm jp-RemoteCompute-schemaForm"
       role="region"
       aria-label={trans.__('Settings of %1', node.id)}
     >
@@ -206,20 +127,15 @@ export function SettingsForm(props: {
           <InlineMarkdown text={step.description} />
         </p>
       )}
-      <FormComponent
+      <SchemaForm
         // A new form per node: rjsf keeps its own state of the data it was given.
         key={node.id}
         idPrefix={`rc-pipeline-${node.id}`}
         schema={schema}
         formData={toFormData(node.settings, form) as ReadonlyJSONObject}
-        validator={formValidator}
-        liveValidate={false}
-        showErrorList={false}
         extraErrors={fieldErrors(problems, schema)}
         readonly={props.readOnly}
         uiSchema={uiSchema}
-        templates={TEMPLATES}
-        widgets={WIDGETS}
         formContext={formContext}
         onChange={event => {
           props.onChange(

@@ -237,7 +237,7 @@ test.describe('Compute panel', () => {
     const panel = await openPanel(page);
     await panel.getByRole('button', { name: 'New job' }).click();
     const form = page.getByRole('form', { name: 'New job' });
-    await form.getByRole('button', { name: 'Choose the requirements file' }).click();
+    await form.getByRole('button', { name: 'Choose Requirements file' }).click();
     const dialog = page.locator('.jp-Dialog');
     const listing = dialog.locator('.jp-DirListing-content');
     // It opens where the file browser is, and offers only what can be a requirements file (no .py).

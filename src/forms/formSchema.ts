@@ -1,5 +1,5 @@
 /**
- * A step's settings schema as its form draws it. A setting that takes one of several types
+ * A schema as its form draws it (a step's settings, a job request, a machine). A setting that takes one of several types
  * (`oneOf`/`anyOf`: a time limit as seconds or `2h`, memory as MiB or `32G`, a command as a line or
  * its words, each maybe none) is one text field: the server reads every such text as the schema
  * allows, so a person never picks a type. A `null` choice is the field left empty.
@@ -28,6 +28,72 @@ function isStringList(schema: Schema): boolean {
   return schema.type === 'array' && (schema.items as Schema)?.type === 'string';
 }
 
+const OWN_KEYS = ['title', 'description', 'default', 'examples'];
+
+/**
+ * A choice the form needs no field for: one type or none (a group of settings, a list left
+ * empty) is that type; a file or a list of files whose default is a list is the list. The
+ * setting's own title, help and default are kept.
+ */
+function withoutChoice(schema: Schema): Schema {
+  const variants = variantsOf(schema);
+  if (!variants) {
+    return schema;
+  }
+  const kept = variants.filter(v => v.type !== 'null');
+  const list = kept.find(isStringList);
+  const one =
+    kept.length === 1 &&
+    (kept[0].type === 'object' || kept[0].type === 'array' || '$ref' in kept[0])
+      ? kept[0]
+      : list && Array.isArray(schema.default)
+        ? list
+        : null;
+  if (!one) {
+    return schema;
+  }
+  const out: Schema = { ...one };
+  for (const key of OWN_KEYS) {
+    if (key in schema && schema[key] !== null) {
+      out[key] = schema[key];
+    }
+  }
+  return out;
+}
+
+/**
+ * The schema with its `$defs` written in place (the types a pydantic model uses: none refers to
+ * itself) and no choice the form needs no field for; the server keeps reading the schema as
+ * written.
+ */
+function inlined(schema: Schema, defs: Record<string, Schema>): Schema {
+  let out = withoutChoice(schema);
+  const ref = out.$ref;
+  if (typeof ref === 'string' && ref.startsWith('#/$defs/')) {
+    const own = { ...out };
+    delete own.$ref;
+    out = {
+      ...inlined(defs[ref.slice('#/$defs/'.length)] ?? {}, defs),
+      ...own
+    };
+  }
+  const properties = out.properties as Record<string, Schema> | undefined;
+  if (properties) {
+    out = {
+      ...out,
+      properties: Object.fromEntries(
+        Object.entries(properties).map(([k, v]) => [k, inlined(v, defs)])
+      )
+    };
+  }
+  if (Array.isArray(out.enum) && out.enum.includes(null)) {
+    // A choice of names or none: none is the field left at its default.
+    out = { ...out, enum: out.enum.filter(v => v !== null) };
+    delete out.nullable;
+  }
+  return out;
+}
+
 /**
  * One text field for a choice of scalars (and of a line and its words); null when the choice is
  * of another shape, which the form then draws as rjsf does.
@@ -47,7 +113,7 @@ function asText(schema: Schema): Schema | null {
     return null;
   }
   const text: Schema = { type: 'string' };
-  for (const key of ['title', 'description', 'default', 'examples']) {
+  for (const key of OWN_KEYS) {
     if (key in schema) {
       text[key] = schema[key];
     }
@@ -100,8 +166,10 @@ function walk(
  */
 export function formSchema(settings: Schema): IFormSchema {
   const textPaths = new Map<string, 'text' | 'number'>();
-  const schema = walk(settings, '', textPaths);
+  const defs = (settings.$defs ?? {}) as Record<string, Schema>;
+  const schema = walk(inlined(settings, defs), '', textPaths);
   delete schema.$schema;
+  delete schema.$defs;
   return { schema: schema as RJSFSchema, textPaths };
 }
 

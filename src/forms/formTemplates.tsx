@@ -9,7 +9,8 @@ import {
   descriptionId,
   errorId,
   FieldProps,
-  FieldTemplateProps
+  FieldTemplateProps,
+  WidgetProps
 } from '@rjsf/utils';
 import { TranslationBundle } from '@jupyterlab/translation';
 import * as React from 'react';
@@ -58,19 +59,23 @@ export function SettingTemplate(props: FieldTemplateProps): JSX.Element {
     return <div className="jp-FormGroup-content">{children}</div>;
   }
   const checkbox = schema.type === 'boolean';
-  const help = schema.description;
+  // The form's own help (its uiSchema's) before the schema's.
+  const help = props.rawDescription || schema.description;
   const errors = (rawErrors ?? []).filter(Boolean);
   return (
     <div
       className={`jp-RemoteCompute-setting${errors.length ? ' jp-mod-error' : ''}`}
     >
       {!checkbox && label && (
-        <label className="jp-RemoteCompute-setting-label" htmlFor={id}>
-          {label}
+        <div className="jp-RemoteCompute-setting-label">
+          <label htmlFor={id}>{label}</label>
           {required && (
-            <span className="jp-RemoteCompute-setting-required"> *</span>
+            // The input says it is required; the mark is for the eye only, beside the label.
+            <span className="jp-RemoteCompute-setting-required" aria-hidden>
+              {' *'}
+            </span>
           )}
-        </label>
+        </div>
       )}
       {!checkbox && help && (
         <div className="jp-RemoteCompute-setting-help" id={descriptionId(id)}>
@@ -100,11 +105,13 @@ export function CheckboxWidget(props: {
   value: unknown;
   label: string;
   schema: { description?: string; title?: string };
+  options?: { description?: unknown };
   disabled?: boolean;
   readonly?: boolean;
   onChange: (value: boolean) => void;
 }): JSX.Element {
   const { id, schema } = props;
+  const help = String(props.options?.description || schema.description || '');
   return (
     <div className="jp-RemoteCompute-setting-checkbox">
       <label htmlFor={id}>
@@ -118,13 +125,28 @@ export function CheckboxWidget(props: {
         />
         {props.label || schema.title}
       </label>
-      {schema.description && (
+      {help && (
         <div className="jp-RemoteCompute-setting-help" id={descriptionId(id)}>
-          <InlineMarkdown text={schema.description} />
+          <InlineMarkdown text={help} />
         </div>
       )}
     </div>
   );
+}
+
+/**
+ * Whether the server named this field in its answer: the input says so to assistive technology.
+ */
+export function invalid(props: { rawErrors?: string[] }): true | undefined {
+  return (props.rawErrors ?? []).some(Boolean) ? true : undefined;
+}
+
+/**
+ * rjsf's text input, marked invalid while the server's problem with it stands.
+ */
+export function TextWidget(props: WidgetProps): JSX.Element {
+  const { BaseInputTemplate } = props.registry.templates;
+  return <BaseInputTemplate {...props} aria-invalid={invalid(props)} />;
 }
 
 /**
@@ -159,6 +181,7 @@ function LinesBox<T>(props: {
       disabled={field.disabled}
       readOnly={field.readonly}
       aria-describedby={ariaDescribedByIds(id)}
+      aria-invalid={invalid({ rawErrors: field.errorSchema?.__errors })}
       onChange={event => {
         setText(event.target.value);
         field.onChange(read(event.target.value));

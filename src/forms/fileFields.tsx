@@ -66,7 +66,9 @@ function WorkspaceFileWidget(props: WidgetProps): JSX.Element {
  */
 function WorkspaceFilesField(props: FieldProps): JSX.Element {
   const { pickFiles, trans } = context(props);
-  const label = String(props.schema.title || props.name);
+  const label = String(
+    props.uiSchema?.['ui:title'] || props.schema.title || props.name
+  );
   const current = Array.isArray(props.formData)
     ? (props.formData as unknown[])
     : [];

@@ -78,19 +78,28 @@ function hasErrors(errors: unknown): boolean {
 
 /**
  * rjsf's template of an object setting, as a section: closed at first unless a field in it has
- * a problem, then kept as the person leaves it.
+ * a problem or the form asks it open, then kept as the person leaves it.
  */
 export function CollapsedSection(props: ObjectFieldTemplateProps): JSX.Element {
   const { trans } = props.registry.formContext as { trans: TranslationBundle };
   const schema = props.schema as Schema;
   const invalid = hasErrors(props.errorSchema);
-  const [open, setOpen] = React.useState(invalid);
+  // A form whose sections are few and short opens them (`ui:options`: `expanded`).
+  const [open, setOpen] = React.useState(
+    invalid || props.uiSchema?.['ui:options']?.expanded === true
+  );
   React.useEffect(() => {
     if (invalid) {
       setOpen(true);
     }
   }, [invalid]);
-  const title = props.title || String(schema.title ?? '');
+  const title =
+    String(props.uiSchema?.['ui:title'] ?? '') ||
+    props.title ||
+    String(schema.title ?? '');
+  const help =
+    String(props.uiSchema?.['ui:description'] ?? '') ||
+    (typeof schema.description === 'string' ? schema.description : '');
   const summary = sectionSummary(
     schema,
     props.formData,
@@ -108,9 +117,9 @@ export function CollapsedSection(props: ObjectFieldTemplateProps): JSX.Element {
         <span className="jp-RemoteCompute-formSection-title">{title}</span>
         <span className="jp-RemoteCompute-formSection-summary">{summary}</span>
       </summary>
-      {typeof schema.description === 'string' && (
+      {help && (
         <div className="jp-RemoteCompute-setting-help">
-          <InlineMarkdown text={schema.description} />
+          <InlineMarkdown text={help} />
         </div>
       )}
       {props.properties.map(p => p.content)}
