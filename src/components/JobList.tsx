@@ -66,7 +66,7 @@ export function JobRow(props: {
         <StateBadge job={job} trans={trans} />
       </div>
       <div className="jp-RemoteCompute-jobLine jp-RemoteCompute-itemDetail">
-        <span className="jp-RemoteCompute-jobMeta">
+        <span className="jp-RemoteCompute-jobMeta" title={job.machine}>
           {job.machine}
           {job.started || job.created ? (
             <>

@@ -73,7 +73,10 @@ export function MachineRow(props: {
     >
       <div className="jp-RemoteCompute-machineMain">
         <KindIcon kind={machine.kind} label={kindLabel} />
-        <span className="jp-RemoteCompute-itemName">{displayName}</span>
+        {/* A long name is cut, whole in its title: the row's buttons stay in view. */}
+        <span className="jp-RemoteCompute-itemName" title={displayName}>
+          {displayName}
+        </span>
         {!machine.builtin && !ours && (
           <label
             className="jp-RemoteCompute-switch"

@@ -63,6 +63,55 @@ test.describe('Compute panel in the sidebar', () => {
     await page.theme.setLightTheme();
   });
 
+  test('cuts a long machine name with an ellipsis, whole in its title, its buttons in the row', async ({ page }) => {
+    // The longest name a machine may have (40 characters), far wider than the sidebar's row.
+    const name = `${unique('long')}-${'x'.repeat(40)}`.slice(0, 40);
+    const { version } = await api(page, 'GET', 'machines');
+    await api(page, 'POST', 'machines', { name, kind: 'ssh', address: 'long-name.invalid', version });
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    const panel = page.locator('#jp-remote-compute-panel');
+    await panel.getByRole('button', { name: 'Refresh machines and jobs' }).click();
+    const row = panel.getByRole('listitem', { name });
+    await expect(row).toBeVisible();
+    const shown = row.locator('.jp-RemoteCompute-itemName');
+    await expect(shown).toHaveAttribute('title', name);
+    const cut = await shown.evaluate(el => ({
+      clipped: el.scrollWidth > el.clientWidth,
+      ellipsis: getComputedStyle(el).textOverflow === 'ellipsis'
+    }));
+    expect(cut).toEqual({ clipped: true, ellipsis: true });
+    const rowBox = (await row.boundingBox())!;
+    for (const button of [
+      row.getByRole('switch', { name: `Enabled: ${name}` }),
+      row.getByRole('button', { name: `Check ${name}` }),
+      row.getByRole('button', { name: `More actions for ${name}` })
+    ]) {
+      await expect(button).toBeVisible();
+      const box = (await button.boundingBox())!;
+      expect(box.x + box.width).toBeLessThanOrEqual(rowBox.x + rowBox.width + 0.5);
+    }
+
+    // The New job form's picker: the name cut by the box, whole in its title.
+    await panel.getByRole('button', { name: 'New job' }).click();
+    const form = page.getByRole('form', { name: 'New job' });
+    const picker = form.getByLabel('Machine', { exact: true });
+    await picker.selectOption(name);
+    await expect(picker).toHaveAttribute('title', `${name} (ssh)`);
+    // Inside the form's width: the box does not grow to the name's length.
+    const overflow = await picker.evaluate(el => {
+      const wide: string[] = [];
+      const limit = el.closest('[role=form]')!.getBoundingClientRect().right;
+      for (let at: Element | null = el; at && at.getAttribute('role') !== 'form'; at = at.parentElement) {
+        if (at.getBoundingClientRect().right > limit + 0.5) {
+          wide.push(`${at.tagName}.${at.className}`);
+        }
+      }
+      return wide;
+    });
+    expect(overflow).toEqual([]);
+    await api(page, 'DELETE', `machines/${name}`);
+  });
+
   test('shows no Organization section without a hub, and its admin routes say there is none', async ({ page }) => {
     await page.sidebar.openTab('jp-remote-compute-panel');
     const panel = page.locator('#jp-remote-compute-panel');
