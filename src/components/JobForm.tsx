@@ -26,10 +26,11 @@ import {
 } from '../forms/formSchema';
 import {
   fieldErrors,
-  IFieldProblem,
+  PlacedProblem,
   problemPath,
   SchemaForm,
-  settingsUiSchema
+  settingsUiSchema,
+  stillStanding
 } from '../forms/uiSchema';
 import { asAPIError, ComputeModel } from '../model';
 import { useSignal } from './common';
@@ -107,14 +108,6 @@ function specOf(data: Data, before: Data, form: IFormSchema): IJobSpec {
   return (pruned(read) ?? {}) as IJobSpec;
 }
 
-function valueAt(data: unknown, path: readonly string[]): unknown {
-  return path.reduce<unknown>(
-    (at, key) =>
-      typeof at === 'object' && at !== null ? (at as Data)[key] : undefined,
-    data
-  );
-}
-
 function JobForm(props: {
   model: ComputeModel;
   trans: TranslationBundle;
@@ -159,9 +152,7 @@ function JobForm(props: {
     }
   }, [form]);
 
-  const [problems, setProblems] = React.useState<
-    (IFieldProblem & { path: string[] })[]
-  >([]);
+  const [problems, setProblems] = React.useState<PlacedProblem[]>([]);
   const [formError, setFormError] = React.useState<string | null>(null);
   const [busy, setBusy] = React.useState(false);
   const [submitted, setSubmitted] = React.useState<{
@@ -250,14 +241,7 @@ function JobForm(props: {
           formContext={formContext}
           onChange={event => {
             const next = (event.formData ?? {}) as Data;
-            // A field's problem goes when the field changes; the others stay until Run.
-            setProblems(ps =>
-              ps.filter(
-                p =>
-                  JSON.stringify(valueAt(next, p.path)) ===
-                  JSON.stringify(valueAt(data, p.path))
-              )
-            );
+            setProblems(ps => stillStanding(ps, data, next));
             setData(next);
           }}
           onSubmit={() => void submit()}

@@ -1,25 +1,27 @@
 /**
- * The "Add a machine" / "Edit machine" form, in the main area.
+ * The "Add a machine" / "Edit machine" form, in the main area, drawn from the JSON Schema the
+ * server reads a machine with (`GET /schemas/MachineInput`) and the options each kind declares
+ * (`kinds` of GET /machines), in JupyterLab's own form component as the New job form and the
+ * pipeline step's settings are (`forms/uiSchema.tsx`; `machineFormUi.tsx` says how).
  *
- * The fields of each kind come from the server (`kinds` of GET /machines). An option that
- * names a Secret Manager entry (`token_secret`) is asked as the secret itself (a password
- * field sent as `token`): the server stores it in the Secret Manager and compute.yaml keeps
- * only its name. The help says where that is (GET /secrets), and a token the deployment
- * provides can be chosen by name instead, read-only. Server-side errors carry the setting at
- * fault (`field`) and show inline.
+ * An option that names a Secret Manager entry (`token_secret`) is asked as the secret itself (a
+ * password field sent as `token`): the server stores it in the Secret Manager and compute.yaml
+ * keeps only its name. The help says where that is (GET /secrets), and a token the deployment
+ * provides can be chosen by name instead, read-only. Settings are checked by the server only: its
+ * error carries the setting at fault (`field`) and shows on it.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Button, ReactWidget } from '@jupyterlab/ui-components';
+import { ReadonlyJSONObject } from '@lumino/coreutils';
 import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
 import {
   addMachine,
   addOrgMachine,
-  APIError,
+  getFormSchema,
   getSecrets,
   IKind,
-  IKindOption,
   IMachine,
   IMachineInput,
   IMachinePatch,
@@ -27,10 +29,25 @@ import {
   updateMachine,
   updateOrgMachine
 } from '../api';
+import {
+  fieldErrors,
+  PlacedProblem,
+  SchemaForm,
+  settingsUiSchema,
+  stillStanding
+} from '../forms/uiSchema';
 import { computeIcon } from '../icons';
 import { facesOf } from '../kindFaces';
 import { asAPIError, ComputeModel } from '../model';
-import { Field, useSignal } from './common';
+import { useSignal } from './common';
+import {
+  machineSchema,
+  machineUiSchema,
+  optionGroups,
+  TOKEN_SOURCE
+} from './machineFormUi';
+
+type Data = Record<string, unknown>;
 
 type Values = {
   name: string;
@@ -38,17 +55,20 @@ type Values = {
   address: string;
   enabled: boolean;
   token: string;
-  options: Record<string, string | boolean>;
+  options: Record<string, unknown>;
 };
 
-/**
- * Options shown without opening "More settings".
- */
-const PRIMARY_OPTIONS = ['user', 'port', 'accelerator', 'use_spot', 'autostop'];
+let requestOnce: Promise<Data> | null = null;
 
-function humanize(name: string): string {
-  const text = name.replace(/_/g, ' ');
-  return text.charAt(0).toUpperCase() + text.slice(1);
+/**
+ * The request's schema, asked once a page.
+ */
+function requestSchema(): Promise<Data> {
+  requestOnce ??= getFormSchema('MachineInput').catch(error => {
+    requestOnce = null;
+    throw error;
+  });
+  return requestOnce;
 }
 
 function initialValues(
@@ -56,9 +76,9 @@ function initialValues(
   kinds: readonly IKind[]
 ): Values {
   const remote = kinds.filter(k => k.kind !== 'local');
-  const options: Record<string, string | boolean> = {};
+  const options: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(machine?.options ?? {})) {
-    if (typeof value === 'boolean') {
+    if (typeof value === 'boolean' || Array.isArray(value)) {
       options[key] = value;
     } else if (value !== null && value !== undefined) {
       options[key] = String(value);
@@ -78,47 +98,35 @@ function initialValues(
 }
 
 /**
- * The form's own settings: what the server takes, minus secrets (they go as `token`).
+ * The kind's options as the server takes them: numbers where it expects them (a text that is
+ * none is sent as typed, and the server names the option), the token's entry by name, empty
+ * ones left out.
  */
 function optionPayload(
   kind: IKind | undefined,
   values: Values
-): { options: Record<string, unknown>; bad: Record<string, string> } {
+): Record<string, unknown> {
   const options: Record<string, unknown> = {};
-  const bad: Record<string, string> = {};
-  const known = kind?.options ?? {};
-  for (const [key, raw] of Object.entries(values.options)) {
-    const spec: IKindOption | undefined = known[key];
-    if (spec?.secret_name) {
-      // The stored secret's name: kept as it is (the server fills it when a token is given).
-      if (typeof raw === 'string' && raw) {
-        options[key] = raw;
-      }
-      continue;
-    }
-    if (typeof raw === 'boolean') {
+  for (const [key, spec] of Object.entries(kind?.options ?? {})) {
+    const raw = values.options[key];
+    if (typeof raw === 'boolean' || (Array.isArray(raw) && raw.length)) {
       options[key] = raw;
       continue;
     }
-    const text = raw.trim();
+    const text = typeof raw === 'string' ? raw.trim() : '';
     if (!text) {
       continue;
     }
-    if (spec && (spec.type === 'int' || spec.type === 'float')) {
-      const n = Number(text);
-      if (
-        !Number.isFinite(n) ||
-        (spec.type === 'int' && !Number.isInteger(n))
-      ) {
-        bad[`options.${key}`] = text;
-        continue;
-      }
-      options[key] = n;
-    } else {
-      options[key] = text;
-    }
+    const n = Number(text);
+    options[key] =
+      !spec.secret_name &&
+      (spec.type === 'int' || spec.type === 'float') &&
+      Number.isFinite(n) &&
+      (spec.type === 'float' || Number.isInteger(n))
+        ? n
+        : text;
   }
-  return { options, bad };
+  return options;
 }
 
 function MachineForm(props: {
@@ -138,14 +146,20 @@ function MachineForm(props: {
   const organization = !!props.organization;
   useSignal(model.changed);
   const kinds = model.kinds.filter(k => k.kind !== 'local');
+  const [request, setRequest] = React.useState<Data | null>(null);
+  const [loadError, setLoadError] = React.useState<string | null>(null);
+  React.useEffect(() => {
+    requestSchema().then(setRequest, error =>
+      setLoadError(asAPIError(error).message)
+    );
+  }, []);
   const [values, setValues] = React.useState<Values>(() =>
     initialValues(props.machine, model.kinds)
   );
-  const [errors, setErrors] = React.useState<Record<string, string>>({});
-  const [formError, setFormError] = React.useState<APIError | null>(null);
+  const [problems, setProblems] = React.useState<PlacedProblem[]>([]);
+  const [formError, setFormError] = React.useState<string | null>(null);
   const [busy, setBusy] = React.useState(false);
   const [conflict, setConflict] = React.useState(false);
-  const [moreOpen, setMoreOpen] = React.useState(false);
   const [secrets, setSecrets] = React.useState<ISecrets | null>(null);
   // The stored token's name, to go back to when "Enter a token" is chosen again.
   const typedSecret = React.useRef(
@@ -176,43 +190,76 @@ function MachineForm(props: {
   }, [kinds.map(k => k.kind).join(',')]);
 
   const kind = model.kinds.find(k => k.kind === values.kind);
-  const prefix = `jp-RemoteCompute-machine-${mode}`;
-
-  const set = (patch: Partial<Values>): void => {
-    setValues(v => ({ ...v, ...patch }));
-    const cleared = { ...errors };
-    for (const key of Object.keys(patch)) {
-      delete cleared[key];
+  const { primary, more, secret } = optionGroups(kind);
+  // Deployment secrets that can be used (a file others can read is not offered).
+  const provided = (secrets?.secrets ?? [])
+    .filter(e => e.read_only && !e.problem)
+    .map(e => e.name);
+  const chosenSecret = secret ? String(values.options[secret] ?? '') : '';
+  const usesProvided = provided.includes(chosenSecret);
+  // Back from a deployment token to a typed one: the machine's own entry, never the deployment's.
+  const ownSecretName = (): string => {
+    const before = typedSecret.current;
+    if (before && !provided.includes(before)) {
+      return before;
     }
-    setErrors(cleared);
+    const name = values.name.trim() || props.machine?.name || '';
+    return name ? `compute/${name}` : '';
   };
-  const setOption = (key: string, value: string | boolean): void => {
-    setValues(v => ({ ...v, options: { ...v.options, [key]: value } }));
-    const cleared = { ...errors };
-    delete cleared[`options.${key}`];
-    setErrors(cleared);
+
+  const schema = React.useMemo(
+    () =>
+      request &&
+      machineSchema(request, kinds, kind, {
+        shown: !usesProvided,
+        provided
+      }),
+    [request, kinds.length, kind, usesProvided, provided.join(',')]
+  );
+  const uiSchema = React.useMemo(
+    () =>
+      settingsUiSchema(
+        schema,
+        machineUiSchema({ trans, kinds, kind, mode, organization, secrets })
+      ),
+    [schema, kind, secrets]
+  );
+  const pick = (options: [string, unknown][]): Data =>
+    Object.fromEntries(
+      options
+        .map(([key]) => [key, values.options[key]])
+        .filter(([, v]) => v !== undefined)
+    );
+  const data: Data = {
+    name: values.name,
+    kind: values.kind,
+    address: values.address,
+    enabled: values.enabled,
+    token: values.token,
+    options: pick(primary),
+    more: pick(more),
+    [TOKEN_SOURCE]: usesProvided ? chosenSecret : ''
+  };
+  const placeOf = (field: string | null | undefined): string[] => {
+    const [head, key] = (field ?? '').split(/[.[]/);
+    if (head === 'options' && key) {
+      return primary.some(([k]) => k === key)
+        ? ['options', key]
+        : more.some(([k]) => k === key)
+          ? ['more', key]
+          : [];
+    }
+    return ['name', 'kind', 'address', 'token', 'enabled'].includes(head)
+      ? [head]
+      : [];
   };
 
   const save = async (andCheck: boolean): Promise<void> => {
-    const local: Record<string, string> = {};
-    if (mode === 'add' && !values.name.trim()) {
-      local.name = trans.__('A name is required.');
-    }
-    if (!values.address.trim()) {
-      local.address = trans.__('An address is required.');
-    }
-    const { options, bad } = optionPayload(kind, values);
-    for (const key of Object.keys(bad)) {
-      local[key] = trans.__('Expected a number.');
-      setMoreOpen(true);
-    }
-    if (Object.keys(local).length > 0) {
-      setErrors(local);
-      return;
-    }
     setBusy(true);
     setFormError(null);
+    setProblems([]);
     setConflict(false);
+    const options = optionPayload(kind, values);
     try {
       let saved: IMachine;
       if (mode === 'add') {
@@ -260,28 +307,21 @@ function MachineForm(props: {
       }
     } catch (error) {
       const apiError = asAPIError(error);
+      const path = placeOf(apiError.field);
       if (apiError.status === 409 || apiError.code === 'conflict') {
         setConflict(true);
-      } else if (apiError.field && fieldKnown(apiError.field)) {
-        setErrors({ [apiError.field]: apiError.message });
-        if (apiError.field.startsWith('options.')) {
-          setMoreOpen(true);
-        }
+      } else if (path.length) {
+        // An Error's message is its own but not enumerable: named, not spread.
+        setProblems([
+          { field: path.join('.'), message: apiError.message, path }
+        ]);
       } else {
-        setFormError(apiError);
+        setFormError(apiError.message);
       }
     } finally {
       setBusy(false);
     }
   };
-
-  const fieldKnown = (field: string): boolean =>
-    ['name', 'kind', 'address', 'token', 'enabled'].includes(field) ||
-    (field.startsWith('options.') &&
-      Object.prototype.hasOwnProperty.call(
-        kind?.options ?? {},
-        field.slice(8)
-      ));
 
   const reload = async (): Promise<void> => {
     await model.refresh().catch(() => undefined);
@@ -294,103 +334,16 @@ function MachineForm(props: {
     setConflict(false);
   };
 
-  const secretOption = Object.entries(kind?.options ?? {}).find(
-    ([, o]) => o.secret_name
-  );
-  // Deployment secrets that can be used (a file others can read is not offered).
-  const provided = (secrets?.secrets ?? []).filter(
-    e => e.read_only && !e.problem
-  );
-  const chosenSecret = secretOption
-    ? String(values.options[secretOption[0]] ?? '')
-    : '';
-  const usesProvided = provided.some(e => e.name === chosenSecret);
-  // Back from a deployment token to a typed one: the machine's own entry, never the deployment's.
-  const ownSecretName = (): string => {
-    const before = typedSecret.current;
-    if (before && !provided.some(e => e.name === before)) {
-      return before;
-    }
-    const name = values.name.trim() || props.machine?.name || '';
-    return name ? `compute/${name}` : '';
-  };
-  const plainOptions = Object.entries(kind?.options ?? {}).filter(
-    ([, o]) => !o.secret_name
-  );
-  // The usual settings first; the rest (key files, folders) behind "More settings".
-  const primaryOptions = plainOptions.filter(
-    ([key, o]) => o.required || PRIMARY_OPTIONS.includes(key)
-  );
-  const extraOptions = plainOptions.filter(
-    ([key, o]) => !(o.required || PRIMARY_OPTIONS.includes(key))
-  );
-  const renderOption = ([key, option]: [string, IKindOption]): JSX.Element => {
-    const id = `${prefix}-option-${key}`;
-    const value = values.options[key];
-    if (option.type === 'bool') {
-      return (
-        <Field
-          key={key}
-          id={id}
-          label={humanize(key)}
-          help={option.description}
-          error={errors[`options.${key}`]}
-        >
-          {aria => (
-            <input
-              {...aria}
-              type="checkbox"
-              checked={value === true}
-              onChange={e => setOption(key, e.target.checked)}
-            />
-          )}
-        </Field>
-      );
-    }
-    return (
-      <Field
-        key={key}
-        id={id}
-        label={
-          option.required
-            ? humanize(key)
-            : trans.__('%1 (optional)', humanize(key))
-        }
-        help={option.description}
-        error={errors[`options.${key}`]}
-      >
-        {aria => (
-          <input
-            {...aria}
-            className="jp-mod-styled"
-            type="text"
-            inputMode={
-              option.type === 'int' || option.type === 'float'
-                ? 'numeric'
-                : undefined
-            }
-            value={typeof value === 'string' ? value : ''}
-            autoComplete="off"
-            spellCheck={false}
-            onChange={e => setOption(key, e.target.value)}
-          />
-        )}
-      </Field>
-    );
-  };
   const title =
     mode === 'add'
       ? trans.__('Add a machine')
       : trans.__('Edit machine %1', props.machine?.name ?? '');
 
   return (
-    <form
-      className="jp-RemoteCompute-form"
+    <div
+      className="jp-RemoteCompute-form jp-RemoteCompute-schemaForm"
+      role="form"
       aria-label={title}
-      onSubmit={e => {
-        e.preventDefault();
-        void save(true);
-      }}
     >
       <h2 className="jp-RemoteCompute-formTitle">{title}</h2>
       {conflict && (
@@ -405,197 +358,60 @@ function MachineForm(props: {
           </Button>
         </div>
       )}
-      {formError && (
+      {(formError || loadError) && (
         <div className="jp-RemoteCompute-banner" role="alert">
-          {formError.message}
+          {formError || loadError}
         </div>
       )}
-      <Field
-        id={`${prefix}-name`}
-        label={trans.__('Name')}
-        help={trans.__(
-          'Lowercase letters, digits and "-"; up to 40 characters.'
-        )}
-        error={errors.name}
-      >
-        {aria => (
-          <input
-            {...aria}
-            className="jp-mod-styled"
-            type="text"
-            value={values.name}
-            disabled={mode === 'edit'}
-            autoComplete="off"
-            spellCheck={false}
-            onChange={e => set({ name: e.target.value })}
-          />
-        )}
-      </Field>
-      <Field id={`${prefix}-kind`} label={trans.__('Kind')} error={errors.kind}>
-        {aria => (
-          <select
-            {...aria}
-            className="jp-mod-styled"
-            value={values.kind}
-            disabled={mode === 'edit'}
-            onChange={e => set({ kind: e.target.value })}
-          >
-            {kinds.length === 0 && (
-              <option value={values.kind}>{values.kind}</option>
-            )}
-            {kinds.map(k => (
-              <option key={k.kind} value={k.kind}>
-                {/* What to install is said under the list, once the kind is picked. */}
-                {k.unavailable
-                  ? trans.__('%1 (needs more software)', k.label || k.kind)
-                  : k.label || k.kind}
-              </option>
-            ))}
-          </select>
-        )}
-      </Field>
-      <Field
-        id={`${prefix}-address`}
-        label={trans.__('Address')}
-        help={
-          values.kind === 'jupyter'
-            ? trans.__(
-                "The Jupyter Server's URL, e.g. https://hub.example.org/user/ana/"
-              )
-            : values.kind === 'ssh'
-              ? trans.__(
-                  'A host name, user@host, or an alias from ~/.ssh/config.'
-                )
-              : values.kind === 'skypilot'
-                ? trans.__(
-                    "SkyPilot's infra: aws, gcp/us-central1, k8s or slurm/<cluster> (see `sky check`)."
-                  )
-                : undefined
-        }
-        error={errors.address}
-      >
-        {aria => (
-          <input
-            {...aria}
-            className="jp-mod-styled"
-            type="text"
-            value={values.address}
-            autoComplete="off"
-            spellCheck={false}
-            onChange={e => set({ address: e.target.value })}
-          />
-        )}
-      </Field>
-      {kind?.unavailable && (
-        <p className="jp-RemoteCompute-kindUnavailable" role="note">
-          {trans.__('This kind needs more software: %1', kind.unavailable)}
-        </p>
-      )}
-      {!kind?.unavailable && primaryOptions.map(renderOption)}
-      {!kind?.unavailable && extraOptions.length > 0 && (
-        <details
-          className="jp-RemoteCompute-more"
-          open={moreOpen}
-          onToggle={e => setMoreOpen((e.target as HTMLDetailsElement).open)}
-        >
-          <summary>{trans.__('More settings')}</summary>
-          {extraOptions.map(renderOption)}
-        </details>
-      )}
-      {secretOption && provided.length > 0 && (
-        <Field
-          id={`${prefix}-token-source`}
-          label={trans.__('Token source')}
-          help={trans.__(
-            'Tokens the deployment provides are used by name and cannot be changed here.'
-          )}
-        >
-          {aria => (
-            <select
-              {...aria}
-              className="jp-mod-styled"
-              value={usesProvided ? chosenSecret : ''}
-              onChange={e =>
-                setOption(secretOption[0], e.target.value || ownSecretName())
-              }
-            >
-              <option value="">{trans.__('Enter a token')}</option>
-              {provided.map(s => (
-                <option key={s.name} value={s.name}>
-                  {trans.__('%1 (provided by the deployment)', s.name)}
-                </option>
-              ))}
-            </select>
-          )}
-        </Field>
-      )}
-      {secretOption && !usesProvided && (
-        <Field
-          id={`${prefix}-token`}
-          label={trans.__('Token')}
-          help={
-            <>
-              {organization
-                ? trans.__(
-                    "The token goes to the organization service's own Secret Manager; no user ever sees it."
-                  )
-                : trans.__(
-                    'The token goes to the Secret Manager, in %1; compute.yaml keeps only its name (%2).',
-                    secrets?.store.where ?? trans.__('the system keyring'),
-                    secretOption[0]
-                  )}
-              {mode === 'edit' &&
-                ' ' + trans.__('Leave empty to keep the stored token.')}
-              {secrets?.store.note && (
-                <span className="jp-RemoteCompute-secretNote">
-                  {' ' + secrets.store.note}
-                </span>
-              )}
-              {secrets && !secrets.store.usable && (
-                <span className="jp-RemoteCompute-secretProblem">
-                  {' ' + (secrets.store.problem ?? '')}
-                </span>
-              )}
-            </>
-          }
-          error={errors.token}
-        >
-          {aria => (
-            <input
-              {...aria}
-              className="jp-mod-styled"
-              type="password"
-              value={values.token}
-              autoComplete="new-password"
-              onChange={e => set({ token: e.target.value })}
-            />
-          )}
-        </Field>
-      )}
-      <div className="jp-RemoteCompute-field jp-RemoteCompute-fieldInline">
-        <input
-          id={`${prefix}-enabled`}
-          type="checkbox"
-          checked={values.enabled}
-          onChange={e => set({ enabled: e.target.checked })}
+      {schema && (
+        <SchemaForm
+          idPrefix={`jp-RemoteCompute-machine-${mode}`}
+          schema={schema}
+          formData={data as ReadonlyJSONObject}
+          extraErrors={fieldErrors(problems, schema)}
+          uiSchema={uiSchema}
+          formContext={{ trans }}
+          onChange={event => {
+            const next = (event.formData ?? {}) as Data;
+            const options: Record<string, unknown> = {
+              ...values.options,
+              ...(next.options as Data | undefined),
+              ...(next.more as Data | undefined)
+            };
+            const source = String(next[TOKEN_SOURCE] ?? '');
+            if (secret && source !== String(data[TOKEN_SOURCE])) {
+              options[secret] = source || ownSecretName();
+            }
+            setProblems(ps => stillStanding(ps, data, next));
+            setValues({
+              name: String(next.name ?? ''),
+              kind: String(next.kind ?? values.kind),
+              address: String(next.address ?? ''),
+              enabled: next.enabled !== false,
+              token: String(next.token ?? ''),
+              options
+            });
+          }}
+          onSubmit={() => void save(true)}
         />
-        <label htmlFor={`${prefix}-enabled`}>{trans.__('Enabled')}</label>
-      </div>
+      )}
       <div className="jp-RemoteCompute-formButtons">
-        <Button
-          type="submit"
-          disabled={busy || !!kind?.unavailable}
-          className="jp-mod-accept"
+        <button
+          type="button"
+          className="jp-mod-styled jp-mod-accept"
+          disabled={busy || !schema || !!kind?.unavailable}
+          onClick={() => void save(true)}
         >
           {trans.__('Save and check')}
-        </Button>
-        <Button
+        </button>
+        <button
           type="button"
-          disabled={busy || !!kind?.unavailable}
+          className="jp-mod-styled jp-mod-reject"
+          disabled={busy || !schema || !!kind?.unavailable}
           onClick={() => void save(false)}
         >
           {trans.__('Save')}
-        </Button>
+        </button>
         <Button type="button" minimal onClick={props.onCancel}>
           {trans.__('Cancel')}
         </Button>
@@ -603,7 +419,7 @@ function MachineForm(props: {
           <span className="jp-RemoteCompute-busy">{trans.__('Saving…')}</span>
         )}
       </div>
-    </form>
+    </div>
   );
 }
 

@@ -137,8 +137,8 @@ export function CheckboxWidget(props: {
 /**
  * Whether the server named this field in its answer: the input says so to assistive technology.
  */
-export function invalid(props: { rawErrors?: string[] }): true | undefined {
-  return (props.rawErrors ?? []).some(Boolean) ? true : undefined;
+export function invalid(props: { rawErrors?: string[] }): boolean {
+  return (props.rawErrors ?? []).some(Boolean);
 }
 
 /**

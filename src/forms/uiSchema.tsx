@@ -145,6 +145,37 @@ export function fieldErrors(
 }
 
 /**
+ * A problem the server named a field for, with that field's place in the form.
+ */
+export type PlacedProblem = IFieldProblem & { path: string[] };
+
+function valueAt(data: unknown, path: readonly string[]): unknown {
+  return path.reduce<unknown>(
+    (at, key) =>
+      typeof at === 'object' && at !== null
+        ? (at as Record<string, unknown>)[key]
+        : undefined,
+    data
+  );
+}
+
+/**
+ * The problems still standing after an edit: a field's problem goes when the field changes, the
+ * others stay until the form is sent again.
+ */
+export function stillStanding(
+  problems: readonly PlacedProblem[],
+  before: unknown,
+  after: unknown
+): PlacedProblem[] {
+  return problems.filter(
+    p =>
+      JSON.stringify(valueAt(after, p.path)) ===
+      JSON.stringify(valueAt(before, p.path))
+  );
+}
+
+/**
  * JupyterLab's form with the conventions above: no submit button of its own, no validation in the
  * browser (the server's answer is shown instead, through `extraErrors`), the settings editor's
  * field template and checkbox.
