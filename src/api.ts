@@ -728,6 +728,24 @@ export function startPipelineRun(
   return requestAPI('pipelines/runs', jsonBody('POST', { file }), settings);
 }
 
+/**
+ * `POST /pipelines/sweeps`: the trials' job settings, the parameters swept and how.
+ */
+export type ISweepRequest = NonNullable<
+  paths['/remote-compute/pipelines/sweeps']['post']['requestBody']
+>['content']['application/json'];
+export type ISweepStarted = Schemas['SweepStarted'];
+
+/**
+ * Start a sweep the server drives (or attach to the same one under way).
+ */
+export function startSweep(
+  request: ISweepRequest,
+  settings?: ServerConnection.ISettings
+): Promise<ISweepStarted> {
+  return requestAPI('pipelines/sweeps', jsonBody('POST', request), settings);
+}
+
 export function getPipelineRun(
   id: string,
   settings?: ServerConnection.ISettings

@@ -3,7 +3,8 @@
  * with (`GET /schemas/JobRequest`) in JupyterLab's own form component, as the pipeline step's
  * settings are (`forms/uiSchema.tsx`): machine, command, files to send and to bring back, name,
  * time limit, resources, the Python environment and image, and environment variables typed or
- * picked from the stored secrets. "Run again" and the file browser's "Run on a machine…" open it
+ * picked from the stored secrets; and a Sweep section (SweepSection.tsx) that runs it once per
+ * combination of parameters. "Run again" and the file browser's "Run on a machine…" open it
  * filled in; "New job" opens it empty.
  *
  * Settings are checked by the server only, so the form shows the server's own message beside the
@@ -16,7 +17,14 @@ import { CommandRegistry } from '@lumino/commands';
 import { RJSFSchema } from '@rjsf/utils';
 import * as React from 'react';
 
-import { getFormSchema, getSecrets, IJob, IJobSpec, submitJob } from '../api';
+import {
+  getFormSchema,
+  getSecrets,
+  IJob,
+  IJobSpec,
+  startSweep,
+  submitJob
+} from '../api';
 import { PickFiles } from '../filePicker';
 import {
   formSchema,
@@ -35,6 +43,7 @@ import {
 import { asAPIError, ComputeModel } from '../model';
 import { useSignal } from './common';
 import { jobMachine, jobUiSchema, SHOWN } from './jobFormUi';
+import { NO_SWEEP, SweepSection, sweepRequest } from './SweepSection';
 
 type Data = Record<string, unknown>;
 
@@ -159,6 +168,9 @@ function JobForm(props: {
     job: IJob;
     attached: boolean;
   } | null>(null);
+  const [sweep, setSweep] = React.useState(NO_SWEEP);
+  const [sweepError, setSweepError] = React.useState<string | null>(null);
+  const [sweepStarted, setSweepStarted] = React.useState<string | null>(null);
 
   const schema = form?.schema ?? null;
   const environment = (data?.environment ?? {}) as Data;
@@ -197,7 +209,24 @@ function JobForm(props: {
     setFormError(null);
     setProblems([]);
     setSubmitted(null);
+    setSweepError(null);
+    setSweepStarted(null);
+    const swept = sweepRequest(sweep);
     try {
+      if (swept) {
+        // Each trial is this job with its values put in: the server drives them (the panel's runs).
+        const started = await startSweep({ ...swept, job: spec });
+        setSweepStarted(
+          trans.__(
+            'Started sweep %1: %2 trials. Its trials are in the Compute panel, under Pipeline runs.',
+            started.run.sweep?.name ?? started.run.id,
+            Object.keys(started.run.nodes).length
+          )
+        );
+        props.onStarted();
+        void commands.execute('remote-compute:open');
+        return;
+      }
       const result = await submitJob(spec);
       model.upsertJob(result.job);
       setSubmitted(result);
@@ -205,12 +234,14 @@ function JobForm(props: {
       void commands.execute('remote-compute:show-job', { id: result.job.id });
     } catch (error) {
       const apiError = asAPIError(error);
-      const path = problemPath(apiError.field, form.schema);
-      if (path.length) {
+      // A job setting a sweep names as job.<field> is the form's own field.
+      const field = apiError.field?.replace(/^job\./, '') ?? apiError.field;
+      const path = problemPath(field, form.schema);
+      if (swept && !apiError.field?.startsWith('job.') && apiError.field) {
+        setSweepError(apiError.message);
+      } else if (path.length) {
         // An Error's message is its own but not enumerable: named, not spread.
-        setProblems([
-          { field: apiError.field, message: apiError.message, path }
-        ]);
+        setProblems([{ field, message: apiError.message, path }]);
       } else {
         setFormError(apiError.message);
       }
@@ -247,6 +278,12 @@ function JobForm(props: {
           onSubmit={() => void submit()}
         />
       )}
+      <SweepSection
+        settings={sweep}
+        onChange={setSweep}
+        error={sweepError}
+        trans={trans}
+      />
       {Object.keys(keptEnv).length > 0 && (
         <p className="jp-RemoteCompute-fieldHelp">
           {trans.__(
@@ -262,7 +299,7 @@ function JobForm(props: {
           disabled={busy || !data}
           onClick={() => void submit()}
         >
-          {trans.__('Run')}
+          {sweepRequest(sweep) ? trans.__('Run sweep') : trans.__('Run')}
         </button>
         {busy && (
           <span className="jp-RemoteCompute-busy">
@@ -270,6 +307,11 @@ function JobForm(props: {
           </span>
         )}
       </div>
+      {sweepStarted && (
+        <div className="jp-RemoteCompute-submitted" role="status">
+          {sweepStarted}
+        </div>
+      )}
       {submitted && (
         <div className="jp-RemoteCompute-submitted" role="status">
           <span>

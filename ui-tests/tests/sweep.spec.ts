@@ -70,4 +70,28 @@ test.describe('A sweep in the panel', () => {
     await expect(trials.getByRole('button', { name: 'Cancel sweep' })).toBeDisabled();
     await expect(trials.getByRole('button', { name: 'Compare in MLflow' })).toBeEnabled({ timeout: 60000 });
   });
+
+  test('the New job form runs a sweep, and names a parameter it cannot read', async ({ page }) => {
+    const name = unique('ui-form-sweep');
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    const panel = page.locator('#jp-remote-compute-panel');
+    await panel.getByRole('button', { name: 'New job' }).click();
+    const form = page.getByRole('form', { name: 'New job' });
+    await form.getByLabel('Command', { exact: true }).fill('echo trial {x}');
+    await form.getByLabel('Name (optional)', { exact: true }).fill(name);
+    await form.getByText('Sweep', { exact: true }).click();
+    const parameters = form.getByLabel('Parameters', { exact: true });
+
+    await parameters.fill('x =');
+    await form.getByRole('button', { name: 'Run sweep', exact: true }).click();
+    await expect(form.getByRole('alert')).toContainText('parameters.x: x has an empty value');
+    await expect(parameters).toHaveAttribute('aria-invalid', 'true');
+
+    await parameters.fill('x = 1, 2');
+    await form.getByRole('button', { name: 'Run sweep', exact: true }).click();
+    await expect(form.getByRole('status')).toContainText(`Started sweep ${name}: 2 trials`);
+    const run = panel.locator('.jp-RemoteCompute-run', { hasText: `sweep ${name}` });
+    await expect(run.locator('.jp-RemoteCompute-runLine')).toContainText('succeeded', { timeout: 90000 });
+    await expect(run).toContainText('2 of 2 trials done');
+  });
 });
