@@ -68,6 +68,27 @@ export function sweepRequest(
   };
 }
 
+function SmallField(props: {
+  label: string;
+  value: string;
+  placeholder?: string;
+  numeric?: boolean;
+  onChange: (value: string) => void;
+}): JSX.Element {
+  return (
+    <label className="jp-RemoteCompute-field">
+      <span>{props.label}</span>
+      <input
+        className="jp-mod-styled"
+        inputMode={props.numeric ? 'numeric' : undefined}
+        value={props.value}
+        placeholder={props.placeholder}
+        onChange={e => props.onChange(e.target.value)}
+      />
+    </label>
+  );
+}
+
 export function SweepSection(props: {
   settings: ISweepSettings;
   onChange: (settings: ISweepSettings) => void;
@@ -111,34 +132,25 @@ export function SweepSection(props: {
         </p>
       )}
       <div className="jp-RemoteCompute-sweepFields">
-        <label className="jp-RemoteCompute-field">
-          <span>{trans.__('Random trials (optional)')}</span>
-          <input
-            className="jp-mod-styled"
-            inputMode="numeric"
-            value={settings.random}
-            placeholder={trans.__('every combination')}
-            onChange={e => set({ random: e.target.value })}
-          />
-        </label>
-        <label className="jp-RemoteCompute-field">
-          <span>{trans.__('Trials at once')}</span>
-          <input
-            className="jp-mod-styled"
-            inputMode="numeric"
-            value={settings.maxParallel}
-            onChange={e => set({ maxParallel: e.target.value })}
-          />
-        </label>
-        <label className="jp-RemoteCompute-field">
-          <span>{trans.__('Metric (optional)')}</span>
-          <input
-            className="jp-mod-styled"
-            value={settings.metric}
-            placeholder={trans.__('loss, or accuracy:max')}
-            onChange={e => set({ metric: e.target.value })}
-          />
-        </label>
+        <SmallField
+          label={trans.__('Random trials (optional)')}
+          value={settings.random}
+          placeholder={trans.__('every combination')}
+          numeric
+          onChange={random => set({ random })}
+        />
+        <SmallField
+          label={trans.__('Trials at once')}
+          value={settings.maxParallel}
+          numeric
+          onChange={maxParallel => set({ maxParallel })}
+        />
+        <SmallField
+          label={trans.__('Metric (optional)')}
+          value={settings.metric}
+          placeholder={trans.__('loss, or accuracy:max')}
+          onChange={metric => set({ metric })}
+        />
       </div>
       <label className="jp-RemoteCompute-field jp-RemoteCompute-fieldInline">
         <input
