@@ -379,7 +379,8 @@ def _public_folder(public: Path, build: HubBuild) -> dict[str, str]:
     """The clone's package for every process the hub starts, without touching the cached venv.
 
     ``bin/jupyter-remote-compute`` (so ``jupyter remote-compute …`` finds this clone's command),
-    the server extension enabled as an install would (``etc/jupyter``), and the environment that
+    the server extension enabled as an install would (``etc/jupyter``), its built front end
+    (``share/jupyter/labextensions``; none where the clone has not built it), and the environment that
     points at them. The package is imported from the clone, or from a copy here when the test users
     could not read the clone (one under root's 0700 home)."""
     (public / "bin").mkdir(parents=True)
@@ -389,6 +390,11 @@ def _public_folder(public: Path, build: HubBuild) -> dict[str, str]:
     config = public / "etc" / "jupyter" / "jupyter_server_config.d"
     config.mkdir(parents=True)
     shutil.copy(REPO / "jupyter-config" / "server-config" / "jupyter_remote_compute.json", config)
+    # The front end, where JupyterLab looks for prebuilt extensions (JUPYTER_PATH's labextensions/): a
+    # copy, so JupyterLab in the cached venv shows the clone's Compute panel whoever may read the clone.
+    labextension = REPO / "jupyter_remote_compute" / "labextension"
+    if (labextension / "package.json").exists():
+        shutil.copytree(labextension, public / "share" / "jupyter" / "labextensions" / "jupyter-remote-compute")
     package = REPO
     if not readable_by_all(REPO / "jupyter_remote_compute" / "__init__.py"):
         package = public / "python"
@@ -399,6 +405,7 @@ def _public_folder(public: Path, build: HubBuild) -> dict[str, str]:
         "PATH": f"{public / 'bin'}:{build.bin}:/usr/local/bin:/usr/bin:/bin",
         "PYTHONPATH": str(package),
         "JUPYTER_CONFIG_PATH": str(public / "etc" / "jupyter"),
+        "JUPYTER_PATH": str(public / "share" / "jupyter"),
         "LANG": "C.UTF-8",
     }
 

@@ -6,8 +6,10 @@ What the organization service's tests will stand on, proved with a probe service
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
@@ -103,6 +105,11 @@ def test_a_server_loads_this_clones_extension_and_its_user_has_its_command(alice
     assert done.returncode == 0 and "usage: jupyter remote-compute" in done.stdout, done.stderr
     package = Path(environment["PYTHONPATH"]) / "jupyter_remote_compute" / "__init__.py"
     assert package.read_text() == (hub_fixture.REPO / "jupyter_remote_compute" / "__init__.py").read_text()
+    # Its JupyterLab loads the clone's front end (the Compute panel): the page's config lists it.
+    page = loopback_session().get(f"{alice_server.url}lab", headers=headers, timeout=60)
+    assert page.status_code == 200, page.text[:500]
+    config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>\s*(\{.*?\})\s*</script>', page.text, re.S).group(1))
+    assert "jupyter-remote-compute" in [e["name"] for e in config["federated_extensions"]], config
 
 
 def test_alices_home_and_her_servers_files_are_closed_to_bob(hub: Hub, alice_server: Server) -> None:
