@@ -204,6 +204,19 @@ def processes_of(hub_url: str) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def users_held() -> Iterator[None]:
+    """The test users' homes and servers for this process alone, while it lasts (a lock in the cache folder).
+
+    Held by a pytest session's ``hub_bed`` and by the Galata hub run (``hub_ui.py``), which ``scripts/test.sh``
+    runs beside each other: each spawns rcalice's and rcbob's servers in the same homes, whose job lists,
+    workspaces and MLflow stores the other's tests read."""
+    CACHE.mkdir(mode=0o755, exist_ok=True)
+    with open(CACHE / "bed.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 # -- one hub -------------------------------------------------------------------
 
 
@@ -552,6 +565,18 @@ def start_hub(
     return hub
 
 
+def organization_service(state: Path) -> dict[str, object]:
+    """``start_hub``'s service arguments for this package's organization service, its state in ``state``:
+    the command the README's configuration names, its secrets in a file there (no keyring on the bed)."""
+    return {
+        "service_command": ["jupyter-remote-compute", "organization", "--state-dir", str(state)],
+        "service_environment": {
+            "JUPYTER_REMOTE_COMPUTE_SECRETS_STORE": "file",
+            "JUPYTER_REMOTE_COMPUTE_SECRETS_FILE": str(state / "secrets.json"),
+        },
+    }
+
+
 _DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
 )
@@ -599,11 +624,12 @@ def hub_bed() -> Iterator[HubBed]:
     require(build is not None, f"the hub's venv and proxy ({how})")
     assert build is not None
     ensure_users()
-    bed = HubBed(build)
-    try:
-        yield bed
-    finally:
-        bed.stop()
+    with users_held():
+        bed = HubBed(build)
+        try:
+            yield bed
+        finally:
+            bed.stop()
 
 
 if __name__ == "__main__":

@@ -52,13 +52,7 @@ TOKEN = "org-token-7f3a9c2e5b1d4f60"  # a machine's token as an admin types it: 
 @pytest.fixture(scope="module")
 def org(hub_bed: HubBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Path]]:
     state = tmp_path_factory.mktemp("organization")
-    hub = hub_bed.start(
-        ["jupyter-remote-compute", "organization", "--state-dir", str(state)],
-        service_environment={
-            "JUPYTER_REMOTE_COMPUTE_SECRETS_STORE": "file",
-            "JUPYTER_REMOTE_COMPUTE_SECRETS_FILE": str(state / "secrets.json"),
-        },
-    )
+    hub = hub_bed.start(**hub_fixture.organization_service(state))  # type: ignore[arg-type]
     yield hub, state
     hub.stop()
 

@@ -17,6 +17,8 @@ if (!process.env.REMOTE_COMPUTE_UI_TMP) {
 
 module.exports = {
   ...baseConfig,
+  // Only the specs of tests/: hub/ holds the spec through JupyterHub's login (playwright.hub.config.js).
+  testDir: 'tests',
   timeout: 120000,
   expect: { timeout: 30000 },
   retries: process.env.CI ? 1 : 0,

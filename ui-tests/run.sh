@@ -2,7 +2,10 @@
 # Galata UI tests of the Compute panel, in Debian's Chromium (nothing is downloaded).
 #
 #   ui-tests/run.sh [playwright args…]       e.g. ui-tests/run.sh -g "cancels"
+#   ui-tests/run.sh --hub [playwright args…] only the spec through JupyterHub's login (hub/), on the
+#                                            hub bed tests/hub_ui.py starts (root; the hub's users)
 #
+# With no arguments it runs both: the specs of tests/, then the hub's.
 # Needs: the package installed in the venv (default <repo>/.venv, or $VENV) with the
 # labextension built (`jlpm build` at the repo root), /usr/bin/chromium (or $CHROMIUM_PATH),
 # and port 8888 free (with CI set, Playwright starts its own server and refuses a busy port).
@@ -19,7 +22,15 @@ command -v jlpm >/dev/null || { echo "run.sh: jlpm not found (activate the venv 
 export CHROMIUM_PATH="${CHROMIUM_PATH:-/usr/bin/chromium}"
 [ -x "$CHROMIUM_PATH" ] || { echo "run.sh: no Chromium at $CHROMIUM_PATH (apt-get install -y chromium)" >&2; exit 2; }
 
-if (exec 3<>/dev/tcp/127.0.0.1/8888) 2>/dev/null; then
+hub=0
+if [ "${1:-}" = "--hub" ]; then
+  hub=1
+  shift
+elif [ "$#" = 0 ]; then
+  hub=2
+fi
+
+if [ "$hub" != 1 ] && (exec 3<>/dev/tcp/127.0.0.1/8888) 2>/dev/null; then
   echo "run.sh: port 8888 is busy; stop the server using it first" >&2
   exit 2
 fi
@@ -40,6 +51,14 @@ export XDG_DATA_HOME="$tmp/xdg-data"
 
 start=$(date +%s)
 status=0
-jlpm playwright test "$@" || status=$?
+if [ "$hub" != 1 ]; then
+  jlpm playwright test "$@" || status=$?
+fi
+if [ "$hub" != 0 ]; then
+  # Its own hub, users' servers and organization service; Playwright is run by it (its status is Playwright's).
+  hub_status=0
+  python "$repo/tests/hub_ui.py" "$@" || hub_status=$?
+  [ "$hub_status" = 0 ] || status=$hub_status
+fi
 echo "run.sh: UI tests finished in $(( $(date +%s) - start )) s with status $status"
 exit "$status"

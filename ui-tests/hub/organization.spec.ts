@@ -1,0 +1,92 @@
+/**
+ * Teams on JupyterHub in the browser: a member logs in through the hub's login form, runs a job on the
+ * organization's machine from the Compute panel, and another member cannot see it. Against the hub that
+ * tests/hub_ui.py starts (HUB_URL), its users' servers spawned by the logins, as real Linux users.
+ */
+import { APIRequestContext, Browser, expect, Locator, Page, test } from '@playwright/test';
+
+const HUB = process.env.HUB_URL ?? '';
+const PASSWORD = process.env.HUB_PASSWORD ?? '';
+const MACHINE = process.env.HUB_MACHINE ?? '';
+
+/** A name no earlier run used: the users' homes, and their job lists, outlive a run. */
+function unique(prefix: string): string {
+  return `${prefix}-${Date.now().toString(36)}${Math.floor(Math.random() * 1000)}`;
+}
+
+/** Log in through the hub's form in a browser of the user's own; their server is spawned, JupyterLab opens. */
+async function logIn(browser: Browser, user: string): Promise<Page> {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  await page.goto(`${HUB}hub/login`);
+  await page.locator('#username_input').fill(user);
+  await page.locator('#password_input').fill(PASSWORD);
+  await page.locator('#login_submit').click();
+  // The hub spawns the server, waits on it, then sends the browser to its JupyterLab.
+  await page.waitForURL(new RegExp(`/user/${user}/lab`), { timeout: 120000 });
+  return page;
+}
+
+/** The Compute panel, once it has read the machines (the jobs come with them). */
+async function openPanel(page: Page): Promise<Locator> {
+  await page.locator('.lm-TabBar-tab[data-id="jp-remote-compute-panel"]').click({ timeout: 120000 });
+  const panel = page.locator('#jp-remote-compute-panel');
+  await expect(panel.getByRole('heading', { name: 'Machines' })).toBeVisible({ timeout: 60000 });
+  return panel;
+}
+
+/** The user's jobs of that name, as their own server's REST API lists them (the browser's hub cookie). */
+async function jobsNamed(request: APIRequestContext, user: string, name: string): Promise<any[]> {
+  const answer = await request.get(`${HUB}user/${user}/remote-compute/jobs?name=${encodeURIComponent(name)}`);
+  expect(answer.ok(), await answer.text()).toBeTruthy();
+  return (await answer.json()).jobs;
+}
+
+test('a member runs a job on the organization machine through the hub login; another member cannot see it', async ({
+  browser
+}) => {
+  expect(HUB, 'HUB_URL: run this spec with tests/hub_ui.py').not.toBe('');
+  const name = unique('hub-ui');
+
+  // rcalice sees the organization's machine, marked as the organization's, read-only for her.
+  const alice = await logIn(browser, 'rcalice');
+  const panel = await openPanel(alice);
+  const machines = panel.getByRole('list', { name: "The organization's machines" });
+  const row = machines.getByRole('listitem', { name: MACHINE });
+  await expect(row).toBeVisible();
+  await expect(row).toContainText('set by rcadmin');
+  await expect(row.getByRole('button', { name: `Check ${MACHINE}` })).toHaveCount(0);
+
+  // She runs a job there from the New job form; it runs through the service and succeeds.
+  await panel.getByRole('button', { name: 'New job' }).click();
+  const form = alice.getByRole('form', { name: 'New job' });
+  await expect(form).toBeVisible();
+  const machine = form.getByLabel('Machine', { exact: true });
+  await expect(machine.locator(`option[value="org:${MACHINE}"]`)).toContainText('organization');
+  await machine.selectOption(`org:${MACHINE}`);
+  await form.getByLabel('Command', { exact: true }).fill(`echo ${name} ran as $(id -un)`);
+  await form.getByLabel('Name (optional)', { exact: true }).fill(name);
+  await form.getByRole('button', { name: 'Run', exact: true }).click();
+  const detail = alice.getByRole('region', { name: `Job ${name}` });
+  await expect(detail).toBeVisible();
+  await expect(detail.getByText('succeeded', { exact: true })).toBeVisible({ timeout: 180000 });
+  await expect(alice.getByRole('log', { name: /Log of job/ })).toContainText(`${name} ran as`);
+  await expect(panel.getByRole('list', { name: 'Jobs' }).getByRole('listitem', { name })).toContainText(
+    'succeeded'
+  );
+  const [job] = await jobsNamed(alice.request, 'rcalice', name);
+  expect(job.machine).toBe(`org:${MACHINE}`);
+
+  // rcbob, of the same group, sees the machine and none of her job: not in his list, nor in his search,
+  // and her server refuses him.
+  const bob = await logIn(browser, 'rcbob');
+  const bobsPanel = await openPanel(bob);
+  await expect(bobsPanel.getByRole('list', { name: "The organization's machines" })).toContainText(MACHINE);
+  await bobsPanel.getByRole('searchbox', { name: 'Search jobs by name' }).fill(name);
+  await expect(bobsPanel.getByText('No job matches the filters.')).toBeVisible();
+  await expect(bobsPanel.getByRole('listitem', { name })).toHaveCount(0);
+  expect(await jobsNamed(bob.request, 'rcbob', name)).toEqual([]);
+  const hers = await bob.request.get(`${HUB}user/rcalice/remote-compute/jobs/${job.id}`, { maxRedirects: 0 });
+  expect(hers.status(), await hers.text()).not.toBe(200);
+  expect(await hers.text()).not.toContain(name);
+});

@@ -1,0 +1,14 @@
+/**
+ * The spec through JupyterHub's login (hub/): against the hub that tests/hub_ui.py starts and names in
+ * HUB_URL, with the browser settings of playwright.config.js and no JupyterLab server of its own.
+ */
+const main = require('./playwright.config');
+
+module.exports = {
+  ...main,
+  testDir: 'hub',
+  // Two logins, each spawning a server, and a job on the organization's machine between them.
+  timeout: 300000,
+  webServer: undefined,
+  use: { ...main.use, baseURL: process.env.HUB_URL }
+};
