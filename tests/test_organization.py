@@ -919,8 +919,8 @@ def test_the_default_machine_is_preselected_unlisted_and_metered(
     org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed
 ) -> None:
     """rcadmin names team-ssh the default: rcalice's server lists it apart, as the default; a job she
-    submits naming no machine (the CLI's run, the REST API the New job form calls) runs there through
-    the service and is metered as hers on it. Cleared, a job naming none runs on local again."""
+    submits naming no machine (the CLI's run, the REST API the New job form calls, a pipeline's step) runs
+    there through the service and is metered as hers on it. Cleared, a job naming none runs on local again."""
     hub, _ = org
     admin = hub.start_server(ADMIN_USER)
     alice = hub.start_server("rcalice")
@@ -952,8 +952,24 @@ def test_the_default_machine_is_preselected_unlisted_and_metered(
         rest_job = f"{alice.url}remote-compute/jobs/{posted.json()['job']['id']}"
         wait_for(lambda: session.get(rest_job, timeout=30).json()["state"] == "succeeded", 120, "the REST job to end")
 
+        # A pipeline's step that names no machine runs there too (a word of this session's: no earlier
+        # run's job to reuse).
+        word = uuid.uuid4().hex[:8]
+        document = {"version": 1, "edges": [], "nodes": [{"id": "plain", "step": "train-on-remote-machine",
+                    "settings": {"command": f"echo step {word}"}, "position": {"x": 0, "y": 0}}]}  # fmt: skip
+        entry = pwd.getpwnam("rcalice")
+        pipeline = Path(entry.pw_dir) / f"default-{word}.rcpipeline"
+        pipeline.write_text(json.dumps(document))
+        os.chown(pipeline, entry.pw_uid, entry.pw_gid)
+        piped = _as_user(alice, "pipeline", "run", pipeline.name, "--json", timeout=300)
+        assert piped.returncode == 0, piped.stdout + piped.stderr
+        node = json.loads(piped.stdout)["nodes"]["plain"]
+        assert node["state"] == "succeeded", node
+        step_job = json.loads(_as_user(alice, "jobs", "show", node["job_id"], "--json").stdout)
+        assert step_job["machine"] == f"org:{team_ssh}", step_job
+
         metered = _usage_row(hub, "rcalice", team_ssh)
-        assert metered["attempts"] == before + 2 and metered["job_hours"] > 0, metered
+        assert metered["attempts"] == before + 3 and metered["job_hours"] > 0, metered
     finally:
         cleared = _as_user(admin, "machines", "default", "--org", "--clear")
         assert cleared.returncode == 0, cleared.stderr

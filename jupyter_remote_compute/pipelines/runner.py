@@ -31,7 +31,7 @@ from ..jobs.recording import PROGRAM as RECORDER
 from ..jobs.service import JobService
 from ..jobs.spec import JobSpec, check_relative_path
 from ..steps import describe_steps, parse_settings
-from ..steps.executor import StepContext, run_spec
+from ..steps.executor import StepContext, run_spec, with_machine
 from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs, load_pipeline, order, validate
 from .early_stop import Objective, TrialMetrics, median_verdict
 from .notebook import NOTEBOOK_STEP, notebook_spec
@@ -410,9 +410,12 @@ class PipelineRunner:
         self._emit(run)
         return run
 
-    def node_spec(self, pipeline: Pipeline, node: Node) -> tuple[JobSpec, float | None]:
-        """A built-in step's job: its settings, with what the nodes it needs bring back added to ``send``."""
-        settings = dict(node.settings)
+    def node_spec(self, pipeline: Pipeline, node: Node, *, to_run: bool = False) -> tuple[JobSpec, float | None]:
+        """A built-in step's job: its settings, with what the nodes it needs bring back added to ``send``.
+
+        ``to_run``: a node naming no machine gets the one a job naming none runs on (``with_machine``: the
+        organization's default, where a hub has one); checking a document asks no organization."""
+        settings = dict(with_machine(node.settings) if to_run else node.settings)
         brought = [out for up in pipeline.upstream(node.id) for out in declared_outputs(pipeline.node(up))]
         if brought:
             own = list(settings.get("send") or [])
@@ -425,7 +428,7 @@ class PipelineRunner:
         self._set_node(run_id, node.id, state="running", reason=None, started=utcnow())
         try:
             if node.step in BUILT_IN_STEPS:
-                spec, wait_for = self.node_spec(pipeline, node)
+                spec, wait_for = self.node_spec(pipeline, node, to_run=True)
                 reused = False
 
                 def heard(job: Job, attached: bool) -> None:

@@ -87,6 +87,17 @@ def parse_settings(settings: Mapping[str, Any]) -> tuple[JobSpec, float | None]:
     return spec, wait
 
 
+def with_machine(settings: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A step's settings with a machine named: where they name none, the one a job naming none runs on
+    (``job_machine``: the organization's default on a hub whose admin set one, else ``local``), as for
+    ``run`` and ``POST /jobs``. The organization is asked only then, so a step that names one asks nobody."""
+    if not isinstance(settings, Mapping) or settings.get("machine"):
+        return settings
+    from ..engines.organization.client import job_machine  # requests: not at the step's discovery
+
+    return {**settings, "machine": job_machine(None)}
+
+
 def run_step(settings: Mapping[str, Any], context: StepContext | Mapping[str, Any]) -> StepResult:
     """Submit (or attach to) the job, wait up to ``wait``, return it only once trained.
 
@@ -94,7 +105,7 @@ def run_step(settings: Mapping[str, Any], context: StepContext | Mapping[str, An
     ``SecretInSettings``, or ``NotTrained`` (``state``: still running when the wait
     ended, failed with exit code and log tail, cancelled, lost, missing outputs).
     """
-    spec, wait = parse_settings(settings)
+    spec, wait = parse_settings(with_machine(settings))
     return run_spec_in(context, spec, wait)
 
 

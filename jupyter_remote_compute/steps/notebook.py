@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .executor import StepContext, StepResult, run_spec_in
+from .executor import StepContext, StepResult, run_spec_in, with_machine
 
 
 def run_notebook_step(settings: Mapping[str, Any], context: StepContext | Mapping[str, Any]) -> StepResult:
@@ -19,5 +19,5 @@ def run_notebook_step(settings: Mapping[str, Any], context: StepContext | Mappin
     """
     from ..pipelines.notebook import notebook_spec
 
-    spec, wait = notebook_spec(settings)
+    spec, wait = notebook_spec(with_machine(settings))
     return run_spec_in(context, spec, wait)

@@ -415,13 +415,14 @@ export class PipelineModel implements IDisposable {
 
   private async _loadSteps(): Promise<void> {
     try {
-      const [steps, { machines }] = await Promise.all([
+      const [steps, { machines, organization }] = await Promise.all([
         listSteps(),
         listMachines()
       ]);
       const names = machines.filter(m => m.enabled !== false).map(m => m.name);
+      const fallback = organization?.default ?? null;
       this._steps = new Map(
-        steps.map(step => [step.id, withMachineChoice(step, names)])
+        steps.map(step => [step.id, withMachineChoice(step, names, fallback)])
       );
       this._stepsError = null;
     } catch (error) {
@@ -588,21 +589,33 @@ export class PipelineModel implements IDisposable {
 }
 
 /**
- * A step whose `machine` setting is free text becomes a choice among the workspace's machines
- * (ours come with that choice already; another package's step may not).
+ * A step whose `machine` setting is free text becomes a choice among the workspace's machines.
+ * On a hub whose organization has a default machine (`org:NAME`, never listed among them), a node
+ * naming none runs there, as a job naming none does: the choice shows it as the default.
  */
-function withMachineChoice(step: IStep, machines: string[]): IStep {
+function withMachineChoice(
+  step: IStep,
+  machines: string[],
+  organizationDefault: string | null
+): IStep {
   const properties = step.settings.properties as
     Record<string, Record<string, unknown>> | undefined;
   const machine = properties?.machine;
   if (!machine || machine.type !== 'string' || machine.enum) {
     return step;
   }
+  const choice = organizationDefault
+    ? {
+        ...machine,
+        enum: [organizationDefault, ...machines],
+        default: organizationDefault
+      }
+    : { ...machine, enum: machines };
   return {
     ...step,
     settings: {
       ...step.settings,
-      properties: { ...properties, machine: { ...machine, enum: machines } }
+      properties: { ...properties, machine: choice }
     }
   };
 }
