@@ -2362,6 +2362,8 @@ export interface components {
              * @default null
              */
             placement?: string | null;
+            /** @description the organization's quota notices about the job (also `[organization] notice: …` in its log) */
+            notices?: string[];
             name: string;
             progress?: components["schemas"]["Progress"];
         };

@@ -1021,6 +1021,7 @@ def test_a_hard_quota_notices_in_the_jobs_log_then_stops_it_naming_quota_used_an
         record = _service(hub, "GET", f"api/jobs/{job_id}", server.token).json()
         assert record["notices"] == [lines[0].removeprefix("[organization] notice: ")], record
         assert record["stopped"] == reason
+        assert job["notices"] == record["notices"], job  # his own job's JSON (jobs show --json) carries it
     finally:
         assert _service(hub, "DELETE", f"api/quotas/user/{ADMIN_USER}", hub.user_token(ADMIN_USER)).status_code == 204
 
@@ -1055,8 +1056,14 @@ def test_a_soft_gpu_hours_quota_counts_a_running_jobs_gpus_and_only_notices(
         quotas = _service(hub, "GET", "api/quotas", server.token).json()["quotas"]
         (mine,) = [q for q in quotas if q["who"] == f"user:{ADMIN_USER}"]
         assert mine["used"]["gpu_hours"] >= before + 0.0003 * 0.9, mine  # counted while it runs
+        # His own server's job carries it once a poll brought it: its REST API, and the CLI's JSON.
+        session = loopback_session()
+        session.headers["Authorization"] = f"token {server.token}"
+        detail = f"{server.url}remote-compute/jobs/{job_id}"
+        rest = wait_for(lambda: session.get(detail, timeout=30).json().get("notices"), 60, "the notice on his job")
+        assert rest == [notice], rest
         shown = json.loads(_as_user(server, "jobs", "show", job_id, "--json").stdout)
-        assert shown["state"] == "running", shown  # soft: noticed, not stopped
+        assert shown["state"] == "running" and shown["notices"] == [notice], shown  # soft: noticed, not stopped
         logged = _as_user(server, "jobs", "log", job_id).stdout
         assert f"[organization] notice: {notice}\n" in logged, logged
         (_far_users(sshd_bed) / ADMIN_USER / "jobs" / job_id / "work" / "gate").touch()

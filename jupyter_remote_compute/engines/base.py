@@ -151,6 +151,9 @@ class RemoteStatus:
     # Why a job that ended without its command's exit did, where the machine says (a retry policy's
     # cause: ``preempted``, ``lost``); None: the lifecycle's own reading of the state.
     cause: str | None = None
+    # What an organization's service said of the job so far (its quota notices, ``QuotaNotices``), kept on
+    # the user's job; none from the other kinds.
+    notices: tuple[str, ...] = ()
 
 
 #: New bytes of one job's MLflow metric files: path under ``mlruns/`` -> (the offset they start at, the bytes).

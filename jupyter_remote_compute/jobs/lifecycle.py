@@ -324,6 +324,9 @@ class Driver:
         if status.state == "queued" and job.state == "pending":
             self._requeue(job)
             return
+        if status.notices and list(status.notices) != job.notices:
+            # The organization's quota notices (a job on its machines): on the job, whatever the poll says.
+            job = self.leases.update(job.id, notices=list(status.notices))
         times = scheduler_times(job, status)
         if status.state in ("pending", "running") and job.state != status.state:
             self._move(job, status, times)

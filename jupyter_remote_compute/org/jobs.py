@@ -62,6 +62,7 @@ from ..fsutil import atomic_write
 from ..jobs.job import parse_time, utcnow
 from ..machines.admin import MachineAdmin, snapshot_of
 from ..machines.facts import known_facts
+from ..schema.job import QuotaNotices
 from ..schema.usage import Attempt
 from ..usage.ledger import USAGE_FILE, UsageRecord, summarize
 from .outputs import write_manifest_stream
@@ -119,7 +120,7 @@ class OrgJob:
     stopped: str | None = None
     #: When a hard quota it counts against was first seen used up (its grace runs from then).
     over_since: float | None = None
-    notices: list[str] = dataclasses.field(default_factory=list)
+    notices: QuotaNotices = dataclasses.field(default_factory=list)
 
     @property
     def active(self) -> bool:
@@ -499,7 +500,9 @@ class OrgJobs:
             found, logged = engine.poll_watched(remotes, offsets) if offsets else (engine.poll(remotes), {})
             for job in jobs:
                 if job.id in found:
-                    found[job.id] = self._seen(job, found[job.id])
+                    status = self._seen(job, found[job.id])
+                    # Its notices ride along, so the user's job shows them (``Job.notices``).
+                    found[job.id] = dataclasses.replace(status, notices=tuple(job.notices)) if job.notices else status
             statuses.update({job_id: status_json(status) for job_id, status in found.items()})
             metrics.update(logged)
         return statuses, metrics

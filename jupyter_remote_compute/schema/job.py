@@ -170,9 +170,17 @@ class Shown(TypedDict):
 #: A job's fields the API does not show: who drives it now is bookkeeping between processes.
 HIDDEN = ("lease",)
 
+#: The organization's quota notices about a job on one of its machines, oldest first, one line each
+#: ("user NAME's job_hours hard quota: 91 % of 10 h per month used (…)"): kept on the service's record
+#: (``org/jobs.py``, its ``GET api/jobs/<id>``) and brought to the user's job by its polls.
+QuotaNotices = Annotated[
+    list[str],
+    Field(description="the organization's quota notices about the job (also `[organization] notice: …` in its log)"),
+]
 
-# Written whole but for ``times``, ``user``, ``checkpoint``, ``attempts``, ``pool`` and ``placement`` (left
-# out when unset, as before they existed).
+
+# Written whole but for ``times``, ``user``, ``checkpoint``, ``attempts``, ``pool``, ``placement`` and
+# ``notices`` (left out when unset, as before they existed).
 @with_config(ConfigDict(json_schema_serialization_defaults_required=True))
 @dataclasses.dataclass
 class Job:
@@ -252,6 +260,7 @@ class Job:
             exclude_if=lambda v: v is None,
         ),
     ] = None
+    notices: Annotated[QuotaNotices, Field(exclude_if=lambda v: not v)] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -331,4 +340,5 @@ _ADDED_FIELDS: tuple[tuple[str, Any], ...] = (
     ("attempts", []),
     ("pool", None),
     ("placement", None),
+    ("notices", []),
 )

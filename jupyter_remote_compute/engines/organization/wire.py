@@ -16,7 +16,10 @@ def status_json(status: RemoteStatus) -> dict[str, Any]:
 
 def status_from_json(data: Mapping[str, Any]) -> RemoteStatus:
     fields = {f.name for f in dataclasses.fields(RemoteStatus)}
-    return RemoteStatus(**{k: v for k, v in data.items() if k in fields})
+    given = {k: v for k, v in data.items() if k in fields}
+    if "notices" in given:
+        given["notices"] = tuple(str(n) for n in given["notices"] or ())
+    return RemoteStatus(**given)
 
 
 def metrics_json(metrics: Mapping[str, MetricBytes]) -> dict[str, dict[str, list[Any]]]:
