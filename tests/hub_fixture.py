@@ -210,11 +210,27 @@ def users_held() -> Iterator[None]:
 
     Held by a pytest session's ``hub_bed`` and by the Galata hub run (``hub_ui.py``), which ``scripts/test.sh``
     runs beside each other: each spawns rcalice's and rcbob's servers in the same homes, whose job lists,
-    workspaces and MLflow stores the other's tests read."""
+    workspaces and MLflow stores the other's tests read. Taken again by the process that holds it, it is
+    already held: each test module that names ``hub_bed`` has an instance of its own."""
+    if _HELD:
+        _HELD.append(True)
+        try:
+            yield
+        finally:
+            _HELD.pop()
+        return
     CACHE.mkdir(mode=0o755, exist_ok=True)
     with open(CACHE / "bed.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        _HELD.append(True)
+        try:
+            yield
+        finally:
+            _HELD.pop()
+
+
+#: How many holders of ``users_held`` this process has (the lock is the first's).
+_HELD: list[bool] = []
 
 
 # -- one hub -------------------------------------------------------------------
