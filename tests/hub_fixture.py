@@ -7,16 +7,12 @@ and rcadmin granted ``custom:remote-compute:admin``, rceve outside both; and one
 ``remote-compute``, whose command the caller gives (``HubBed.start``), so the organization service can be
 plugged in where ``tests/data/hub_probe_service.py`` stands now.
 
-Built once per machine, outside the clone (``/var/tmp/jrc-hub/<key>/``, keyed by what made it): a venv
-from Debian's ``/usr/bin/python3`` (the default ``python3`` is pyenv's, under root's 0700 home, which the
-spawned users cannot run) holding JupyterHub, JupyterLab and this package's dependencies, and
-configurable-http-proxy from npm. It is built beside its place and renamed into it whole (``uv venv
---relocatable``: its scripts do not name the folder they were built in), so a half-built one is never
-used. This package itself is the clone's: every process the hub starts gets the clone on ``PYTHONPATH``
-(a copy of its package when the users cannot read the clone) and a session folder (world-readable) with
-a ``jupyter-remote-compute`` command and the server extension's config, so the cached venv never changes
-and two clones can run hubs from it at once. A service command may name ``jupyter remote-compute …`` or
-``python``: they are looked up on that ``PATH``.
+Its venv (JupyterHub, JupyterLab, this package's dependencies) and proxy are built once per machine,
+outside the clone (``hub_build.py``). This package itself is the clone's: every process the hub starts
+gets the clone on ``PYTHONPATH`` (a copy of its package when the users cannot read the clone) and a
+session folder (world-readable) with a ``jupyter-remote-compute`` command, the server extension's config
+and the built front end, so the cached venv never changes and two clones can run hubs from it at once.
+A service command may name ``jupyter remote-compute …`` or ``python``: they are looked up on that ``PATH``.
 
 Machine-wide, so its tests are the serial group ``hub`` (``conftest.py``): the Linux users and their
 homes. Everything else is the session's: ports from the OS, the hub's files in a temp folder.
@@ -28,7 +24,6 @@ import contextlib
 import dataclasses
 import fcntl
 import grp
-import hashlib
 import os
 import pwd
 import re
@@ -38,28 +33,20 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
-from importlib.metadata import requires
 from pathlib import Path
 
 import pytest
 import requests
+from hub_build import CACHE, DEBIAN_PYTHON, HubBuild, build_hub
 from ports import free_port
 from procs import proc_stats
 from required import require
-from uv import find_uv_bin
 from waiting import wait_for
 
 from jupyter_remote_compute.org import scopes
 
 REPO = Path(__file__).resolve().parent.parent
-DEBIAN_PYTHON = "/usr/bin/python3"
-CACHE = Path("/var/tmp/jrc-hub")
-#: What the venv holds besides this package's dependencies (the file keyring the servers' extension uses).
-HUB_REQUIREMENTS = ["jupyterhub==6.1.1", "jupyterlab==4.6.6", "keyrings.alt>=5"]
-PROXY = "configurable-http-proxy@5.3.0"
-BUILD_TIMEOUT = 20 * 60
 
 SERVICE = "remote-compute"
 USE, ADMIN = scopes.USE, scopes.ADMIN
@@ -76,92 +63,6 @@ SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", f"access:
 #: The bed's own token (``Hub.admin_token``): users, servers and their state, tokens, groups, services.
 BED_ADMIN_SCOPES = ["admin:users", "admin:servers", "admin:server_state", "tokens", "admin:groups", "read:roles",
                     "list:services", "read:services"]  # fmt: skip
-
-
-# -- the build, once per machine ----------------------------------------------
-
-
-def hub_key() -> str:
-    """Changes when what the build installs changes: the pins, this package's dependencies, the Python, uv."""
-    dependencies = [r for r in requires("jupyter-remote-compute") or [] if "extra ==" not in r]
-    python = subprocess.run([DEBIAN_PYTHON, "-c", "import sys; print(sys.version)"], capture_output=True, text=True)
-    uv = subprocess.run([find_uv_bin(), "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256()
-    for part in (*HUB_REQUIREMENTS, PROXY, *sorted(dependencies), python.stdout, uv):
-        digest.update(part.encode() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-@dataclasses.dataclass(frozen=True)
-class HubBuild:
-    """The cached venv and proxy: ``folder/venv``, ``folder/proxy``."""
-
-    folder: Path
-
-    @property
-    def bin(self) -> Path:
-        return self.folder / "venv" / "bin"
-
-    @property
-    def python(self) -> Path:
-        return self.bin / "python"
-
-    @property
-    def proxy(self) -> Path:
-        return self.folder / "proxy" / "bin" / "configurable-http-proxy"
-
-
-def build_hub(folder: Path | None = None) -> tuple[HubBuild | None, str]:
-    """The build (made now unless cached) and what happened; None and why when it cannot be made.
-
-    One builder at a time per machine (a lock beside the folder); a later one finds it done."""
-    folder = folder or CACHE / hub_key()
-    build = HubBuild(folder)
-    CACHE.mkdir(mode=0o755, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (folder / ".complete").exists():
-            return build, "cached"
-        return _build(build)
-
-
-def _run(step: Sequence[str]) -> str:
-    """Run one build step; what went wrong, or "" when it worked."""
-    done = subprocess.run(list(step), capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-    if done.returncode == 0:
-        return ""
-    return f"{' '.join(step[:6])} failed: " + (done.stderr or done.stdout)[-2000:]
-
-
-def _build(build: HubBuild) -> tuple[HubBuild | None, str]:
-    for tool in (DEBIAN_PYTHON, shutil.which("npm")):
-        if not tool or not os.path.exists(tool):
-            return None, f"{tool or 'npm'} is missing"
-    t0 = time.monotonic()
-    staging = build.folder.with_name(build.folder.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
-    venv = staging / "venv"
-    dependencies = [r for r in requires("jupyter-remote-compute") or [] if "extra ==" not in r]
-    steps = [
-        [find_uv_bin(), "venv", "--quiet", "--relocatable", "--python", DEBIAN_PYTHON, str(venv)],
-        # The system's certificates, as pip here uses them: a TLS-inspecting proxy's CA is among them.
-        [find_uv_bin(), "pip", "install", "--quiet", "--system-certs", "--python", str(venv / "bin" / "python"),
-         *HUB_REQUIREMENTS, *dependencies],
-        # 3 s of CPU at each server's start for a format nothing checks (tests/README.md).
-        [find_uv_bin(), "pip", "uninstall", "--quiet", "--python", str(venv / "bin" / "python"), "rfc3987-syntax"],
-        ["npm", "install", "--silent", "--no-fund", "--no-audit", "--prefix", str(staging / "proxy"), "-g", PROXY],
-    ]  # fmt: skip
-    for step in steps:
-        failed = _run(step)
-        if failed:
-            shutil.rmtree(staging, ignore_errors=True)
-            return None, failed
-    # The spawned users run it; nothing in it is secret.
-    subprocess.run(["chmod", "-R", "a+rX", str(staging)], check=True)
-    (staging / ".complete").write_text(f"built in {time.monotonic() - t0:.0f} s\n")
-    shutil.rmtree(build.folder, ignore_errors=True)
-    staging.rename(build.folder)
-    return build, f"built in {time.monotonic() - t0:.0f} s"
 
 
 # -- the users, once per machine ----------------------------------------------
