@@ -9,6 +9,8 @@ module.exports = {
   testDir: 'hub',
   // Two logins, each spawning a server, and a job on the organization's machine between them.
   timeout: 300000,
+  // No retry: a pytest session's hub tests wait on this run for the test users (tests/hub_ui.py).
+  retries: 0,
   webServer: undefined,
   use: { ...main.use, baseURL: process.env.HUB_URL }
 };

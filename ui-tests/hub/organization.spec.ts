@@ -24,12 +24,18 @@ async function logIn(browser: Browser, user: string): Promise<Page> {
   await page.locator('#login_submit').click();
   // The hub spawns the server, waits on it, then sends the browser to its JupyterLab.
   await page.waitForURL(new RegExp(`/user/${user}/lab`), { timeout: 120000 });
+  // The default layout: the users' homes keep JupyterLab's workspace (what an earlier run left open).
+  await page.goto(`${HUB}user/${user}/lab?reset`);
   return page;
 }
 
 /** The Compute panel, once it has read the machines (the jobs come with them). */
 async function openPanel(page: Page): Promise<Locator> {
-  await page.locator('.lm-TabBar-tab[data-id="jp-remote-compute-panel"]').click({ timeout: 120000 });
+  const tab = page.locator('.lm-TabBar-tab[data-id="jp-remote-compute-panel"]');
+  await expect(tab).toBeVisible({ timeout: 120000 });
+  if ((await tab.getAttribute('aria-selected')) !== 'true') {
+    await tab.click();
+  }
   const panel = page.locator('#jp-remote-compute-panel');
   await expect(panel.getByRole('heading', { name: 'Machines' })).toBeVisible({ timeout: 60000 });
   return panel;
