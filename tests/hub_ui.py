@@ -3,7 +3,8 @@
     python tests/hub_ui.py [playwright args…]        (``ui-tests/run.sh --hub`` runs it, and a full run.sh)
 
 Starts what the spec drives: the bed's hub with this package's organization service, the loopback sshd of
-``sshd_fixture.py`` added by rcadmin as the organization's ssh machine ``team-ssh``; then Playwright with
+``sshd_fixture.py`` added by rcadmin as the organization's ssh machine ``team-ssh``, a soft quota of
+rcalice's that her job uses up; then Playwright with
 ``ui-tests/playwright.hub.config.js``, told the hub's URL and the users' password in its environment
 (``HUB_URL``, ``HUB_PASSWORD``, ``HUB_MACHINE``); then stops them all, whatever the spec did. Its status is
 Playwright's. Without root, useradd, node, sshd or the built front end it skips (0) saying why, and in CI
@@ -46,14 +47,19 @@ def missing() -> str:
     return "; ".join(what for what, present in needs.items() if not present)
 
 
-def add_team_machine(hub: hub_fixture.Hub, ssh: sshd_fixture.TestBed) -> None:
-    """rcadmin adds the loopback sshd as the organization's ssh machine, as the admin's form does."""
+def set_up_organization(hub: hub_fixture.Hub, ssh: sshd_fixture.TestBed) -> None:
+    """rcadmin adds the loopback sshd as the organization's ssh machine, as the admin's form does, and gives
+    rcalice a soft job-hours quota of about a second, so her job gets a notice (never stopped: soft)."""
     options = {k: v for k, v in ssh.options().items() if k in ("known_hosts", "ssh_config", "base_dir")}
-    body = {"name": MACHINE, "kind": "ssh", "address": "testbox", "options": options}
-    headers = {"Authorization": f"token {hub.user_token(ADMIN_USER)}"}
-    added = loopback_session().post(hub.service("api/machines"), json=body, headers=headers, timeout=60)
+    machine = {"name": MACHINE, "kind": "ssh", "address": "testbox", "options": options}
+    session = loopback_session()
+    session.headers["Authorization"] = f"token {hub.user_token(ADMIN_USER)}"
+    added = session.post(hub.service("api/machines"), json=machine, timeout=60)
     if added.status_code != 201:
         raise RuntimeError(f"rcadmin could not add {MACHINE}: {added.status_code} {added.text}")
+    quota = session.put(hub.service("api/quotas/user/rcalice"), json={"job_hours": 0.0003, "soft": True}, timeout=60)
+    if quota.status_code != 200:
+        raise RuntimeError(f"rcadmin could not set rcalice's quota: {quota.status_code} {quota.text}")
 
 
 def run(playwright_args: list[str]) -> int:
@@ -68,7 +74,7 @@ def run(playwright_args: list[str]) -> int:
         hub = None
         try:
             hub = hub_fixture.start_hub(build, **hub_fixture.organization_service(state))  # type: ignore[arg-type]
-            add_team_machine(hub, ssh)
+            set_up_organization(hub, ssh)
             environment = {**os.environ, "HUB_URL": hub.url, "HUB_PASSWORD": hub.password, "HUB_MACHINE": MACHINE}
             command = ["jlpm", "playwright", "test", "--config", "playwright.hub.config.js", *playwright_args]
             return subprocess.run(command, cwd=UI_TESTS, env=environment).returncode

@@ -116,6 +116,16 @@ function JobInfo(props: {
           {job.reason}
         </div>
       )}
+      {job.notices && job.notices.length > 0 && (
+        <ul
+          className="jp-RemoteCompute-notices"
+          aria-label={trans.__("The organization's notices")}
+        >
+          {job.notices.map(notice => (
+            <li key={notice}>{notice}</li>
+          ))}
+        </ul>
+      )}
       {job.progress && job.state === 'sending' && job.progress.total > 0 && (
         <progress
           className="jp-RemoteCompute-progress"

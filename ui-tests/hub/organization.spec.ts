@@ -1,6 +1,7 @@
 /**
  * Teams on JupyterHub in the browser: a member logs in through the hub's login form, runs a job on the
- * organization's machine from the Compute panel, and another member cannot see it. Against the hub that
+ * organization's machine from the Compute panel, sees her quota's notice on it, and another member
+ * cannot see it. Against the hub that
  * tests/hub_ui.py starts (HUB_URL), its users' servers spawned by the logins, as real Linux users.
  */
 import { APIRequestContext, Browser, expect, Locator, Page, test } from '@playwright/test';
@@ -48,7 +49,7 @@ async function jobsNamed(request: APIRequestContext, user: string, name: string)
   return (await answer.json()).jobs;
 }
 
-test('a member runs a job on the organization machine through the hub login; another member cannot see it', async ({
+test('a member runs a job on the organization machine through the hub login and sees its quota notice; another member cannot see it', async ({
   browser
 }) => {
   expect(HUB, 'HUB_URL: run this spec with tests/hub_ui.py').not.toBe('');
@@ -70,7 +71,9 @@ test('a member runs a job on the organization machine through the hub login; ano
   const machine = form.getByLabel('Machine', { exact: true });
   await expect(machine.locator(`option[value="org:${MACHINE}"]`)).toContainText('organization');
   await machine.selectOption(`org:${MACHINE}`);
-  await form.getByLabel('Command', { exact: true }).fill(`echo ${name} ran as $(id -un)`);
+  // It runs until the organization's notice of her soft quota (about a second of job-hours) is in its log.
+  const command = `until grep -q 'organization] notice' ../log; do sleep 0.2; done; echo ${name} ran as $(id -un)`;
+  await form.getByLabel('Command', { exact: true }).fill(command);
   await form.getByLabel('Name (optional)', { exact: true }).fill(name);
   await form.getByRole('button', { name: 'Run', exact: true }).click();
   const detail = alice.getByRole('region', { name: `Job ${name}` });
@@ -82,6 +85,13 @@ test('a member runs a job on the organization machine through the hub login; ano
   );
   const [job] = await jobsNamed(alice.request, 'rcalice', name);
   expect(job.machine).toBe(`org:${MACHINE}`);
+  // The notice is on her job: in its detail in the panel, and in its JSON.
+  const quota = "user rcalice's job_hours soft quota: ";
+  await expect(detail.getByRole('list', { name: "The organization's notices" })).toContainText(quota);
+  const shown = await alice.request.get(`${HUB}user/rcalice/remote-compute/jobs/${job.id}`);
+  expect(shown.ok(), await shown.text()).toBeTruthy();
+  const notices: string[] = (await shown.json()).notices;
+  expect(notices.length === 1 && notices[0].startsWith(quota), JSON.stringify(notices)).toBeTruthy();
 
   // rcbob, of the same group, sees the machine and none of her job: not in his list, nor in his search,
   // and her server refuses him.
