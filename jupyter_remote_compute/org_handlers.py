@@ -77,6 +77,23 @@ class OrgUsageHandler(RemoteComputeHandler):
         self.reply(await self.call(lambda: _client().usage(params)))
 
 
+class OrgDefaultMachineHandler(RemoteComputeHandler):
+    """The organization's default machine (admin): where a job, a step or a run that names none runs."""
+
+    @api
+    async def put(self) -> None:
+        machine = self.body().get("machine")
+        if not isinstance(machine, str) or not machine:
+            raise InvalidSettings("machine: give the name of one of the organization's machines", field="machine")
+        self.reply(await self.call(lambda: _client().set_default_machine(machine)))
+
+    @api
+    async def delete(self) -> None:
+        await self.call(lambda: _client().clear_default_machine())
+        self.set_status(204)
+        self.finish()
+
+
 class OrgQuotasHandler(RemoteComputeHandler):
     """The quotas binding the user, with what is used and left (an admin: every quota)."""
 
@@ -102,6 +119,7 @@ ORG_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{ORG}/machines", OrgMachinesHandler),
     (rf"{ORG}/machines/{MACHINE}", OrgMachineHandler),
     (rf"{ORG}/machines/{MACHINE}/check", OrgMachineCheckHandler),
+    (rf"{ORG}/default-machine", OrgDefaultMachineHandler),
     (rf"{ORG}/jobs", OrgJobsHandler),
     (rf"{ORG}/usage", OrgUsageHandler),
     (rf"{ORG}/quotas", OrgQuotasHandler),

@@ -885,6 +885,31 @@ export function setQuota(
   );
 }
 
+/**
+ * Name one of the organization's machines (its plain name) the default for everyone (admin).
+ */
+export async function setOrgDefaultMachine(
+  machine: string,
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI<
+    AnswerOf<paths['/remote-compute/organization/default-machine']['put']>
+  >('organization/default-machine', jsonBody('PUT', { machine }), settings);
+}
+
+/**
+ * No default machine (admin): a job naming none runs on local again.
+ */
+export async function clearOrgDefaultMachine(
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI<void>(
+    'organization/default-machine',
+    { method: 'DELETE' },
+    settings
+  );
+}
+
 export async function deleteQuota(
   who: QuotaHolder,
   name: string,

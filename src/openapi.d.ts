@@ -1753,6 +1753,76 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/remote-compute/organization/default-machine": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /** Name one of the organization's machines its default (admin), where a job that names none runs */
+        put: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": {
+                        /** @description one of the organization's machines, by its name */
+                        machine: string;
+                    };
+                };
+            };
+            responses: {
+                /** @description The default machine and the admin who chose it */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": {
+                            machine: components["schemas"]["Machine"] | null;
+                            set_by: string | null;
+                        };
+                    };
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        post?: never;
+        /** No default machine (admin); a job that names none runs on local again */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Cleared */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/remote-compute/organization/jobs": {
         parameters: {
             query?: never;

@@ -55,6 +55,8 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("organization/machines/{name}", "PATCH"): "write",
     ("organization/machines/{name}", "DELETE"): "write",
     ("organization/machines/{name}/check", "POST"): "write",
+    ("organization/default-machine", "PUT"): "write",
+    ("organization/default-machine", "DELETE"): "write",
     ("organization/jobs", "GET"): "read",
     ("organization/usage", "GET"): "read",
     ("organization/quotas", "GET"): "read",

@@ -806,6 +806,15 @@ def test_an_admins_panel_is_told_so_and_reaches_the_organizations_admin_routes(
     assert added.json()["owner"] == "organization" and added.json()["admin"] == ADMIN_USER
     checked = _through(admin, "POST", "organization/machines/panel-box/check")
     assert checked.status_code in (200, 502) and checked.json().get("ok") is not True, checked.text
+    # The default machine: named, as every member's machine list then says, and cleared.
+    named = _through(admin, "PUT", "organization/default-machine", json={"machine": "panel-box"})
+    assert named.status_code == 200, named.text
+    assert named.json()["machine"]["name"] == "panel-box" and named.json()["set_by"] == ADMIN_USER
+    assert _machines_of(bobs_job["server"])["organization"]["default"] == "org:panel-box"
+    unnamed = _through(admin, "PUT", "organization/default-machine", json={})
+    assert unnamed.status_code == 400 and unnamed.json()["field"] == "machine", unnamed.text
+    assert _through(admin, "DELETE", "organization/default-machine").status_code == 204
+    assert _machines_of(admin)["organization"]["default"] is None
     assert _through(admin, "DELETE", "organization/machines/panel-box").status_code == 204
     # A member's server passes the same requests on; the service refuses them, naming the admin scope.
     bob = bobs_job["server"]
@@ -815,6 +824,8 @@ def test_an_admins_panel_is_told_so_and_reaches_the_organizations_admin_routes(
         ("GET", "organization/usage", None),
         ("GET", "organization/jobs", None),
         ("POST", "organization/machines", machine),
+        ("PUT", "organization/default-machine", {"machine": "team-ssh"}),
+        ("DELETE", "organization/default-machine", None),
     ):
         refused = _through(bob, method, path, json=json_body)
         assert refused.status_code == 403 and ADMIN in refused.json()["message"], (path, refused.text)

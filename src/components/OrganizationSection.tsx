@@ -1,8 +1,8 @@
 /**
  * The panel's Organization section, for a user with the organization service's admin scope: add one
- * of its machines (the machine form, through the service), its quotas (list, set, remove), every
- * user's usage per month, and every job on its machines with its user. Everyone else never sees it;
- * the service refuses them all the same.
+ * of its machines (the machine form, through the service), its default machine, its quotas (list, set,
+ * remove), every user's usage per month, and every job on its machines with its user. Everyone else
+ * never sees it; the service refuses them all the same.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import {
@@ -17,6 +17,7 @@ import { CommandRegistry } from '@lumino/commands';
 import * as React from 'react';
 
 import {
+  clearOrgDefaultMachine,
   deleteQuota,
   IOrgJob,
   IQuota,
@@ -24,10 +25,12 @@ import {
   listOrgJobs,
   listQuotas,
   QuotaHolder,
+  setOrgDefaultMachine,
   setQuota
 } from '../api';
 import { asAPIError, ComputeModel } from '../model';
 import { Field, RelativeTime } from './common';
+import { isOrganizations } from './MachineList';
 
 /**
  * The newest jobs shown; the rest are counted.
@@ -307,12 +310,64 @@ function OrgJobRow(props: {
   );
 }
 
+/**
+ * The organization's default machine: what `local` is without a hub, where a job naming none runs.
+ * It is not among the listed machines once named, so the choice adds it back.
+ */
+function DefaultMachine(props: {
+  model: ComputeModel;
+  onError: (message: string) => void;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { model, onError, trans } = props;
+  const current = (model.defaultMachine ?? '').replace(/^org:/, '');
+  const listed = model.machines.filter(isOrganizations).map(m => m.name);
+  const names = [...new Set([...(current ? [current] : []), ...listed])].sort();
+  const choose = async (name: string): Promise<void> => {
+    try {
+      if (name) {
+        await setOrgDefaultMachine(name);
+      } else {
+        await clearOrgDefaultMachine();
+      }
+    } catch (e) {
+      onError(asAPIError(e).message);
+    }
+    await model.refresh();
+  };
+  return (
+    <div className="jp-RemoteCompute-orgDefault">
+      <label htmlFor="jp-RemoteCompute-org-default">
+        {trans.__('Default machine')}
+      </label>
+      <select
+        id="jp-RemoteCompute-org-default"
+        className="jp-mod-styled"
+        value={current}
+        title={trans.__(
+          'Where a job, a pipeline step or a run that names no machine runs, for every member'
+        )}
+        onChange={e => void choose(e.target.value)}
+      >
+        <option value="">
+          {trans.__("None: such a job runs in its user's own server")}
+        </option>
+        {names.map(name => (
+          <option key={name} value={name}>
+            {name}
+          </option>
+        ))}
+      </select>
+    </div>
+  );
+}
+
 export function OrganizationSection(props: {
   model: ComputeModel;
   commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { commands, trans } = props;
+  const { model, commands, trans } = props;
   const [quotas, setQuotas] = React.useState<IQuota[] | null>(null);
   const [jobs, setJobs] = React.useState<IOrgJob[] | null>(null);
   const [error, setError] = React.useState<string | null>(null);
@@ -382,6 +437,7 @@ export function OrganizationSection(props: {
           {trans.__('The organization service answered: %1', error)}
         </p>
       )}
+      <DefaultMachine model={model} onError={setError} trans={trans} />
       <h4 className="jp-RemoteCompute-subsectionTitle">
         {trans.__('Quotas per month')}
       </h4>

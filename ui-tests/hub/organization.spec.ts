@@ -1,7 +1,7 @@
 /**
  * Teams on JupyterHub in the browser: a member logs in through the hub's login form, runs a job on the
  * organization's machine from the Compute panel, sees her quota's notice on it, and another member
- * cannot see it. Against the hub that
+ * cannot see it; the admin names the organization's default machine in the panel's Organization section. Against the hub that
  * tests/hub_ui.py starts (HUB_URL), its users' servers spawned by the logins, as real Linux users.
  */
 import { APIRequestContext, Browser, expect, Locator, Page, test } from '@playwright/test';
@@ -49,7 +49,7 @@ async function jobsNamed(request: APIRequestContext, user: string, name: string)
   return (await answer.json()).jobs;
 }
 
-test('a member runs a job on the organization machine through the hub login and sees its quota notice; another member cannot see it', async ({
+test('a member runs a job on the organization machine through the hub login and sees its quota notice; another cannot see it; the admin names the default machine', async ({
   browser
 }) => {
   expect(HUB, 'HUB_URL: run this spec with tests/hub_ui.py').not.toBe('');
@@ -105,4 +105,19 @@ test('a member runs a job on the organization machine through the hub login and 
   const hers = await bob.request.get(`${HUB}user/rcalice/remote-compute/jobs/${job.id}`, { maxRedirects: 0 });
   expect(hers.status(), await hers.text()).not.toBe(200);
   expect(await hers.text()).not.toContain(name);
+
+  // rcadmin's panel has the Organization section: he names the machine the default for everyone, which
+  // the New job form then preselects (it is no longer listed among the machines), and clears it.
+  const admin = await logIn(browser, 'rcadmin');
+  const adminsPanel = await openPanel(admin);
+  const section = adminsPanel.getByRole('region', { name: 'Organization' });
+  const choice = section.getByLabel('Default machine', { exact: true });
+  await choice.selectOption(MACHINE);
+  await expect(adminsPanel.getByRole('list', { name: "The organization's machines" })).toHaveCount(0);
+  await adminsPanel.getByRole('button', { name: 'New job' }).click();
+  const adminsForm = admin.getByRole('form', { name: 'New job' });
+  await expect(adminsForm.getByLabel('Machine', { exact: true })).toHaveValue(`org:${MACHINE}`);
+  await choice.selectOption('');
+  await expect(adminsPanel.getByRole('list', { name: "The organization's machines" })).toContainText(MACHINE);
+  await expect(choice).toHaveValue('');
 });
