@@ -341,6 +341,17 @@ export function listMachines(
   return requestAPI<IMachineList>('machines', { method: 'GET' }, settings);
 }
 
+export type IPool = Schemas['Pool'];
+
+/**
+ * The pools of compute.yaml: a job names one where it would name a machine.
+ */
+export function listPools(
+  settings?: ServerConnection.ISettings
+): Promise<{ pools: IPool[]; version: string }> {
+  return requestAPI('pools', { method: 'GET' }, settings);
+}
+
 export function addMachine(
   input: IMachineInput,
   settings?: ServerConnection.ISettings

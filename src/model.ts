@@ -25,7 +25,9 @@ import {
   isTerminal,
   JobState,
   listJobs,
-  listMachines
+  listMachines,
+  listPools,
+  IPool
 } from './api';
 import { IJobEvents } from './eventsocket';
 
@@ -193,6 +195,13 @@ export class ComputeModel implements IDisposable {
 
   get machines(): readonly IMachine[] {
     return this._machines;
+  }
+
+  /**
+   * The workspace's pools of machines (compute.yaml's `pools:`).
+   */
+  get pools(): readonly IPool[] {
+    return this._pools;
   }
 
   get kinds(): readonly IKind[] {
@@ -495,11 +504,14 @@ export class ComputeModel implements IDisposable {
 
   private async _fetch(): Promise<void> {
     try {
-      const [machines] = await Promise.all([
+      const [machines, pools] = await Promise.all([
         listMachines(),
+        // Pools are offered where machines are; a server that cannot list them offers none.
+        listPools().catch(() => ({ pools: [] as IPool[] })),
         this._loadFirstPage()
       ]);
       this._machines = machines.machines ?? [];
+      this._pools = pools.pools ?? [];
       this._kinds = machines.kinds ?? this._kinds;
       this._version = machines.version ?? '';
       this._defaultMachine = machines.organization?.default ?? null;
@@ -739,6 +751,7 @@ export class ComputeModel implements IDisposable {
   private _listGeneration = 0;
   private _loading = true;
   private _machines: IMachine[] = [];
+  private _pools: IPool[] = [];
   private _missingReported = false;
   private _more: Promise<void> | null = null;
   private _nextCursor: string | null = null;

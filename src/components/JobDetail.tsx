@@ -190,6 +190,16 @@ function JobInfo(props: {
             <dd>{placement}</dd>
           </>
         )}
+        {job.pool && (
+          <>
+            <dt>{trans.__('Pool')}</dt>
+            <dd>
+              {job.placement
+                ? `${job.pool}: ${job.placement}`
+                : trans.__('%1: waiting for a machine with room', job.pool)}
+            </dd>
+          </>
+        )}
         <dt>{trans.__('Outputs')}</dt>
         <dd>
           <Outputs job={job} whole={whole} commands={commands} trans={trans} />

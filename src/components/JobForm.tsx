@@ -188,9 +188,10 @@ function JobForm(props: {
       pickFiles: pickFiles ?? null,
       secretNames,
       machines,
+      pools: model.pools,
       defaultMachine: model.defaultMachine
     }),
-    [trans, pickFiles, secretNames, machines, model.defaultMachine]
+    [trans, pickFiles, secretNames, machines, model.pools, model.defaultMachine]
   );
   const extraErrors = React.useMemo(
     () => (schema ? fieldErrors(problems, schema) : undefined),

@@ -238,6 +238,7 @@ export function Machines(props: {
       {others.length === 0 && organizations.length === 0 && (
         <EmptyMachines trans={trans} />
       )}
+      {model.pools.length > 0 && <PoolList model={model} trans={trans} />}
       {organizations.length > 0 && (
         <>
           <h4 className="jp-RemoteCompute-subsectionTitle">
@@ -279,6 +280,51 @@ export function MachineList(props: {
         />
       ))}
     </ul>
+  );
+}
+
+function placementLabel(rule: string, trans: TranslationBundle): string {
+  switch (rule) {
+    case 'least_loaded':
+      return trans.__('the least loaded');
+    case 'cheapest':
+      return trans.__('the cheapest');
+    default:
+      return trans.__('the first with room');
+  }
+}
+/**
+ * The workspace's pools: a job that names one goes to one of its machines by the pool's rule.
+ */
+function PoolList(props: {
+  model: ComputeModel;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { model, trans } = props;
+  return (
+    <>
+      <h4 className="jp-RemoteCompute-subsectionTitle">{trans.__('Pools')}</h4>
+      <ul className="jp-RemoteCompute-list" aria-label={trans.__('Pools')}>
+        {model.pools.map(pool => (
+          <li
+            key={pool.name}
+            className="jp-RemoteCompute-item jp-RemoteCompute-pool"
+            aria-label={trans.__('Pool %1', pool.name)}
+          >
+            <span className="jp-RemoteCompute-itemName" title={pool.name}>
+              {pool.name}
+            </span>
+            <span className="jp-RemoteCompute-itemDetail">
+              {trans.__(
+                '%1 · %2',
+                pool.machines.join(', '),
+                placementLabel(pool.placement, trans)
+              )}
+            </span>
+          </li>
+        ))}
+      </ul>
+    </>
   );
 }
 

@@ -8,7 +8,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { WidgetProps } from '@rjsf/utils';
 import * as React from 'react';
 
-import { IMachine } from '../api';
+import { IMachine, IPool } from '../api';
 import { EnvRowsField } from '../forms/EnvField';
 import { invalid } from '../forms/formTemplates';
 import { FormUiSchema } from '../forms/uiSchema';
@@ -41,6 +41,7 @@ export function jobMachine(machine: IMachine): string {
 interface IJobFormContext {
   trans: TranslationBundle;
   machines: readonly IMachine[];
+  pools: readonly IPool[];
   defaultMachine: string | null;
   secretNames: readonly string[];
 }
@@ -54,7 +55,7 @@ function context(props: WidgetProps): IJobFormContext {
  * for the box are cut by the select itself, whole in its title.
  */
 function MachineWidget(props: WidgetProps): JSX.Element {
-  const { trans, machines, defaultMachine } = context(props);
+  const { trans, machines, pools, defaultMachine } = context(props);
   const value = String(props.value ?? '');
   const labelOf = (m: IMachine): string =>
     (m.builtin
@@ -90,6 +91,15 @@ function MachineWidget(props: WidgetProps): JSX.Element {
           {labelOf(m)}
         </option>
       ))}
+      {pools.length > 0 && (
+        <optgroup label={trans.__('Pools: the first machine with room')}>
+          {pools.map(p => (
+            <option key={`pool:${p.name}`} value={p.name}>
+              {trans.__('%1 (pool of %2)', p.name, p.machines.join(', '))}
+            </option>
+          ))}
+        </optgroup>
+      )}
     </select>
   );
 }

@@ -1,0 +1,32 @@
+/**
+ * Pools in the panel: listed with their machines and rule, offered by the New job form where
+ * machines are, and a job run on one says where it was placed.
+ */
+import { expect, test } from '@jupyterlab/galata';
+
+import { api, unique } from './helpers';
+
+test.describe('Pools', () => {
+  test('are listed, offered by the New job form, and a job on one says where it went', async ({ page }) => {
+    const pool = unique('here').toLowerCase();
+    const name = unique('ui-pool-job');
+    await api(page, 'PUT', `pools/${pool}`, { machines: ['local'] });
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    const panel = page.locator('#jp-remote-compute-panel');
+    await page.evaluate(() => (window as any).jupyterapp.commands.execute('remote-compute:refresh'));
+    const row = panel.getByRole('listitem', { name: `Pool ${pool}` });
+    await expect(row).toContainText('local · the first with room');
+
+    await panel.getByRole('button', { name: 'New job' }).click();
+    const form = page.getByRole('form', { name: 'New job' });
+    await form.getByLabel('Machine', { exact: true }).selectOption(pool);
+    await form.getByLabel('Command', { exact: true }).fill('echo pooled');
+    await form.getByLabel('Name (optional)', { exact: true }).fill(name);
+    await form.getByRole('button', { name: 'Run', exact: true }).click();
+
+    const detail = page.getByRole('region', { name: `Job ${name}` });
+    await expect(detail.getByText('succeeded', { exact: true })).toBeVisible({ timeout: 90000 });
+    await expect(detail).toContainText('placed on local: first with room');
+    await api(page, 'DELETE', `pools/${pool}`);
+  });
+});
