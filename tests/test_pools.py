@@ -345,6 +345,15 @@ def test_a_job_naming_an_unknown_pool_or_one_no_machine_can_serve_is_refused(
     with pytest.raises(InvalidSettings) as info:
         service.submit(JobSpec.from_json({"machine": "here", "command": "true", "fallback": ["local"]}))
     assert info.value.field == "fallback"
+    # An image on a pool with a machine whose kind runs none: refused, naming that machine and why.
+    service.machines.add("notebooks", "jupyter", "http://127.0.0.1:9", {"token_secret": "nb-token"})
+    service.machines.put_pool("mixed", PoolInput.from_json({"machines": ["local", "notebooks"]}))
+    image_job = {"machine": "mixed", "command": "true", "environment": {"image": "docker.io/library/python:3.11"}}
+    with pytest.raises(InvalidSettings) as info:
+        service.submit(JobSpec.from_json(image_job))
+    assert info.value.field == "environment.image"
+    assert "not every machine of pool mixed can run docker.io/library/python:3.11" in info.value.message
+    assert "notebooks is a jupyter machine, which does not run container images" in info.value.message
     assert service.list_jobs() == []
 
 

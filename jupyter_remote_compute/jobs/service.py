@@ -296,8 +296,8 @@ class JobService:
             raise NotFound(f"{e.message}, nor a pool of that name (machines pools lists them)") from None
 
     def _admit_pool(self, pool: Pool, members: Mapping[str, Machine], spec: JobSpec, inputs: list[str]) -> None:
-        """Every machine of the pool may receive the inputs (the egress policy) and bring the job's
-        checkpoints home, and one at least could ever give what it asks."""
+        """Every machine of the pool may receive the inputs (the egress policy), bring the job's
+        checkpoints home and run its image, and one at least could ever give what it asks."""
         if spec.fallback:
             raise InvalidSettings(
                 f"fallback: a job on pool {pool.name} moves within its pool, not to fallback machines; leave "
@@ -312,6 +312,21 @@ class JobService:
                     f"checkpoints: pool {pool.name}'s machine {machine.name} is a {machine.kind} machine, whose "
                     "checkpoints do not come home yet; take it out of the pool, or leave checkpoints out",
                     field="checkpoints",
+                )
+        if spec.image:
+            # Any machine may be the one with room: each must run the image (its kind, its runtimes).
+            cannot = []
+            for machine in members.values():
+                try:
+                    self._admit_image(machine, spec.image, spec.resources)
+                except InvalidSettings as e:
+                    cannot.append(e.message.split(": ", 1)[-1])
+            if cannot:
+                raise InvalidSettings(
+                    f"{images.FIELD}: not every machine of pool {pool.name} can run {spec.image.ref}: "
+                    + "; ".join(cannot)
+                    + "; take those out of the pool, or name a machine",
+                    field=images.FIELD,
                 )
         never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
         if never is not None:
