@@ -352,6 +352,27 @@ export function listPools(
   return requestAPI('pools', { method: 'GET' }, settings);
 }
 
+/**
+ * Make a pool, or replace its machines and rule (`PUT /pools/{name}`).
+ */
+export function putPool(
+  pool: IPool,
+  settings?: ServerConnection.ISettings
+): Promise<IPool> {
+  return requestAPI(
+    `pools/${enc(pool.name)}`,
+    jsonBody('PUT', { machines: pool.machines, placement: pool.placement }),
+    settings
+  );
+}
+
+export async function deletePool(
+  name: string,
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI(`pools/${enc(name)}`, { method: 'DELETE' }, settings);
+}
+
 export function addMachine(
   input: IMachineInput,
   settings?: ServerConnection.ISettings

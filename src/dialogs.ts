@@ -76,6 +76,20 @@ async function confirm(
   return result.button.accept;
 }
 
+export function confirmRemovePool(
+  name: string,
+  trans: TranslationBundle
+): Promise<boolean> {
+  return confirm(
+    trans.__('Remove pool %1?', name),
+    trans.__(
+      'Its machines stay. A job waiting in its line waits until a pool of that name is back, or is cancelled.'
+    ),
+    trans.__('Cancel'),
+    trans.__('Remove')
+  );
+}
+
 export function confirmRemoveMachine(
   name: string,
   trans: TranslationBundle,

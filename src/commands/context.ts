@@ -19,6 +19,9 @@ export namespace CommandIDs {
   export const removeMachine = 'remote-compute:remove-machine';
   export const checkMachine = 'remote-compute:check-machine';
   export const enableMachine = 'remote-compute:enable-machine';
+  export const addPool = 'remote-compute:add-pool';
+  export const editPool = 'remote-compute:edit-pool';
+  export const removePool = 'remote-compute:remove-pool';
   export const addOrgMachine = 'remote-compute:add-org-machine';
   export const editOrgMachine = 'remote-compute:edit-org-machine';
   export const removeOrgMachine = 'remote-compute:remove-org-machine';

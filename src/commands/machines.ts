@@ -1,9 +1,11 @@
 /**
- * The machines' commands: add, edit, duplicate, remove, enable, check (and trust a host key).
+ * The machines' commands: add, edit, duplicate, remove, enable, check (and trust a host key); and
+ * the pools': new, edit, remove.
  */
 import { Notification } from '@jupyterlab/apputils';
 import {
   addIcon,
+  closeIcon,
   copyIcon,
   deleteIcon,
   editIcon
@@ -11,13 +13,19 @@ import {
 import { ReadonlyJSONValue } from '@lumino/coreutils';
 
 import {
+  deletePool,
+  IPool,
+  putPool,
   removeMachine,
   removeOrgMachine,
   trustMachine,
   updateMachine
 } from '../api';
+import { isOrganizations } from '../components/MachineList';
+import { askPool } from '../components/PoolDialog';
 import {
   confirmRemoveMachine,
+  confirmRemovePool,
   confirmTrustHost,
   ICheckFailure,
   showCheckFailure,
@@ -42,6 +50,58 @@ export function registerMachineCommands(
     execute: () => {
       void model.refresh().catch(() => undefined);
       openers.machineForm('add');
+    }
+  });
+
+  // Pools: a job names one where it names a machine (docs/architecture/pools.md).
+  const savePool = async (initial: IPool | null): Promise<void> => {
+    const pool = await askPool(
+      model.machines.filter(m => !isOrganizations(m)),
+      initial,
+      trans
+    );
+    if (!pool) {
+      return;
+    }
+    try {
+      await putPool(pool);
+      await model.refresh();
+    } catch (error) {
+      showError(trans.__('Could not save pool %1', pool.name), error, trans);
+    }
+  };
+  commands.addCommand(CommandIDs.addPool, {
+    label: trans.__('New pool'),
+    caption: trans.__(
+      'Machines a job may name as one: it runs on the first with room'
+    ),
+    icon: args => (args.isToolbar ? addIcon : undefined),
+    execute: () => savePool(null)
+  });
+  commands.addCommand(CommandIDs.editPool, {
+    label: args => trans.__('Edit pool %1', stringArg(args, 'name')),
+    icon: editIcon,
+    isEnabled: args =>
+      model.pools.some(p => p.name === stringArg(args, 'name')),
+    execute: args =>
+      savePool(
+        model.pools.find(p => p.name === stringArg(args, 'name')) ?? null
+      )
+  });
+  commands.addCommand(CommandIDs.removePool, {
+    label: args => trans.__('Remove pool %1', stringArg(args, 'name')),
+    icon: closeIcon,
+    execute: async args => {
+      const name = stringArg(args, 'name');
+      if (!(await confirmRemovePool(name, trans))) {
+        return;
+      }
+      try {
+        await deletePool(name);
+        await model.refresh();
+      } catch (error) {
+        showError(trans.__('Could not remove pool %1', name), error, trans);
+      }
     }
   });
 

@@ -5,6 +5,8 @@
 import { TranslationBundle } from '@jupyterlab/translation';
 import {
   addIcon,
+  closeIcon,
+  editIcon,
   ellipsesIcon,
   ToolbarButtonComponent
 } from '@jupyterlab/ui-components';
@@ -238,7 +240,9 @@ export function Machines(props: {
       {others.length === 0 && organizations.length === 0 && (
         <EmptyMachines trans={trans} />
       )}
-      {model.pools.length > 0 && <PoolList model={model} trans={trans} />}
+      {(model.pools.length > 0 || others.length > 0) && (
+        <PoolList model={model} commands={commands} trans={trans} />
+      )}
       {organizations.length > 0 && (
         <>
           <h4 className="jp-RemoteCompute-subsectionTitle">
@@ -298,32 +302,65 @@ function placementLabel(rule: string, trans: TranslationBundle): string {
  */
 function PoolList(props: {
   model: ComputeModel;
+  commands: CommandRegistry;
   trans: TranslationBundle;
 }): JSX.Element {
-  const { model, trans } = props;
+  const { model, commands, trans } = props;
   return (
     <>
-      <h4 className="jp-RemoteCompute-subsectionTitle">{trans.__('Pools')}</h4>
-      <ul className="jp-RemoteCompute-list" aria-label={trans.__('Pools')}>
-        {model.pools.map(pool => (
-          <li
-            key={pool.name}
-            className="jp-RemoteCompute-item jp-RemoteCompute-pool"
-            aria-label={trans.__('Pool %1', pool.name)}
-          >
-            <span className="jp-RemoteCompute-itemName" title={pool.name}>
-              {pool.name}
-            </span>
-            <span className="jp-RemoteCompute-itemDetail">
-              {trans.__(
-                '%1 · %2',
-                pool.machines.join(', '),
-                placementLabel(pool.placement, trans)
-              )}
-            </span>
-          </li>
-        ))}
-      </ul>
+      <div className="jp-RemoteCompute-subsectionHeader">
+        <h4 className="jp-RemoteCompute-subsectionTitle">
+          {trans.__('Pools')}
+        </h4>
+        <ToolbarButtonComponent
+          icon={addIcon}
+          label={trans.__('New pool')}
+          tooltip={trans.__(
+            'Machines a job may name as one: it runs on the first with room, or waits in line'
+          )}
+          onClick={() => void commands.execute('remote-compute:add-pool')}
+        />
+      </div>
+      {model.pools.length > 0 && (
+        <ul className="jp-RemoteCompute-list" aria-label={trans.__('Pools')}>
+          {model.pools.map(pool => (
+            <li
+              key={pool.name}
+              className="jp-RemoteCompute-item jp-RemoteCompute-pool"
+              aria-label={trans.__('Pool %1', pool.name)}
+            >
+              <span className="jp-RemoteCompute-itemName" title={pool.name}>
+                {pool.name}
+              </span>
+              <span className="jp-RemoteCompute-itemDetail">
+                {trans.__(
+                  '%1 · %2',
+                  pool.machines.join(', '),
+                  placementLabel(pool.placement, trans)
+                )}
+              </span>
+              <ToolbarButtonComponent
+                icon={editIcon}
+                tooltip={trans.__('Edit pool %1', pool.name)}
+                onClick={() =>
+                  void commands.execute('remote-compute:edit-pool', {
+                    name: pool.name
+                  })
+                }
+              />
+              <ToolbarButtonComponent
+                icon={closeIcon}
+                tooltip={trans.__('Remove pool %1', pool.name)}
+                onClick={() =>
+                  void commands.execute('remote-compute:remove-pool', {
+                    name: pool.name
+                  })
+                }
+              />
+            </li>
+          ))}
+        </ul>
+      )}
     </>
   );
 }

@@ -10,10 +10,14 @@ test.describe('Pools', () => {
   test('are listed, offered by the New job form, and a job on one says where it went', async ({ page }) => {
     const pool = unique('here').toLowerCase();
     const name = unique('ui-pool-job');
-    await api(page, 'PUT', `pools/${pool}`, { machines: ['local'] });
     await page.sidebar.openTab('jp-remote-compute-panel');
     const panel = page.locator('#jp-remote-compute-panel');
-    await page.evaluate(() => (window as any).jupyterapp.commands.execute('remote-compute:refresh'));
+    // Made in the pool dialog: a name, the machines ticked, the rule.
+    await panel.getByRole('button', { name: 'New pool' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    await dialog.getByLabel('Name', { exact: true }).fill(pool);
+    await dialog.getByLabel('This machine (local)').check();
+    await dialog.getByRole('button', { name: 'Save' }).click();
     const row = panel.getByRole('listitem', { name: `Pool ${pool}` });
     await expect(row).toContainText('local · the first with room');
 
@@ -27,6 +31,9 @@ test.describe('Pools', () => {
     const detail = page.getByRole('region', { name: `Job ${name}` });
     await expect(detail.getByText('succeeded', { exact: true })).toBeVisible({ timeout: 90000 });
     await expect(detail).toContainText('placed on local: first with room');
-    await api(page, 'DELETE', `pools/${pool}`);
+    await row.getByRole('button', { name: `Remove pool ${pool}` }).click();
+    await page.locator('.jp-Dialog').getByRole('button', { name: 'Remove' }).click();
+    await expect(row).toHaveCount(0);
+    expect((await api(page, 'GET', 'pools')).pools.map((p: any) => p.name)).not.toContain(pool);
   });
 });
