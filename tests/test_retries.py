@@ -46,18 +46,31 @@ with open("trained.txt", "w") as f:
 """
 
 
+def two_boxes(service, bed) -> str:  # type: ignore[no-untyped-def]
+    """ssh machines ``box`` and its fallback ``box2`` (the bed's jump host, with a folder of its own,
+    returned: the test removes it)."""
+    service.machines.add("box", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh"))
+    other_base = bed.base_dir + "-fallback"
+    service.machines.add(
+        "box2", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh", port=bed.jump.port, base_dir=other_base)
+    )
+    return other_base
+
+
+def kill_far_group(job) -> None:  # type: ignore[no-untyped-def]
+    """The machine loses the job: its whole far process group killed, no exit code left behind."""
+    pgid = int((Path(job.handle["dir"]) / "pid").read_text().split()[0])
+    os.killpg(pgid, signal.SIGKILL)
+    wait_for(lambda: not group_members(pgid), message="the group to die")
+
+
 def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint(
     workspace, make_service, ssh_agent_env
 ):
     bed = ssh_agent_env
     (workspace / "train.py").write_text(TRAIN)
     service = make_service(workspace)
-    service.machines.add("box", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh"))
-    # The fallback: a second sshd (the bed's jump host) with a folder of its own.
-    other_base = bed.base_dir + "-fallback"
-    service.machines.add(
-        "box2", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh", port=bed.jump.port, base_dir=other_base)
-    )
+    other_base = two_boxes(service, bed)
     try:
         spec = {
             "machine": "box",
@@ -78,12 +91,8 @@ def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint
 
         running = wait_for(second_step_home, timeout=120, message="step 2's checkpoint to come home")
         assert running.state == "running" and running.machine == "box"
-        far = Path(running.handle["dir"])
-        pgid = int((far / "pid").read_text().split()[0])
-        # The machine loses the job: its whole process group killed, no exit code left behind.
-        os.killpg(pgid, signal.SIGKILL)
         lost_at = time.monotonic()
-        wait_for(lambda: not group_members(pgid), message="the group to die")
+        kill_far_group(running)
 
         def running_elsewhere() -> object:
             current = service.advance(job.id)
@@ -109,6 +118,100 @@ def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint
         assert [(a.attempt, a.machine, a.state) for a in usage] == [(1, "box", "requeued"), (2, "box2", "succeeded")]
         assert (home / "step-5.pt").read_text() == "1,2,3,4,5,"
         print(f"\nfrom the machine lost to the next attempt running on the fallback: {resumed_after:.1f} s")
+    finally:
+        shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
+
+
+# Training that logs its loss to MLflow at every step and resumes after its newest checkpoint. At step 3
+# it logs the loss, then waits for a "go" before writing that step's checkpoint: the first attempt is
+# lost there (step 3 logged, its checkpoint never written), the second does step 3 again.
+TRAIN_LOGGED = """\
+import os, time
+import mlflow
+d = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
+done = [int(n[5:-3]) for n in os.listdir(d) if n.startswith("step-") and n.endswith(".pt")]
+with mlflow.start_run():
+    mlflow.log_param("lr", "0.1")
+    for step in range(max(done, default=-1) + 1, 6):
+        mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+        if step == 3:
+            given_up = time.monotonic() + 300
+            while not os.path.exists("go") and time.monotonic() < given_up:
+                time.sleep(0.05)
+        with open(os.path.join(d, "step.tmp"), "w") as f:
+            f.write(str(step))
+        os.replace(os.path.join(d, "step.tmp"), os.path.join(d, "step-%d.pt" % step))
+"""
+
+
+def test_the_attempts_of_a_job_are_one_mlflow_run_with_an_unbroken_metric(
+    workspace, make_service, ssh_agent_env, tracking_uri
+):
+    from mlflow.tracking import MlflowClient
+
+    bed = ssh_agent_env
+    (workspace / "train.py").write_text(TRAIN_LOGGED)
+    service = make_service(workspace)
+    other_base = two_boxes(service, bed)
+    client = MlflowClient(tracking_uri)
+    try:
+        spec = {
+            "machine": "box",
+            "command": "python3 train.py",
+            "send": ["train.py"],
+            "checkpoints": "ckpt",
+            "checkpoint_every": 0.2,
+            "retry": {"max": 1},
+            "fallback": ["box2"],
+        }
+        job = service.submit(JobSpec.from_json(spec)).job
+        home = workspace / ".punica/checkpoints" / job.id
+
+        def step_3_logged_and_step_2_home() -> object:
+            current = service.advance(job.id)
+            if not (current.handle.get("dir") and (home / "step-2.pt").is_file()):
+                return None
+            losses = list(Path(current.handle["dir"], "mlruns").glob("*/*/metrics/loss"))
+            return losses and len(losses[0].read_text().splitlines()) == 4 and current
+
+        first = wait_for(step_3_logged_and_step_2_home, timeout=120, message="step 3 logged, step 2 home")
+        kill_far_group(first)
+        # The lost attempt is recorded while the next one runs: the run is made, and stays open.
+        second = wait_for(
+            lambda: (j := service.advance(job.id)).machine == "box2" and j.started and j.mlflow_run_id and j,
+            timeout=120,
+            message="the next attempt to run on box2 and the first to be in MLflow",
+        )
+        run = client.get_run(second.mlflow_run_id)
+        assert run.info.status == "RUNNING"
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1, 2, 3]
+        tags = run.data.tags
+        assert (tags["remote_compute.attempts"], tags["remote_compute.attempt.1.machine"]) == ("1", "box")
+        assert tags["remote_compute.attempt.1.end"] == "lost"
+        (Path(second.handle["dir"]) / "work" / "go").touch()
+
+        done = service.wait(job.id, timeout=120)
+        assert done.state == "succeeded", done.reason
+        assert done.mlflow_run_id == run.info.run_id
+        runs = client.search_runs([run.info.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job.id}'")
+        assert [r.info.run_id for r in runs] == [run.info.run_id]
+        run = client.get_run(run.info.run_id)
+        assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.1"}
+        history = client.get_metric_history(run.info.run_id, "loss")
+        # Steps 0..5 once each: step 3, logged by both attempts, keeps the first attempt's point.
+        assert [(m.step, m.value) for m in history] == [(s, 1.0 / (s + 1)) for s in range(6)]
+        tags = run.data.tags
+        assert tags["remote_compute.attempts"] == "2" and tags["remote_compute.machine"] == "box2"
+        assert [
+            (tags[f"remote_compute.attempt.{n}.machine"], tags[f"remote_compute.attempt.{n}.end"]) for n in (1, 2)
+        ] == [
+            ("box", "lost"),
+            ("box2", "succeeded"),
+        ]
+        logs = {a.path for a in client.list_artifacts(run.info.run_id, "remote_compute")}
+        assert {"remote_compute/attempt-1.log", "remote_compute/log"} <= logs, logs
+        # Each attempt's store went once it was in the run.
+        assert not list(service.workspace.job_dir(job.id).glob("attempt-*/"))
     finally:
         shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
 

@@ -32,7 +32,7 @@ from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
 from .logs import fetch_masked_log, mask_values
 from .reasons import failure_reason
-from .retries import Retries, with_last_attempt
+from .retries import Retries, attempt_record, run_attempts, with_last_attempt
 from .spec import check_relative_path
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ class Collector:
             # The last checkpoint set first: the job has ended, so every file of its folder is complete.
             self.checkpoints.final(job)
             try:
-                if not retried:
-                    result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
+                # A retried attempt too: its MLflow store goes into the job's one run (no outputs: wanted is empty).
+                result = engine.fetch(remote, wanted, incoming, self.leases.renewer(job.id))
                 log_path = fetch_masked_log(engine, remote, local_dir / "log", secrets)
             except EngineError as e:
                 if e.transient:
@@ -92,8 +92,13 @@ class Collector:
             reason = failure_reason(job.exit_code, log_path, job.spec.send, self.ctx.workspace.root)
             # The log is masked already; a secret printed in pieces between terminal codes is whole here.
             outcome = dataclasses.replace(outcome, reason=mask(reason.encode(), secrets or []).decode())
-        if retried and engine is not None and self.retries.requeue(job, outcome, engine, remote, log_path):
-            shutil.rmtree(incoming, ignore_errors=True)
+        machine = self.retries.next_machine(job, outcome) if retried and engine is not None else None
+        if machine is not None:
+            # The attempt's records are left for the job's run before the job is queued again: a crash in
+            # between collects this attempt again, which replaces the to-do.
+            self._keep_attempt(job, outcome, log_path, incoming, secrets)
+            if self.retries.requeue(job, outcome, engine, remote, log_path, machine):
+                recording.start(self.ctx, job.id, secrets)
             return
 
         # What came back (outputs, the job's MLflow store, the log), measured before anything moves on.
@@ -153,6 +158,28 @@ class Collector:
         if background:
             recording.start(self.ctx, job.id, secrets)
 
+    def _keep_attempt(
+        self, job: Job, outcome: Outcome, log_path: Path | None, incoming: Path, secrets: Sequence[str] | None
+    ) -> None:
+        """The to-do that records an attempt that is retried into the job's run, without ending the run:
+        its MLflow store moves out of ``incoming`` (which the next collection empties) to
+        ``.punica/jobs/<id>/attempt-<n>/``, its log is the one ``requeue`` keeps as ``attempt-<n>.log``."""
+        number = len(job.attempts) + 1
+        kept = self.ctx.workspace.job_dir(job.id) / f"attempt-{number}"
+        shutil.rmtree(kept, ignore_errors=True)  # this attempt collected before, cut short
+        os.replace(incoming, kept)
+        attempt_log = log_path.with_name(f"attempt-{number}.log") if log_path else None
+        record = self._job_record(job, outcome, attempt_log, {}, kept, utcnow(), secrets or [], {})
+        record = dataclasses.replace(
+            record,
+            attempt=number,
+            ends=False,
+            attempts=run_attempts([*job.attempts, attempt_record(job, outcome.cause or outcome.state, outcome.reason)]),
+            # Never asked now: the machine may be gone.
+            machine_facts=known_facts(self.ctx.workspace.punica_dir, job.machine) or {},
+        )
+        recorder.queue(self.ctx.workspace, without_far_records(record) if secrets is None else record, cleanup=kept)
+
     def _check_landing(self, verified: dict[str, str]) -> str | None:
         """Before anything moves: every destination is inside the workspace and can take a file."""
         root = self.ctx.workspace.root.resolve()
@@ -202,6 +229,8 @@ class Collector:
             inputs_manifest=self.ctx.workspace.job_dir(job.id) / "inputs.json",
             far_store=incoming / "mlruns",
             mask_values=tuple(secrets),
+            attempt=len(job.attempts) + 1,
+            attempts=run_attempts(with_last_attempt(job, outcome, ended).get("attempts", [])),
             experiment=job.spec.plain_env().get("MLFLOW_EXPERIMENT_NAME"),
             metrics=dict(metrics),
             user=job.user,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..engines.base import Engine, EngineError, InputFile, RemoteJob
@@ -70,6 +71,11 @@ def with_last_attempt(job: Job, outcome: Outcome, ended: str) -> dict[str, list[
     if not job.attempts and job.spec.retry is None:
         return {}
     return {"attempts": [*job.attempts, attempt_record(job, outcome.cause or outcome.state, outcome.reason, ended)]}
+
+
+def run_attempts(attempts: Sequence[JobAttempt]) -> tuple[dict[str, str], ...]:
+    """Attempts as the job's MLflow run tags them: where each ran and how it ended."""
+    return tuple({"machine": a["machine"], "end": a["end"]} for a in attempts)
 
 
 def unreachable_after(job: Job) -> float | None:
@@ -127,13 +133,12 @@ class Retries:
             return False
         return len(job.attempts) < policy.max and policy.retries(outcome.cause, job.exit_code)
 
-    def requeue(self, job: Job, outcome: Outcome, engine: Engine, remote: RemoteJob, log_path: Path | None) -> bool:
-        """collecting → queued as the next attempt (compare-and-set, under this process's lease);
-        False when no machine can take it, or the job was no longer this process's to move."""
+    def requeue(
+        self, job: Job, outcome: Outcome, engine: Engine, remote: RemoteJob, log_path: Path | None, machine: Machine
+    ) -> bool:
+        """collecting → queued as the next attempt on ``machine`` (``next_machine``; compare-and-set, under
+        this process's lease); False when the job was no longer this process's to move."""
         cause = outcome.cause or outcome.state
-        machine = self._next_machine(job, cause)
-        if machine is None:
-            return False
         handle: dict[str, object] = {}
         if engine.is_prepared(remote) and outcome.reach_machine:
             try:
@@ -172,9 +177,11 @@ class Retries:
         log.info("job %s: %s", job.id, current.reason)
         return True
 
-    def _next_machine(self, job: Job, cause: str) -> Machine | None:
-        """The machine the next attempt runs on: the next usable one of the job's list after a machine's
-        fault, else (and when no other can take it) the one it ran on; None: not even that one."""
+    def next_machine(self, job: Job, outcome: Outcome) -> Machine | None:
+        """The machine the attempt after the one that ended with ``outcome`` runs on: the next usable one of
+        the job's list after a machine's fault, else (and when no other can take it) the one it ran on;
+        None: not even that one."""
+        cause = outcome.cause or outcome.state
         order = [job.attempts[0]["machine"] if job.attempts else job.machine, *job.spec.fallback]
         if cause in MOVES_ON and len(order) > 1:
             at = order.index(job.machine) if job.machine in order else 0

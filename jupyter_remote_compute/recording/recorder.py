@@ -149,9 +149,28 @@ def _private_folder() -> Path:
 
 
 def queue(workspace: Workspace, record: JobRecord, cleanup: Path | None) -> None:
-    """Leave the to-do for ``record`` (no secret values in it); ``cleanup`` goes once it is recorded."""
-    data = {"record": record.to_json(with_secrets=False), "cleanup": str(cleanup) if cleanup else None}
-    atomic_write(pending_file(workspace, record.job_id), json.dumps(data).encode())
+    """Leave the to-do for ``record`` (no secret values in it); ``cleanup`` goes once it is recorded.
+
+    A to-do of the job's earlier attempt that no recorder took yet is carried into this one (``earlier``,
+    recorded first into the same run), so an attempt's records are never written over before they are in
+    the run; one of this attempt or a later one (a collection done again) is replaced."""
+    path = pending_file(workspace, record.job_id)
+    earlier: list[dict[str, Any]] = []
+    cleanups = [str(cleanup)] if cleanup else []
+    try:
+        before = json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        before = None
+    if isinstance(before, dict) and isinstance(before.get("record"), dict):
+        for old in [*before.get("earlier", []), before["record"]]:
+            if old.get("attempt", 1) < record.attempt:
+                earlier.append(old)
+        old_cleanup = before.get("cleanup")
+        for old_path in [old_cleanup] if isinstance(old_cleanup, str) else old_cleanup or []:
+            if old_path not in cleanups:
+                cleanups.append(old_path)
+    data = {"record": record.to_json(with_secrets=False), "earlier": earlier, "cleanup": cleanups}
+    atomic_write(path, json.dumps(data).encode())
 
 
 def settings_json(workspace: Workspace, settings: TrackingSettings) -> dict[str, Any]:
@@ -375,9 +394,10 @@ def record_pending(
         return None
     try:
         todo = json.loads(os.read(fd, MAX_REQUEST))
-        record = dataclasses.replace(JobRecord.from_json(todo["record"]), mask_values=tuple(secrets or ()))
-        if secrets is None:
-            record = without_far_records(record)
+        records = []
+        for raw in [*todo.get("earlier", []), todo["record"]]:  # an attempt's earlier attempts first
+            record = dataclasses.replace(JobRecord.from_json(raw), mask_values=tuple(secrets or ()))
+            records.append(without_far_records(record) if secrets is None else record)
         run_id: str | None
         problem: str | None
         if not jobs.exists(workspace, job_id):
@@ -387,15 +407,19 @@ def record_pending(
                 run_id, problem = None, f"gave up after {MAX_ATTEMPTS} attempts"
             else:
                 try:
-                    run_id, problem = record_job(workspace.root, settings, record), None
+                    for record in records:
+                        run_id, problem = record_job(workspace.root, settings, record), None
                 except Exception as e:  # MLflow down must not lose the job: say so on it, as collection did
                     run_id, problem = None, mask(str(e).encode(), secrets or ()).decode(errors="replace")[:500]
+                    if not records[-1].ends:
+                        return run_id, problem  # the to-do stays: the job's end carries it into its run
             jobs.finish(workspace, job_id, run_id, problem)
         # A collection of the job that came after (its collector died meanwhile) wrote a fresh to-do
         # and fetched into the same folder: those are that to-do's now.
         if _same_file(fd, path):
-            if todo.get("cleanup"):
-                shutil.rmtree(todo["cleanup"], ignore_errors=True)
+            cleanup = todo.get("cleanup")
+            for done in [cleanup] if isinstance(cleanup, str) else cleanup or []:  # one path: an older to-do
+                shutil.rmtree(done, ignore_errors=True)
             for leftover in (path, path.with_suffix(".attempts")):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(leftover)

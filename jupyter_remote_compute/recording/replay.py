@@ -77,8 +77,13 @@ def replay(
     *,
     job_id: str = "",
     user: str | None = None,
+    attempt: int = 1,
 ) -> list[str]:
     """The main run becomes the job's run; every other run becomes its child, in the job run's experiment.
+
+    ``attempt``: which attempt of the job the far store is. A later attempt's main run continues the job's
+    run: a param it has already keeps its value, and a metric's step it has already (logged by an
+    attempt whose work was lost after its last checkpoint, and done again) keeps its first point.
 
     Then what MLflow 3 keeps beside the runs: the logged models (with their artifacts, params, metrics
     and tags), each run's dataset and model inputs and its model outputs, and the registry's versions of
@@ -108,7 +113,8 @@ def replay(
                     },
                 ).info.run_id
             mapping[source_id] = existing
-        _copy_run(client, store, run, mapping[source_id], far_store, secrets)
+        earlier = client.get_run(job_run_id) if attempt > 1 and source_id == main.info.run_id else None
+        _copy_run(client, store, run, mapping[source_id], far_store, secrets, earlier)
     store = main_pair[0]
     run_params = {run.info.run_id: run.data.params for _store, run in far}
     models = _replay_models(client, experiment_id, store, far_store, mapping, run_params, job_run_id, secrets, user)
@@ -118,7 +124,8 @@ def replay(
         if run.info.run_id != main.info.run_id:
             end = run.info.end_time or int(time.time() * 1000)
             client.set_terminated(mapping[run.info.run_id], status=run.info.status, end_time=end)
-    _replay_registry(client, far_store, models, mapping, job_id, secrets)
+    # A later attempt's far registry numbers its versions from 1 again.
+    _replay_registry(client, far_store, models, mapping, job_id if attempt == 1 else f"{job_id}/{attempt}", secrets)
     return _not_replayed(far_store)
 
 
@@ -134,11 +141,26 @@ _TAGS_CHILDREN_INHERIT = (
 )
 
 
-def _copy_run(client: Any, store: Any, run: Any, target: str, far_store: Path, secrets: tuple[str, ...]) -> None:
+#: Metrics MLflow logs on a clock, not per training step: every attempt's points are kept.
+_TIMED_METRICS = "system/"
+
+
+def _copy_run(
+    client: Any,
+    store: Any,
+    run: Any,
+    target: str,
+    far_store: Path,
+    secrets: tuple[str, ...],
+    earlier: Any | None = None,
+) -> None:
+    """``run`` into ``target``; ``earlier``: ``target`` as earlier attempts left it, whose params and
+    metric steps are kept (MLflow refuses a param logged again with another value)."""
     from mlflow.entities import Metric, Param, RunTag
 
     # A job may log a value it was given as a secret: it is hidden here like in the log.
-    params = [Param(k, hide(v, secrets)) for k, v in run.data.params.items()]
+    kept = earlier.data.params if earlier is not None else {}
+    params = [Param(k, hide(v, secrets)) for k, v in run.data.params.items() if k not in kept]
     tags = [
         RunTag(k, hide(v, secrets))
         for k, v in run.data.tags.items()
@@ -148,7 +170,12 @@ def _copy_run(client: Any, store: Any, run: Any, target: str, far_store: Path, s
     tags.append(RunTag(TAG_SOURCE_RUN, run.info.run_id))
     metrics: dict[tuple[str, int, int, float], Metric] = {}
     for key in run.data.metrics:
+        done: set[int] = set()
+        if earlier is not None and key in earlier.data.metrics and not key.startswith(_TIMED_METRICS):
+            done = {m.step for m in client.get_metric_history(target, key)}
         for m in store.get_metric_history(run.info.run_id, key):
+            if m.step in done:
+                continue
             # With their own timestamps (system metrics are a time series); the file store repeats a
             # point once per model it was linked to, the run keeps it once.
             metrics.setdefault((m.key, m.timestamp, m.step, m.value), Metric(m.key, m.value, m.timestamp, m.step))

@@ -50,6 +50,10 @@ TAG_PLACEMENT = "remote_compute.placement"
 TAG_KEY = "remote_compute.key"
 TAG_REPLAYED = "remote_compute.replayed"
 TAG_NOT_REPLAYED = "remote_compute.not_replayed"
+#: A job of several attempts: how many its run holds so far, and up to which one their far stores are
+#: replayed (``remote_compute.attempt.<n>.machine`` and ``.end`` say where each ran and how it ended).
+TAG_ATTEMPTS = "remote_compute.attempts"
+TAG_REPLAYED_ATTEMPTS = "remote_compute.replayed_attempts"
 STORE_LOCK_TIMEOUT = 300.0  # seconds to wait for another process recording into the same sqlite store
 
 #: MLflow's own default experiment (every store has it): where a run goes when nobody named one.
@@ -109,6 +113,13 @@ class JobRecord:
     #: The pool the job named and why it was placed on its machine (``remote_compute.pool``, ``.placement``).
     pool: str | None = None
     placement: str | None = None
+    #: Which attempt of the job this record is (its far store, its log); 1 for a job of one.
+    attempt: int = 1
+    #: Whether the job ends with this attempt: only then is its run ended (and its usage logged).
+    ends: bool = True
+    #: The job's attempts up to this one, each ``{"machine": …, "end": …}``: the run's attempt tags
+    #: (none for a job that had one attempt and no retry policy).
+    attempts: tuple[Mapping[str, str], ...] = ()
 
     def to_json(self, *, with_secrets: bool = True) -> dict[str, Any]:
         """As JSON; ``with_secrets=False`` leaves out ``mask_values`` (for anything written to disk)."""
@@ -136,6 +147,7 @@ class JobRecord:
                 "inputs_manifest": Path(raw["inputs_manifest"]) if raw["inputs_manifest"] else None,
                 "far_store": Path(raw["far_store"]) if raw["far_store"] else None,
                 "mask_values": tuple(raw.get("mask_values", ())),
+                "attempts": tuple(raw.get("attempts", ())),
             }
         )
 
@@ -391,7 +403,7 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
         run_id = client.create_run(experiment_id, start_time=start_ms, tags=tags).info.run_id
 
     run = client.get_run(run_id)
-    if run.data.tags.get(TAG_REPLAYED) != "true":
+    if not _replayed(run.data.tags, job):
         left: list[str] = []
         if job.far_store is not None and job.far_store.is_dir():
             left = replay(
@@ -403,18 +415,53 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
                 job.mask_values,
                 job_id=job.job_id,
                 user=job.user,
+                attempt=job.attempt,
             )
         if left:
             _say_not_replayed(client, run_id, job, left)
         _attach_artifacts(client, run_id, job, settings.artifact_size_cap)
-        _log_usage(client, run_id, job)
+        if job.ends:
+            _log_usage(client, run_id, job)
         log_environment(client, run_id, job.log_path, int(job.ended * 1000))
         log_image(client, run_id, job.log_path)
-        client.set_tag(run_id, TAG_REPLAYED, "true")
+        _tag_attempts(client, run_id, job)
+        if job.ends:
+            client.set_tag(run_id, TAG_REPLAYED, "true")
+        else:
+            client.set_tag(run_id, TAG_REPLAYED_ATTEMPTS, str(job.attempt))
+    if not job.ends:
+        return run_id  # the run goes on with the job's next attempt
     if job.reason:
         client.set_tag(run_id, "remote_compute.reason", hide(job.reason, job.mask_values)[:5000])
     client.set_terminated(run_id, status=STATUS_BY_STATE[job.state], end_time=int(job.ended * 1000))
     return run_id
+
+
+def _replayed(tags: Mapping[str, str], job: JobRecord) -> bool:
+    """Whether the run holds this record's attempt already (a record done again after a crash, or an
+    attempt's to-do carried into the next one's and recorded by both)."""
+    if tags.get(TAG_REPLAYED) == "true":
+        return True
+    try:
+        return int(tags.get(TAG_REPLAYED_ATTEMPTS) or 0) >= job.attempt
+    except ValueError:
+        return False
+
+
+def _tag_attempts(client: Any, run_id: str, job: JobRecord) -> None:
+    """How many attempts the run holds, each one's machine and how it ended; the machine tag is where
+    the job ran last."""
+    if not job.attempts:
+        return
+    from mlflow.entities import RunTag
+
+    tags = [RunTag(TAG_ATTEMPTS, str(len(job.attempts)))]
+    tags += [RunTag(TAG_MACHINE, job.machine), RunTag(TAG_ENGINE, job.engine)]
+    for number, attempt in enumerate(job.attempts, 1):
+        tags.append(RunTag(f"remote_compute.attempt.{number}.machine", str(attempt.get("machine", ""))[:500]))
+        tags.append(RunTag(f"remote_compute.attempt.{number}.end", str(attempt.get("end", ""))[:500]))
+    for i in range(0, len(tags), 100):
+        client.log_batch(run_id, tags=tags[i : i + 100])
 
 
 def machine_tags(facts: Mapping[str, Any]) -> dict[str, str]:
