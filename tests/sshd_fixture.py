@@ -115,9 +115,11 @@ class SSHServer:
         return pids
 
     def stop(self) -> None:
+        # Session processes are our own children's children: end them too, by pid (listed before the
+        # listener goes: then they are no longer its children).
+        sessions = self.session_pids()
         terminate(self.proc)
-        # Session processes are our own children's children: end them too, by pid.
-        for pid in self.session_pids():
+        for pid in sessions:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 

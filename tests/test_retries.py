@@ -4,6 +4,7 @@ home; a failing command is retried ``max`` times; a bad policy is refused at sub
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -213,6 +214,71 @@ def test_the_attempts_of_a_job_are_one_mlflow_run_with_an_unbroken_metric(
         # Each attempt's store went once it was in the run.
         assert not list(service.workspace.job_dir(job.id).glob("attempt-*/"))
     finally:
+        shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
+
+
+def test_an_unreachable_machine_ends_its_attempt_past_its_limit_and_the_job_goes_to_the_fallback(
+    workspace, make_service, ssh_agent_env, tmp_path
+):
+    """A machine of its own sshd, stopped while the job runs (its sessions too: connections are refused):
+    past the machine's ``unreachable_after`` the attempt ends machine_unreachable, asking it nothing more,
+    and the next attempt runs on the fallback machine."""
+    from far_python import far_python_bin
+
+    bed = ssh_agent_env
+    sshd = sshd_fixture.start_sshd(
+        bed.workdir,
+        f"lonely-{os.getpid()}",
+        bed.workdir / "authorized_keys",
+        f"SetEnv PATH={far_python_bin()}:/usr/local/bin:/usr/bin:/bin",
+    )
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(bed.known_hosts.read_text() + sshd.known_hosts_line)
+    (workspace / "wait.sh").write_text(
+        'i=0; while [ ! -f go ] && [ $i -lt 6000 ]; do sleep 0.05; i=$((i+1)); done; echo "went on"\n'
+    )
+    service = make_service(workspace)
+    other_base = two_boxes(service, bed)
+    options = bed.options(ssh_transport="openssh", port=sshd.port, known_hosts=str(known_hosts), unreachable_after=1)
+    service.machines.add("lonely", "ssh", "127.0.0.1", options)
+    first = None
+    try:
+        spec = {
+            "machine": "lonely",
+            "command": "sh wait.sh",
+            "send": ["wait.sh"],
+            "retry": {"max": 1, "on": ["machine_unreachable"]},
+            "fallback": ["box2"],
+        }
+        job = service.submit(JobSpec.from_json(spec)).job
+        first = wait_for(
+            lambda: (j := service.advance(job.id)).state == "running" and j, timeout=120, message="the job to run"
+        )
+        sshd.stop()
+        try:
+            moved = wait_for(
+                lambda: (j := service.advance(job.id)).machine == "box2" and j.started and j,
+                timeout=120,
+                message="the next attempt to run on box2",
+            )
+        except TimeoutError:
+            pytest.fail(f"the next attempt did not run on box2: {service.get(job.id).public_json()}")
+        ended = moved.attempts[0]
+        assert (ended["machine"], ended["end"]) == ("lonely", "machine_unreachable"), moved.attempts
+        assert ended["reason"].startswith("machine_unreachable: lonely did not answer for 1s"), ended["reason"]
+        (Path(moved.handle["dir"]) / "work" / "go").touch()
+        done = service.wait(job.id, timeout=120)
+        assert done.state == "succeeded", done.reason
+        assert [(a["machine"], a["end"]) for a in done.attempts] == [
+            ("lonely", "machine_unreachable"),
+            ("box2", "succeeded"),
+        ]
+        assert b"went on" in service.read_log(job.id).data
+    finally:
+        sshd.stop()
+        if first is not None:  # the first attempt's command, left running where nobody could reach it
+            with contextlib.suppress(OSError, ValueError):
+                kill_far_group(first)
         shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
 
 
