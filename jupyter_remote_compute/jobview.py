@@ -72,6 +72,24 @@ def summary_line(job: Job, *, reason: bool = True) -> str:
     return "; ".join(parts)
 
 
+def attempt_lines(job: Job) -> list[str]:
+    """A job's attempts as ``jobs show`` prints them: where each ran, how long, how it ended, the work
+    it lost and why (none for a job of one attempt and no retry policy)."""
+    lines = []
+    for number, attempt in enumerate(job.attempts, 1):
+        ran = ""
+        if attempt["started"]:
+            ran = " after " + format_duration(parse_time(attempt["ended"]) - parse_time(attempt["started"]))
+        line = f"  {number}. {attempt['machine']}: {attempt['end']}{ran}"
+        if "lost_s" in attempt:
+            line += f", {format_duration(attempt['lost_s'])} of work lost"
+        reason = _first_line(attempt["reason"])
+        if reason.startswith(attempt["end"] + ":"):  # "lost: the process vanished …" says "lost" once
+            reason = reason[len(attempt["end"]) + 1 :].strip()
+        lines.append(line + (f" ({reason})" if reason else ""))
+    return ["attempts:", *lines] if lines else []
+
+
 def detach_hint(job_id: str) -> str:
     return (
         f"re-attach: run the cell again (or `%remote_jobs {job_id}` then `.wait()`); "

@@ -2447,6 +2447,7 @@ export interface components {
             ended: string;
             end: string;
             reason: string | null;
+            lost_s: number;
         };
         /** @description What submits a job (``POST /jobs``): its spec, and whether to start new work when the same is under way. */
         JobRequest: {

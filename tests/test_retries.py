@@ -17,6 +17,7 @@ from procs import group_members
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.jobs.job import parse_time
 from jupyter_remote_compute.jobs.spec import JobSpec
 
 sshd_bed = sshd_fixture.sshd_bed
@@ -66,7 +67,7 @@ def kill_far_group(job) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint(
-    workspace, make_service, ssh_agent_env
+    workspace, make_service, ssh_agent_env, capsys
 ):
     bed = ssh_agent_env
     (workspace / "train.py").write_text(TRAIN)
@@ -118,6 +119,17 @@ def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint
         usage = service.usage_record.attempts_of(job.id)
         assert [(a.attempt, a.machine, a.state) for a in usage] == [(1, "box", "requeued"), (2, "box2", "succeeded")]
         assert (home / "step-5.pt").read_text() == "1,2,3,4,5,"
+        # The work lost is what came after its newest checkpoint at home, no more than the attempt ran.
+        lost, ran = done.attempts[0], parse_time(done.attempts[0]["ended"]) - parse_time(done.attempts[0]["started"])
+        assert 0 <= lost["lost_s"] <= ran and "lost_s" not in done.attempts[1]
+        from jupyter_remote_compute.cli import main
+
+        assert main(["--workspace", str(workspace), "jobs", "show", job.id]) == 0
+        shown = capsys.readouterr().out.splitlines()
+        at = shown.index("attempts:")
+        assert shown[at + 1].startswith("  1. box: lost after "), shown
+        assert "of work lost (the process vanished on box" in shown[at + 1]
+        assert shown[at + 2].startswith("  2. box2: succeeded after "), shown
         print(f"\nfrom the machine lost to the next attempt running on the fallback: {resumed_after:.1f} s")
     finally:
         shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
@@ -322,8 +334,6 @@ def test_a_job_back_in_the_queue_is_taken_up_by_the_next_process_without_a_secon
     assert done.state == "succeeded", done.reason
     assert [a["end"] for a in done.attempts] == ["failed", "succeeded"]
     # The backoff: the second attempt started no sooner than a second after the first ended.
-    from jupyter_remote_compute.jobs.job import parse_time
-
     assert parse_time(done.attempts[1]["started"]) - parse_time(done.attempts[0]["ended"]) >= 1.0
     usage = second.usage_record.attempts_of(job.id)
     assert [(a.attempt, a.state) for a in usage] == [(1, "requeued"), (2, "succeeded")]

@@ -153,7 +153,8 @@ class Collector:
             **({"mlflow_run_id": run_id} if run_id else {}),
             lease=None,
             failing_since=None,
-            **with_last_attempt(job, outcome, ended),
+            # As the store has it now: with the checkpoint set the final look brought.
+            **with_last_attempt(self.ctx.store.get(job.id), outcome, ended),
         )
         if background:
             recording.start(self.ctx, job.id, secrets)

@@ -62,7 +62,15 @@ def end_attempt(ctx: JobContext, job: Job, *, ended: float, number: int | None =
 
 def attempt_record(job: Job, end: str, reason: str | None, ended: str | None = None) -> JobAttempt:
     """``job``'s attempt under way as ``Job.attempts`` keeps it once it ended."""
-    return JobAttempt(machine=job.machine, started=job.started, ended=ended or utcnow(), end=end, reason=reason)
+    ended = ended or utcnow()
+    record = JobAttempt(machine=job.machine, started=job.started, ended=ended, end=end, reason=reason)
+    if job.started and end != "succeeded":
+        # What the next attempt does again: the work since the newest checkpoint that came home.
+        since = parse_time(job.started)
+        if job.checkpoint:
+            since = max(since, parse_time(job.checkpoint["at"]))
+        record["lost_s"] = round(max(0.0, parse_time(ended) - since), 3)
+    return record
 
 
 def with_last_attempt(job: Job, outcome: Outcome, ended: str) -> dict[str, list[JobAttempt]]:
@@ -154,7 +162,6 @@ class Retries:
         # Metered before the requeue commits: after a crash in between, the same attempt is metered
         # again under the same number, which the usage record keeps once.
         end_attempt(self.ctx, job, ended=ended_at, number=number)
-        record = attempt_record(job, cause, outcome.reason)
         if log_path is not None and log_path.exists():  # the next attempt's log lands where this one's is
             os.replace(log_path, log_path.with_name(f"attempt-{number}.log"))
         total = (job.spec.retry.max if job.spec.retry else 0) + 1
@@ -164,6 +171,7 @@ class Retries:
             if current.state != "collecting" or not (current.lease and self.leases.holds(current.lease)):
                 return False
             move(current, "queued")
+            record = attempt_record(current, cause, outcome.reason)  # with the checkpoint its last look brought
             current.attempts = [*current.attempts, record]
             current.machine, current.kind = machine.name, machine.kind
             current.machine_snapshot = snapshot_of(machine)

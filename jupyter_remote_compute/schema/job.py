@@ -151,6 +151,9 @@ class JobAttempt(TypedDict):
     #: (its scheduler put it back in its queue), or the job's end state for its last attempt
     end: str
     reason: str | None
+    #: seconds of its work lost: from its newest checkpoint that came home (else its start) to its end;
+    #: absent for an attempt that succeeded or never started
+    lost_s: NotRequired[float]
 
 
 class Progress(TypedDict):
