@@ -101,6 +101,32 @@ function notifyJobEnded(
   }
 }
 
+/**
+ * Say when a job's attempt ended and it goes back to the queue as its next attempt (on a fallback
+ * machine after a machine's fault): the job's reason says which attempt, why and where.
+ */
+function notifyJobRetried(
+  app: JupyterFrontEnd,
+  job: IJob,
+  trans: TranslationBundle
+): void {
+  Notification.warning(
+    trans.__('Job %1 runs again: %2', job.name || job.id, job.reason ?? ''),
+    {
+      autoClose: 10000,
+      actions: [
+        {
+          label: trans.__('Show job'),
+          caption: trans.__('Open the job, its attempts and its log'),
+          callback: () => {
+            void app.commands.execute(CommandIDs.showJob, { id: job.id });
+          }
+        }
+      ]
+    }
+  );
+}
+
 function showServerMissing(error: APIError, trans: TranslationBundle): void {
   const command = `jupyter server extension enable ${SERVER_EXTENSION}`;
   const body = React.createElement(
@@ -237,6 +263,7 @@ const plugin: JupyterFrontEndPlugin<IKindFacesRegistry> = {
     }
 
     model.jobEnded.connect((_, job) => notifyJobEnded(app, job, trans));
+    model.jobRetried.connect((_, job) => notifyJobRetried(app, job, trans));
     model.serverMissing.connect((_, error) => showServerMissing(error, trans));
 
     // One quiet load at start: the model then knows which jobs are running, so it can say

@@ -187,6 +187,14 @@ export class ComputeModel implements IDisposable {
   }
 
   /**
+   * Emitted once per attempt when the model sees a job go back to the queue as its next attempt
+   * (its retry policy retried it; its reason says why, and on which machine it runs next).
+   */
+  get jobRetried(): ISignal<this, IJob> {
+    return this._jobRetried;
+  }
+
+  /**
    * Emitted the first time the server extension is found not answering.
    */
   get serverMissing(): ISignal<this, APIError> {
@@ -647,6 +655,18 @@ export class ComputeModel implements IDisposable {
       this._ended.add(job.id);
       this._jobEnded.emit(job);
     }
+    // Only a retry puts a job that left the queue back in it.
+    const retry = `${job.id}\n${job.reason ?? ''}`;
+    if (
+      previous !== undefined &&
+      previous !== 'queued' &&
+      isActive(previous) &&
+      job.state === 'queued' &&
+      !this._retried.has(retry)
+    ) {
+      this._retried.add(retry);
+      this._jobRetried.emit(job);
+    }
   }
 
   /**
@@ -745,6 +765,7 @@ export class ComputeModel implements IDisposable {
   private _isDisposed = false;
   private _jobChanged = new Signal<this, IJob>(this);
   private _jobEnded = new Signal<this, IJob>(this);
+  private _jobRetried = new Signal<this, IJob>(this);
   private _jobs: IJob[] = [];
   private _kinds: IKind[] = [];
   private _listed = new Set<string>();
@@ -760,6 +781,7 @@ export class ComputeModel implements IDisposable {
   private _pagedFilter = '';
   private _pending = new Map<string, number>();
   private _poll: Poll;
+  private _retried = new Set<string>();
   private _serverMissing = new Signal<this, APIError>(this);
   private _settings: IComputeSettings;
   private _version = '';

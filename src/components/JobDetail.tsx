@@ -16,6 +16,7 @@ import { LogView } from '../logview';
 import { asAPIError, ComputeModel } from '../model';
 import { JobDuration, RelativeTime, StateBadge, useSignal } from './common';
 import {
+  Attempts,
   formatPlacement,
   MlflowRun,
   Muted,
@@ -174,6 +175,7 @@ function JobInfo(props: {
             <dd>{job.exit_code}</dd>
           </>
         )}
+        <Attempts job={job} trans={trans} />
         {spec ? (
           <SpecFacts job={job} spec={spec} trans={trans} />
         ) : (

@@ -270,6 +270,53 @@ export function MlflowRun(props: {
 }
 
 /**
+ * A retried job's attempts: where each ran, how it ended and why, and the work it lost (the time
+ * since its newest checkpoint at home, which the next attempt does again); then the one under way.
+ */
+export function Attempts(props: {
+  job: IJob;
+  trans: TranslationBundle;
+}): JSX.Element | null {
+  const { job, trans } = props;
+  const attempts = job.attempts ?? [];
+  if (attempts.length === 0) {
+    return null;
+  }
+  const underWay = !isTerminal(job.state);
+  return (
+    <>
+      <dt>{trans.__('Attempts')}</dt>
+      <dd>
+        <ol className="jp-RemoteCompute-attempts">
+          {attempts.map((attempt, i) => (
+            <li key={i} data-end={attempt.end}>
+              {trans.__('%1: %2', attempt.machine, attempt.end)}
+              {typeof attempt.lost_s === 'number' &&
+                ' · ' +
+                  trans.__(
+                    '%1 of work lost',
+                    formatDuration(attempt.lost_s * 1000)
+                  )}
+              {attempt.reason && attempt.end !== 'succeeded' && (
+                <>
+                  {' '}
+                  <Muted text={attempt.reason.split('\n')[0]} />
+                </>
+              )}
+            </li>
+          ))}
+          {underWay && (
+            <li data-end="">
+              {trans.__('%1: %2 now', job.machine, job.state)}
+            </li>
+          )}
+        </ol>
+      </dd>
+    </>
+  );
+}
+
+/**
  * What the job was asked to do: its command, files, environment, variables, resources, timeout.
  */
 export function SpecFacts(props: {

@@ -137,4 +137,31 @@ test.describe('Job detail', () => {
     await expect(jobTabs).toHaveCount(1);
     await expect(jobTabs).toHaveText(new RegExp(first));
   });
+
+  test('a retried job says so in a notification, and lists its attempts with how each ended', async ({ page, tmpPath }) => {
+    const name = unique('ui-retry');
+    const folder = path.join(WORKSPACE, tmpPath);
+    const go = path.join(folder, `${name}.go`);
+    const failed = path.join(folder, `${name}.failed-once`);
+    // The first attempt fails once the test says go; the next one, after a 2 s backoff, succeeds.
+    const command = `test -e ${failed} && exit 0; while [ ! -e ${go} ]; do sleep 0.05; done; touch ${failed}; exit 3`;
+    await api(page, 'POST', 'jobs', {
+      machine: 'local',
+      command,
+      retry: { max: 1, on: ['failed'], backoff: '2s' },
+      name
+    });
+    const detail = await openDetail(page, name);
+    await expect(detail.locator('.jp-RemoteCompute-state[data-state="running"]').first()).toBeVisible({
+      timeout: 30000
+    });
+    fs.writeFileSync(go, '');
+    const toast = page.locator('.Toastify__toast', { hasText: `Job ${name} runs again: attempt 2 of at most 2` });
+    await expect(toast).toBeVisible({ timeout: 30000 });
+    await expect(toast).toContainText('attempt 1 failed (exit code 3');
+    const attempts = fact(detail, 'Attempts').getByRole('listitem');
+    await expect(attempts).toHaveText([/^local: failed · \d+s of work lost exit code 3/, 'local: succeeded'], {
+      timeout: 60000
+    });
+  });
 });
