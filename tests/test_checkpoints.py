@@ -122,6 +122,51 @@ def test_checkpoints_come_home_while_the_job_runs_changed_files_only_and_whole(m
     assert done.checkpoint["bytes"] == MODEL + CONFIG + (far / "growing.log").stat().st_size
 
 
+def test_a_checkpoint_damaged_on_its_way_home_never_lands_and_is_fetched_again(
+    machine, workspace, monkeypatch: pytest.MonkeyPatch
+):
+    from jupyter_remote_compute.engines import ssh_transfer
+
+    name, service = machine
+    # Every kind brings checkpoints home through the verified tar stream (engines/farside): the first
+    # time model.pt arrives, one byte of it is flipped here, after the far side computed its digest.
+    original = ssh_transfer.SafeExtractor._write
+    arrivals: list[bool] = []
+
+    def tamper(self, path, mode, chunks, progress):  # type: ignore[no-untyped-def]
+        if path.endswith("/model.pt"):
+            arrivals.append(len(arrivals) == 0)
+            if arrivals[-1]:
+                chunks = (bytes(b"".join(chunks)[:-1]) + b"\xff",)
+        original(self, path, mode, chunks, progress)
+
+    monkeypatch.setattr(ssh_transfer.SafeExtractor, "_write", tamper)
+    spec = {"machine": name, "command": "python3 train.py", "send": ["train.py"], "checkpoints": "ckpt"}
+    job = service.submit(JobSpec.from_json({**spec, "checkpoint_every": 0.2})).job
+    home = workspace / ".punica/checkpoints" / job.id
+
+    def landed() -> object:
+        current = service.advance(job.id)
+        model = home / "model.pt"
+        if model.is_file():
+            # Never the damaged copy: what is at home is the step's bytes.
+            assert model.read_bytes() == bytes([1]) * MODEL
+            return current
+        return None
+
+    running = wait_for(landed, timeout=90, message="the first checkpoint set to land")
+    assert arrivals[:2] == [True, False], arrivals  # damaged once, then fetched again
+    summary = wait_for(
+        lambda: (c := service.advance(job.id).checkpoint) and c["files"] == 2 and c,
+        timeout=30,
+        message="the set's summary",
+    )
+    assert summary["fetched_bytes"] == MODEL + CONFIG  # the damaged copy is not counted: it never landed
+    for step in (1, 2, 3):
+        (Path(running.handle["dir"]) / "work" / f"go-{step}").write_text("")
+    assert service.wait(job.id, timeout=60).state == "succeeded"
+
+
 def test_a_kind_whose_checkpoints_do_not_come_home_is_refused_at_submit(workspace, make_service):
     service = make_service(workspace)
     service.machines.add("nb", "jupyter", "http://127.0.0.1:9", {"token_secret": "nb-token"})
