@@ -147,6 +147,11 @@ class Retries:
         """collecting → queued as the next attempt on ``machine`` (``next_machine``; compare-and-set, under
         this process's lease); False when the job was no longer this process's to move."""
         cause = outcome.cause or outcome.state
+        number = len(job.attempts) + 1
+        # Metered first, before the requeue commits: after a crash anywhere from here on (the far
+        # folder's removal may take a while), the same attempt is metered again under the same number,
+        # which the usage record keeps once.
+        end_attempt(self.ctx, job, ended=outcome.at or time.time(), number=number)
         handle: dict[str, object] = {}
         if engine.is_prepared(remote) and outcome.reach_machine:
             try:
@@ -157,11 +162,6 @@ class Retries:
                     handle = dict(job.handle)  # removed before the next attempt starts there (Driver._launch)
         elif machine.name == job.machine:
             handle = dict(job.handle)
-        ended_at = outcome.at or time.time()
-        number = len(job.attempts) + 1
-        # Metered before the requeue commits: after a crash in between, the same attempt is metered
-        # again under the same number, which the usage record keeps once.
-        end_attempt(self.ctx, job, ended=ended_at, number=number)
         if log_path is not None and log_path.exists():  # the next attempt's log lands where this one's is
             os.replace(log_path, log_path.with_name(f"attempt-{number}.log"))
         total = (job.spec.retry.max if job.spec.retry else 0) + 1
