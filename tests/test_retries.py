@@ -48,15 +48,19 @@ with open("trained.txt", "w") as f:
 """
 
 
-def two_boxes(service, bed) -> str:  # type: ignore[no-untyped-def]
-    """ssh machines ``box`` and its fallback ``box2`` (the bed's jump host, with a folder of its own,
-    returned: the test removes it)."""
+@pytest.fixture
+def boxes(workspace, make_service, ssh_agent_env):  # type: ignore[no-untyped-def]
+    """A service with ssh machines ``box`` and its fallback ``box2`` (the bed's jump host, with a folder
+    of its own, removed after the test), and the test bed."""
+    bed = ssh_agent_env
+    service = make_service(workspace)
     service.machines.add("box", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh"))
     other_base = bed.base_dir + "-fallback"
     service.machines.add(
         "box2", "ssh", "127.0.0.1", bed.options(ssh_transport="openssh", port=bed.jump.port, base_dir=other_base)
     )
-    return other_base
+    yield service, bed
+    shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
 
 
 def kill_far_group(job) -> None:  # type: ignore[no-untyped-def]
@@ -66,73 +70,66 @@ def kill_far_group(job) -> None:  # type: ignore[no-untyped-def]
     wait_for(lambda: not group_members(pgid), message="the group to die")
 
 
-def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint(
-    workspace, make_service, ssh_agent_env, capsys
-):
-    bed = ssh_agent_env
+def test_a_lost_attempt_resumes_on_the_fallback_machine_from_its_last_checkpoint(workspace, boxes, capsys):
+    service, _bed = boxes
     (workspace / "train.py").write_text(TRAIN)
-    service = make_service(workspace)
-    other_base = two_boxes(service, bed)
+    spec = {
+        "machine": "box",
+        "command": "python3 train.py",
+        "send": ["train.py"],
+        "bring_back": ["trained.txt"],
+        "checkpoints": "ckpt",
+        "checkpoint_every": 0.2,
+        "retry": {"max": 2, "on": ["lost", "machine_unreachable"]},
+        "fallback": ["box2"],
+    }
+    job = service.submit(JobSpec.from_json(spec)).job
+    home = workspace / ".punica/checkpoints" / job.id
+
+    def second_step_home() -> object:
+        current = service.advance(job.id)
+        return (home / "step-2.pt").is_file() and current
+
+    running = wait_for(second_step_home, timeout=120, message="step 2's checkpoint to come home")
+    assert running.state == "running" and running.machine == "box"
+    lost_at = time.monotonic()
+    kill_far_group(running)
+
+    def running_elsewhere() -> object:
+        current = service.advance(job.id)
+        # Started there (a short rest of training may have ended already within this advance).
+        return current.machine == "box2" and current.started and current
+
     try:
-        spec = {
-            "machine": "box",
-            "command": "python3 train.py",
-            "send": ["train.py"],
-            "bring_back": ["trained.txt"],
-            "checkpoints": "ckpt",
-            "checkpoint_every": 0.2,
-            "retry": {"max": 2, "on": ["lost", "machine_unreachable"]},
-            "fallback": ["box2"],
-        }
-        job = service.submit(JobSpec.from_json(spec)).job
-        home = workspace / ".punica/checkpoints" / job.id
+        moved = wait_for(running_elsewhere, timeout=60, message="the next attempt to run on box2")
+    except TimeoutError:
+        pytest.fail(f"the next attempt did not run on box2: {service.get(job.id).public_json()}")
+    resumed_after = time.monotonic() - lost_at
+    assert (moved.attempts[0]["machine"], moved.attempts[0]["end"]) == ("box", "lost"), moved.attempts
+    assert moved.attempts[0]["reason"].startswith("lost: the process vanished on box")
+    assert moved.key == job.key and moved.id == job.id
 
-        def second_step_home() -> object:
-            current = service.advance(job.id)
-            return (home / "step-2.pt").is_file() and current
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "succeeded", done.reason
+    # Resumed from the checkpoint of step 2 that came home with the attempt that was lost.
+    assert (workspace / "trained.txt").read_text() == "from 2: 1,2,3,4,5,"
+    assert [(a["machine"], a["end"]) for a in done.attempts] == [("box", "lost"), ("box2", "succeeded")]
+    assert all(a["started"] and a["ended"] for a in done.attempts)
+    usage = service.usage_record.attempts_of(job.id)
+    assert [(a.attempt, a.machine, a.state) for a in usage] == [(1, "box", "requeued"), (2, "box2", "succeeded")]
+    assert (home / "step-5.pt").read_text() == "1,2,3,4,5,"
+    # The work lost is what came after its newest checkpoint at home, no more than the attempt ran.
+    lost, ran = done.attempts[0], parse_time(done.attempts[0]["ended"]) - parse_time(done.attempts[0]["started"])
+    assert 0 <= lost["lost_s"] <= ran and "lost_s" not in done.attempts[1]
+    from jupyter_remote_compute.cli import main
 
-        running = wait_for(second_step_home, timeout=120, message="step 2's checkpoint to come home")
-        assert running.state == "running" and running.machine == "box"
-        lost_at = time.monotonic()
-        kill_far_group(running)
-
-        def running_elsewhere() -> object:
-            current = service.advance(job.id)
-            # Started there (a short rest of training may have ended already within this advance).
-            return current.machine == "box2" and current.started and current
-
-        try:
-            moved = wait_for(running_elsewhere, timeout=60, message="the next attempt to run on box2")
-        except TimeoutError:
-            pytest.fail(f"the next attempt did not run on box2: {service.get(job.id).public_json()}")
-        resumed_after = time.monotonic() - lost_at
-        assert (moved.attempts[0]["machine"], moved.attempts[0]["end"]) == ("box", "lost"), moved.attempts
-        assert moved.attempts[0]["reason"].startswith("lost: the process vanished on box")
-        assert moved.key == job.key and moved.id == job.id
-
-        done = service.wait(job.id, timeout=120)
-        assert done.state == "succeeded", done.reason
-        # Resumed from the checkpoint of step 2 that came home with the attempt that was lost.
-        assert (workspace / "trained.txt").read_text() == "from 2: 1,2,3,4,5,"
-        assert [(a["machine"], a["end"]) for a in done.attempts] == [("box", "lost"), ("box2", "succeeded")]
-        assert all(a["started"] and a["ended"] for a in done.attempts)
-        usage = service.usage_record.attempts_of(job.id)
-        assert [(a.attempt, a.machine, a.state) for a in usage] == [(1, "box", "requeued"), (2, "box2", "succeeded")]
-        assert (home / "step-5.pt").read_text() == "1,2,3,4,5,"
-        # The work lost is what came after its newest checkpoint at home, no more than the attempt ran.
-        lost, ran = done.attempts[0], parse_time(done.attempts[0]["ended"]) - parse_time(done.attempts[0]["started"])
-        assert 0 <= lost["lost_s"] <= ran and "lost_s" not in done.attempts[1]
-        from jupyter_remote_compute.cli import main
-
-        assert main(["--workspace", str(workspace), "jobs", "show", job.id]) == 0
-        shown = capsys.readouterr().out.splitlines()
-        at = shown.index("attempts:")
-        assert shown[at + 1].startswith("  1. box: lost after "), shown
-        assert "of work lost (the process vanished on box" in shown[at + 1]
-        assert shown[at + 2].startswith("  2. box2: succeeded after "), shown
-        print(f"\nfrom the machine lost to the next attempt running on the fallback: {resumed_after:.1f} s")
-    finally:
-        shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
+    assert main(["--workspace", str(workspace), "jobs", "show", job.id]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    at = shown.index("attempts:")
+    assert shown[at + 1].startswith("  1. box: lost after "), shown
+    assert "of work lost (the process vanished on box" in shown[at + 1]
+    assert shown[at + 2].startswith("  2. box2: succeeded after "), shown
+    print(f"\nfrom the machine lost to the next attempt running on the fallback: {resumed_after:.1f} s")
 
 
 # Training that logs its loss to MLflow at every step and resumes after its newest checkpoint. At step 3
@@ -157,87 +154,78 @@ with mlflow.start_run():
 """
 
 
-def test_the_attempts_of_a_job_are_one_mlflow_run_with_an_unbroken_metric(
-    workspace, make_service, ssh_agent_env, tracking_uri
-):
+def test_the_attempts_of_a_job_are_one_mlflow_run_with_an_unbroken_metric(workspace, boxes, tracking_uri):
     from mlflow.tracking import MlflowClient
 
-    bed = ssh_agent_env
+    service, _bed = boxes
     (workspace / "train.py").write_text(TRAIN_LOGGED)
-    service = make_service(workspace)
-    other_base = two_boxes(service, bed)
     client = MlflowClient(tracking_uri)
-    try:
-        spec = {
-            "machine": "box",
-            "command": "python3 train.py",
-            "send": ["train.py"],
-            "checkpoints": "ckpt",
-            "checkpoint_every": 0.2,
-            "retry": {"max": 1},
-            "fallback": ["box2"],
-        }
-        job = service.submit(JobSpec.from_json(spec)).job
-        home = workspace / ".punica/checkpoints" / job.id
+    spec = {
+        "machine": "box",
+        "command": "python3 train.py",
+        "send": ["train.py"],
+        "checkpoints": "ckpt",
+        "checkpoint_every": 0.2,
+        "retry": {"max": 1},
+        "fallback": ["box2"],
+    }
+    job = service.submit(JobSpec.from_json(spec)).job
+    home = workspace / ".punica/checkpoints" / job.id
 
-        def step_3_logged_and_step_2_home() -> object:
-            current = service.advance(job.id)
-            if not (current.handle.get("dir") and (home / "step-2.pt").is_file()):
-                return None
-            losses = list(Path(current.handle["dir"], "mlruns").glob("*/*/metrics/loss"))
-            return losses and len(losses[0].read_text().splitlines()) == 4 and current
+    def step_3_logged_and_step_2_home() -> object:
+        current = service.advance(job.id)
+        if not (current.handle.get("dir") and (home / "step-2.pt").is_file()):
+            return None
+        losses = list(Path(current.handle["dir"], "mlruns").glob("*/*/metrics/loss"))
+        return losses and len(losses[0].read_text().splitlines()) == 4 and current
 
-        first = wait_for(step_3_logged_and_step_2_home, timeout=120, message="step 3 logged, step 2 home")
-        kill_far_group(first)
-        # The lost attempt is recorded while the next one runs: the run is made, and stays open.
-        second = wait_for(
-            lambda: (j := service.advance(job.id)).machine == "box2" and j.started and j.mlflow_run_id and j,
-            timeout=120,
-            message="the next attempt to run on box2 and the first to be in MLflow",
-        )
-        run = client.get_run(second.mlflow_run_id)
-        assert run.info.status == "RUNNING"
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1, 2, 3]
-        tags = run.data.tags
-        assert (tags["remote_compute.attempts"], tags["remote_compute.attempt.1.machine"]) == ("1", "box")
-        assert tags["remote_compute.attempt.1.end"] == "lost"
-        (Path(second.handle["dir"]) / "work" / "go").touch()
+    first = wait_for(step_3_logged_and_step_2_home, timeout=120, message="step 3 logged, step 2 home")
+    kill_far_group(first)
+    # The lost attempt is recorded while the next one runs: the run is made, and stays open.
+    second = wait_for(
+        lambda: (j := service.advance(job.id)).machine == "box2" and j.started and j.mlflow_run_id and j,
+        timeout=120,
+        message="the next attempt to run on box2 and the first to be in MLflow",
+    )
+    run = client.get_run(second.mlflow_run_id)
+    assert run.info.status == "RUNNING"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [0, 1, 2, 3]
+    tags = run.data.tags
+    assert (tags["remote_compute.attempts"], tags["remote_compute.attempt.1.machine"]) == ("1", "box")
+    assert tags["remote_compute.attempt.1.end"] == "lost"
+    (Path(second.handle["dir"]) / "work" / "go").touch()
 
-        done = service.wait(job.id, timeout=120)
-        assert done.state == "succeeded", done.reason
-        assert done.mlflow_run_id == run.info.run_id
-        runs = client.search_runs([run.info.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job.id}'")
-        assert [r.info.run_id for r in runs] == [run.info.run_id]
-        run = client.get_run(run.info.run_id)
-        assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.1"}
-        history = client.get_metric_history(run.info.run_id, "loss")
-        # Steps 0..5 once each: step 3, logged by both attempts, keeps the first attempt's point.
-        assert [(m.step, m.value) for m in history] == [(s, 1.0 / (s + 1)) for s in range(6)]
-        tags = run.data.tags
-        assert tags["remote_compute.attempts"] == "2" and tags["remote_compute.machine"] == "box2"
-        assert [
-            (tags[f"remote_compute.attempt.{n}.machine"], tags[f"remote_compute.attempt.{n}.end"]) for n in (1, 2)
-        ] == [
-            ("box", "lost"),
-            ("box2", "succeeded"),
-        ]
-        logs = {a.path for a in client.list_artifacts(run.info.run_id, "remote_compute")}
-        assert {"remote_compute/attempt-1.log", "remote_compute/log"} <= logs, logs
-        # Each attempt's store went once it was in the run.
-        assert not list(service.workspace.job_dir(job.id).glob("attempt-*/"))
-    finally:
-        shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "succeeded", done.reason
+    assert done.mlflow_run_id == run.info.run_id
+    runs = client.search_runs([run.info.experiment_id], filter_string=f"tags.`remote_compute.job_id` = '{job.id}'")
+    assert [r.info.run_id for r in runs] == [run.info.run_id]
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.1"}
+    history = client.get_metric_history(run.info.run_id, "loss")
+    # Steps 0..5 once each: step 3, logged by both attempts, keeps the first attempt's point.
+    assert [(m.step, m.value) for m in history] == [(s, 1.0 / (s + 1)) for s in range(6)]
+    tags = run.data.tags
+    assert tags["remote_compute.attempts"] == "2" and tags["remote_compute.machine"] == "box2"
+    assert [(tags[f"remote_compute.attempt.{n}.machine"], tags[f"remote_compute.attempt.{n}.end"]) for n in (1, 2)] == [
+        ("box", "lost"),
+        ("box2", "succeeded"),
+    ]
+    logs = {a.path for a in client.list_artifacts(run.info.run_id, "remote_compute")}
+    assert {"remote_compute/attempt-1.log", "remote_compute/log"} <= logs, logs
+    # Each attempt's store went once it was in the run.
+    assert not list(service.workspace.job_dir(job.id).glob("attempt-*/"))
 
 
 def test_an_unreachable_machine_ends_its_attempt_past_its_limit_and_the_job_goes_to_the_fallback(
-    workspace, make_service, ssh_agent_env, tmp_path
+    workspace, boxes, tmp_path
 ):
     """A machine of its own sshd, stopped while the job runs (its sessions too: connections are refused):
     past the machine's ``unreachable_after`` the attempt ends machine_unreachable, asking it nothing more,
     and the next attempt runs on the fallback machine."""
     from far_python import far_python_bin
 
-    bed = ssh_agent_env
+    service, bed = boxes
     sshd = sshd_fixture.start_sshd(
         bed.workdir,
         f"lonely-{os.getpid()}",
@@ -249,8 +237,6 @@ def test_an_unreachable_machine_ends_its_attempt_past_its_limit_and_the_job_goes
     (workspace / "wait.sh").write_text(
         'i=0; while [ ! -f go ] && [ $i -lt 6000 ]; do sleep 0.05; i=$((i+1)); done; echo "went on"\n'
     )
-    service = make_service(workspace)
-    other_base = two_boxes(service, bed)
     options = bed.options(ssh_transport="openssh", port=sshd.port, known_hosts=str(known_hosts), unreachable_after=1)
     service.machines.add("lonely", "ssh", "127.0.0.1", options)
     first = None
@@ -291,7 +277,6 @@ def test_an_unreachable_machine_ends_its_attempt_past_its_limit_and_the_job_goes
         if first is not None:  # the first attempt's command, left running where nobody could reach it
             with contextlib.suppress(OSError, ValueError):
                 kill_far_group(first)
-        shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
 
 
 def test_a_failing_exit_code_is_retried_max_times_then_fails_with_the_last_reason(workspace, make_service):
