@@ -90,6 +90,20 @@ def _index(root: Path):  # type: ignore[no-untyped-def]
     return Index(root)
 
 
+def loopback_bed(prefix: str):  # type: ignore[no-untyped-def]
+    """A temporary folder, the loopback index in it, the tests' sshd bed (its agent in SSH_AUTH_SOCK)
+    and an empty workspace in the folder: what a benchmark over ssh starts from."""
+    from sshd_fixture import build_testbed
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    index = _index(tmp / "index")
+    bed = build_testbed()
+    os.environ["SSH_AUTH_SOCK"] = str(bed.agent.sock)
+    workspace = tmp / "ws"
+    (workspace / ".punica").mkdir(parents=True)
+    return tmp, index, bed, workspace
+
+
 def _ssh_options(bed) -> list[str]:  # type: ignore[no-untyped-def]
     return ["-F", str(bed.ssh_config), "-o", f"UserKnownHostsFile={bed.known_hosts}", "-o", "BatchMode=yes"]
 
@@ -354,14 +368,7 @@ def main() -> None:
     parser.add_argument("--only", choices=CASES, nargs="+", help="the cases to run (all when not given)")
     args = parser.parse_args()
     only = args.only or list(CASES)
-    from sshd_fixture import build_testbed
-
-    tmp = Path(tempfile.mkdtemp(prefix="bench-env-"))
-    index = _index(tmp / "index")
-    bed = build_testbed()
-    os.environ["SSH_AUTH_SOCK"] = str(bed.agent.sock)
-    workspace = tmp / "ws"
-    (workspace / ".punica").mkdir(parents=True)
+    tmp, index, bed, workspace = loopback_bed("bench-env-")
     (workspace / "fit.py").write_text("import sys\nprint('hello from', sys.prefix)\n")
     settings = ServiceSettings(
         poll_interval=0.05,
