@@ -57,8 +57,8 @@ def resume(ctx: JobContext) -> None:
             secrets = []  # the recorder only tidies up after a deleted job
         else:
             if job.active:
-                # Still being collected: its collector asks once the job has ended (and a
-                # collection that is retried writes a fresh to-do over this one).
+                # Still being collected, or an attempt that a retry followed: its collector asks
+                # once the job has ended (the next collection's to-do carries this one's records).
                 continue
             secrets = mask_values(ctx.secrets, job)
         start(ctx, job_id, secrets)
