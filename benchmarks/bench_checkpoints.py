@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -36,8 +35,6 @@ from bench_environments import loopback_bed  # noqa: E402 - after the path
 
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings  # noqa: E402
 from jupyter_remote_compute.jobs.spec import JobSpec  # noqa: E402
-from jupyter_remote_compute.recording.tracking import TrackingSettings  # noqa: E402
-from jupyter_remote_compute.workspace import Workspace  # noqa: E402
 
 GOAL_RATIO = 1.1
 FILES, SIZE = 16, 64 << 20
@@ -83,14 +80,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=60, help="how long the job's steps go on")
     parser.add_argument("--change-every", type=int, default=15, help="seconds between rewrites of one file")
     args = parser.parse_args()
-    tmp, index, bed, workspace = loopback_bed("bench-checkpoints-")
-    (workspace / "train.py").write_text(TRAIN)
-    settings = ServiceSettings(
-        scratch_dir=tmp / "scratch",
-        tracking=TrackingSettings(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}", experiment="bench"),
-    )
-    service = JobService(Workspace(workspace), settings)
-    try:
+    with loopback_bed("bench-checkpoints-") as (service, _index, bed, _tmp):
+        (service.workspace.root / "train.py").write_text(TRAIN)
         service.machines.add("box", "ssh", "127.0.0.1", bed.options())
         command = f"python3 train.py {FILES} {SIZE} {args.seconds} {args.change_every}"
         base = {"machine": "box", "command": command, "send": ["train.py"], "bring_back": ["steps.json"]}
@@ -113,11 +104,6 @@ def main() -> None:
             f" {medians['plain']:.1f} ms without ({medians['streamed'] / medians['plain']:.2f}x;"
             f" {len(streamed['steps'])} and {len(plain['steps'])} steps)"
         )
-    finally:
-        service.close()
-        index.stop()
-        bed.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

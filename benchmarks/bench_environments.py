@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import os
 import re
 import shlex
@@ -54,7 +55,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -90,9 +93,11 @@ def _index(root: Path):  # type: ignore[no-untyped-def]
     return Index(root)
 
 
-def loopback_bed(prefix: str):  # type: ignore[no-untyped-def]
-    """A temporary folder, the loopback index in it, the tests' sshd bed (its agent in SSH_AUTH_SOCK)
-    and an empty workspace in the folder: what a benchmark over ssh starts from."""
+@contextlib.contextmanager
+def loopback_bed(prefix: str, **settings: Any) -> Iterator[tuple[JobService, Any, Any, Path]]:
+    """What a benchmark over ssh starts from: a ``JobService`` (``settings`` over a scratch folder and an
+    MLflow store of its own) on an empty workspace, the loopback index, the tests' sshd bed (its agent
+    in SSH_AUTH_SOCK) and the temporary folder holding them; all stopped and removed after."""
     from sshd_fixture import build_testbed
 
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
@@ -101,7 +106,17 @@ def loopback_bed(prefix: str):  # type: ignore[no-untyped-def]
     os.environ["SSH_AUTH_SOCK"] = str(bed.agent.sock)
     workspace = tmp / "ws"
     (workspace / ".punica").mkdir(parents=True)
-    return tmp, index, bed, workspace
+    tracking = TrackingSettings(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}", experiment="bench")
+    service = JobService(
+        Workspace(workspace), ServiceSettings(scratch_dir=tmp / "scratch", tracking=tracking, **settings)
+    )
+    try:
+        yield service, index, bed, tmp
+    finally:
+        service.close()
+        index.stop()
+        bed.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _ssh_options(bed) -> list[str]:  # type: ignore[no-untyped-def]
@@ -368,15 +383,8 @@ def main() -> None:
     parser.add_argument("--only", choices=CASES, nargs="+", help="the cases to run (all when not given)")
     args = parser.parse_args()
     only = args.only or list(CASES)
-    tmp, index, bed, workspace = loopback_bed("bench-env-")
-    (workspace / "fit.py").write_text("import sys\nprint('hello from', sys.prefix)\n")
-    settings = ServiceSettings(
-        poll_interval=0.05,
-        scratch_dir=tmp / "scratch",
-        tracking=TrackingSettings(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}", experiment="bench"),
-    )
-    service = JobService(Workspace(workspace), settings)
-    try:
+    with loopback_bed("bench-env-", poll_interval=0.05) as (service, index, bed, tmp):
+        (service.workspace.root / "fit.py").write_text("import sys\nprint('hello from', sys.prefix)\n")
         service.machines.add("far", "ssh", "127.0.0.1", bed.options(index_url=index.url))
         base = {"machine": "far", "command": ["python3", "fit.py"], "send": ["fit.py"]}
         if "cached" in only:
@@ -388,11 +396,6 @@ def main() -> None:
             same_as_here(service, bed, tmp, {**base, "machine": "pypi", "command": ["python", "fit.py"]}, args.runs)
         if "from_here" in only:  # last: it sets this side's uv settings
             from_here(service, bed, index, tmp, base, args.runs)
-    finally:
-        service.close()
-        index.stop()
-        bed.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,6 @@ from far_python import far_python_bin  # noqa: E402
 from jupyter_remote_compute.jobs.job import Job, parse_time  # noqa: E402
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings  # noqa: E402
 from jupyter_remote_compute.jobs.spec import JobSpec  # noqa: E402
-from jupyter_remote_compute.recording.tracking import TrackingSettings  # noqa: E402
-from jupyter_remote_compute.workspace import Workspace  # noqa: E402
 
 GOAL_S = 30.0
 POLL = ServiceSettings().poll_interval
@@ -142,61 +140,54 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--limit", type=int, default=10, help="the unreachable machine's unreachable_after (s)")
     args = parser.parse_args()
-    tmp, index, bed, workspace = loopback_bed("bench-recovery-")
-    (workspace / "train.py").write_text(TRAIN)
-    settings = ServiceSettings(
-        scratch_dir=tmp / "scratch",
-        tracking=TrackingSettings(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}", experiment="bench"),
-    )
-    service = JobService(Workspace(workspace), settings)
-    other_base = bed.base_dir + "-fallback"
-    try:
-        service.machines.add("box", "ssh", "127.0.0.1", bed.options(index_url=index.url))
-        service.machines.add(
-            "box2", "ssh", "127.0.0.1", bed.options(port=bed.jump.port, base_dir=other_base, index_url=index.url)
-        )
-        environment = {"packages": ["rcdemo-a"]}
-        warm = {"command": "python3 -c 'import rcdemo_a'", "environment": environment}
-        spec = {
-            "machine": "box",
-            "command": "python3 train.py",
-            "send": ["train.py"],
-            "environment": environment,
-            "checkpoints": "ckpt",
-            "checkpoint_every": 1,
-            "retry": {"max": 1},
-            "fallback": ["box2"],
-        }
-        for machine in ("box", "box2"):  # the environment built and cached on both, MLflow's store made
-            warmed = service.wait(service.submit(JobSpec.from_json({**warm, "machine": machine})).job.id, timeout=300)
-            assert warmed.state == "succeeded", warmed.reason
-        times: dict[str, list[float]] = {"fresh on box2": [], "lost": [], "unreachable": []}
-        for n in range(args.runs):  # interleaved, so a change of load hits each alike
-            times["fresh on box2"].append(fresh(service, spec))
-            times["lost"].append(lost(service, spec))
-            lonely = {"job": spec, "index_url": index.url}
-            times["unreachable"].append(unreachable(service, bed, lonely, warm, args.limit, n))
-        print(
-            f"{args.runs} runs each, polls every {POLL:.0f} s, unreachable_after {args.limit} s,"
-            f" load average {os.getloadavg()[0]:.1f}"
-        )
-        medians = {name: statistics.median(t) for name, t in times.items()}
-        for name, median in medians.items():
-            runs = ", ".join(f"{t:.1f}" for t in times[name])
-            print(f"  {name:14s} {median:6.2f} s median (runs: {runs} s)")
-        for name, limit in (("lost", 0), ("unreachable", args.limit)):
-            goal = GOAL_S + limit
-            print(
-                f"  {name}: {medians[name]:.1f} s to the next attempt running on box2; goal ≤ {goal:.0f} s"
-                f" ({medians[name] / goal:.2f}x the goal; {medians[name] / medians['fresh on box2']:.1f}x"
-                " a fresh start there)"
+    with loopback_bed("bench-recovery-") as (service, index, bed, _tmp):
+        (service.workspace.root / "train.py").write_text(TRAIN)
+        other_base = bed.base_dir + "-fallback"
+        try:
+            service.machines.add("box", "ssh", "127.0.0.1", bed.options(index_url=index.url))
+            service.machines.add(
+                "box2", "ssh", "127.0.0.1", bed.options(port=bed.jump.port, base_dir=other_base, index_url=index.url)
             )
-    finally:
-        service.close()
-        index.stop()
-        bed.stop()
-        shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+            environment = {"packages": ["rcdemo-a"]}
+            warm = {"command": "python3 -c 'import rcdemo_a'", "environment": environment}
+            spec = {
+                "machine": "box",
+                "command": "python3 train.py",
+                "send": ["train.py"],
+                "environment": environment,
+                "checkpoints": "ckpt",
+                "checkpoint_every": 1,
+                "retry": {"max": 1},
+                "fallback": ["box2"],
+            }
+            for machine in ("box", "box2"):  # the environment built and cached on both, MLflow's store made
+                warmed = service.wait(
+                    service.submit(JobSpec.from_json({**warm, "machine": machine})).job.id, timeout=300
+                )
+                assert warmed.state == "succeeded", warmed.reason
+            times: dict[str, list[float]] = {"fresh on box2": [], "lost": [], "unreachable": []}
+            for n in range(args.runs):  # interleaved, so a change of load hits each alike
+                times["fresh on box2"].append(fresh(service, spec))
+                times["lost"].append(lost(service, spec))
+                lonely = {"job": spec, "index_url": index.url}
+                times["unreachable"].append(unreachable(service, bed, lonely, warm, args.limit, n))
+            print(
+                f"{args.runs} runs each, polls every {POLL:.0f} s, unreachable_after {args.limit} s,"
+                f" load average {os.getloadavg()[0]:.1f}"
+            )
+            medians = {name: statistics.median(t) for name, t in times.items()}
+            for name, median in medians.items():
+                runs = ", ".join(f"{t:.1f}" for t in times[name])
+                print(f"  {name:14s} {median:6.2f} s median (runs: {runs} s)")
+            for name, limit in (("lost", 0), ("unreachable", args.limit)):
+                goal = GOAL_S + limit
+                print(
+                    f"  {name}: {medians[name]:.1f} s to the next attempt running on box2; goal ≤ {goal:.0f} s"
+                    f" ({medians[name] / goal:.2f}x the goal; {medians[name] / medians['fresh on box2']:.1f}x"
+                    " a fresh start there)"
+                )
+        finally:
+            shutil.rmtree(bed.far_path(other_base.removeprefix("~/")), ignore_errors=True)
 
 
 if __name__ == "__main__":
