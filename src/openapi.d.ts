@@ -2614,6 +2614,27 @@ export interface components {
              * @default null
              */
             admin?: string | null;
+            /**
+             * @description an organization machine's: the hub users and groups that may use it (empty: every member)
+             * @default null
+             */
+            access?: components["schemas"]["StoredMachineAccess"] | null;
+        };
+        /**
+         * @description Who may use one of the organization's machines: these hub users and the members of these hub groups
+         *     (beside the organization's admins). Both empty: every member with the use scope.
+         */
+        MachineAccess: {
+            /**
+             * @description JupyterHub user names
+             * @default []
+             */
+            users?: string[];
+            /**
+             * @description JupyterHub group names
+             * @default []
+             */
+            groups?: string[];
         };
         /** @description What adds a machine (``POST /machines``). */
         MachineInput: {
@@ -2640,6 +2661,11 @@ export interface components {
              * @default null
              */
             version?: string | null;
+            /**
+             * @description an organization machine's: the hub users and groups that may use it (empty: every member)
+             * @default null
+             */
+            access?: components["schemas"]["MachineAccess"] | null;
         };
         /** @description What changes a machine (``PATCH /machines/{name}``): only the settings given (not null) change. */
         MachinePatch: {
@@ -2664,6 +2690,11 @@ export interface components {
              * @default null
              */
             version?: string | null;
+            /**
+             * @description who may use it (an organization's machine): an empty one clears it
+             * @default null
+             */
+            access?: components["schemas"]["MachineAccess"] | null;
         };
         /** @description How a job will end, decided when it stopped running; collection records it and ends the job. */
         Outcome: {
@@ -2872,6 +2903,22 @@ export interface components {
              * @default []
              */
             fallback?: string[];
+        };
+        /**
+         * @description Who may use one of the organization's machines: these hub users and the members of these hub groups
+         *     (beside the organization's admins). Both empty: every member with the use scope.
+         */
+        StoredMachineAccess: {
+            /**
+             * @description JupyterHub user names
+             * @default []
+             */
+            users: string[];
+            /**
+             * @description JupyterHub group names
+             * @default []
+             */
+            groups: string[];
         };
         /**
          * @description What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.

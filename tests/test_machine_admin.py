@@ -132,3 +132,31 @@ def test_trust_with_the_presented_fingerprint_satisfies_the_system_ssh(
     assert json.loads(proc.stdout) == {"name": "fresh", "fingerprint": host_key["fingerprint"], "trusted": True}
     accepted = _system_ssh_accepts(ssh_agent_env, known_hosts)
     assert accepted.returncode == 0, accepted.stderr
+
+
+# -- who may use an organization's machine (its access list, org/organization.py) ---------------------------
+def test_an_access_list_is_kept_in_compute_yaml_with_its_comments_and_checked(workspace: Path, make_service) -> None:
+    admin = make_service(workspace).admin
+    name = _name()
+    access = {"users": ["ana", "ana"], "groups": []}
+    body = {"name": name, "kind": "jupyter", "address": ADDRESS, "token": "a-token-value", "access": access}
+    with pytest.raises(InvalidSettings) as own:
+        admin.add_from(body)  # a user's own machine is theirs alone
+    assert own.value.field == "access"
+    machine = admin.add_from(body, shared=True)
+    assert machine.to_json()["access"] == {"users": ["ana"], "groups": []}
+    compute_yaml = workspace / ".punica" / "compute.yaml"
+    compute_yaml.write_text(compute_yaml.read_text().replace("      - ana", "      - ana  # the lab's PI", 1))
+    edited = admin.update_from(name, {"access": {"users": ["ana"], "groups": ["lab"]}}, shared=True)
+    assert edited.access is not None and edited.access.admits("bo", ["lab"]) and not edited.access.admits("bo", [])
+    assert "- ana  # the lab's PI" in compute_yaml.read_text()
+    for bad, field in (({"users": [" ana"]}, "access.users[0]"), ({"people": []}, "access.people")):
+        with pytest.raises(InvalidSettings) as refused:
+            admin.update_from(name, {"access": bad}, shared=True)
+        assert refused.value.field == field
+    assert admin.update_from(name, {"access": {}}, shared=True).access is None  # empty: every member
+    assert "access" not in compute_yaml.read_text()
+    # Written by hand, a list is checked as the file is read, naming its line.
+    compute_yaml.write_text(compute_yaml.read_text() + "    access: {users: ana}\n")
+    with pytest.raises(Exception, match=r"line \d+: machine '.*': access.users must be a list of JupyterHub names"):
+        admin.get(name)

@@ -33,6 +33,8 @@ def add_parser(sub: Subcommands) -> Subcommands:
         p = msub.add_parser(action)
         p.add_argument("name")
         p.add_argument("--json", action="store_true")
+        if action == "remove":
+            p.add_argument("--org", action="store_true", help="the organization's machine, through its service (admin)")
     p = msub.add_parser("add", help="add a machine; a token is read from stdin or a prompt")
     p.add_argument("name")
     p.add_argument("--kind", required=True)
@@ -46,12 +48,17 @@ def add_parser(sub: Subcommands) -> Subcommands:
     p.add_argument("--token-stdin", action="store_true", help="read the machine's token from stdin or a prompt")
     p.add_argument("--disabled", action="store_true")
     p.add_argument("--json", action="store_true")
+    _org_arguments(p, "may use it (none: every member with the use scope)")
     p = msub.add_parser("edit")
     p.add_argument("name")
     p.add_argument("--address")
     p.add_argument("--option", action="append", metavar="KEY=VALUE")
     p.add_argument("--token-stdin", action="store_true")
     p.add_argument("--json", action="store_true")
+    _org_arguments(p, "may use it from now on: the list given replaces the machine's")
+    p.add_argument(
+        "--allow-everyone", action="store_true", help="no access list: every member with the use scope may use it"
+    )
     p = msub.add_parser(
         "default", help="show or set (an admin) the organization's default machine, where a job naming none runs"
     )
@@ -79,6 +86,84 @@ def add_parser(sub: Subcommands) -> Subcommands:
     p.add_argument("--remove", action="store_true", help="remove the pool")
     p.add_argument("--json", action="store_true")
     return msub
+
+
+def _org_arguments(p: argparse.ArgumentParser, who: str) -> None:
+    """``--org`` and the access list of an organization's machine, on ``add`` and ``edit``."""
+    p.add_argument("--org", action="store_true", help="the organization's machine, through its service (admin)")
+    p.add_argument(
+        "--allow-user", action="append", dest="allow_users", metavar="USER", help=f"a hub user who {who} (repeated)"
+    )
+    p.add_argument(
+        "--allow-group",
+        action="append",
+        dest="allow_groups",
+        metavar="GROUP",
+        help=f"a hub group whose members {who.replace('may', 'may all', 1)} (repeated)",
+    )
+
+
+def _access(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """The access list the flags give (``--allow-everyone``: an empty one, which clears it), or None."""
+    if getattr(args, "allow_everyone", False):
+        if args.allow_users or args.allow_groups:
+            raise InvalidSettings(
+                f"machines {args.action}: --allow-everyone or --allow-user/--allow-group, not both", field="access"
+            )
+        return {"users": [], "groups": []}
+    if not (args.allow_users or args.allow_groups):
+        return None
+    return {"users": args.allow_users or [], "groups": args.allow_groups or []}
+
+
+def _org_machine(args: argparse.Namespace) -> int:
+    """``machines add|edit|remove NAME --org``: the organization's machine, changed through its service."""
+    client = organization_or_refuse("an organization's machine")
+    if args.action == "remove":
+        client.remove_machine(args.name)
+        return done(args, {"name": args.name, "removed": True}, f"removed {ORG_PREFIX}{args.name}")
+    body: dict[str, object] = {}
+    options = _options(args)
+    if options:
+        body["options"] = options
+    if args.token_stdin:
+        body["token"] = read_secret(f"Token for {args.name}: ")
+    access = _access(args)
+    if access is not None:
+        body["access"] = access
+    if args.action == "add":
+        body.update(name=args.name, kind=args.kind, address=_address(args), enabled=not args.disabled)
+        machine = client.add_machine(body)
+        verb = "added"
+    else:
+        if args.address is not None:
+            body["address"] = args.address
+        machine = client.update_machine(args.name, body)
+        verb = "updated"
+    return done(args, machine, f"{verb} {ORG_PREFIX}{machine['name']}{_access_text(machine.get('access'))}")
+
+
+def _access_text(access: dict[str, list[str]] | None) -> str:
+    names = [*(access or {}).get("users", []), *(f"group {g}" for g in (access or {}).get("groups", []))]
+    return f", for {', '.join(names)} only" if names else ", for every member"
+
+
+def _options(args: argparse.Namespace) -> dict[str, object]:
+    """``--option`` pairs and, on ``add``, the ssh flags that are options too."""
+    options = parse_options(args.option)
+    for name in ("user", "port", "identity_file", "base_dir"):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+    return options
+
+
+def _address(args: argparse.Namespace) -> str:
+    """``--address``, or the name where the kind dials nothing (the address only describes it)."""
+    if args.address is not None:
+        return str(args.address)
+    if not faces_of(args.kind).address_optional:
+        raise RemoteComputeError(f"machines add: --address is required for a {args.kind} machine")
+    return str(args.name)
 
 
 def _pools(args: argparse.Namespace, admin: MachineAdmin) -> int:
@@ -131,6 +216,13 @@ def cmd_machines(args: argparse.Namespace) -> int:
     action = args.action
     if action == "default":
         return _default_machine(args)
+    if getattr(args, "org", False):
+        return _org_machine(args)
+    if getattr(args, "allow_users", None) or getattr(args, "allow_groups", None) or getattr(args, "allow_everyone", 0):
+        raise InvalidSettings(
+            f"machines {action}: who may use a machine is said of the organization's machines: add --org",
+            field="access",
+        )
     service = job_service(args)
     admin = service.admin
     if action in ("pools", "pool"):
@@ -164,18 +256,10 @@ def cmd_machines(args: argparse.Namespace) -> int:
         print_json(admin.get(args.name).to_json())
         return 0
     if action == "add":
-        options = parse_options(args.option)
-        for name in ("user", "port", "identity_file", "base_dir"):
-            if getattr(args, name, None) is not None:
-                options[name] = getattr(args, name)
+        options = _options(args)
         token = read_secret(f"Token for {args.name}: ") if args.token_stdin else None
         faces = faces_of(args.kind)
-        address = args.address
-        if address is None:
-            if not faces.address_optional:
-                raise RemoteComputeError(f"machines add: --address is required for a {args.kind} machine")
-            address = args.name  # nothing dials such a machine: the address only describes it
-        machine = admin.add(args.name, args.kind, address, options, enabled=not args.disabled, token=token)
+        machine = admin.add(args.name, args.kind, _address(args), options, enabled=not args.disabled, token=token)
         data = machine.to_json()
         text = f"added {machine.name} ({machine.kind}, {machine.address})"
         added = admin.introduce(machine, args.server_url or "SERVER_URL")

@@ -21,7 +21,7 @@ from ..engines.base import Engine, EngineContext, EngineError
 from ..engines.faces import faces_of
 from ..environments.environment import builder
 from ..errors import InvalidSettings, MachineError, MachineUnreachable, NotFound, RemoteComputeError
-from ..schema.machine import MachineInput, MachinePatch
+from ..schema.machine import MachineAccess, MachineInput, MachinePatch
 from ..schema.pool import Pool, PoolInput
 from ..secrets import SecretStore
 from ..workspace import default_scratch_dir
@@ -122,9 +122,11 @@ class MachineAdmin:
             self._engines.clear()
 
     # -- changing ---------------------------------------------------------------
-    def add_from(self, body: Mapping[str, Any]) -> Machine:
-        """``add`` with a REST ``MachineInput`` (the panel's server and the organization service take one)."""
+    def add_from(self, body: Mapping[str, Any], *, shared: bool = False) -> Machine:
+        """``add`` with a REST ``MachineInput`` (the panel's server and the organization service take one);
+        only an organization's (``shared``) machine takes an access list."""
         given = MachineInput.from_json(body)
+        _check_access(given.access, shared)
         return self.add(
             given.name,
             given.kind,
@@ -132,18 +134,21 @@ class MachineAdmin:
             given.options or {},
             enabled=given.enabled,
             token=given.token,
+            access=given.access,
             expected_version=given.version,
         )
 
-    def update_from(self, name: str, body: Mapping[str, Any]) -> Machine:
+    def update_from(self, name: str, body: Mapping[str, Any], *, shared: bool = False) -> Machine:
         """``update`` with a REST ``MachinePatch``: only the fields it holds change."""
         given = MachinePatch.from_json(body)
+        _check_access(given.access, shared)
         return self.update(
             name,
             address=given.address,
             options=given.options,
             enabled=given.enabled,
             token=given.token,
+            access=given.access,
             expected_version=given.version,
         )
 
@@ -156,6 +161,7 @@ class MachineAdmin:
         *,
         enabled: bool = True,
         token: str | None = None,
+        access: MachineAccess | None = None,
         expected_version: str | None = None,
     ) -> Machine:
         """Add a machine; a token goes to the Secret Manager (last) and the file keeps only its name."""
@@ -170,7 +176,9 @@ class MachineAdmin:
             self._check_token(kind, token)
             secret_name = options.get("token_secret") or f"compute/{name}"
             options["token_secret"] = secret_name
-        machine = self.registry.add(name, kind, address, options, enabled=enabled, expected_version=expected_version)
+        machine = self.registry.add(
+            name, kind, address, options, enabled=enabled, access=access, expected_version=expected_version
+        )
         if secret_name is not None:
             try:
                 self.secrets.set(secret_name, token)  # type: ignore[arg-type]
@@ -187,12 +195,18 @@ class MachineAdmin:
         options: Mapping[str, Any] | None = None,
         enabled: bool | None = None,
         token: str | None = None,
+        access: MachineAccess | None = None,
         expected_version: str | None = None,
     ) -> Machine:
         """Change a machine; a new token is stored only once the file took the change."""
         if not _given(token):
             return self.registry.update(
-                name, address=address, options=options, enabled=enabled, expected_version=expected_version
+                name,
+                address=address,
+                options=options,
+                enabled=enabled,
+                access=access,
+                expected_version=expected_version,
             )
         before = self.registry.get(name)
         self._check_token(before.kind, token)
@@ -200,7 +214,7 @@ class MachineAdmin:
         secret_name = changing.get("token_secret") or before.options.get("token_secret") or f"compute/{name}"
         changing["token_secret"] = secret_name
         machine = self.registry.update(
-            name, address=address, options=changing, enabled=enabled, expected_version=expected_version
+            name, address=address, options=changing, enabled=enabled, access=access, expected_version=expected_version
         )
         try:
             self.secrets.set(secret_name, token)  # type: ignore[arg-type]
@@ -304,6 +318,15 @@ def _machine_error(name: str, e: EngineError) -> MachineError:
     if e.transient and not e.details:
         return MachineUnreachable(f"{name}: {e}", reason=str(e))
     return MachineError(f"{name}: {e}", details=e.details)
+
+
+def _check_access(access: MachineAccess | None, shared: bool) -> None:
+    if access is not None and not shared:
+        raise InvalidSettings(
+            "access: only the organization's machines say who may use them (an admin sets it on one of theirs); "
+            "your own machines are yours alone",
+            field="access",
+        )
 
 
 def _given(token: Any) -> bool:

@@ -25,7 +25,9 @@ from .yaml_document import YamlDocument
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 NAME_RULE = "1 to 40 characters: lowercase letters, digits and '-', starting with a letter or digit"
 LOCAL = "local"
-FIELDS = ("kind", "address", "enabled", "created")
+FIELDS = ("kind", "address", "enabled", "created", "access")
+#: What an ``access`` entry holds (an organization's machine: who may use it, ``schema.machine.MachineAccess``).
+ACCESS_KEYS = ("users", "groups")
 #: Options every kind takes, beside its own.
 COMMON_OPTIONS: Mapping[str, OptionField] = {
     "price_per_hour": OptionField(float, "What an hour of this machine costs, for usage cost estimates"),
@@ -262,8 +264,21 @@ def check_entry(doc: YamlDocument, name: Any, entry: Any) -> None:
         raise doc.error(doc.line(entry, "enabled", value=True), f"machine {name!r}: enabled must be true or false")
     if entry.get("created") is not None and not isinstance(entry["created"], str):
         raise doc.error(doc.line(entry, "created", value=True), f"machine {name!r}: created must be a timestamp")
+    if entry.get("access") is not None:
+        check_access_entry(doc, name, entry["access"], doc.line(entry, "access", value=True))
     for key in entry:
         if not isinstance(key, str):
             raise doc.error(doc.line(entry, key), f"machine {name!r}: setting names must be text")
         if _is_secret_key(key):
             raise doc.error(doc.line(entry, key), f"machine {name!r}: " + _secret_key_message(key))
+
+
+def check_access_entry(doc: YamlDocument, name: str, access: Any, at: int) -> None:
+    """An entry's ``access`` as a person may have written it: ``users`` and ``groups``, lists of hub names."""
+    if not isinstance(access, CommentedMap) or any(key not in ACCESS_KEYS for key in access):
+        raise doc.error(at, f"machine {name!r}: access must map users and groups to lists of JupyterHub names")
+    for key in ACCESS_KEYS:
+        names = access.get(key)
+        if names is not None and not (isinstance(names, list) and all(isinstance(n, str) and n for n in names)):
+            where = doc.line(access, key, value=True)
+            raise doc.error(where, f"machine {name!r}: access.{key} must be a list of JupyterHub names")

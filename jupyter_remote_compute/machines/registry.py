@@ -30,7 +30,7 @@ from ruamel.yaml.reader import ReaderError
 
 from ..errors import ConfigFileError, Conflict, InvalidSettings, NotFound
 from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir
-from ..schema.machine import Machine
+from ..schema.machine import Machine, MachineAccess
 from ..schema.pool import Pool, PoolInput
 from .options import (
     FIELDS,
@@ -81,6 +81,43 @@ def _stale(path: Path) -> Conflict:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _access_of(written: Any) -> MachineAccess | None:
+    """The entry's ``access`` (checked as the file was read); none written, or an empty one: None."""
+    if not written:
+        return None
+    access = MachineAccess(tuple(written.get("users") or ()), tuple(written.get("groups") or ()))
+    return access or None
+
+
+def _access_entry(access: MachineAccess) -> CommentedMap:
+    entry = CommentedMap()
+    for key in ("users", "groups"):
+        if getattr(access, key):
+            entry[key] = list(getattr(access, key))
+    return entry
+
+
+def _put_access(machines: CommentedMap, name: str, entry: CommentedMap, access: MachineAccess) -> None:
+    """Set (or, empty, remove) an entry's ``access``; an unchanged list keeps its lines and comments."""
+    if not access:
+        if "access" in entry:
+            delete_entry(machines, name, entry, "access")
+        return
+    if _access_of(entry.get("access")) == access:
+        return
+    if "access" in entry and isinstance(entry["access"], CommentedMap):
+        written = entry["access"]
+        for key in ("users", "groups"):
+            names = list(getattr(access, key))
+            if not names:
+                if key in written:
+                    delete_entry(entry, "access", written, key)
+            elif key not in written or plain(written[key]) != names:
+                written[key] = names
+        return
+    entry.insert(option_position(entry), "access", _access_entry(access))
 
 
 def _digest(raw: bytes | None) -> str:
@@ -148,9 +185,10 @@ class MachineRegistry:
         options: Mapping[str, Any] | None = None,
         *,
         enabled: bool = True,
+        access: MachineAccess | None = None,
         expected_version: str | None = None,
     ) -> Machine:
-        """Add a machine at the end of the file (created on first add)."""
+        """Add a machine at the end of the file (created on first add); ``access`` only where it lists someone."""
         check_name(name)
         cls = engine_of_kind(kind)
         address = check_address(cls, address)
@@ -168,6 +206,8 @@ class MachineRegistry:
             entry["address"] = address
             for key, value in clean.items():
                 entry[key] = value
+            if access:
+                entry["access"] = _access_entry(access)
             entry["enabled"] = enabled
             entry["created"] = _now()
             append_entry(machines, name, entry)
@@ -183,9 +223,11 @@ class MachineRegistry:
         address: str | None = None,
         options: Mapping[str, Any] | None = None,
         enabled: bool | None = None,
+        access: MachineAccess | None = None,
         expected_version: str | None = None,
     ) -> Machine:
-        """Change a machine's address, options (merged; a key mapped to None is removed) or enabled."""
+        """Change a machine's address, options (merged; a key mapped to None is removed), enabled or
+        access list (an empty one removes it)."""
         check_editable(name)
         if enabled is not None:
             check_enabled(enabled)
@@ -213,6 +255,8 @@ class MachineRegistry:
                             entry.insert(option_position(entry), key, value)
                         elif not same_value(entry[key], value):
                             entry[key] = value  # only a changed value loses its original spelling
+                if access is not None:
+                    _put_access(machines, name, entry, access)
                 if enabled is not None and bool(entry.get("enabled", True)) != enabled:
                     if "enabled" in entry:
                         entry["enabled"] = enabled
@@ -304,6 +348,7 @@ class MachineRegistry:
             enabled=bool(entry.get("enabled", True)),
             created=None if created is None else str(created),
             options=types.MappingProxyType({str(k): plain(v) for k, v in entry.items() if k not in FIELDS}),
+            access=_access_of(entry.get("access")),
         )
 
     def _machines_for_write(self, doc: YamlDocument) -> tuple[CommentedMap, str]:

@@ -8,16 +8,22 @@ each machine is kept beside compute.yaml in ``admins.json``, a name per machine,
 An admin may name one of them the organization's *default* (``default.json``: the machine and who set
 it): what ``local`` is for a single user. It is not listed among the machines but beside them, and a
 job that names no machine runs there (the user's server asks, ``engines/organization/client.py``).
+
+A machine may say who may use it (``access``: hub users and groups, kept on its entry in compute.yaml).
+A member off a machine's list does not see it (nor as the default: theirs is then none, so their jobs
+that name no machine run on ``local``), and is refused it by name (``Forbidden``). An admin sees and
+may use every machine: the admins keep the lists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidSettings, NotFound
+from ..errors import Forbidden, InvalidSettings, NotFound
 from ..fsutil import SharedFileLock, atomic_write
 from ..jobs.service import JobService, ServiceSettings
 from ..machines.registry import Machine
@@ -28,6 +34,18 @@ from .jobs import OrgJobs
 #: The service's Secret Manager entries are apart from any user's (the keyring's service name).
 SERVICE = "jupyter-remote-compute-organization"
 OWNER = "organization"
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """Who asks, as the hub said: their name, hub groups, and whether they hold the admin scope."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+    admin: bool = False
+
+    def may_use(self, machine: Machine) -> bool:
+        return self.admin or machine.access is None or machine.access.admits(self.name, self.groups)
 
 
 class Organization:
@@ -45,23 +63,24 @@ class Organization:
         self._default_file = self.workspace.punica_dir / "default.json"
         self._lock = SharedFileLock(self.workspace.punica_dir / "admins.lock", timeout=30)
 
-    def machines(self) -> dict[str, Any]:
-        """Every machine the organization set (not the service's own ``local``), the default apart from
-        the others, and the file's version."""
+    def machines(self, member: Member) -> dict[str, Any]:
+        """Every machine of the organization's (not the service's own ``local``) that ``member`` may use,
+        the default apart from the others, and the file's version."""
         version = self.admin.version()
         admins = self._admins()
         default = self.default_name()
-        machines = [m for m in self.admin.list() if not m.builtin]
-        shown = [self.describe(m, admins) for m in machines if m.name != default]
-        chosen = [self.describe(m, admins) for m in machines if m.name == default]
+        machines = [m for m in self.admin.list() if not m.builtin and member.may_use(m)]
+        shown = [self.describe(m, admins, member) for m in machines if m.name != default]
+        chosen = [self.describe(m, admins, member) for m in machines if m.name == default]
         return {"machines": shown, "default": chosen[0] if chosen else None, "version": version}
 
-    def default(self) -> dict[str, Any]:
-        """The default machine (described, with the admin who chose it), or ``machine: None``."""
+    def default(self, member: Member) -> dict[str, Any]:
+        """The default machine (described, with the admin who chose it), or ``machine: None``: also for a
+        member off its access list, whose jobs that name no machine then run on their own ``local``."""
         name = self.default_name()
-        if name is None:
+        if name is None or not member.may_use(self._organizations(name)):
             return {"machine": None, "set_by": None}
-        return {"machine": self.machine(name), "set_by": self._read(self._default_file).get("admin")}
+        return {"machine": self.machine(name, member), "set_by": self._read(self._default_file).get("admin")}
 
     def default_name(self) -> str | None:
         """The default machine's name; one removed since is no default."""
@@ -79,23 +98,43 @@ class Organization:
         self._organizations(name)  # NotFound names it
         with self._lock:
             atomic_write(self._default_file, json.dumps({"machine": name, "admin": admin_name}).encode(), mode=0o600)
-        return self.default()
+        return self.default(Member(admin_name, admin=True))
 
     def clear_default(self) -> None:
         with self._lock:
             self._default_file.unlink(missing_ok=True)
 
-    def machine(self, name: str) -> dict[str, Any]:
-        return self.describe(self._organizations(name), self._admins())
+    def machine(self, name: str, member: Member | None = None) -> dict[str, Any]:
+        """One machine, described; for ``member`` only if they may use it."""
+        machine = self._organizations(name)
+        if member is not None:
+            self.check_use(machine, member)
+        return self.describe(machine, self._admins(), member)
+
+    def check_use(self, machine: Machine | str, member: Member, *, removed_ok: bool = False) -> None:
+        """A 403 naming the machine when ``member`` is off its access list (``removed_ok``: a machine
+        removed since is no refusal here; what asks goes on with its own snapshot of it)."""
+        if isinstance(machine, str):
+            try:
+                machine = self._organizations(machine)
+            except NotFound:
+                if removed_ok:
+                    return
+                raise
+        if not member.may_use(machine):
+            raise Forbidden(
+                f"{member.name} may not use the organization's machine {machine.name!r}: only the users and groups "
+                "on its access list may; an admin of the organization grants access"
+            )
 
     def add(self, admin_name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        machine = self.admin.add_from(body)
+        machine = self.admin.add_from(body, shared=True)
         self._set_admin(machine.name, admin_name)
         return self.describe(machine, self._admins())
 
     def update(self, admin_name: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self._organizations(name)
-        machine = self.admin.update_from(name, body)
+        machine = self.admin.update_from(name, body, shared=True)
         self._set_admin(name, admin_name)
         return self.describe(machine, self._admins())
 
@@ -106,8 +145,12 @@ class Organization:
         if self._read(self._default_file).get("machine") == name:
             self.clear_default()  # a machine of that name added later is not the default by chance
 
-    def describe(self, machine: Machine, admins: Mapping[str, str]) -> dict[str, Any]:
-        return {**self.admin.describe(machine), "owner": OWNER, "admin": admins.get(machine.name)}
+    def describe(self, machine: Machine, admins: Mapping[str, str], member: Member | None = None) -> dict[str, Any]:
+        """A machine as the service shows it; its access list to the admins only (it names other members)."""
+        described = {**self.admin.describe(machine), "owner": OWNER, "admin": admins.get(machine.name)}
+        if member is not None and not member.admin:
+            described.pop("access", None)
+        return described
 
     def close(self) -> None:
         self.jobs.close()

@@ -10,8 +10,8 @@ them. Blocking work (compute.yaml, the Secret Manager) runs in a thread pool, ne
 Routes, under the prefix:
 
 - ``GET api/me``: who is asking and what they may do.
-- ``GET api/machines`` (use): the organization's machines, each with ``owner: organization`` and the
-  name of the admin who set it; ``POST api/machines`` (admin) adds one.
+- ``GET api/machines`` (use): the organization's machines the caller may use (``access``), each with
+  ``owner: organization`` and the admin who set it; ``POST api/machines`` (admin) adds one.
 - ``GET``/``PATCH``/``DELETE api/machines/<name>`` (use to read, admin to change).
 - ``POST api/machines/<name>/check`` and ``…/admit`` (use): the machine's facts; whether it gives the
   resources a job asks for.
@@ -74,7 +74,7 @@ from ..json_routes import BodyToFile, JsonRoute
 from ..usage.ledger import ORG_GROUP_KEYS, parse_group_by, parse_instant, summarize, summary_csv
 from . import scopes
 from .jobs import OrgJobs, check_sha
-from .organization import Organization
+from .organization import Member, Organization
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,6 +97,12 @@ class OrgHandler(HubOAuthenticated, JsonRoute):  # type: ignore[misc]
     @property
     def jobs(self) -> OrgJobs:
         return self.settings["jobs"]
+
+    def member(self) -> Member:
+        """The caller (who holds the use scope: ``require`` first) as the machines' access lists see them."""
+        user = self.hub_user
+        held = user.get("scopes") or ()
+        return Member(str(user["name"]), tuple(sorted(user.get("groups") or ())), scopes.grants(held, scopes.ADMIN))
 
     def require(self, scope: str, what: str | None = None) -> str:
         """The caller's name, if their token holds ``scope``; else a 403 that names the scope."""
@@ -155,7 +161,7 @@ class MachinesHandler(OrgHandler):
     @route
     async def get(self) -> None:
         self.require(scopes.USE)
-        self.reply(await self.call(self.organization.machines))
+        self.reply(await self.call(self.organization.machines, self.member()))
 
     @route
     async def post(self) -> None:
@@ -167,7 +173,7 @@ class MachineHandler(OrgHandler):
     @route
     async def get(self, name: str) -> None:
         self.require(scopes.USE)
-        self.reply(await self.call(self.organization.machine, name))
+        self.reply(await self.call(self.organization.machine, name, self.member()))
 
     @route
     async def patch(self, name: str) -> None:
@@ -186,7 +192,7 @@ class DefaultMachineHandler(OrgHandler):
     @route
     async def get(self) -> None:
         self.require(scopes.USE)
-        self.reply(await self.call(self.organization.default))
+        self.reply(await self.call(self.organization.default, self.member()))
 
     @route
     async def put(self) -> None:
@@ -205,7 +211,8 @@ class CheckHandler(OrgHandler):
     @route
     async def post(self, name: str) -> None:
         self.require(scopes.USE)
-        await self.call(self.organization.machine, name)  # one of the organization's, not the service's own
+        # One of the organization's (not the service's own), that the caller may use.
+        await self.call(self.organization.machine, name, self.member())
         self.reply(await self.call(self.organization.admin.check, name))
 
 
@@ -214,7 +221,7 @@ class AdmitHandler(OrgHandler):
     async def post(self, name: str) -> None:
         self.require(scopes.USE)
         resources = Resources.from_json(self.body().get("resources"), "resources.")
-        await self.call(self.organization.machine, name)
+        await self.call(self.organization.machine, name, self.member())
         engine = await self.call(self.organization.admin.engine, name)
         await self.call(engine.admit, resources)
         self.set_status(204)
@@ -237,8 +244,11 @@ class JobHandler(OrgHandler):
     async def put(self, job_id: str) -> None:
         user = self.require(scopes.USE)
         body = self.body()
-        groups = sorted(self.hub_user.get("groups") or ())
-        job = await self.call(self.jobs.prepare, user, job_id, body.get("machine"), body.get("key"), groups)
+        member = self.member()
+        machine = body.get("machine")
+        if isinstance(machine, str) and machine:  # else prepare names what is wrong with it
+            await self.call(self.organization.check_use, machine, member)
+        job = await self.call(self.jobs.prepare, user, job_id, machine, body.get("key"), list(member.groups))
         self.reply({**job.summary(), "dir": job.handle.get("dir")})
 
     @route
@@ -265,6 +275,9 @@ class JobActionHandler(OrgHandler):
         if action == "send":
             self.reply(await self.call(self.jobs.send, user, job_id, _list(body, "files")))
         elif action == "start":
+            # Its machine's list again: an admin may have taken the user off it since the job was prepared.
+            job = await self.call(self.jobs.get, user, job_id)
+            await self.call(lambda: self.organization.check_use(job.machine, self.member(), removed_ok=True))
             await self.call(self.jobs.start, user, job_id, body)
             self.set_status(204)
             self.finish()

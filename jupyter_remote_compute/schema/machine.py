@@ -1,11 +1,13 @@
 """A machine as the registry keeps it and the API lists it (``Machine``), and what adds or changes one
 (``MachineInput``, ``MachinePatch``): the REST bodies the panel's machine form and the organization
-service send. Their shape is checked here; what a kind's options mean, ``machines/options.py`` checks."""
+service send. Their shape is checked here; what a kind's options mean, ``machines/options.py`` checks.
+An organization's machine may also say who may use it (``MachineAccess``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, Strict, with_config
@@ -23,6 +25,51 @@ Options = Annotated[
     dict[str, Any] | None,
     BeforeValidator(_options, json_schema_input_type=dict[str, Any] | None),
     Field(description="the kind's options, by name (GET /kinds)"),
+]
+
+
+#: A JupyterHub user or group name as an access list holds it: hub names are free text, but not empty,
+#: not padded, without control characters (they would be written to compute.yaml and shown in the panel).
+HUB_NAME = r"^[^\s\x00-\x1f\x7f](?:[^\x00-\x1f\x7f]{0,253}[^\s\x00-\x1f\x7f])?$"
+
+
+def _hub_names(value: Any) -> Any:
+    if not isinstance(value, list | tuple):
+        raise problem("expected a list of JupyterHub names")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not re.fullmatch(HUB_NAME, name):
+            raise problem("expected a JupyterHub name (text without surrounding spaces or control characters)", i)
+    return tuple(dict.fromkeys(value))  # each once, in the order given
+
+
+HubNames = Annotated[
+    tuple[str, ...],
+    BeforeValidator(_hub_names, json_schema_input_type=list[str]),
+    PlainSerializer(list, return_type=list[str]),
+    Field(json_schema_extra={"items": {"type": "string", "pattern": HUB_NAME}}),
+]
+
+
+@with_config(ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True))
+@dataclasses.dataclass(frozen=True)
+class MachineAccess:
+    """Who may use one of the organization's machines: these hub users and the members of these hub groups
+    (beside the organization's admins). Both empty: every member with the use scope."""
+
+    users: Annotated[HubNames, Field(description="JupyterHub user names")] = ()
+    groups: Annotated[HubNames, Field(description="JupyterHub group names")] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.users or self.groups)
+
+    def admits(self, user: str, groups: Iterable[str]) -> bool:
+        """Whether ``user`` (in hub ``groups``) is on the list; an empty list admits everyone."""
+        return not self or user in self.users or not set(self.groups).isdisjoint(groups)
+
+
+Access = Annotated[
+    MachineAccess | None,
+    Field(description="an organization machine's: the hub users and groups that may use it (empty: every member)"),
 ]
 
 
@@ -65,6 +112,7 @@ class Machine:
         str | None,
         Field(description="an organization machine's: the admin who set it", exclude_if=lambda v: v is None),
     ] = None
+    access: Annotated[Access, Field(exclude_if=lambda v: v is None)] = None
 
     def to_json(self) -> dict[str, Any]:
         return to_json(Machine, self)
@@ -84,6 +132,7 @@ class MachineInput:
     enabled: Annotated[bool, Strict()] = True
     token: Token = None
     version: Version = None
+    access: Access = None
 
     @classmethod
     def from_json(cls, data: Any) -> MachineInput:
@@ -100,6 +149,9 @@ class MachinePatch:
     enabled: Annotated[bool | None, Strict()] = None
     token: Token = None
     version: Version = None
+    access: Annotated[
+        Access, Field(description="who may use it (an organization's machine): an empty one clears it")
+    ] = None
 
     @classmethod
     def from_json(cls, data: Any) -> MachinePatch:
