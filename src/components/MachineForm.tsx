@@ -56,6 +56,10 @@ type Values = {
   enabled: boolean;
   token: string;
   options: Record<string, unknown>;
+  /**
+   * Who may use an organization's machine: hub users and groups (both empty: every member).
+   */
+  access: { users: string[]; groups: string[] };
 };
 
 let requestOnce: Promise<Data> | null = null;
@@ -93,8 +97,25 @@ function initialValues(
     address: machine?.address ?? '',
     enabled: machine?.enabled ?? true,
     token: '',
-    options
+    options,
+    access: {
+      users: [...(machine?.access?.users ?? [])],
+      groups: [...(machine?.access?.groups ?? [])]
+    }
   };
+}
+
+/**
+ * The access list as the service takes it: each name once, trimmed, empty lines left out.
+ */
+function accessPayload(access: Values['access']): {
+  users: string[];
+  groups: string[];
+} {
+  const clean = (names: string[]): string[] => [
+    ...new Set(names.map(n => n.trim()).filter(Boolean))
+  ];
+  return { users: clean(access.users), groups: clean(access.groups) };
 }
 
 /**
@@ -210,10 +231,16 @@ function MachineForm(props: {
   const schema = React.useMemo(
     () =>
       request &&
-      machineSchema(request, kinds, kind, {
-        shown: !usesProvided,
-        provided
-      }),
+      machineSchema(
+        request,
+        kinds,
+        kind,
+        {
+          shown: !usesProvided,
+          provided
+        },
+        organization
+      ),
     [request, kinds.length, kind, usesProvided, provided.join(',')]
   );
   const uiSchema = React.useMemo(
@@ -238,7 +265,8 @@ function MachineForm(props: {
     token: values.token,
     options: pick(primary),
     more: pick(more),
-    [TOKEN_SOURCE]: usesProvided ? chosenSecret : ''
+    [TOKEN_SOURCE]: usesProvided ? chosenSecret : '',
+    ...(organization ? { access: values.access } : {})
   };
   const placeOf = (field: string | null | undefined): string[] => {
     const [head, key] = (field ?? '').split(/[.[]/);
@@ -249,7 +277,9 @@ function MachineForm(props: {
           ? ['more', key]
           : [];
     }
-    return ['name', 'kind', 'address', 'token', 'enabled'].includes(head)
+    return ['name', 'kind', 'address', 'token', 'enabled', 'access'].includes(
+      head
+    )
       ? [head]
       : [];
   };
@@ -276,6 +306,7 @@ function MachineForm(props: {
           input.token = values.token;
         }
         if (organization) {
+          input.access = accessPayload(values.access);
           saved = await addOrgMachine(input);
         } else {
           saved = await addMachine(input);
@@ -290,6 +321,10 @@ function MachineForm(props: {
         };
         if (values.token) {
           patch.token = values.token;
+        }
+        if (organization) {
+          // The whole list as the form shows it: emptied, it is cleared.
+          patch.access = accessPayload(values.access);
         }
         const name = props.machine?.name ?? values.name;
         saved = organization
@@ -389,7 +424,13 @@ function MachineForm(props: {
               address: String(next.address ?? ''),
               enabled: next.enabled !== false,
               token: String(next.token ?? ''),
-              options
+              options,
+              access: {
+                users: ((next.access as Data | undefined)?.users ??
+                  []) as string[],
+                groups: ((next.access as Data | undefined)?.groups ??
+                  []) as string[]
+              }
             });
           }}
           onSubmit={() => void save(true)}

@@ -152,6 +152,25 @@ export function MachineRow(props: {
               {' · '}
             </span>
           )}
+          {ours && machine.access && (
+            <span
+              className="jp-RemoteCompute-access"
+              title={trans.__(
+                'Only these hub users and groups (and the admins) see and use it'
+              )}
+            >
+              {trans.__(
+                'for %1',
+                [
+                  ...(machine.access.users ?? []),
+                  ...(machine.access.groups ?? []).map(g =>
+                    trans.__('group %1', g)
+                  )
+                ].join(', ')
+              )}
+              {' · '}
+            </span>
+          )}
           <span className="jp-RemoteCompute-address" title={machine.address}>
             {machine.builtin
               ? trans.__('built in, always there')

@@ -78,7 +78,8 @@ export function machineSchema(
   request: Schema,
   kinds: readonly IKind[],
   kind: IKind | undefined,
-  token: { shown: boolean; provided: readonly string[] }
+  token: { shown: boolean; provided: readonly string[] },
+  organization = false
 ): RJSFSchema {
   const own = (request.properties ?? {}) as Record<string, Schema>;
   const { primary, more, secret } = optionGroups(kind);
@@ -113,11 +114,34 @@ export function machineSchema(
     }
   }
   properties.enabled = plain('enabled');
+  if (organization) {
+    properties.access = accessSchema(request);
+  }
   return {
     type: 'object',
     required: ['name', 'kind', 'address'],
     properties
   } as RJSFSchema;
+}
+
+/**
+ * Who may use an organization's machine, as the request reads it (`MachineAccess`): its users and
+ * groups, each a box of lines.
+ */
+function accessSchema(request: Schema): Schema {
+  const defs = (request.$defs ?? {}) as Record<string, Schema>;
+  const own = (defs.MachineAccess?.properties ?? {}) as Record<string, Schema>;
+  const lines = (key: string): Schema => ({
+    type: 'array',
+    items: { type: 'string' },
+    ...own[key],
+    description: undefined,
+    default: undefined
+  });
+  return {
+    type: 'object',
+    properties: { users: lines('users'), groups: lines('groups') }
+  };
 }
 
 /**
@@ -214,7 +238,8 @@ export function machineUiSchema(options: {
       'more',
       TOKEN_SOURCE,
       'token',
-      'enabled'
+      'enabled',
+      'access'
     ],
     name: {
       'ui:title': trans.__('Name'),
@@ -271,6 +296,15 @@ export function machineUiSchema(options: {
     enabled: {
       'ui:title': trans.__('Enabled'),
       'ui:description': trans.__('Jobs may run on it.')
+    },
+    access: {
+      'ui:title': trans.__('Who may use it'),
+      'ui:description': trans.__(
+        "JupyterHub users and groups, one a line. None: every member with the organization's use scope. Anyone else does not see the machine and is refused it; admins may use every machine."
+      ),
+      'ui:options': { expanded: true, none: trans.__('every member') },
+      users: { 'ui:title': trans.__('Users (optional)') },
+      groups: { 'ui:title': trans.__('Groups (optional)') }
     }
   };
 }

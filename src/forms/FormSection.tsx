@@ -100,10 +100,12 @@ export function CollapsedSection(props: ObjectFieldTemplateProps): JSX.Element {
   const help =
     String(props.uiSchema?.['ui:description'] ?? '') ||
     (typeof schema.description === 'string' ? schema.description : '');
+  // What an empty section means: the machine's default, unless the form says (`ui:options`: `none`).
+  const none = props.uiSchema?.['ui:options']?.none;
   const summary = sectionSummary(
     schema,
     props.formData,
-    trans.__("the machine's default"),
+    typeof none === 'string' ? none : trans.__("the machine's default"),
     trans
   );
   return (

@@ -1,7 +1,8 @@
 /**
  * Teams on JupyterHub in the browser: a member logs in through the hub's login form, runs a job on the
  * organization's machine from the Compute panel, sees her quota's notice on it, and another member
- * cannot see it; the admin names the organization's default machine in the panel's Organization section. Against the hub that
+ * cannot see it; the admin names the organization's default machine in the panel's Organization section and
+ * limits the machine to a group in its form. Against the hub that
  * tests/hub_ui.py starts (HUB_URL), its users' servers spawned by the logins, as real Linux users.
  */
 import { APIRequestContext, Browser, expect, Locator, Page, test } from '@playwright/test';
@@ -49,7 +50,7 @@ async function jobsNamed(request: APIRequestContext, user: string, name: string)
   return (await answer.json()).jobs;
 }
 
-test('a member runs a job on the organization machine through the hub login and sees its quota notice; another cannot see it; the admin names the default machine', async ({
+test('a member runs a job on the organization machine through the hub login and sees its quota notice; another cannot see it; the admin names the default machine and who may use it', async ({
   browser
 }) => {
   expect(HUB, 'HUB_URL: run this spec with tests/hub_ui.py').not.toBe('');
@@ -120,4 +121,23 @@ test('a member runs a job on the organization machine through the hub login and 
   await choice.selectOption('');
   await expect(adminsPanel.getByRole('list', { name: "The organization's machines" })).toContainText(MACHINE);
   await expect(choice).toHaveValue('');
+
+  // In the machine's form he says who may use it (the group rcteam), which its row then shows, and lifts it.
+  const adminsMachines = adminsPanel.getByRole('list', { name: "The organization's machines" });
+  const adminsRow = adminsMachines.getByRole('listitem', { name: MACHINE });
+  const setGroups = async (groups: string): Promise<void> => {
+    await adminsRow.getByRole('button', { name: `More actions for ${MACHINE}` }).click();
+    await admin.getByRole('menuitem', { name: `Edit the organization's machine ${MACHINE}` }).click();
+    const edit = admin.getByRole('form', { name: `Edit machine ${MACHINE}` });
+    await edit.getByLabel('Groups (optional)', { exact: true }).fill(groups);
+    await edit.getByRole('button', { name: 'Save', exact: true }).click();
+    await expect(edit).toHaveCount(0);
+  };
+  await setGroups('rcteam');
+  await expect(adminsRow).toContainText('for group rcteam');
+  const listed = await admin.request.get(`${HUB}user/rcadmin/remote-compute/machines`);
+  const mine = (await listed.json()).machines.find((m: any) => m.name === MACHINE);
+  expect(mine.access).toEqual({ users: [], groups: ['rcteam'] });
+  await setGroups('');
+  await expect(adminsRow).not.toContainText('for group');
 });
