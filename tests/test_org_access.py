@@ -10,29 +10,22 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hub_fixture
 import pytest
 import sshd_fixture
-from hub_fixture import ADMIN_USER, GROUP, OUTSIDER, Hub, HubBed, loopback_session
+import test_organization
+from hub_fixture import ADMIN_USER, GROUP, OUTSIDER, Hub, loopback_session
 from sshd_fixture import TestBed
 from test_organization import _as_user, _machines_of, _service, _submitted
 
 hub_bed = hub_fixture.hub_bed
 sshd_bed = sshd_fixture.sshd_bed
+org = test_organization.org  # a hub of this module's own (module scope), with the service
 REFUSAL = "may not use the organization's machine {!r}: only the users and groups on its access list may; "
 GRANTS = "an admin of the organization grants access"
-
-
-@pytest.fixture(scope="module")
-def org(hub_bed: HubBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Path]]:
-    state = tmp_path_factory.mktemp("organization")
-    hub = hub_bed.start(**hub_fixture.organization_service(state))  # type: ignore[arg-type]
-    yield hub, state
-    hub.stop()
 
 
 @pytest.fixture(scope="module")
