@@ -10,15 +10,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from .handlers import FALLBACK_HANDLER, HANDLERS
+from .machine_handlers import MACHINE_HANDLERS
 from .mlflow_ui_handlers import MLFLOW_HANDLERS, MLFLOW_UI_PROXY
 from .org_handlers import ORG_HANDLERS
 from .pipelines.handlers import PIPELINE_HANDLERS
 
 Route = tuple[str, Any]
 
-#: The documented API (``openapi.yaml``): jobs, machines, secrets and usage; MLflow's; the pipelines';
+#: The documented API (``openapi.yaml``): machines and pools; jobs, secrets and usage; MLflow's; the pipelines';
 #: the organization's, passed on to its service.
-API_ROUTES: list[Route] = [*HANDLERS, *MLFLOW_HANDLERS, *PIPELINE_HANDLERS, *ORG_HANDLERS]
+API_ROUTES: list[Route] = [*MACHINE_HANDLERS, *HANDLERS, *MLFLOW_HANDLERS, *PIPELINE_HANDLERS, *ORG_HANDLERS]
 
 
 def server_routes(kind_routes: Sequence[Route]) -> list[Route]:
