@@ -44,7 +44,7 @@ SERIAL_GROUPS = {
     "skypilot": ("test_engine_skypilot.py::*", "test_skypilot_failures.py::*",
                  "test_mlflow_every_kind.py::*[[]skypilot[]]"),
     # the hub's Linux users (rcadmin, rcalice, rcbob, rceve), their homes and their servers
-    "hub": ("test_hub_bed.py::*", "test_organization.py::*", "test_org_fuzz.py::*"),
+    "hub": ("test_hub_bed.py::*", "test_organization.py::*", "test_org_fuzz.py::*", "test_org_access.py::*"),
 }  # fmt: skip
 
 

@@ -146,7 +146,7 @@ def test_the_kind_loads_and_says_what_to_install_without_skypilot() -> None:
         from pathlib import Path
         from jupyter_remote_compute.engines import engine_class, engine_kinds
         from jupyter_remote_compute.engines.base import EngineContext, EngineError
-        from jupyter_remote_compute.handlers import kinds_json
+        from jupyter_remote_compute.machine_handlers import kinds_json
         assert "skypilot" in engine_kinds(), engine_kinds()
         cls = engine_class("skypilot")
         kind = next(k for k in kinds_json() if k["kind"] == "skypilot")
