@@ -17,6 +17,7 @@ from .document import PipelineInvalid
 from .early_stop import Objective
 from .runner import PipelineRunner
 from .runs import NODE_DONE, PipelineRun
+from .sweep import params_label, parse_axes, plan
 
 EXIT_FAILED = 1
 EXIT_DETACHED = 3
@@ -28,7 +29,7 @@ def _node_lines(run: PipelineRun) -> list[str]:
     latest = sweep.get("latest") or {}
     best = Objective(sweep["metric"], sweep["goal"]).best({k: v[1] for k, v in latest.items()}) if latest else None
     for node_id, node in run.nodes.items():
-        params = " ".join(f"{k}={v}" for k, v in sweep.get("parameters", {}).get(node_id, {}).items())
+        params = params_label(sweep.get("parameters", {}).get(node_id, {}))
         line = f"  {node_id}{f' ({params})' if params else ''}: {node.state}"
         if node_id in latest:
             step, value = latest[node_id]
@@ -110,8 +111,6 @@ def drive_sweep(
 ) -> PipelineRun | None:
     """A sweep's trials drawn from ``args`` (``run_options.add_sweep_options``), checked, and driven here
     as a run's nodes, each one's state written to ``out`` as it changes; None when Ctrl-C detached."""
-    from .sweep import parse_axes, plan
-
     sweep = plan(
         settings,
         parse_axes(args.sweep),
@@ -154,7 +153,7 @@ def _node_printer(out: TextIO, parameters: dict[str, dict[str, str]] | None = No
                 continue
             if before != now:
                 seen[node_id] = now
-                params = " ".join(f"{k}={v}" for k, v in (parameters or {}).get(node_id, {}).items())
+                params = params_label((parameters or {}).get(node_id, {}))
                 line = f"{node_id}{f' ({params})' if params else ''}: {node.state}"
                 line += f" (job {node.job_id})" if node.job_id else ""
                 print(line + (f" — {node.reason}" if node.reason else ""), file=out)

@@ -36,7 +36,7 @@ from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs
 from .early_stop import Objective, TrialMetrics, median_verdict
 from .notebook import NOTEBOOK_STEP, notebook_spec
 from .runs import NODE_DONE, NODE_FINE, NodeRun, PipelineRun, RunStore
-from .sweep import SweepPlan
+from .sweep import SweepPlan, params_label
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class PipelineRunner:
             run.reason = f"node {failed[0]} failed: {run.nodes[failed[0]].reason}" if failed else "not every node ran"
             if run.sweep and failed:
                 done = sum(s in ("succeeded", "reused") for s in states)
-                params = " ".join(f"{k}={v}" for k, v in run.sweep["parameters"].get(failed[0], {}).items())
+                params = params_label(run.sweep["parameters"].get(failed[0], {}))
                 run.reason = (
                     f"{done} of {len(states)} trials succeeded; {failed[0]} ({params}) failed: "
                     f"{run.nodes[failed[0]].reason}"

@@ -191,10 +191,15 @@ def unused_parameters(settings: Mapping[str, Any], names: Sequence[str]) -> list
     return [n for n in names if not _mentions(text, n)]
 
 
+def params_label(params: Mapping[str, str]) -> str:
+    """A trial's parameters as a person reads them: ``lr=0.01 depth=3``."""
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
 def trial_settings(settings: Mapping[str, Any], params: Mapping[str, str], index: int) -> dict[str, Any]:
     """One trial's step settings: the sweep's, with its parameters put where the command says."""
     trial = dict(settings)
-    label = " ".join(f"{k}={v}" for k, v in params.items())
+    label = params_label(params)
     trial["name"] = f"{settings.get('name') or 'sweep'} [{label}]"
     for field in ("send", "bring_back"):
         if trial.get(field):
