@@ -106,13 +106,14 @@ def processes_of(hub_url: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def users_held() -> Iterator[None]:
+def users_held(wait_s: float = 1200.0) -> Iterator[None]:
     """The test users' homes and servers for this process alone, while it lasts (a lock in the cache folder).
 
     Held by a pytest session's ``hub_bed`` and by the Galata hub run (``hub_ui.py``), which ``scripts/test.sh``
     runs beside each other: each spawns rcalice's and rcbob's servers in the same homes, whose job lists,
     workspaces and MLflow stores the other's tests read. Taken again by the process that holds it, it is
-    already held: each test module that names ``hub_bed`` has an instance of its own."""
+    already held. Waits up to ``wait_s``
+    for the other holder, then names it."""
     if _HELD:
         _HELD.append(True)
         try:
@@ -121,13 +122,42 @@ def users_held() -> Iterator[None]:
             _HELD.pop()
         return
     CACHE.mkdir(mode=0o755, exist_ok=True)
-    with open(CACHE / "bed.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(CACHE / "bed.lock", "a+") as lock:
+
+        def taken() -> bool:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        if not taken():
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            wait_for(taken, timeout=wait_s, message=f"the hub bed's users, held by {holder}", interval=0.5)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} ({' '.join(sys.argv[:2])})")
+        lock.flush()
         _HELD.append(True)
         try:
             yield
         finally:
             _HELD.pop()
+
+
+@contextlib.contextmanager
+def timeout_paused() -> Iterator[None]:
+    """pytest-timeout's clock (its signal method: the process's real-time timer) stopped meanwhile.
+
+    For the wait on the users while the Galata hub run holds them: minutes that are not the test's."""
+    left, _interval = signal.getitimer(signal.ITIMER_REAL)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if left:
+            signal.setitimer(signal.ITIMER_REAL, left)
 
 
 #: How many holders of ``users_held`` this process has (the lock is the first's).
@@ -511,7 +541,7 @@ def _answers(url: str) -> bool:
 
 
 class HubBed:
-    """Starts hubs for a session's tests and stops every one at its end."""
+    """Starts hubs for a module's tests and stops every one at its end."""
 
     def __init__(self, build: HubBuild) -> None:
         self.build = build
@@ -528,9 +558,12 @@ class HubBed:
             hub.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hub_bed() -> Iterator[HubBed]:
-    """Test users and the cached build; ``hub_bed.start(service_command=[…])`` starts a hub."""
+    """Test users and the cached build; ``hub_bed.start(service_command=[…])`` starts a hub.
+
+    A module's: the users are released between modules, so the Galata hub run waits for one module at
+    most, not for the whole session."""
     require(os.geteuid() == 0, "root, to add the hub's Linux users and spawn their servers")
     require(shutil.which("useradd") is not None, "useradd (apt-get install passwd)")
     # configurable-http-proxy runs on node; npm is needed only for a build (build_hub says so then).
@@ -541,7 +574,9 @@ def hub_bed() -> Iterator[HubBed]:
     require(build is not None, f"the hub's venv and proxy ({how})")
     assert build is not None
     ensure_users()
-    with users_held():
+    with contextlib.ExitStack() as held:
+        with timeout_paused():
+            held.enter_context(users_held())
         bed = HubBed(build)
         try:
             yield bed

@@ -66,6 +66,11 @@ def _podman(
         home = home or Path(pwd.getpwnam(user).pw_dir)
         cmd = ["runuser", "-u", user, "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin", *cmd]
     done = subprocess.run(cmd, capture_output=True, text=True, input=stdin or "", timeout=300)
+    if user is not None and "podman system migrate" in done.stderr:
+        # The user's pause process is gone (the sshd bed ends its sessions' processes, and a job's podman
+        # started it) while its pid file stays: podman's own remedy, then the call once more.
+        subprocess.run([*cmd[: cmd.index("podman")], "podman", "system", "migrate"], capture_output=True, timeout=300)
+        done = subprocess.run(cmd, capture_output=True, text=True, input=stdin or "", timeout=300)
     if check and done.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
     return done
