@@ -356,6 +356,39 @@ def test_a_job_slurm_forgot_is_decided_by_its_exit_code_file() -> None:
     assert sc.interpret(None, None).state == "lost"
 
 
+# Slurm 22.05's own lines (slurmstepd's), as the bed's job logs hold them.
+REQUEUE_LINE = "slurmstepd-n1: error: *** JOB 9 ON n1 CANCELLED AT 2026-12-06T01:41:24 DUE TO JOB REQUEUE ***"
+NODE_LINE = (
+    "slurmstepd-n1: error: *** JOB 9 ON n1 CANCELLED AT 2026-12-06T01:41:34 DUE TO NODE FAILURE, "
+    "SEE SLURMCTLD LOG FOR DETAILS ***"
+)
+PREEMPT_LINE = "slurmstepd-n1: error: *** JOB 9 ON n1 CANCELLED AT 2026-12-06T01:41:44 DUE TO PREEMPTION ***"
+
+
+@pytest.mark.parametrize(
+    ("line", "cause", "words"),
+    [
+        (REQUEUE_LINE, "preempted", "Slurm requeued it, taking it off n1: *** JOB 9 ON n1"),
+        (NODE_LINE, "lost", "its node n1 failed: *** JOB 9 ON n1"),
+        (PREEMPT_LINE, "preempted", "Slurm preempted it on n1 for a higher-priority job: *** JOB 9"),
+    ],
+)
+@pytest.mark.parametrize("state", ["PENDING", "REQUEUED", "CANCELLED by 1005", "NODE_FAIL"])
+def test_a_job_slurm_took_off_its_node_ends_its_attempt_quoting_slurm(
+    line: str, cause: str, words: str, state: str
+) -> None:
+    said = sc.requeued(job(state, "BeginTime"), f"step 2\n{line}\n")
+    assert said is not None and (said.state, said.cause) == ("lost", cause)
+    assert words in said.reason and said.reason.endswith("***")
+
+
+def test_slurms_line_about_another_job_or_a_running_job_is_not_this_attempts_end() -> None:
+    other = REQUEUE_LINE.replace("JOB 9 ", "JOB 8 ")
+    assert sc.requeued(job("PENDING", "BeginTime"), other) is None
+    assert sc.requeued(job("RUNNING"), REQUEUE_LINE) is None  # Slurm runs it again: not read from a pending state
+    assert sc.requeued(job("PENDING", "BeginTime"), "step 2\n*** JOB 9 ON n1 CANCELLED AT 2026 ***\n") is None
+
+
 def test_scancel_argv() -> None:
     assert sc.scancel_argv(["5", "6"]) == ["scancel", "5", "6"]
 

@@ -2,8 +2,9 @@
 
 ``SlurmEngine`` is the ssh kind (``SSHEngine``: route, host keys, the content-addressed input
 cache, the verified fetch, the job folder on the shared filesystem under ``base_dir``) with
-``SlurmLauncher`` in place of the detached process. It overrides nothing of ssh's; what differs is
-how a job starts, is watched and stops, all in the launcher:
+``SlurmLauncher`` in place of the detached process. It overrides only ``cleanup`` (what Slurm still
+holds of the job is cancelled first); what differs is how a job starts, is watched and stops, all in
+the launcher:
 
 - ``start`` writes ``batch.sh`` beside ``command.sh`` and submits it with ``sbatch`` (through
   ``slurm_commands.SUBMIT_SH``, so a second submission finds the first). The plain environment
@@ -11,7 +12,10 @@ how a job starts, is watched and stops, all in the launcher:
   they are in neither argv, nor sbatch's exported environment (which slurmctld keeps in its state).
 - ``poll`` asks ``squeue`` once for every job of the machine, and reads the exit codes the batch
   scripts wrote with the shared status script, in the same round trip. A controller that does not
-  answer is left alone for a while (doubling, at most ``MAX_BACKOFF`` seconds).
+  answer is left alone for a while (doubling, at most ``MAX_BACKOFF`` seconds). A job that ran and
+  waits again, whose log ends with Slurm's line that it took the job off its node (node failure,
+  preemption, requeue), has lost its attempt (``slurm_commands.requeued``): what Slurm holds of it is
+  cancelled, and a retry policy starts the next attempt from its checkpoints.
 - ``cancel`` is ``scancel``, then waits until Slurm no longer has the job running or completing.
 - ``check`` adds the cluster's facts (version, partitions, nodes, CPUs, GPUs, limits) to the
   login node's.
@@ -22,6 +26,7 @@ All of Slurm's text (argv, scripts, parsers, states) lives in ``slurm_commands/`
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -49,6 +54,7 @@ from .slurm_commands import (
     SECRETS_FILE,
     SLURM_JOB_ID_FILE,
     SUBMIT_SH,
+    TAKEN_OFF_STATES,
     Outcome,
     SlurmFacts,
     SlurmJob,
@@ -60,6 +66,7 @@ from .slurm_commands import (
     parse_sbatch_output,
     parse_squeue,
     refuse_unfit,
+    requeued,
     sbatch_argv,
     scancel_argv,
     squeue_argv,
@@ -67,14 +74,20 @@ from .slurm_commands import (
 from .ssh import SSHEngine
 from .transport import quote
 
+log = logging.getLogger(__name__)
+
 #: The longest a busy controller is left alone between polls.
 MAX_BACKOFF = 300.0
 #: How long the cluster's partitions (for refusing unfit resources at submit) are trusted.
 FACTS_TTL = 300.0
 #: How long cancel waits, beyond the grace, for Slurm to finish killing the job (its KillWait).
 CANCEL_SETTLE = 60.0
+#: How much of a job's log's end is read for Slurm's own lines (a memory kill, a node taken away).
+LOG_TAIL = 16 << 10
 #: Slurm states in which the job's processes may still exist.
 _LIVE_STATES = "PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED|STOPPED|SIGNALING|STAGE_OUT|RESIZING|REQUEUED"
+#: Slurm states of a job that will not run again.
+_ENDED_STATES = frozenset({"CANCELLED", "NODE_FAIL", "PREEMPTED"})
 #: What squeue says when the controller is too busy (or down) to answer: try again later.
 _BUSY_SIGNS = ("Socket timed out", "Unable to contact slurm controller", "slurm_load_jobs error", "Zero Bytes")
 
@@ -198,20 +211,43 @@ rm -f "$e" "$e.out"
         rest, blob = farside.split_metrics(rest.encode())
         files = farside.parse_status(rest, jobs, self.name)
         statuses = {}
+        taken_off = []
         for job, slurm_id in zip(jobs, ids, strict=True):
             far = files[job.job_id]
+            slurm = queue.get(slurm_id)
             code = far.exit_code if far.state == "exited" else None
-            outcome = interpret(queue.get(slurm_id), code)
-            if outcome.state in ("failed", "exited") and queue.get(slurm_id) is not None and outcome.exit_code != 0:
+            outcome = interpret(slurm, code)
+            said = None
+            word = (slurm.state.split() or [""])[0] if slurm is not None else ""
+            if slurm is not None and far.log_size and word in TAKEN_OFF_STATES:
+                # A job that ran (it has a log) and waits again, or ended without its command: did Slurm
+                # take it off its node? Only the log says so (there may be no accounting).
+                said = requeued(slurm, self._log_tail(job, far.log_size))
+            if said is not None:
+                outcome = said
+                if word not in _ENDED_STATES:
+                    taken_off.append(slurm_id)  # Slurm holds it to run again
+            elif outcome.state in ("failed", "exited") and slurm is not None and outcome.exit_code != 0:
                 # Only the log says a job was killed for its memory where Slurm samples it.
-                outcome = interpret(queue[slurm_id], code, self._log_tail(job))
-            statuses[job.job_id] = _status(outcome, far.log_size, queue.get(slurm_id))
+                outcome = interpret(slurm, code, self._log_tail(job, far.log_size))
+            statuses[job.job_id] = _status(outcome, far.log_size, slurm)
+        if taken_off:
+            self._withdraw(taken_off)
         return statuses, farside.parse_metrics(blob, jobs)
 
-    def _log_tail(self, job: RemoteJob) -> str:
+    def _withdraw(self, slurm_ids: list[str]) -> None:
+        """Cancel what Slurm holds to run again of attempts that ended when it took them off their node: it
+        would start the batch script from the start in a folder this side is done with. Idempotent; a
+        failure is tried again at the next poll (the job's log still says why)."""
+        res = self.engine.transport.run(" ".join(quote(a) for a in scancel_argv(sorted(set(slurm_ids)))), timeout=60)
+        if res.code != 0:
+            log.warning("%s: %s", self.name, res.error(f"cancelling requeued Slurm jobs {', '.join(slurm_ids)}"))
+
+    def _log_tail(self, job: RemoteJob, size: int | None) -> str:
+        """The end of the job's log, where Slurm writes why it stopped the job."""
         try:
-            size = 4096
-            return self.engine.read_log(job, 0, 1 << 30)[-size:].decode("utf-8", "replace")
+            start = max(0, (size or 0) - LOG_TAIL)
+            return self.engine.read_log(job, start, LOG_TAIL).decode("utf-8", "replace")
         except EngineError:
             return ""
 
@@ -255,7 +291,7 @@ class SlurmEngine(SSHEngine):
 
     kind = "slurm"
     label = "Slurm cluster"
-    features = Features(host_keys=True, pending=True, resources=frozenset(RESOURCE_NAMES))
+    features = Features(host_keys=True, pending=True, resources=frozenset(RESOURCE_NAMES), checkpoints=True)
     options = {
         **SSHEngine.options,
         "base_dir": OptionField(
@@ -268,6 +304,12 @@ class SlurmEngine(SSHEngine):
         "sbatch_args": OptionField(list, "Extra sbatch arguments, e.g. ['--constraint=a100']"),
     }
 
+    def cleanup(self, job: RemoteJob) -> None:
+        # What Slurm still holds of the job (one requeued, waiting to run again) goes first: it would
+        # start in a folder that is gone, or in the next attempt's of the same name.
+        self.launcher.cancel(job, 0)
+        super().cleanup(job)
+
 
 def _status(outcome: Outcome, log_size: int | None, slurm: SlurmJob | None = None) -> RemoteStatus:
     """slurm_commands' outcome as the lifecycle's RemoteStatus, with Slurm's times where it has them."""
@@ -277,7 +319,7 @@ def _status(outcome: Outcome, log_size: int | None, slurm: SlurmJob | None = Non
     if outcome.state == "exited":
         return RemoteStatus("exited", exit_code=outcome.exit_code, log_size=log_size, **times)
     if outcome.state == "lost":
-        return RemoteStatus("gone", log_size=log_size, detail=outcome.reason, **times)
+        return RemoteStatus("gone", log_size=log_size, detail=outcome.reason, cause=outcome.cause, **times)
     return RemoteStatus(
         outcome.state,
         exit_code=outcome.exit_code,

@@ -347,8 +347,12 @@ class Driver:
             detail = status.detail or None
             self._to_collecting(job, status.state, detail, exit_code=status.exit_code, times=times, cause=cause)
         elif status.state == "gone":
-            reason = f"lost: the process vanished on {job.machine} ({status.detail})"
-            cause = _cause(status.cause) or ("lost" if status.detail != "cancelled" else None)
+            cause = _cause(status.cause)
+            if cause is not None:
+                reason = f"{cause}: {status.detail}"  # the machine said why (its node failed, its agent went quiet)
+            else:
+                reason = f"lost: the process vanished on {job.machine} ({status.detail})"
+                cause = "lost" if status.detail != "cancelled" else None
             self._to_collecting(job, "lost", reason, times=times, cause=cause)
         else:
             if status.log_size is not None and status.log_size != job.log_size:

@@ -239,7 +239,7 @@ class JobService:
             if spec.checkpoints and not cls.features.checkpoints:
                 raise InvalidSettings(
                     f"checkpoints: {machine.name} is a {machine.kind} machine, whose checkpoints do not come home "
-                    "yet; run on a local or ssh machine, or leave checkpoints out",
+                    "yet; run on a local, ssh or Slurm machine, or leave checkpoints out",
                     field="checkpoints",
                 )
             self._admit_fallback(spec, machine, inputs)

@@ -13,7 +13,8 @@ The far side of a Slurm job uses the job folder of every push engine (``base.py`
     <job dir>/batch.sh        the script sbatch runs (``batch_script``)
     <job dir>/command.sh      the job's command (``launcher.command_script``)
     <job dir>/work/           its working directory
-    <job dir>/log             stdout and stderr (sbatch --output, appended across requeues)
+    <job dir>/log             stdout and stderr (sbatch --output, appended across requeues), with
+                              Slurm's own line when it takes the job off its node (``requeued``)
     <job dir>/exit_code       written atomically by batch.sh: accounting is often off
     <job dir>/slurm_job_id    written by ``SUBMIT_SH`` once sbatch accepted the job
     <job dir>/secrets.env     the job's secrets (0600) from submit until batch.sh starts and removes it
@@ -40,12 +41,14 @@ from .partitions import (
 )
 from .queue import (
     SQUEUE_FORMAT,
+    TAKEN_OFF_STATES,
     Outcome,
     SlurmJob,
     interpret,
     out_of_memory,
     parse_squeue,
     pending_reason,
+    requeued,
     scancel_argv,
     squeue_argv,
 )
@@ -76,6 +79,7 @@ __all__ = [
     "SLURM_JOB_ID_FILE",
     "SQUEUE_FORMAT",
     "SUBMIT_SH",
+    "TAKEN_OFF_STATES",
     "WARNING_FILE",
     "WARN_BEFORE_SECONDS",
     "WARN_SIGNAL",
@@ -98,6 +102,7 @@ __all__ = [
     "parse_time_limit",
     "pending_reason",
     "refuse_unfit",
+    "requeued",
     "sbatch_argv",
     "scancel_argv",
     "slurm_path",

@@ -231,6 +231,46 @@ def interpret(job: SlurmJob | None, exit_code: int | None = None, log_tail: str 
     return Outcome("running", f"Slurm reports {job.state}")
 
 
+#: Slurm's own line in a job's log (slurmstepd's) when it took the job off its node, to run it again later
+#: or not at all: ``*** JOB 7 ON node1 CANCELLED AT 2026-12-06T01:41:24 DUE TO JOB REQUEUE ***``.
+_TAKEN_OFF = re.compile(
+    r"\*\*\* JOB (?P<id>\d+) ON (?P<node>\S+) CANCELLED AT \S+ "
+    r"DUE TO (?P<why>NODE FAILURE|PREEMPTION|JOB REQUEUE)[^\n]*\*\*\*"
+)
+#: Why Slurm took a job off its node, as a retry policy's cause and in words.
+_TAKEN_OFF_AS = {
+    "NODE FAILURE": ("lost", "its node {node} failed"),
+    "PREEMPTION": ("preempted", "Slurm preempted it on {node} for a higher-priority job"),
+    "JOB REQUEUE": ("preempted", "Slurm requeued it, taking it off {node}"),
+}
+#: Slurm states a job taken off its node may be in while we look: held for its restart, or ended there
+#: (``CANCELLED`` once this side ended the attempt and cancelled what Slurm held).
+TAKEN_OFF_STATES = frozenset(
+    {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "CANCELLED", "NODE_FAIL", "PREEMPTED"}
+)
+
+
+def requeued(job: SlurmJob, log_tail: str) -> Outcome | None:
+    """The attempt Slurm took off its node (node failure, preemption, ``scontrol requeue``), as Slurm's own
+    line at the end of the job's log says; None when it says nothing of the kind.
+
+    Slurm would run the batch script again from the start, later (a requeue waits ~2 minutes), without the
+    secrets it never held: the attempt ends here instead (``lost`` after a node failure, ``preempted``
+    otherwise, Slurm's line in the reason), and a retry policy starts the next one from its checkpoints.
+    """
+    if (job.state.split() or [""])[0].upper() not in TAKEN_OFF_STATES:
+        return None
+    said = None
+    for found in _TAKEN_OFF.finditer(log_tail):
+        if found.group("id") == job.job_id:
+            said = found  # the last: a job's log is its own, but Slurm's id says it is this job's
+    if said is None:
+        return None
+    cause, words = _TAKEN_OFF_AS[said.group("why")]
+    reason = f"{words.format(node=said.group('node'))}: {said.group(0)}"
+    return Outcome("lost", reason, cause=cause)
+
+
 _OOM_SIGNS = ("Exceeded job memory limit", "exceeded memory limit", "oom-kill event", "oom_kill event")
 
 

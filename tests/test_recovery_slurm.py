@@ -1,0 +1,130 @@
+"""Slurm taking a job off its node, told apart from a failure, on the real Slurm bed (tests/slurm_fixture.py).
+
+A job requeued (``scontrol requeue``, as an administrator or a preemption does) or whose node goes down
+(``scontrol update state=down``) ends its attempt, ``preempted`` or ``lost``, with Slurm's own line from its
+log in the reason; what Slurm holds to run again is cancelled. With a retry policy the next attempt is a new
+Slurm job that starts from the last checkpoint set that came home while the first ran.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import slurm_fixture
+import sshd_fixture
+import test_engine_slurm
+from slurm_fixture import SlurmBed
+from test_retries import TRAIN
+from waiting import wait_for
+
+from jupyter_remote_compute.jobs.job import Job
+from jupyter_remote_compute.jobs.service import JobService
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+sshd_bed = sshd_fixture.sshd_bed
+slurm_bed = slurm_fixture.slurm_bed
+cluster = test_engine_slurm.cluster  # a service on a copy of the quickstart, with the bed as machine "hpc"
+
+#: The training script that resumes from its newest checkpoint, beside the quickstart's own.
+SCRIPT = "resume.py"
+
+
+def slurm_state(bed: SlurmBed, slurm_id: str) -> str:
+    done = subprocess.run(
+        ["squeue", "--noheader", "--states=all", f"--jobs={slurm_id}", "--format=%T"],
+        capture_output=True,
+        text=True,
+        env=bed.env,
+    )
+    return done.stdout.strip()
+
+
+def checkpointed_at_step_2(service: JobService, workspace: Path, retry: dict[str, object] | None) -> Job:
+    """A training job on the cluster, running, once its step-2 checkpoint came home (it then waits)."""
+    (workspace / SCRIPT).write_text(TRAIN)
+    spec: dict[str, object] = {
+        "machine": "hpc",
+        "command": f"python3 {SCRIPT}",
+        "send": [SCRIPT],
+        "bring_back": ["trained.txt"],
+        "checkpoints": "ckpt",
+        "checkpoint_every": 0.2,
+    }
+    if retry is not None:
+        spec["retry"] = retry
+    job = service.submit(JobSpec.from_json(spec)).job
+    home = workspace / ".punica/checkpoints" / job.id
+
+    def second_step_home() -> Job | None:
+        current = service.advance(job.id)
+        return current if (home / "step-2.pt").is_file() else None
+
+    running = wait_for(second_step_home, timeout=120, message="step 2's checkpoint to come home from Slurm")
+    assert running.state == "running", running.public_json()
+    return running
+
+
+def resumed_to_success(service: JobService, workspace: Path, job: Job, end: str, slurm_says: str) -> Job:
+    """The attempt ended ``end`` quoting Slurm; the next Slurm job resumed from step 2 and succeeded."""
+    first_slurm_id = job.handle["slurm_job_id"]
+    done = service.wait(job.id, timeout=180)
+    assert done.state == "succeeded", done.public_json()
+    assert [a["end"] for a in done.attempts] == [end, "succeeded"], done.attempts
+    reason = done.attempts[0]["reason"]
+    assert reason.startswith(f"{end}: ") and f"*** JOB {first_slurm_id} ON " in reason, reason
+    assert slurm_says in reason, reason
+    # A new Slurm job ran the next attempt, from the checkpoint of step 2 the first one sent home.
+    assert (workspace / "trained.txt").read_text() == "from 2: 1,2,3,4,5,"
+    assert done.handle["slurm_job_id"] != first_slurm_id
+    return done
+
+
+def test_a_job_requeued_by_slurm_is_preempted_and_resumes_from_its_checkpoint(cluster, quickstart: Path) -> None:
+    service, bed = cluster
+    running = checkpointed_at_step_2(service, quickstart, {"max": 1, "on": ["preempted"]})
+    slurm_id = running.handle["slurm_job_id"]
+    started = time.monotonic()
+    bed.run(["scontrol", "requeue", slurm_id])  # by its owner, as an administrator or a preemption would
+
+    resumed_to_success(service, quickstart, running, "preempted", "DUE TO JOB REQUEUE")
+    # What Slurm held to run again was cancelled: it never starts the first attempt over.
+    assert slurm_state(bed, slurm_id) == "CANCELLED"
+    print(f"\nrequeued to the next attempt's success: {time.monotonic() - started:.1f} s")
+
+
+def test_a_job_whose_node_goes_down_is_lost_and_resumes_from_its_checkpoint(cluster, quickstart: Path) -> None:
+    service, bed = cluster
+    running = checkpointed_at_step_2(service, quickstart, {"max": 1, "on": ["lost"]})
+    started = time.monotonic()
+    down = ["scontrol", "update", f"nodename={bed.node}", "state=down", "reason=jrc test: node failure"]
+    try:
+        subprocess.run(down, check=True, capture_output=True, env=bed.env)
+
+        def attempt_ended() -> Job | None:
+            current = service.advance(running.id)
+            return current if current.attempts else None
+
+        wait_for(attempt_ended, timeout=60, message="the attempt on the node that went down to end")
+    finally:
+        # The bed's node comes back by itself once slurmd answers (ReturnToService=2); make sure of it.
+        if bed.node_state() not in ("idle", "mixed", "allocated"):
+            subprocess.run(["scontrol", "update", f"nodename={bed.node}", "state=resume"], env=bed.env, check=False)
+        wait_for(lambda: bed.node_state() in ("idle", "mixed", "allocated"), 60, "the node to be back")
+    resumed_to_success(service, quickstart, running, "lost", "DUE TO NODE FAILURE")
+    print(f"\nnode down to the next attempt's success: {time.monotonic() - started:.1f} s")
+
+
+def test_without_a_retry_policy_a_requeued_job_ends_and_slurm_does_not_run_it_again(cluster, quickstart: Path) -> None:
+    service, bed = cluster
+    running = checkpointed_at_step_2(service, quickstart, None)
+    slurm_id = running.handle["slurm_job_id"]
+    bed.run(["scontrol", "requeue", slurm_id])
+
+    done = service.wait(running.id, timeout=120)
+    assert done.state == "lost", done.public_json()
+    assert done.reason.startswith("preempted: Slurm requeued it") and "DUE TO JOB REQUEUE ***" in done.reason
+    assert done.attempts == [] and slurm_state(bed, slurm_id) == "CANCELLED"
+    # The checkpoint set that came home stays: a job submitted again may start from it.
+    assert (quickstart / ".punica/checkpoints" / done.id / "step-2.pt").read_text() == "1,2,"
