@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import signal
 import tarfile
 import uuid
@@ -20,9 +21,11 @@ from jupyter_remote_compute.agent.server import Refused, Server
 module_bed = agent_fixture.module_bed
 
 
-def running_job(bed: agent_fixture.AgentBed, agent: agent_fixture.AgentProcess, machine: str) -> tuple[str, Path]:
+def running_job(
+    bed: agent_fixture.AgentBed, agent: agent_fixture.AgentProcess, machine: str, **spec: Any
+) -> tuple[str, Path]:
     (bed.server.root / "gated.sh").write_text(GATED)
-    job = submit(bed.server, machine)
+    job = submit(bed.server, machine, **spec)
     jobdir = agent.state / "jobs" / job["id"]
     wait_for(lambda: (jobdir / "pid").exists(), timeout=30, message="the agent to start the job")
     wait_for(lambda: state_of(bed.server, job["id"])["state"] == "running", timeout=30, message="the job to run")
@@ -90,6 +93,48 @@ def test_an_agent_killed_mid_job_loses_it_after_its_lease(module_bed: agent_fixt
     module_bed.start_agent("killed", state=agent.state)
     wait_for(lambda: not jobdir.exists(), timeout=30, message="the agent to drop the stale job")
     assert group_members(group) == []
+
+
+def test_an_agent_that_stops_reporting_loses_its_attempt_and_the_retry_runs_once_it_is_back(
+    module_bed: agent_fixture.AgentBed,
+) -> None:
+    """The agent's process is stopped (SIGSTOP: a hung agent, a box frozen) while its job runs: past its
+    lease the attempt ends lost, saying so, and the job waits for the agent; once the agent is back it drops
+    the stale attempt (stopping its process) and runs the next one."""
+    server = module_bed.server
+    module_bed.add_machine("stalled")
+    agent = module_bed.start_agent("stalled")
+    job_id, jobdir = running_job(module_bed, agent, "stalled", retry={"max": 1, "on": ["lost"]})
+    group = int((jobdir / "pid").read_text())
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGSTOP)
+    try:
+        requeued = wait_for(
+            lambda: (job := state_of(server, job_id)).get("attempts") and job, timeout=120, message="the attempt to end"
+        )
+        assert requeued["state"] in ("queued", "pending"), requeued
+        lost = requeued["attempts"][0]
+        assert lost["end"] == "lost", lost
+        quiet = re.fullmatch(
+            r"lost: the agent of stalled stopped reporting: no heartbeat for (\d+) s \(its lease is 30 s\)",
+            lost["reason"],
+        )
+        assert quiet and int(quiet.group(1)) >= 30, lost["reason"]
+        assert group_members(group)  # the job itself ran on while its agent was stopped
+    finally:
+        agent.proc.send_signal(signal.SIGCONT)
+
+    def next_attempt_started() -> bool:
+        pid = jobdir / "pid"
+        return pid.exists() and int(pid.read_text()) != group
+
+    wait_for(next_attempt_started, timeout=60, message="the agent to start the next attempt")
+    assert group_members(group) == []  # the stale attempt's process was stopped
+    (jobdir / "work" / "go").write_text("")
+    done = ended(server, job_id)
+    assert done["state"] == "succeeded", done["reason"]
+    assert [a["end"] for a in done["attempts"]] == ["lost", "succeeded"]
+    assert set(done["outputs"]) == {"model.pkl", "metrics.json"}
 
 
 def test_an_agent_stopped_and_started_within_its_lease_adopts_the_job_again(module_bed: agent_fixture.AgentBed) -> None:

@@ -174,6 +174,9 @@ class Agent:
 
     def _prepare_dir(self, job: dict[str, Any]) -> None:
         jobdir = self.jobs / job["job_id"]
+        # An earlier attempt of the same job, which the server ended while this agent was away (its lease
+        # ran out), may still run here: stopped before its folder goes.
+        self._stop(jobdir, 0)
         shutil.rmtree(jobdir, ignore_errors=True)
         (jobdir / "work").mkdir(parents=True)
         (jobdir / "job.json").write_text(json.dumps({"job_id": job["job_id"], "attempt": job["attempt"]}) + "\n")

@@ -134,7 +134,9 @@ class AgentEngine(Engine):
             detail = farside.building_reason(building["tool"], building["packages"]) if building else ""
             return RemoteStatus("running", log_size=size, detail=detail, **times)
         if now == "lost":
-            return RemoteStatus("gone", log_size=size, detail=state.get("detail") or "its lease ran out", **times)
+            # Its agent stopped renewing the lease: the machine's fault, which a retry policy's ``lost`` names.
+            detail = state.get("detail") or "its lease ran out"
+            return RemoteStatus("gone", log_size=size, detail=detail, cause="lost", **times)
         how = state.get("how")
         if how == "exited":
             return RemoteStatus("exited", exit_code=state.get("exit_code"), log_size=size, **times)

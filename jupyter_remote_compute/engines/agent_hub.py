@@ -5,6 +5,7 @@ Everything lives in files under ``.punica/agents/<machine>/``, so every process 
 
     token.json                 the sha256 of the machine's agent token (never the token), 0600
     seen.json                  when the agent last called, and the facts it reported
+    retired.json               the last attempt of jobs removed while an agent may have held it
     queue.stamp                touched whenever a job is queued: a waiting claim wakes on its mtime
     jobs/<job id>/state.json   the job as the agent sees it (below)
     jobs/<job id>/inputs.json  what the agent may download (digest -> workspace file)
@@ -187,7 +188,11 @@ class MachineHub:
             state = self.state(job_id)
             if state is None:
                 _write_json(self.job_dir(job_id) / "launch.json", launch)
-                state = {"job_id": job_id, "key": key, "state": "queued", "attempt": 0, "queued_at": time.time()}
+                # A job queued again (its retry policy's next attempt) numbers its attempts on from the last
+                # one an agent was given: an agent back from a stall acting on that one is answered 409.
+                before = self._retired().get(job_id, 0)
+                state = {"job_id": job_id, "key": key, "state": "queued", "attempt": before, "queued_at": time.time()}
+                self._retire(job_id, None)
                 self._save(job_id, state)
             private_dir(self.dir)
             (self.dir / "queue.stamp").touch()
@@ -313,7 +318,25 @@ class MachineHub:
 
     def remove_job(self, job_id: str) -> None:
         with self.locked():
+            state = self.state(job_id) or {}
+            if state.get("state") in ("claimed", "running", "lost"):
+                self._retire(job_id, int(state.get("attempt") or 0))  # an agent may still hold that attempt
             shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    def _retired(self) -> dict[str, int]:
+        """Jobs removed while an agent may still have held their last attempt: job id -> that attempt."""
+        return _read_json(self.dir / "retired.json") or {}
+
+    def _retire(self, job_id: str, attempt: int | None) -> None:
+        retired = self._retired()
+        if attempt is None and job_id not in retired:
+            return
+        if attempt is None:
+            del retired[job_id]
+        else:
+            retired[job_id] = attempt
+        private_dir(self.dir)
+        _write_json(self.dir / "retired.json", retired)
 
 
 class AgentHub:
