@@ -50,6 +50,30 @@ def test_a_lease_that_runs_out_queues_an_unstarted_job_and_loses_a_started_one(h
         hub.heartbeat("idle", first["attempt"], {"state": "running"}, b"", 0)
 
 
+def test_a_job_queued_again_after_its_attempt_was_lost_numbers_its_attempts_on(hub) -> None:  # type: ignore[no-untyped-def]
+    """A retried job's folder is removed and made again; an agent back from a stall still holds its
+    lost attempt, which must not pass for the new one."""
+    hub.prepare("j1")
+    hub.enqueue("j1", "key", {"command": "true"})
+    lost = hub.claim("agent")["attempt"]
+    hub.heartbeat("j1", lost, {"state": "running"}, b"", 0)
+    assert hub.expire(lease=0, since=0) == ["j1"]
+    hub.remove_job("j1")  # the lifecycle's cleanup before the next attempt
+    hub.prepare("j1")
+    hub.enqueue("j1", "key", {"command": "true"})
+    with pytest.raises(StaleAttempt):
+        hub.heartbeat("j1", lost, {"state": "ended", "how": "gone"}, b"", 0)
+    again = hub.claim("agent")["attempt"]
+    assert again == lost + 1
+    with pytest.raises(StaleAttempt):
+        hub.heartbeat("j1", lost, {"state": "ended", "how": "gone"}, b"", 0)
+    # Queued again, the job is no longer among those retired; removed once its attempt ended, it is not either.
+    assert hub._retired() == {}
+    hub.heartbeat("j1", again, {"state": "ended", "how": "exited", "exit_code": 0}, b"", 0)
+    hub.remove_job("j1")
+    assert hub._retired() == {}
+
+
 def test_a_lease_counts_from_the_servers_start_at_the_earliest(hub) -> None:  # type: ignore[no-untyped-def]
     hub.prepare("j1")
     hub.enqueue("j1", "key", {"command": "true"})
