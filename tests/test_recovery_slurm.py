@@ -66,6 +66,16 @@ def checkpointed_at_step_2(service: JobService, workspace: Path, retry: dict[str
     return running
 
 
+def next_attempt_running(service: JobService, job_id: str) -> Job:
+    """Drive the job until its first attempt ended and the next one runs (or already ran)."""
+
+    def running_again() -> Job | None:
+        current = service.advance(job_id)
+        return current if current.attempts and current.state not in ("queued", "sending", "pending") else None
+
+    return wait_for(running_again, timeout=60, message="the next attempt to run in a new Slurm job")
+
+
 def resumed_to_success(service: JobService, workspace: Path, job: Job, end: str, slurm_says: str) -> Job:
     """The attempt ended ``end`` quoting Slurm; the next Slurm job resumed from step 2 and succeeded."""
     first_slurm_id = job.handle["slurm_job_id"]
@@ -87,11 +97,13 @@ def test_a_job_requeued_by_slurm_is_preempted_and_resumes_from_its_checkpoint(cl
     slurm_id = running.handle["slurm_job_id"]
     started = time.monotonic()
     bed.run(["scontrol", "requeue", slurm_id])  # by its owner, as an administrator or a preemption would
+    next_attempt_running(service, running.id)
+    print(f"\nrequeued to the next attempt running: {time.monotonic() - started:.1f} s")
 
     resumed_to_success(service, quickstart, running, "preempted", "DUE TO JOB REQUEUE")
     # What Slurm held to run again was cancelled: it never starts the first attempt over.
     assert slurm_state(bed, slurm_id) == "CANCELLED"
-    print(f"\nrequeued to the next attempt's success: {time.monotonic() - started:.1f} s")
+    print(f"requeued to the next attempt's success: {time.monotonic() - started:.1f} s")
 
 
 def test_a_job_whose_node_goes_down_is_lost_and_resumes_from_its_checkpoint(cluster, quickstart: Path) -> None:
@@ -102,18 +114,15 @@ def test_a_job_whose_node_goes_down_is_lost_and_resumes_from_its_checkpoint(clus
     try:
         subprocess.run(down, check=True, capture_output=True, env=bed.env)
 
-        def attempt_ended() -> Job | None:
-            current = service.advance(running.id)
-            return current if current.attempts else None
-
-        wait_for(attempt_ended, timeout=60, message="the attempt on the node that went down to end")
+        next_attempt_running(service, running.id)
+        print(f"\nnode down to the next attempt running: {time.monotonic() - started:.1f} s")
     finally:
         # The bed's node comes back by itself once slurmd answers (ReturnToService=2); make sure of it.
         if bed.node_state() not in ("idle", "mixed", "allocated"):
             subprocess.run(["scontrol", "update", f"nodename={bed.node}", "state=resume"], env=bed.env, check=False)
         wait_for(lambda: bed.node_state() in ("idle", "mixed", "allocated"), 60, "the node to be back")
     resumed_to_success(service, quickstart, running, "lost", "DUE TO NODE FAILURE")
-    print(f"\nnode down to the next attempt's success: {time.monotonic() - started:.1f} s")
+    print(f"node down to the next attempt's success: {time.monotonic() - started:.1f} s")
 
 
 def test_without_a_retry_policy_a_requeued_job_ends_and_slurm_does_not_run_it_again(cluster, quickstart: Path) -> None:

@@ -387,6 +387,9 @@ def test_slurms_line_about_another_job_or_a_running_job_is_not_this_attempts_end
     assert sc.requeued(job("PENDING", "BeginTime"), other) is None
     assert sc.requeued(job("RUNNING"), REQUEUE_LINE) is None  # Slurm runs it again: not read from a pending state
     assert sc.requeued(job("PENDING", "BeginTime"), "step 2\n*** JOB 9 ON n1 CANCELLED AT 2026 ***\n") is None
+    # Requeued, run again by Slurm, then cancelled: the last time Slurm stopped it says how it ended.
+    cancelled = "slurmstepd-n1: error: *** JOB 9 ON n1 CANCELLED AT 2026-12-06T01:50:00 ***"
+    assert sc.requeued(job("CANCELLED"), f"{REQUEUE_LINE}\nattempt 2\n{cancelled}\n") is None
 
 
 def test_scancel_argv() -> None:

@@ -231,12 +231,10 @@ def interpret(job: SlurmJob | None, exit_code: int | None = None, log_tail: str 
     return Outcome("running", f"Slurm reports {job.state}")
 
 
-#: Slurm's own line in a job's log (slurmstepd's) when it took the job off its node, to run it again later
-#: or not at all: ``*** JOB 7 ON node1 CANCELLED AT 2026-12-06T01:41:24 DUE TO JOB REQUEUE ***``.
-_TAKEN_OFF = re.compile(
-    r"\*\*\* JOB (?P<id>\d+) ON (?P<node>\S+) CANCELLED AT \S+ "
-    r"DUE TO (?P<why>NODE FAILURE|PREEMPTION|JOB REQUEUE)[^\n]*\*\*\*"
-)
+#: Slurm's own line in a job's log (slurmstepd's) when it stopped the job, and why: a cancel says no more,
+#: a job taken off its node ``*** JOB 7 ON node1 CANCELLED AT 2026-12-06T01:41:24 DUE TO JOB REQUEUE ***``.
+_STOPPED = re.compile(r"\*\*\* JOB (?P<id>\d+) ON (?P<node>\S+) CANCELLED AT \S+(?P<why>[^\n*]*)\*\*\*")
+_DUE_TO = re.compile(r"DUE TO (NODE FAILURE|PREEMPTION|JOB REQUEUE)\b")
 #: Why Slurm took a job off its node, as a retry policy's cause and in words.
 _TAKEN_OFF_AS = {
     "NODE FAILURE": ("lost", "its node {node} failed"),
@@ -261,12 +259,13 @@ def requeued(job: SlurmJob, log_tail: str) -> Outcome | None:
     if (job.state.split() or [""])[0].upper() not in TAKEN_OFF_STATES:
         return None
     said = None
-    for found in _TAKEN_OFF.finditer(log_tail):
+    for found in _STOPPED.finditer(log_tail):
         if found.group("id") == job.job_id:
-            said = found  # the last: a job's log is its own, but Slurm's id says it is this job's
-    if said is None:
+            said = found  # the last time Slurm stopped this job: a cancel after a requeue it ran again is a cancel
+    due = _DUE_TO.search(said.group("why")) if said is not None else None
+    if said is None or due is None:
         return None
-    cause, words = _TAKEN_OFF_AS[said.group("why")]
+    cause, words = _TAKEN_OFF_AS[due.group(1)]
     reason = f"{words.format(node=said.group('node'))}: {said.group(0)}"
     return Outcome("lost", reason, cause=cause)
 
