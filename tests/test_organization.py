@@ -354,18 +354,19 @@ def test_a_member_runs_a_job_on_the_organizations_slurm_machine(
 
 # -- the authorization matrix: every route of the service, each kind of user, rcbob's resources ---------
 
-SERVICE_PY = REPO / "jupyter_remote_compute" / "org" / "service.py"
+ORG_PACKAGE = REPO / "jupyter_remote_compute" / "org"
 VERBS = ("get", "post", "put", "patch", "delete")
 
 
 def _api_routes() -> list[tuple[str, str]]:
-    """Every (pattern, verb) of ``org/service.py``'s ``API_ROUTES``, read from its source: the service
-    imports JupyterHub, which only the hub's venv holds, not this test process."""
-    tree = ast.parse(SERVICE_PY.read_text())
+    """Every (pattern, verb) of ``org/service.py``'s ``API_ROUTES``, read from the package's source (its
+    handlers and patterns are in modules beside it): the service imports JupyterHub, which only the hub's
+    venv holds, not this test process."""
+    nodes = [node for module in sorted(ORG_PACKAGE.glob("*.py")) for node in ast.parse(module.read_text()).body]
     constants: dict[str, str] = {}
     verbs: dict[str, list[str]] = {}
     table: ast.expr | None = None
-    for node in tree.body:
+    for node in nodes:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
             constants.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
         elif isinstance(node, ast.ClassDef):
@@ -427,6 +428,9 @@ MATRIX: dict[tuple[str, str], list[Ask]] = {
         Ask("PUT", "api/default-machine", _by(403, 403, 404), body={"machine": "no-such-machine"})
     ],
     ("api/default-machine", "delete"): [Ask("DELETE", "api/default-machine", _by(403, 403, 204))],
+    ("api/tracking", "get"): [Ask("GET", "api/tracking", _by(200, 403, 200))],
+    ("api/tracking", "put"): [Ask("PUT", "api/tracking", _by(403, 403, 400), body={"uri": "file:///srv/mlruns"})],
+    ("api/tracking", "delete"): [Ask("DELETE", "api/tracking", _by(403, 403, 204))],
     # A machine whose access list names rcbob alone (test_org_access.py has the rest): the admin's to read.
     (r"api/machines/([^/]+)", "get"): [
         Ask("GET", "api/machines/team-ssh", _by(200, 403, 200)),

@@ -13,6 +13,10 @@ A machine may say who may use it (``access``: hub users and groups, kept on its 
 A member off a machine's list does not see it (nor as the default: theirs is then none, so their jobs
 that name no machine run on ``local``), and is refused it by name (``Forbidden``). An admin sees and
 may use every machine: the admins keep the lists.
+
+An admin may name the organization's MLflow tracking server (``tracking.json``: its URI and who set it):
+the runs of the jobs on the organization's machines are recorded there instead of each user's own store.
+Only an http(s) URI without credentials in it is taken: the credentials are each user's environment's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import Forbidden, InvalidSettings, NotFound
 from ..fsutil import SharedFileLock, atomic_write
@@ -61,6 +66,7 @@ class Organization:
         self.org_jobs = OrgJobs(self.workspace.punica_dir, self.admin)
         self._admins_file = self.workspace.punica_dir / "admins.json"
         self._default_file = self.workspace.punica_dir / "default.json"
+        self._tracking_file = self.workspace.punica_dir / "tracking.json"
         self._lock = SharedFileLock(self.workspace.punica_dir / "admins.lock", timeout=30)
 
     def machines(self, member: Member) -> dict[str, Any]:
@@ -103,6 +109,21 @@ class Organization:
     def clear_default(self) -> None:
         with self._lock:
             self._default_file.unlink(missing_ok=True)
+
+    def tracking(self) -> dict[str, Any]:
+        """The organization's tracking server (``uri``: None where the admins set none) and who set it."""
+        kept = self._read(self._tracking_file)
+        return {"uri": kept.get("uri"), "set_by": kept.get("admin") if kept.get("uri") else None}
+
+    def set_tracking(self, admin_name: str, uri: Any) -> dict[str, Any]:
+        checked = tracking_server_uri(uri)
+        with self._lock:
+            atomic_write(self._tracking_file, json.dumps({"uri": checked, "admin": admin_name}).encode(), mode=0o600)
+        return self.tracking()
+
+    def clear_tracking(self) -> None:
+        with self._lock:
+            self._tracking_file.unlink(missing_ok=True)
 
     def machine(self, name: str, member: Member | None = None) -> dict[str, Any]:
         """One machine, described; for ``member`` only if they may use it."""
@@ -180,3 +201,29 @@ class Organization:
             else:
                 admins[machine] = admin_name
             atomic_write(self._admins_file, json.dumps(admins, indent=1, sort_keys=True).encode(), mode=0o600)
+
+
+def tracking_server_uri(value: Any) -> str:
+    """``value`` as the organization's tracking server: an http(s) URL of a host, without a user or
+    password in it (every member reads it); else ``InvalidSettings`` naming the field ``uri``."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidSettings("uri: expected the tracking server's URL (https://mlflow.example.org)", field="uri")
+    uri = value.strip()
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - a port that is no number raises here
+    except ValueError as e:
+        raise InvalidSettings(f"uri: not a URL ({e})", field="uri") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidSettings(
+            f"uri: expected an http(s) URL of an MLflow tracking server, not {parts.scheme or 'no'} scheme", field="uri"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise InvalidSettings(
+            "uri: no user or password in the URL (every member reads it); members give the server's credentials "
+            "in their own environment (MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and _PASSWORD)",
+            field="uri",
+        )
+    if parts.query or parts.fragment:
+        raise InvalidSettings("uri: no query or fragment in a tracking server's URL", field="uri")
+    return uri.rstrip("/")
