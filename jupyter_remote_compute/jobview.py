@@ -372,7 +372,10 @@ class RemoteTrainJob:
         job = self._snapshot
         if not job.mlflow_run_id:
             return ""
-        args = html.escape(json.dumps({"runId": job.mlflow_run_id, "label": job.name or job.id}), quote=True)
+        opened = {"runId": job.mlflow_run_id, "label": job.name or job.id}
+        if job.tracking_uri:  # recorded on the organization's tracking server: opened there
+            opened["trackingUri"] = job.tracking_uri
+        args = html.escape(json.dumps(opened), quote=True)
         return (
             '<p><a href="#" data-commandlinker-command="remote-compute:open-mlflow" '
             f'data-commandlinker-args="{args}">Open in MLflow</a></p>'

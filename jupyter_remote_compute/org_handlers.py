@@ -94,6 +94,27 @@ class OrgDefaultMachineHandler(RemoteComputeHandler):
         self.finish()
 
 
+class OrgTrackingHandler(RemoteComputeHandler):
+    """The organization's MLflow tracking server: every member reads it, an admin sets or clears it."""
+
+    @api
+    async def get(self) -> None:
+        self.reply(await self.call(lambda: _client().tracking()))
+
+    @api
+    async def put(self) -> None:
+        uri = self.body().get("uri")
+        if not isinstance(uri, str) or not uri:
+            raise InvalidSettings("uri: give the tracking server's http(s) URL", field="uri")
+        self.reply(await self.call(lambda: _client().set_tracking(uri)))
+
+    @api
+    async def delete(self) -> None:
+        await self.call(lambda: _client().clear_tracking())
+        self.set_status(204)
+        self.finish()
+
+
 class OrgQuotasHandler(RemoteComputeHandler):
     """The quotas binding the user, with what is used and left (an admin: every quota)."""
 
@@ -120,6 +141,7 @@ ORG_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{ORG}/machines/{MACHINE}", OrgMachineHandler),
     (rf"{ORG}/machines/{MACHINE}/check", OrgMachineCheckHandler),
     (rf"{ORG}/default-machine", OrgDefaultMachineHandler),
+    (rf"{ORG}/tracking", OrgTrackingHandler),
     (rf"{ORG}/jobs", OrgJobsHandler),
     (rf"{ORG}/usage", OrgUsageHandler),
     (rf"{ORG}/quotas", OrgQuotasHandler),

@@ -6,7 +6,7 @@ round. Secrets are read from stdin or a prompt, never from an argument
 (argv is visible to every user of the machine).
 
 One module per command group (``machines``, ``run``, ``jobs``, ``pipeline``, ``usage``, ``quota``,
-``secrets``), each with its parser and its command; ``console`` holds what they share.
+``tracking``, ``secrets``), each with its parser and its command; ``console`` holds what they share.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from ..engines.faces import CliCommand, all_faces
 from ..errors import RemoteComputeError
-from . import jobs, machines, pipeline, quota, run, secrets, usage
+from . import jobs, machines, pipeline, quota, run, secrets, tracking, usage
 from .console import EXIT_DETACHED, EXIT_FAILED
 
 __all__ = ["EXIT_DETACHED", "EXIT_FAILED", "build_parser", "main"]
@@ -37,6 +37,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     jobs.add_parser(sub)
     usage.add_parser(sub)
     quota.add_parser(sub)
+    tracking.add_parser(sub)
     secrets.add_parser(sub)
 
     # Listed for --help; main() hands it its arguments before this parser sees them.
@@ -65,6 +66,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "jobs": jobs.cmd_jobs,
     "usage": usage.cmd_usage,
     "quota": quota.cmd_quota,
+    "tracking": tracking.cmd_tracking,
     "secrets": secrets.cmd_secrets,
     "pipeline": pipeline.cmd_pipeline,
 }

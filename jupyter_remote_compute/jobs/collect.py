@@ -238,6 +238,7 @@ class Collector:
             host=job.machine_snapshot.get("address"),
             pool=job.pool,
             placement=job.placement,
+            tracking_uri=job.tracking_uri,
         )
 
     def _machine_facts(self, job: Job) -> dict[str, Any]:

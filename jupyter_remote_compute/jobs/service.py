@@ -26,7 +26,7 @@ from typing import Any
 
 from ..engines import engine_class, engine_kinds
 from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
-from ..engines.organization.client import ORG_PREFIX
+from ..engines.organization.client import ORG_KIND, ORG_PREFIX, tracking_server
 from ..engines.resources import Resources
 from ..environments import environment as environments
 from ..environments import image as images
@@ -244,6 +244,8 @@ class JobService:
                 )
             self._admit_fallback(spec, machine, inputs)
 
+        # A job on the organization's machine is recorded on its tracking server, where an admin set one.
+        tracking = tracking_server() if machine is not None and machine.kind == ORG_KIND else None
         job_id = new_job_id()
         jobdir = self.workspace.job_dir(job_id)
         manifest = json.dumps({"files": manifest_json(files)}, indent=1).encode()
@@ -269,6 +271,7 @@ class JobService:
                 inputs={"files": len(files), "bytes": sum(f.size for f in files)},
                 user=user or getpass.getuser(),
                 pool=pool.name if pool is not None else None,
+                tracking_uri=tracking,
             )
             jobs[job_id] = job
             if pool is not None:

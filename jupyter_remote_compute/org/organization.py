@@ -215,8 +215,11 @@ def tracking_server_uri(value: Any) -> str:
     except ValueError as e:
         raise InvalidSettings(f"uri: not a URL ({e})", field="uri") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
+        # Not echoed: what was pasted may hold a credential.
         raise InvalidSettings(
-            f"uri: expected an http(s) URL of an MLflow tracking server, not {parts.scheme or 'no'} scheme", field="uri"
+            "uri: expected the http(s) URL of an MLflow tracking server (https://mlflow.example.org); another store "
+            "(a folder, sqlite, databricks) is each member's own",
+            field="uri",
         )
     if parts.username is not None or parts.password is not None:
         raise InvalidSettings(

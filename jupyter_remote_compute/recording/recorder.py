@@ -90,7 +90,8 @@ MAX_ATTEMPTS = 5
 #: In the socket's and the lock's names: a recorder of another version never gets this one's requests.
 #: 4: a job's record may carry its pool and placement.
 #: 5: a to-do carries an attempt's record (``attempt``, ``ends``, ``attempts``) and earlier ones (``earlier``).
-PROTOCOL = 5
+#: 6: a job's record may name the tracking server its run goes to (``tracking_uri``: the organization's).
+PROTOCOL = 6
 #: Seconds a recorder stays up after its last request (the environment variable overrides it).
 RECORDER_IDLE = 600.0
 IDLE_ENV = "JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE"

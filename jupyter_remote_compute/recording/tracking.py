@@ -120,6 +120,9 @@ class JobRecord:
     #: The job's attempts up to this one, each ``{"machine": …, "end": …}``: the run's attempt tags
     #: (none for a job that had one attempt and no retry policy).
     attempts: tuple[Mapping[str, str], ...] = ()
+    #: The tracking server the job's run goes to instead of the face's store (the organization's, for a
+    #: job on one of its machines); None: the face's.
+    tracking_uri: str | None = None
 
     def to_json(self, *, with_secrets: bool = True) -> dict[str, Any]:
         """As JSON; ``with_secrets=False`` leaves out ``mask_values`` (for anything written to disk)."""
@@ -154,7 +157,7 @@ class JobRecord:
 
 _RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(JobRecord))
 #: Fields added after the to-do's first shape, left out while unset.
-_ADDED_FIELDS = ("pool", "placement")
+_ADDED_FIELDS = ("pool", "placement", "tracking_uri")
 
 WITHHELD_FAR_RECORDS = "far-side MLflow records withheld: a secret this job used could not be read to mask them"
 
@@ -311,8 +314,9 @@ def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
 def record_job(workspace: Path, settings: TrackingSettings, job: JobRecord) -> str:
     """Create (or find) the job's run, replay what the job logged, attach artifacts, close it.
 
-    Called in the workspace's recorder process (``recording/recorder.py``), where MLflow is loaded."""
-    uri = tracking_uri(workspace, settings)
+    Called in the workspace's recorder process (``recording/recorder.py``), where MLflow is loaded. A job
+    that names its own tracking server (the organization's) is recorded there, not in the face's store."""
+    uri = job.tracking_uri or tracking_uri(workspace, settings)
     with _store_lock(uri), _default_uri(uri):
         return _record_job(workspace, uri, settings, job)
 

@@ -182,8 +182,8 @@ QuotaNotices = Annotated[
 ]
 
 
-# Written whole but for ``times``, ``user``, ``checkpoint``, ``attempts``, ``pool``, ``placement`` and
-# ``notices`` (left out when unset, as before they existed).
+# Written whole but for ``times``, ``user``, ``checkpoint``, ``attempts``, ``pool``, ``placement``,
+# ``notices`` and ``tracking_uri`` (left out when unset, as before they existed).
 @with_config(ConfigDict(json_schema_serialization_defaults_required=True))
 @dataclasses.dataclass
 class Job:
@@ -264,6 +264,15 @@ class Job:
         ),
     ] = None
     notices: Annotated[QuotaNotices, Field(exclude_if=lambda v: not v)] = dataclasses.field(default_factory=list)
+    # The organization's tracking server, asked of its service at submit, for a job on one of its machines.
+    tracking_uri: Annotated[
+        str | None,
+        Field(
+            description="the MLflow tracking server its run is recorded on: the organization's, for a job on one of "
+            "its machines where an admin set one; absent for the user's own store",
+            exclude_if=lambda v: v is None,
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -344,4 +353,5 @@ _ADDED_FIELDS: tuple[tuple[str, Any], ...] = (
     ("pool", None),
     ("placement", None),
     ("notices", []),
+    ("tracking_uri", None),
 )

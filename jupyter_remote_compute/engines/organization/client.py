@@ -98,6 +98,16 @@ class OrganizationClient:
     def machine(self, name: str) -> dict[str, Any]:
         return self._ask("GET", f"api/machines/{name}")
 
+    def tracking(self) -> dict[str, Any]:
+        """``{uri: the organization's tracking server or None, set_by}``."""
+        return dict(self._ask("GET", "api/tracking"))
+
+    def set_tracking(self, uri: str) -> dict[str, Any]:
+        return dict(self._ask("PUT", "api/tracking", {"uri": uri}))
+
+    def clear_tracking(self) -> None:
+        self._ask("DELETE", "api/tracking")
+
     def request(
         self, method: str, path: str, timeout: float | tuple[float, float] = TIMEOUT, **kw: Any
     ) -> requests.Response:
@@ -206,6 +216,15 @@ def shared_machine(name: str) -> Machine | None:
         created=data.get("created"),
         options={"machine": plain, "kind": str(data.get("kind"))},
     )
+
+
+def tracking_server() -> str | None:
+    """The organization's MLflow tracking server, where the runs of jobs on its machines are recorded;
+    None where there is no organization or its admins set none (each user's own store)."""
+    client = organization()
+    if client is None:
+        return None
+    return client.tracking().get("uri") or None
 
 
 def with_organization(own: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
