@@ -942,6 +942,50 @@ export async function clearOrgDefaultMachine(
   );
 }
 
+/**
+ * The organization's MLflow tracking server (`uri`: null where none) and the admin who set it.
+ */
+export type IOrgTracking = AnswerOf<
+  paths['/remote-compute/organization/tracking']['get']
+>;
+
+export function getOrgTracking(
+  settings?: ServerConnection.ISettings
+): Promise<IOrgTracking> {
+  return requestAPI<IOrgTracking>(
+    'organization/tracking',
+    { method: 'GET' },
+    settings
+  );
+}
+
+/**
+ * Record the runs of jobs on the organization's machines on this tracking server (admin).
+ */
+export function setOrgTracking(
+  uri: string,
+  settings?: ServerConnection.ISettings
+): Promise<IOrgTracking> {
+  return requestAPI<IOrgTracking>(
+    'organization/tracking',
+    jsonBody('PUT', { uri }),
+    settings
+  );
+}
+
+/**
+ * No tracking server (admin): the runs go to each member's own store again.
+ */
+export async function clearOrgTracking(
+  settings?: ServerConnection.ISettings
+): Promise<void> {
+  await requestAPI<void>(
+    'organization/tracking',
+    { method: 'DELETE' },
+    settings
+  );
+}
+
 export async function deleteQuota(
   who: QuotaHolder,
   name: string,

@@ -81,6 +81,11 @@ export interface IOpenMlflowOptions {
    * The "MLflow UI URL" setting; empty for the server's answer.
    */
   configuredUrl?: string;
+  /**
+   * The tracking server the run was recorded on, where it is not the workspace's (a job on the
+   * organization's machine): its own UI, opened in a browser tab, whatever the two above say.
+   */
+  trackingServer?: string;
 }
 
 function safeId(text: string): string {
@@ -116,7 +121,7 @@ export async function openMlflow(
   trans: TranslationBundle,
   options: IOpenMlflowOptions
 ): Promise<void> {
-  let base = options.configuredUrl ?? '';
+  let base = options.trackingServer || options.configuredUrl || '';
   let proxied = false;
   if (!base) {
     const ui = await getMlflowUI();

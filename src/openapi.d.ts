@@ -1823,6 +1823,80 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/remote-compute/organization/tracking": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organization's MLflow tracking server, where the runs of jobs on its machines are recorded (null where none) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: components["responses"]["OrgTracking"];
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        /** Set the organization's tracking server (admin); its credentials are each member's environment's */
+        put: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": {
+                        /** @description an http(s) URL with no user or password in it */
+                        uri: string;
+                    };
+                };
+            };
+            responses: {
+                200: components["responses"]["OrgTracking"];
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        post?: never;
+        /** No tracking server (admin); the runs go to each member's own store again */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Cleared */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/remote-compute/organization/jobs": {
         parameters: {
             query?: never;
@@ -2434,6 +2508,11 @@ export interface components {
             placement?: string | null;
             /** @description the organization's quota notices about the job (also `[organization] notice: …` in its log) */
             notices?: string[];
+            /**
+             * @description the MLflow tracking server its run is recorded on: the organization's, for a job on one of its machines where an admin set one; absent for the user's own store
+             * @default null
+             */
+            tracking_uri?: string | null;
             name: string;
             progress?: components["schemas"]["Progress"];
         };
@@ -3027,6 +3106,18 @@ export interface components {
             };
             content: {
                 "application/json": components["schemas"]["Error"];
+            };
+        };
+        /** @description The organization's tracking server (null where there is none) and the admin who set it */
+        OrgTracking: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    uri: string | null;
+                    set_by: string | null;
+                };
             };
         };
     };

@@ -85,10 +85,15 @@ export function registerCommands(context: ICommandContext): void {
         if (id && !job?.mlflow_run_id) {
           job = await model.reloadJob(id);
         }
+        const runId = stringArg(args, 'runId') || job?.mlflow_run_id;
         await openMlflow(app, trans, {
-          runId: stringArg(args, 'runId') || job?.mlflow_run_id || undefined,
+          runId: runId || undefined,
           label: stringArg(args, 'label') || job?.name || job?.id,
-          configuredUrl: model.settings.mlflowUiUrl
+          configuredUrl: model.settings.mlflowUiUrl,
+          // A run recorded on the organization's tracking server is opened there.
+          trackingServer: runId
+            ? stringArg(args, 'trackingUri') || job?.tracking_uri || undefined
+            : undefined
         });
       } catch (error) {
         showError(trans.__('Could not open MLflow'), error, trans);

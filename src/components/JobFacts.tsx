@@ -242,13 +242,22 @@ export function MlflowRun(props: {
       <a
         href="#"
         className="jp-RemoteCompute-link"
-        title={trans.__('Open run %1 in MLflow', runId)}
+        title={
+          job.tracking_uri
+            ? trans.__('Open run %1 in MLflow at %2', runId, job.tracking_uri)
+            : trans.__('Open run %1 in MLflow', runId)
+        }
         onClick={e => {
           e.preventDefault();
           open();
         }}
       >
         <code>{runId}</code>
+        {job.tracking_uri && (
+          <span className="jp-RemoteCompute-itemDetail">
+            {' · ' + trans.__('on %1', job.tracking_uri)}
+          </span>
+        )}
       </a>
     );
   }

@@ -1,6 +1,7 @@
 /**
  * The panel's Organization section, for a user with the organization service's admin scope: add one
- * of its machines (the machine form, through the service), its default machine, its quotas (list, set,
+ * of its machines (the machine form, through the service), its default machine, its MLflow tracking
+ * server, its quotas (list, set,
  * remove), every user's usage per month, and every job on its machines with its user. Everyone else
  * never sees it; the service refuses them all the same.
  */
@@ -18,7 +19,9 @@ import * as React from 'react';
 
 import {
   clearOrgDefaultMachine,
+  clearOrgTracking,
   deleteQuota,
+  getOrgTracking,
   IOrgJob,
   IQuota,
   IQuotaInput,
@@ -26,6 +29,7 @@ import {
   listQuotas,
   QuotaHolder,
   setOrgDefaultMachine,
+  setOrgTracking,
   setQuota
 } from '../api';
 import { asAPIError, ComputeModel } from '../model';
@@ -362,6 +366,78 @@ function DefaultMachine(props: {
   );
 }
 
+/**
+ * The organization's MLflow tracking server: where the runs of every member's jobs on its machines are
+ * recorded (empty: each member's own store). Its credentials are never here: each member's server has
+ * them in its environment.
+ */
+function TrackingServer(props: {
+  onError: (message: string) => void;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { onError, trans } = props;
+  const [saved, setSaved] = React.useState<string>('');
+  const [uri, setUri] = React.useState<string>('');
+  const [busy, setBusy] = React.useState(false);
+  React.useEffect(() => {
+    getOrgTracking()
+      .then(tracking => {
+        setSaved(tracking.uri ?? '');
+        setUri(tracking.uri ?? '');
+      })
+      .catch(e => onError(asAPIError(e).message));
+  }, []);
+  const save = async (): Promise<void> => {
+    setBusy(true);
+    try {
+      if (uri.trim()) {
+        const tracking = await setOrgTracking(uri.trim());
+        setSaved(tracking.uri ?? '');
+        setUri(tracking.uri ?? '');
+      } else {
+        await clearOrgTracking();
+        setSaved('');
+      }
+    } catch (e) {
+      onError(asAPIError(e).message);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <form
+      className="jp-RemoteCompute-orgDefault"
+      aria-label={trans.__('Tracking server')}
+      onSubmit={e => {
+        e.preventDefault();
+        void save();
+      }}
+    >
+      <label htmlFor="jp-RemoteCompute-org-tracking">
+        {trans.__('Tracking server')}
+      </label>
+      <input
+        id="jp-RemoteCompute-org-tracking"
+        className="jp-mod-styled"
+        type="url"
+        placeholder={trans.__("none: each member's own store")}
+        title={trans.__(
+          "The MLflow tracking server the runs of jobs on the organization's machines are recorded on; no password in it (members give theirs as MLFLOW_TRACKING_TOKEN)"
+        )}
+        value={uri}
+        onChange={e => setUri(e.target.value)}
+      />
+      <Button
+        type="submit"
+        className="jp-mod-accept"
+        disabled={busy || uri.trim() === saved}
+      >
+        {uri.trim() ? trans.__('Save') : trans.__('Clear')}
+      </Button>
+    </form>
+  );
+}
+
 export function OrganizationSection(props: {
   model: ComputeModel;
   commands: CommandRegistry;
@@ -438,6 +514,7 @@ export function OrganizationSection(props: {
         </p>
       )}
       <DefaultMachine model={model} onError={setError} trans={trans} />
+      <TrackingServer onError={setError} trans={trans} />
       <h4 className="jp-RemoteCompute-subsectionTitle">
         {trans.__('Quotas per month')}
       </h4>
