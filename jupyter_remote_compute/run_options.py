@@ -9,7 +9,7 @@ from .engines.organization.client import job_machine
 from .errors import InvalidSettings
 from .pipelines.sweep import CONFIRM_ABOVE
 
-RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition")
+RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition", "processes_per_node", "launcher")
 
 #: How every face's command runs (the CLI, %remote_train, the New job form, a pipeline step, the REST API).
 COMMAND_RULE = (
@@ -21,7 +21,7 @@ COMMAND_RULE = (
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --send, --bring-back, --env, --name, --timeout, --checkpoints, --checkpoint-every,
     --detach, --new, --registry-secret, the retries (--retry, --retry-on, --fallback),
-    the resources (--gpus, --cpus, --memory, --nodes, --partition), the Python environment
+    the resources (--gpus, --cpus, --memory, --nodes, --partition, --procs-per-node, --launcher), the Python environment
     (--requirements, --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
     parser.add_argument(
         "--machine",
@@ -63,6 +63,17 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     wanted.add_argument("--memory", help="memory per node, e.g. 32G or 512M")
     wanted.add_argument("--nodes", help="nodes (a scheduler's machines)")
     wanted.add_argument("--partition", help="the scheduler's partition (queue)")
+    wanted.add_argument(
+        "--procs-per-node",
+        dest="processes_per_node",
+        metavar="K",
+        help="processes (ranks) per node, each with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT (Slurm)",
+    )
+    wanted.add_argument(
+        "--launcher",
+        help="how the processes start: torchrun (one per node, c10d rendezvous at the first node) or plain "
+        "(the command once per process); JobSpec names the choices when another is given",
+    )
     env = parser.add_argument_group("environment", "the Python environment the command runs in, built on the machine")
     env.add_argument(
         "--requirements", metavar="FILE", help="requirements.txt, pyproject.toml (+ uv.lock) or pylock.toml"

@@ -2242,6 +2242,8 @@ export interface components {
             live_metrics: boolean;
             /** @description A running job's checkpoint folder comes home while it runs */
             checkpoints: boolean;
+            /** @description How it starts a job of several processes (resources.launcher); none: one process per job */
+            launchers: ("torchrun" | "plain")[];
             /** @description Why the kind cannot be used here yet (what to install) */
             unavailable?: string;
         };
@@ -2830,8 +2832,10 @@ export interface components {
         /**
          * @description What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.
          *
-         *     ``gpus`` and ``cpus`` are per node (the job runs one task per node); ``memory`` is in MiB per node,
-         *     written in Slurm's spelling (``32G``, ``1536M``) so it reads back the same.
+         *     ``gpus`` and ``cpus`` are per node, shared by the node's ``processes_per_node`` processes;
+         *     ``memory`` is in MiB per node, written in Slurm's spelling (``32G``, ``1536M``) so it reads back
+         *     the same. ``nodes``, ``processes_per_node`` and ``launcher`` together make a job of several
+         *     processes (``distributed``), which only kinds that declare a launcher run (``engines/base.py``).
          */
         Resources: {
             /**
@@ -2856,6 +2860,17 @@ export interface components {
              * @default null
              */
             partition?: string | null;
+            /**
+             * @description processes (ranks) of the command per node; more than one needs a launcher
+             * @default null
+             */
+            processes_per_node?: number | null;
+            /**
+             * @description how the command starts on every node: torchrun (one torchrun per node starts its processes, rendezvous at the first node) or plain (the command once per process, its rank in the environment)
+             * @default null
+             * @enum {string|null}
+             */
+            launcher?: "torchrun" | "plain" | null;
         };
         /** @description How many attempts after the first a job gets, and for which causes. */
         RetryPolicy: {
@@ -3002,8 +3017,10 @@ export interface components {
         /**
          * @description What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.
          *
-         *     ``gpus`` and ``cpus`` are per node (the job runs one task per node); ``memory`` is in MiB per node,
-         *     written in Slurm's spelling (``32G``, ``1536M``) so it reads back the same.
+         *     ``gpus`` and ``cpus`` are per node, shared by the node's ``processes_per_node`` processes;
+         *     ``memory`` is in MiB per node, written in Slurm's spelling (``32G``, ``1536M``) so it reads back
+         *     the same. ``nodes``, ``processes_per_node`` and ``launcher`` together make a job of several
+         *     processes (``distributed``), which only kinds that declare a launcher run (``engines/base.py``).
          */
         StoredResources: {
             /**
@@ -3028,6 +3045,17 @@ export interface components {
              * @default null
              */
             partition?: string | null;
+            /**
+             * @description processes (ranks) of the command per node; more than one needs a launcher
+             * @default null
+             */
+            processes_per_node?: number | null;
+            /**
+             * @description how the command starts on every node: torchrun (one torchrun per node starts its processes, rendezvous at the first node) or plain (the command once per process, its rank in the environment)
+             * @default null
+             * @enum {string|null}
+             */
+            launcher?: "torchrun" | "plain" | null;
         };
         /** @description How many attempts after the first a job gets, and for which causes. */
         StoredRetryPolicy: {

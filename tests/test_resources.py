@@ -60,6 +60,16 @@ def test_run_options_carry_resources_to_the_spec() -> None:
     args = parser.parse_args(["--gpus", "2", "--memory", "32G", "--partition", "gpu", "--", "python", "t.py"])
     spec = JobSpec.from_json(spec_settings(args, command_of(args)))
     assert spec.resources.to_json() == {"gpus": 2, "partition": "gpu", "memory": "32G"}
+    args = parser.parse_args(
+        ["--nodes", "2", "--procs-per-node", "4", "--launcher", "torchrun", "--", "python", "t.py"]
+    )
+    spec = JobSpec.from_json(spec_settings(args, command_of(args)))
+    assert spec.resources.to_json() == {"nodes": 2, "processes_per_node": 4, "launcher": "torchrun"}
+    args = parser.parse_args(["--launcher", "mpirun", "--", "true"])
+    with pytest.raises(
+        InvalidSettings, match=r"^resources\.launcher: 'mpirun' is not a launcher: use torchrun or plain"
+    ):
+        JobSpec.from_json(spec_settings(args, command_of(args)))
     args = parser.parse_args(["--cpus", "zero", "--", "true"])
     with pytest.raises(InvalidSettings, match=r"^resources\.cpus:"):
         JobSpec.from_json(spec_settings(args, command_of(args)))
@@ -69,7 +79,15 @@ def test_the_step_takes_resources_and_its_schema_declares_them() -> None:
     spec, _ = parse_settings({"command": "true", "resources": {"cpus": 2, "memory": "512M"}})
     assert spec.resources.cpus == 2 and spec.resources.memory_mb == 512
     schema = json.loads(STEP_SCHEMA.read_text())["settings"]["properties"]["resources"]
-    assert set(schema["properties"]) == {"gpus", "cpus", "memory", "nodes", "partition"}
+    assert set(schema["properties"]) == {
+        "gpus",
+        "cpus",
+        "memory",
+        "nodes",
+        "partition",
+        "processes_per_node",
+        "launcher",
+    }
 
 
 def test_local_refuses_more_than_this_machine_has(make_service: Callable[..., JobService], quickstart: Path) -> None:
@@ -79,10 +97,20 @@ def test_local_refuses_more_than_this_machine_has(make_service: Callable[..., Jo
         ({"cpus": 100000}, "resources.cpus"),
         ({"nodes": 2}, "resources.nodes"),
         ({"partition": "gpu"}, "resources.partition"),
+        ({"processes_per_node": 2}, "resources.processes_per_node"),
+        ({"launcher": "torchrun"}, "resources.launcher"),
     ):
         with pytest.raises(InvalidSettings) as e:
             service.submit(JobSpec.from_json({"command": "true", "resources": resources}))
         assert e.value.field == field, e.value
+    with pytest.raises(
+        InvalidSettings, match=r"^resources\.processes_per_node: local is a local machine, which starts"
+    ):
+        service.submit(JobSpec.from_json({"command": "true", "resources": {"processes_per_node": 4}}))
+    with pytest.raises(
+        InvalidSettings, match=r"^resources\.launcher: local is a local machine, which cannot start plain"
+    ):
+        service.submit(JobSpec.from_json({"command": "true", "resources": {"launcher": "plain"}}))
     with pytest.raises(InvalidSettings, match=r"^resources\.gpus: 1000 asked, but local has \d+ GPUs"):
         service.submit(JobSpec.from_json({"command": "true", "resources": {"gpus": 1000}}))
     assert service.list_jobs() == []  # nothing was stored for a refused job

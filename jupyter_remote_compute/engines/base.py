@@ -255,15 +255,45 @@ class Features:
     live_metrics: bool = True
     #: Its jobs' checkpoint folders come home while they run (``list_checkpoints``, ``fetch_checkpoints``).
     checkpoints: bool = False
+    #: How it starts a job of several processes (``Resources.launcher``: torchrun, plain), across its
+    #: nodes where it declares ``nodes``; none: each job is one process (``refuse_distributed``).
+    launchers: tuple[str, ...] = ()
     #: Why the kind cannot be used on this installation (what to install), or None when it can.
     unavailable: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["resources"] = [name for name in RESOURCE_NAMES if name in self.resources]
+        data["launchers"] = list(self.launchers)
         if self.unavailable is None:
             del data["unavailable"]
         return data
+
+
+def refuse_distributed(resources: Resources, features: Features, name: str, kind: str) -> None:
+    """Refuse, at submit, a job of several nodes or processes, or a launcher, on a machine whose kind
+    (``features``) cannot start it: InvalidSettings naming the field, the machine and its kind."""
+    nodes, per_node = resources.nodes or 1, resources.processes_per_node or 1
+    if nodes > 1 and not ("nodes" in features.resources and features.launchers):
+        raise InvalidSettings(
+            f"resources.nodes: {name} is a {kind} machine, which runs a job on one node, not {nodes}; "
+            "leave nodes out or use a Slurm machine",
+            field="resources.nodes",
+        )
+    if per_node > 1 and not features.launchers:
+        raise InvalidSettings(
+            f"resources.processes_per_node: {name} is a {kind} machine, which starts the command as one "
+            f"process, not {per_node}; leave processes_per_node out (the command may start its own) or use a "
+            "Slurm machine",
+            field="resources.processes_per_node",
+        )
+    if resources.launcher is not None and resources.launcher not in features.launchers:
+        can = f"it starts with {' or '.join(features.launchers)}" if features.launchers else "it has no launcher"
+        raise InvalidSettings(
+            f"resources.launcher: {name} is a {kind} machine, which cannot start {resources.launcher} ({can}); "
+            "leave launcher out or use a Slurm machine",
+            field="resources.launcher",
+        )
 
 
 # errno values that describe a moment, not a state: the same call may well work later.
@@ -458,11 +488,7 @@ class Engine(abc.ABC):
                 "leave partition empty or use a scheduler's machine",
                 field="resources.partition",
             )
-        if resources.nodes is not None and resources.nodes > 1 and "nodes" not in self.features.resources:
-            raise InvalidSettings(
-                f"resources.nodes: {self.name} is one {self.kind} machine; {resources.nodes} nodes need a scheduler",
-                field="resources.nodes",
-            )
+        refuse_distributed(resources, self.features, self.name, self.kind)
         if resources.cpus is None and not resources.gpus and resources.memory_mb is None:
             return
         facts = self.check()

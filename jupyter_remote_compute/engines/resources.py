@@ -12,10 +12,10 @@ from typing import Any
 
 from ..schema import values
 from ..schema.base import checked
-from ..schema.resources import Resources
+from ..schema.resources import NO_RESOURCES, Resources
 from ..schema.values import format_memory
 
-__all__ = ["Resources", "format_memory", "parse_memory_mb", "scheduler_name"]
+__all__ = ["NO_RESOURCES", "Resources", "format_memory", "parse_memory_mb", "scheduler_name"]
 
 
 def parse_memory_mb(value: str | int, field: str = "memory") -> int:

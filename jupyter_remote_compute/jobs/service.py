@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..engines import engine_class, engine_kinds
-from ..engines.base import Engine, EngineError, InputFile, ProgressCallback
+from ..engines.base import Engine, EngineError, InputFile, ProgressCallback, refuse_distributed
 from ..engines.organization.client import ORG_KIND, ORG_PREFIX, tracking_server
 from ..engines.resources import Resources
 from ..environments import environment as environments
@@ -310,6 +310,7 @@ class JobService:
         for machine in members.values():
             features = engine_class(machine.kind).features
             check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
+            refuse_distributed(spec.resources, features, machine.name, machine.kind)
             if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
                     f"checkpoints: pool {pool.name}'s machine {machine.name} is a {machine.kind} machine, whose "
@@ -348,6 +349,7 @@ class JobService:
             if not other.enabled:
                 raise InvalidSettings(f"{field}: {other.name!r} is disabled; enable it first", field=field)
             features = engine_class(other.kind).features
+            refuse_distributed(spec.resources, features, other.name, other.kind)
             if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
                     f"{field}: {other.name} is a {other.kind} machine, whose checkpoints do not come home yet",
@@ -357,6 +359,8 @@ class JobService:
 
     def _admit(self, machine: Machine, spec: JobSpec) -> None:
         """The machine refuses, before anything is stored, resources it cannot give."""
+        # Every kind, whatever its own admit does: several processes need a kind that starts them.
+        refuse_distributed(spec.resources, engine_class(machine.kind).features, machine.name, machine.kind)
         try:
             self.engine(machine.name).admit(spec.resources)
         except EngineError as e:
@@ -367,6 +371,13 @@ class JobService:
     def _admit_image(self, machine: Machine, image: images.Image, resources: Resources) -> None:
         """The machine refuses, before anything is stored, an image it has no runtime for, or GPUs
         its runtime cannot give a container."""
+        if resources.distributed:
+            # Each process's rank and rendezvous would have to reach its own container.
+            raise InvalidSettings(
+                f"{images.FIELD}: a job of several processes (resources.nodes, processes_per_node, launcher) does "
+                "not run in a container image yet; leave the image out, or run one process",
+                field=images.FIELD,
+            )
         engine = self.engine(machine.name)
         runtimes = engine.image_runtimes()
         try:

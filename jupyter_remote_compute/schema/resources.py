@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BeforeValidator, Field, PlainSerializer, with_config
 from pydantic_core import core_schema
@@ -16,14 +16,26 @@ from pydantic_core import core_schema
 from . import values
 from .base import STRICT, absent, problem, to_json, unless_none, validate
 
+#: How a job across processes starts (``Resources.launcher``).
+Launcher = Literal["torchrun", "plain"]
+LAUNCHERS: tuple[Launcher, ...] = get_args(Launcher)
+
+
+def _launcher(value: Any) -> Any:
+    if value not in LAUNCHERS:
+        raise problem(f"{value!r} is not a launcher: use {' or '.join(LAUNCHERS)}")
+    return value
+
 
 @with_config(STRICT)
 @dataclasses.dataclass(frozen=True)
 class Resources:
     """What one job asks the scheduler for; ``None`` leaves the choice to the machine or the cluster.
 
-    ``gpus`` and ``cpus`` are per node (the job runs one task per node); ``memory`` is in MiB per node,
-    written in Slurm's spelling (``32G``, ``1536M``) so it reads back the same.
+    ``gpus`` and ``cpus`` are per node, shared by the node's ``processes_per_node`` processes;
+    ``memory`` is in MiB per node, written in Slurm's spelling (``32G``, ``1536M``) so it reads back
+    the same. ``nodes``, ``processes_per_node`` and ``launcher`` together make a job of several
+    processes (``distributed``), which only kinds that declare a launcher run (``engines/base.py``).
     """
 
     gpus: Annotated[
@@ -52,6 +64,23 @@ class Resources:
         BeforeValidator(unless_none(values.scheduler_name), json_schema_input_type=str | None),
         Field(description="a scheduler's partition", exclude_if=absent),
     ] = None
+    processes_per_node: Annotated[
+        int | None,
+        BeforeValidator(unless_none(values.at_least(1)), json_schema_input_type=Annotated[int, Field(ge=1)] | None),
+        Field(
+            description="processes (ranks) of the command per node; more than one needs a launcher", exclude_if=absent
+        ),
+    ] = None
+    launcher: Annotated[
+        Launcher | None,
+        BeforeValidator(unless_none(_launcher), json_schema_input_type=Launcher | None),
+        Field(
+            description="how the command starts on every node: torchrun (one torchrun per node starts its "
+            "processes, rendezvous at the first node) or plain (the command once per process, its rank in "
+            "the environment)",
+            exclude_if=absent,
+        ),
+    ] = None
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
@@ -66,6 +95,16 @@ class Resources:
     def to_json(self) -> dict[str, Any]:
         """Only what was asked for, memory in Slurm's spelling."""
         return to_json(Resources, self)
+
+    @property
+    def world_size(self) -> int:
+        """How many processes the command runs as: nodes times processes per node."""
+        return (self.nodes or 1) * (self.processes_per_node or 1)
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the job runs as more than one process, or names how its processes start."""
+        return self.world_size > 1 or self.launcher is not None
 
     def over(self, defaults: Resources) -> Resources:
         """These resources, with ``defaults`` (a machine's) filling what this job left open."""

@@ -56,6 +56,14 @@ export function formatResources(
     parts.push(trans.__('%1 memory', resources.memory));
   }
   count(resources.nodes, '%1 node', '%1 nodes');
+  count(
+    resources.processes_per_node,
+    '%1 process per node',
+    '%1 processes per node'
+  );
+  if (resources.launcher) {
+    parts.push(trans.__('started by %1', resources.launcher));
+  }
   if (resources.partition) {
     parts.push(trans.__('partition %1', resources.partition));
   }

@@ -204,6 +204,18 @@ export function jobUiSchema(
       partition: {
         'ui:title': trans.__('Partition'),
         'ui:description': trans.__('A scheduler’s partition, e.g. `gpu`')
+      },
+      processes_per_node: {
+        'ui:title': trans.__('Processes per node'),
+        'ui:description': trans.__(
+          'Ranks of the command on each node, e.g. one per GPU (Slurm); each gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR`.'
+        )
+      },
+      launcher: {
+        'ui:title': trans.__('Launcher'),
+        'ui:description': trans.__(
+          'How the processes start (Slurm): `torchrun` once per node, or `plain`, the command once per process.'
+        )
       }
     },
     environment: {
