@@ -103,3 +103,31 @@ def training_wheels() -> Path:
             subprocess.run(["chmod", "-R", "a+rX", str(staging)], check=True)
             staging.rename(folder)
     return folder
+
+
+#: Where a CPU wheel of torch may wait on this machine's image (TESTBED.md), else torch comes from the index.
+TORCH_WHEELS = Path("/opt/wheels")
+TORCH_ROOT = Path("/var/tmp/jrc-far-torch")
+
+
+@functools.cache
+def far_torch_bin() -> Path:
+    """The ``bin/`` folder of a virtualenv with torch (CPU), whose ``torchrun`` and ``python`` a far-side
+    job of several processes uses; built once per machine and wheel under a world-readable folder."""
+    wheels = sorted(TORCH_WHEELS.glob("torch-*+cpu-*.whl")) if TORCH_WHEELS.is_dir() else []
+    source = str(wheels[-1]) if wheels else "torch"
+    home = TORCH_ROOT / (wheels[-1].name.split("-")[1] if wheels else "index")
+    TORCH_ROOT.mkdir(mode=0o755, exist_ok=True)
+    done = home / ".complete"
+    with FileLock(str(TORCH_ROOT / ".build.lock"), timeout=900):
+        if not done.exists():
+            # Built in its place (torchrun's first line names its python), marked whole at the end.
+            shutil.rmtree(home, ignore_errors=True)
+            subprocess.run([DEBIAN_PYTHON, "-m", "venv", str(home)], check=True, capture_output=True)
+            pip = [str(home / "bin" / "python"), "-m", "pip", "install", "-q", source, "numpy"]
+            installed = subprocess.run(pip, capture_output=True, text=True)
+            if installed.returncode != 0:
+                raise RuntimeError(f"could not install torch for the far side:\n{installed.stderr}")
+            subprocess.run(["chmod", "-R", "a+rX", str(home)], check=True)
+            done.touch()
+    return home / "bin"

@@ -16,6 +16,7 @@ import sshd_fixture
 from slurm_fixture import SlurmBed
 from waiting import wait_for
 
+from jupyter_remote_compute.engines import farside
 from jupyter_remote_compute.engines import slurm_commands as sc
 from jupyter_remote_compute.engines.launcher import command_script, launch_input
 from jupyter_remote_compute.engines.resources import Resources
@@ -25,12 +26,13 @@ sshd_bed = sshd_fixture.sshd_bed
 slurm_bed = slurm_fixture.slurm_bed
 
 
-def make_job_dir(bed: SlurmBed, name: str, command: str, nodes: int = 1) -> str:
+def make_job_dir(bed: SlurmBed, name: str, command: str, resources: Resources | None = None) -> str:
     """A job folder as the engine lays it out (written here: the test bed shares this filesystem)."""
     job_dir = bed.far_path(bed.base_dir) / name
     (job_dir / "work").mkdir(parents=True)
     (job_dir / "command.sh").write_text(command_script(command))
-    (job_dir / sc.BATCH_SCRIPT).write_text(sc.batch_script(str(job_dir), nodes=nodes))
+    (job_dir / sc.BATCH_SCRIPT).write_text(sc.batch_script(str(job_dir), resources or Resources()))
+    (job_dir / "rank.sh").write_text(farside.script("rank"))
     (job_dir / "submit.sh").write_text(sc.SUBMIT_SH)
     owner = pwd.getpwnam(bed.user)
     for path in (job_dir, job_dir / "work", *job_dir.iterdir()):
@@ -171,13 +173,21 @@ def test_more_cpus_than_any_node_has_would_wait_for_ever_so_it_is_refused(slurm_
 
 
 def test_srun_start_exports_rendezvous_variables(slurm_bed: SlurmBed) -> None:
-    # The multi-node start (srun, one task per node) on the one node the bed has.
-    show = 'echo "$MASTER_ADDR $MASTER_PORT $WORLD_SIZE $NODE_RANK $SLURM_STEP_ID" > rdv.txt'
-    job_dir = make_job_dir(slurm_bed, "rdv", show, nodes=2)
+    # The start of a job of several processes (srun, one task each, plain) on the one node the bed has.
+    show = 'echo "$MASTER_ADDR $MASTER_PORT $WORLD_SIZE $NODE_RANK $RANK $SLURM_STEP_ID" > rdv.txt'
+    job_dir = make_job_dir(slurm_bed, "rdv", show, Resources(launcher="plain"))
     job_id = submit(slurm_bed, job_dir, Resources(nodes=1))
     wait_state(slurm_bed, job_id, {"COMPLETED"})
-    addr, port, world, rank, step = (Path(job_dir) / "work" / "rdv.txt").read_text().split()
-    assert (addr, int(port), world, rank, step) == (slurm_bed.node, 20000 + int(job_id) % 20000, "1", "0", "0")
+    addr, port, world, node_rank, rank, step = (Path(job_dir) / "work" / "rdv.txt").read_text().split()
+    # MASTER_ADDR is the first node's NodeAddr in slurm.conf (127.0.0.1 here), not its name.
+    assert (addr, int(port), world, node_rank, rank, step) == (
+        "127.0.0.1",
+        20000 + int(job_id) % 20000,
+        "1",
+        "0",
+        "0",
+        "0",
+    )
 
 
 def test_forgotten_job_ids_are_an_empty_answer(slurm_bed: SlurmBed) -> None:

@@ -68,7 +68,11 @@ def test_resources_from_json_round_trip() -> None:
         ({"gpus": -1}, "gpus", "at least 0"),
         ({"gpus": True}, "gpus", "whole number"),
         ({"partition": "gpu; rm -rf /"}, "partition", "not a Slurm name"),
-        ({"ram": "1G"}, "ram", "unknown setting; use gpus, cpus, memory, nodes or partition"),
+        (
+            {"ram": "1G"},
+            "ram",
+            "unknown setting; use gpus, cpus, memory, nodes, partition, processes_per_node or launcher",
+        ),
     ],
 )
 def test_bad_resources_name_their_field(data: dict, field: str, words: str) -> None:
@@ -250,11 +254,27 @@ def test_batch_script_quotes_a_job_dir_with_spaces(tmp_path: Path) -> None:
     assert (job_dir / "work" / "made").exists() and (job_dir / "exit_code").read_text() == "0\n"
 
 
-def test_batch_script_on_several_nodes_starts_through_srun() -> None:
-    script = sc.batch_script("/j", nodes=4)
-    assert 'srun --nodes="$WORLD_SIZE" --ntasks="$WORLD_SIZE" --ntasks-per-node=1' in script
-    assert "NODE_RANK=$SLURM_NODEID" in script
-    assert "srun" not in sc.batch_script("/j", nodes=1)
+def test_batch_script_of_several_processes_starts_them_through_srun() -> None:
+    plain = sc.batch_script("/j", Resources(nodes=4, processes_per_node=2))
+    assert (
+        'srun --kill-on-bad-exit=1 --nodes="$NNODES" --ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" '
+        'sh "$jobdir/rank.sh" "$jobdir" plain &'
+    ) in plain
+    assert "LOCAL_WORLD_SIZE=2\nWORLD_SIZE=$((NNODES * LOCAL_WORLD_SIZE))" in plain
+    torchrun = sc.batch_script("/j", Resources(nodes=2, processes_per_node=4, launcher="torchrun"))
+    assert '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun &' in torchrun
+    assert "srun" not in sc.batch_script("/j", Resources(nodes=1))
+
+
+def test_sbatch_asks_one_task_per_process_or_per_node_for_torchrun() -> None:
+    def asked(**resources: object) -> list[str]:
+        argv = sc.sbatch_argv("j1", "/j", Resources(**resources), sc.SlurmSettings(), None)  # type: ignore[arg-type]
+        return [a for a in argv if a.startswith(("--ntasks-per-node", "--cpus-per-task", "--nodes"))]
+
+    assert asked(nodes=2, processes_per_node=2, cpus=4) == ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=2"]
+    # torchrun is one task per node starting the node's processes: a CPU each at least.
+    assert asked(processes_per_node=3, launcher="torchrun") == ["--ntasks-per-node=1", "--cpus-per-task=3"]
+    assert asked() == ["--ntasks-per-node=1"]
 
 
 # -- squeue and sacct -----------------------------------------------------------------

@@ -44,6 +44,7 @@ from .base import (
     OptionField,
     RemoteJob,
     RemoteStatus,
+    refuse_distributed,
 )
 from .launcher import ENV_END, command_script, launch_input
 from .resources import Resources
@@ -130,6 +131,14 @@ class SlurmLauncher(Launcher):
     def admit(self, resources: Resources) -> None:
         """Refuse at submit what no node of the partition can give: Slurm would queue it for ever."""
         asked = resources.over(self.settings.defaults)
+        refuse_distributed(asked, self.engine.features, self.name, self.engine.kind)
+        per_node = asked.processes_per_node or 1
+        if asked.cpus is not None and asked.launcher != "torchrun" and asked.cpus % per_node:
+            raise InvalidSettings(
+                f"resources.cpus: {asked.cpus} CPUs per node do not share evenly among {per_node} processes per "
+                f"node; ask for a multiple of {per_node}",
+                field="resources.cpus",
+            )
         try:
             refuse_unfit(asked, self._slurm_facts().partitions, self.settings.partition)
         except InvalidSettings as e:
@@ -148,7 +157,8 @@ class SlurmLauncher(Launcher):
 umask 077
 if [ -s {SLURM_JOB_ID_FILE} ]; then cat {SLURM_JOB_ID_FILE}; exit 0; fi
 printf '%s' {quote(command_script(launch.command))} > command.sh
-printf '%s' {quote(batch_script(d, resources.nodes or 1))} > {BATCH_SCRIPT}
+printf '%s' {quote(batch_script(d, resources))} > {BATCH_SCRIPT}
+printf '%s' {quote(farside.script("rank"))} > rank.sh
 printf '%s' {quote(SUBMIT_SH)} > submit.sh
 plain=
 secrets=
@@ -291,7 +301,13 @@ class SlurmEngine(SSHEngine):
 
     kind = "slurm"
     label = "Slurm cluster"
-    features = Features(host_keys=True, pending=True, resources=frozenset(RESOURCE_NAMES), checkpoints=True)
+    features = Features(
+        host_keys=True,
+        pending=True,
+        resources=frozenset(RESOURCE_NAMES),
+        checkpoints=True,
+        launchers=("plain", "torchrun"),
+    )
     options = {
         **SSHEngine.options,
         "base_dir": OptionField(
@@ -300,7 +316,9 @@ class SlurmEngine(SSHEngine):
         "partition": OptionField(str, "Partition jobs go to unless they name one (default: the cluster's)"),
         "account": OptionField(str, "Account jobs are charged to (sbatch --account)"),
         "qos": OptionField(str, "Quality of service (sbatch --qos)"),
-        "resources": OptionField(dict, "Default resources: {gpus, cpus, memory, nodes, partition}"),
+        "resources": OptionField(
+            dict, "Default resources: {gpus, cpus, memory, nodes, partition, processes_per_node, launcher}"
+        ),
         "sbatch_args": OptionField(list, "Extra sbatch arguments, e.g. ['--constraint=a100']"),
     }
 

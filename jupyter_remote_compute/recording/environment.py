@@ -17,8 +17,10 @@ from typing import Any
 TAG = "remote_compute.environment"
 METRIC = "remote_compute.environment_build_seconds"
 ARTIFACT = "environment.txt"  # under remote_compute/
-_STATUS = re.compile(r"^environment [0-9a-f]{12}: (?:cached|built in (\d+) s) \((.*), Python ([^)]*)\)$")
-_INSTALLED = re.compile(r"^environment ([0-9a-f]{32}): installed ?(.*)$")
+#: A job of several processes prefixes each line with its node and rank (farside/rank.sh): rank 0's are read.
+_RANK0 = r"(?:\[[^\]]* rank 0\] )?"
+_STATUS = re.compile(rf"^{_RANK0}environment [0-9a-f]{{12}}: (?:cached|built in (\d+) s) \((.*), Python ([^)]*)\)$")
+_INSTALLED = re.compile(rf"^{_RANK0}environment ([0-9a-f]{{32}}): installed ?(.*)$")
 #: env.sh prints its lines before the command starts: they are among the first of the log.
 _HEAD_BYTES = 1 << 20
 

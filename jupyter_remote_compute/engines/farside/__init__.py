@@ -80,6 +80,7 @@ SCRIPTS = (
     "container",
     "slurm-check",
     "skypilot-start",
+    "rank",
 )
 #: The machine options facts.sh takes after its folder: the index it checks and the CA bundle it trusts.
 INDEX_OPTIONS = ("index_url", "index_ca_bundle")

@@ -13,7 +13,7 @@ from typing import Any
 from ...errors import InvalidSettings
 from ..base import WORK_DIR
 from ..launcher import JOB_ENV_SH, READ_ENV_SH
-from ..resources import Resources, format_memory, scheduler_name
+from ..resources import NO_RESOURCES, Resources, format_memory, scheduler_name
 
 #: How long before its time limit a job is warned (sbatch --signal), unless the limit is shorter.
 WARN_BEFORE_SECONDS = 300
@@ -52,8 +52,8 @@ _OWNED_LONG = {
     "--qos": "use the machine's qos setting",
     "--nodes": "use the job's nodes resource",
     "--cpus-per-task": "use the job's cpus resource",
-    "--ntasks": "the engine runs one task per node",
-    "--ntasks-per-node": "the engine runs one task per node",
+    "--ntasks": "use the job's nodes and processes_per_node resources",
+    "--ntasks-per-node": "use the job's processes_per_node resource",
     "--mem": "use the job's memory resource",
     "--mem-per-cpu": "use the job's memory resource",
     "--mem-per-gpu": "use the job's memory resource",
@@ -182,10 +182,14 @@ def sbatch_argv(
         argv.append(f"--qos={settings.qos}")
     if asked.nodes is not None:
         argv.append(f"--nodes={asked.nodes}")
-    # One task per node: the batch script (or srun, on several nodes) starts the command once per node.
-    argv.append("--ntasks-per-node=1")
-    if asked.cpus is not None:
-        argv.append(f"--cpus-per-task={asked.cpus}")
+    # One task per process, or per node where torchrun (one task) starts the node's processes; a
+    # node's CPUs are shared among its tasks, one CPU per process at least.
+    per_node = asked.processes_per_node or 1
+    tasks = 1 if asked.launcher == "torchrun" else per_node
+    argv.append(f"--ntasks-per-node={tasks}")
+    cpus = asked.cpus if asked.cpus is not None else (per_node if tasks == 1 and per_node > 1 else None)
+    if cpus is not None:
+        argv.append(f"--cpus-per-task={max(1, cpus // tasks)}")
     if asked.memory_mb is not None:
         argv.append(f"--mem={format_memory(asked.memory_mb)}")
     if asked.gpus:
@@ -234,13 +238,34 @@ printf '%s\\n' "$answer"
 """
 
 
-def batch_script(job_dir: str, nodes: int = 1) -> str:
+# After srun: the first rank whose own code is a failure, not the TERM or KILL srun ended it with.
+FIRST_FAILED_RANK_SH = """\
+if [ "$code" != 0 ]; then
+  for f in "$jobdir"/ranks/*/exit_code; do
+    [ -f "$f" ] || continue
+    c=$(cat "$f")
+    case $c in '' | 0 | 143 | 137) continue ;; esac
+    r=${f%/exit_code}
+    node=$(cat "$r/node" 2>/dev/null)
+    echo "jupyter-remote-compute: rank ${r##*/} on $node exited with $c; the job's other processes were stopped"
+    code=$c
+    break
+  done
+fi
+"""
+
+
+def batch_script(job_dir: str, resources: Resources = NO_RESOURCES) -> str:
     """The POSIX sh script sbatch runs: the command in ``work/``, its exit code written atomically.
 
-    On several nodes the command starts through ``srun``, once per node, with the rendezvous
-    variables torchrun and ``torch.distributed`` read: ``MASTER_ADDR`` (the first node),
-    ``MASTER_PORT`` (from the job id, so two jobs sharing a node differ), ``WORLD_SIZE`` (nodes)
-    and ``NODE_RANK``. They are set on one node too, so the same script runs either way.
+    Every job gets the variables torchrun and ``torch.distributed`` read, the same way on every
+    node: ``MASTER_ADDR`` (the address Slurm has for the allocation's first node), ``MASTER_PORT``
+    (from the job id, so two jobs sharing a node differ), ``NNODES``, ``LOCAL_WORLD_SIZE``
+    (processes per node), ``WORLD_SIZE``, and ``NODE_RANK``, ``RANK``, ``LOCAL_RANK`` (0 here; each
+    process's own where there are several). A job of one process runs its command here; a
+    ``distributed`` one starts through ``srun`` and ``farside/rank.sh``: ``plain``, one task per
+    process, ranks from Slurm; ``torchrun``, one task per node, each a torchrun whose c10d
+    rendezvous is at the first node. ``--kill-on-bad-exit`` ends every process when one fails.
 
     TERM (scancel, the time limit) reaches the command from Slurm itself; the script outlives it
     long enough to record its exit code. The warning signal is noted in the log and a file, and is
@@ -248,13 +273,20 @@ def batch_script(job_dir: str, nodes: int = 1) -> str:
     """
     if not job_dir.startswith("/"):
         raise ValueError(f"job_dir must be absolute, got {job_dir!r}")
-    if nodes > 1:
-        start = (
-            'srun --nodes="$WORLD_SIZE" --ntasks="$WORLD_SIZE" --ntasks-per-node=1 '
-            'sh -c \'NODE_RANK=$SLURM_NODEID; export NODE_RANK; exec sh "$1/command.sh"\' sh "$jobdir" &'
-        )
-    else:
+    per_node = resources.processes_per_node or 1
+    after = ""
+    if not resources.distributed:
         start = 'sh "$jobdir/command.sh" &'
+    else:
+        if resources.launcher == "torchrun":
+            tasks = '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun'
+        else:
+            tasks = '--ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" sh "$jobdir/rank.sh" "$jobdir" plain'
+        # A requeued job's ranks start afresh.
+        start = f'rm -rf "$jobdir/ranks"\nsrun --kill-on-bad-exit=1 --nodes="$NNODES" {tasks} &'
+        # srun answers for the ranks it stopped (143) when one failed: the job's code is the one that
+        # failed, named with its node (rank.sh leaves each rank's code and node in ranks/R/).
+        after = FIRST_FAILED_RANK_SH
     return f"""#!/bin/sh
 # Written by jupyter-remote-compute: the batch script Slurm runs for this job folder.
 jobdir={shlex.quote(job_dir)}
@@ -272,12 +304,18 @@ if [ -f "$jobdir/{SECRETS_FILE}" ]; then
 fi
 # A requeued job runs again from here: an exit code from an earlier attempt is not this one's.
 rm -f "$jobdir/exit_code" "$jobdir/exit_code.tmp" "$jobdir/{WARNING_FILE}"
-{JOB_ENV_SH}MASTER_ADDR=$(scontrol show hostnames "${{SLURM_JOB_NODELIST:-}}" 2>/dev/null | head -n 1)
-[ -n "$MASTER_ADDR" ] || MASTER_ADDR=$(hostname)
+{JOB_ENV_SH}# The first node's address as Slurm reaches it (NodeAddr), else its name.
+first=$(scontrol show hostnames "${{SLURM_JOB_NODELIST:-}}" 2>/dev/null | head -n 1)
+MASTER_ADDR=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)
+[ -n "$MASTER_ADDR" ] || MASTER_ADDR=${{first:-$(hostname)}}
 MASTER_PORT=$((20000 + ${{SLURM_JOB_ID:-0}} % 20000))
-WORLD_SIZE=${{SLURM_JOB_NUM_NODES:-1}}
+NNODES=${{SLURM_JOB_NUM_NODES:-1}}
+LOCAL_WORLD_SIZE={per_node}
+WORLD_SIZE=$((NNODES * LOCAL_WORLD_SIZE))
 NODE_RANK=0
-export MASTER_ADDR MASTER_PORT WORLD_SIZE NODE_RANK
+RANK=0
+LOCAL_RANK=0
+export MASTER_ADDR MASTER_PORT NNODES LOCAL_WORLD_SIZE WORLD_SIZE NODE_RANK RANK LOCAL_RANK
 attempt=$((${{SLURM_RESTART_COUNT:-0}} + 1))
 echo "jupyter-remote-compute: Slurm job ${{SLURM_JOB_ID:-?}} on ${{SLURM_JOB_NODELIST:-?}}, attempt $attempt"
 warned() {{
@@ -294,6 +332,6 @@ while :; do
   code=$?
   kill -0 "$child" 2>/dev/null || break
 done
-printf '%s\\n' "$code" > "$jobdir/exit_code.tmp" && mv -f "$jobdir/exit_code.tmp" "$jobdir/exit_code"
+{after}printf '%s\\n' "$code" > "$jobdir/exit_code.tmp" && mv -f "$jobdir/exit_code.tmp" "$jobdir/exit_code"
 exit "$code"
 """
