@@ -30,12 +30,14 @@ import socket
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from far_python import far_python_bin
 from required import require
+from slurm_nodes import HOST_ADDR, NodeNetwork
 from sshd_fixture import SSHServer, TestBed, start_sshd, terminate
 from waiting import wait_for
 
@@ -101,6 +103,8 @@ class SlurmBed:
     known_hosts: Path
     procs: dict[str, subprocess.Popen]  # type: ignore[type-arg]
     base_dir: str  # the test user's folder for this session's job folders, "~/..."
+    nodes: list[str] = dataclasses.field(default_factory=list)  # every node's name, ``node`` first
+    network: NodeNetwork | None = None  # the nodes' namespaces, on a bed of several
 
     @property
     def env(self) -> dict[str, str]:
@@ -162,7 +166,10 @@ class SlurmBed:
 
     def node_state(self) -> str:
         done = subprocess.run(
-            ["sinfo", "--noheader", "--nodes", self.node, "--format=%T"], capture_output=True, text=True, env=self.env
+            ["sinfo", "--noheader", "--nodes", ",".join(self.nodes), "--format=%T"],
+            capture_output=True,
+            text=True,
+            env=self.env,
         )
         return done.stdout.strip()
 
@@ -186,22 +193,40 @@ class SlurmBed:
             self.cancel_all()
         with contextlib.suppress(Exception):
             self.login.stop()
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*(n for n in self.procs if n.startswith("slurmd")), "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is not None:
                 with contextlib.suppress(Exception):
                     terminate(proc)
+        if self.network is not None:
+            self.network.remove()
         shutil.rmtree(self.far_path(self.base_dir), ignore_errors=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _write_conf(bed_dir: Path, cluster: str, node: str, hardware: str, ports: list[int], munge_socket: Path) -> Path:
+def _write_conf(
+    bed_dir: Path,
+    cluster: str,
+    nodes: Sequence[tuple[str, str, str]],
+    hardware: str,
+    ports: list[int],
+    munge_socket: Path,
+    controller: str = "127.0.0.1",
+) -> Path:
+    """slurm.conf of a cluster whose controller is this host at ``controller``, with ``nodes`` as
+    (name, NodeAddr, NodeHostname); several nodes keep their slurmd's files apart by name (``%n``)."""
     host = socket.gethostname()
     conf = bed_dir / "slurm.conf"
+    each = "" if len(nodes) == 1 else ".%n"
+    node_lines = "\n".join(
+        f"NodeName={name} NodeAddr={addr} NodeHostname={hostname} {hardware} State=UNKNOWN"
+        for name, addr, hostname in nodes
+    )
+    names = ",".join(name for name, _, _ in nodes)
     conf.write_text(
-        f"""# A single-node test cluster written by tests/slurm_fixture.py
+        f"""# A test cluster written by tests/slurm_fixture.py
 ClusterName={cluster}
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({controller})
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}
 SlurmUser=root
@@ -210,11 +235,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={munge_socket}
 StateSaveLocation={bed_dir / "state"}
-SlurmdSpoolDir={bed_dir / "spool"}
+SlurmdSpoolDir={bed_dir / "spool"}{each.replace(".", "/")}
 SlurmctldPidFile={bed_dir / "slurmctld.pid"}
-SlurmdPidFile={bed_dir / "slurmd.pid"}
+SlurmdPidFile={bed_dir / "slurmd"}{each}.pid
 SlurmctldLogFile={bed_dir / "log" / "slurmctld.log"}
-SlurmdLogFile={bed_dir / "log" / "slurmd.log"}
+SlurmdLogFile={bed_dir / "log" / "slurmd"}{each}.log
 # No cgroups here: track processes by parentage, bind nothing.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -239,8 +264,8 @@ MinJobAge={MIN_JOB_AGE}
 KillWait={KILL_WAIT}
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} {hardware} State=UNKNOWN
-PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP
 """
     )
     conf.chmod(0o644)
@@ -292,8 +317,11 @@ def _start_munged(bed_dir: Path) -> tuple[subprocess.Popen, Path]:  # type: igno
     return proc, sock
 
 
-def start_slurm_bed(ssh: TestBed) -> SlurmBed:
-    """Start munged, slurmctld, slurmd and a login sshd for ``ssh``'s user; wait until the node is idle."""
+def start_slurm_bed(ssh: TestBed, node_count: int = 1) -> SlurmBed:
+    """Start munged, slurmctld, slurmd and a login sshd for ``ssh``'s user; wait until the node is idle.
+
+    With ``node_count`` > 1 each node is a network namespace of its own (``slurm_nodes.py``; hold its
+    ``LOCK``), its slurmd inside it."""
     tag = uuid.uuid4().hex[:8]
     bed_dir = Path(tempfile.mkdtemp(prefix=f"jrc-slurm-{tag}-"))
     bed_dir.chmod(0o755)  # the test user reads slurm.conf and reaches munged's socket through here
@@ -304,15 +332,26 @@ def start_slurm_bed(ssh: TestBed) -> SlurmBed:
     hardware = node_hardware()
     cluster, node = f"jrc{tag}", f"jrcnode{tag}"
     login = None
+    network = None
     try:
         procs["munged"], munge_socket = _start_munged(bed_dir)
-        conf = _write_conf(bed_dir, cluster, node, hardware, _free_ports(2), munge_socket)
+        nodes, controller = [(node, "127.0.0.1", socket.gethostname())], "127.0.0.1"
+        if node_count > 1:
+            network = NodeNetwork.make(bed_dir, tag, node_count)
+            nodes, controller, node = network.nodes, HOST_ADDR, network.nodes[0][0]
+            # Each slurmd makes its own spool/<node> (0755): the job's user runs its script from there.
+            (bed_dir / "spool").chmod(0o755)
+        conf = _write_conf(bed_dir, cluster, nodes, hardware, _free_ports(2), munge_socket, controller)
         env = {**os.environ, "SLURM_CONF": str(conf)}
         # -D: stay in the foreground, so the processes we hold are the daemons; -i: ignore old state.
         # They also log to stderr in the foreground: their log files already hold it.
         quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         procs["slurmctld"] = subprocess.Popen([SLURMCTLD, "-D", "-i", "-f", str(conf)], env=env, **quiet)
-        procs["slurmd"] = subprocess.Popen([SLURMD, "-D", "-N", node, "-f", str(conf)], env=env, **quiet)
+        if network is None:
+            procs["slurmd"] = subprocess.Popen([SLURMD, "-D", "-N", node, "-f", str(conf)], env=env, **quiet)
+        for i, (name, _, _) in enumerate(network.nodes if network else [], start=1):
+            argv = network.enter(i, [SLURMD, "-D", "-N", name, "-f", str(conf)])  # type: ignore[union-attr]
+            procs[f"slurmd.{name}"] = subprocess.Popen(argv, env=env, **quiet)
         path = f"{far_python_bin()}:/usr/local/bin:/usr/bin:/bin"
         login = start_sshd(
             bed_dir, "slurm-login", ssh.workdir / "authorized_keys", f"SetEnv PATH={path} SLURM_CONF={conf}"
@@ -334,15 +373,17 @@ def start_slurm_bed(ssh: TestBed) -> SlurmBed:
             known_hosts=known_hosts,
             procs=procs,
             base_dir=f"~/.jrc-slurm-{tag}",
+            nodes=[name for name, _, _ in nodes],
+            network=network,
         )
 
         def idle() -> bool:
             for name, proc in procs.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with {proc.returncode}: {bed.log(name)[-2000:]}")
-            return bed.node_state() == "idle"
+            return set(bed.node_state().split()) == {"idle"}
 
-        wait_for(idle, 60, f"Slurm node {node} to be idle", interval=0.1)
+        wait_for(idle, 60, f"Slurm nodes {','.join(bed.nodes)} to be idle", interval=0.1)
         bed.far_path(bed.base_dir).mkdir(mode=0o755)
         owner = pwd.getpwnam(ssh.user)
         os.chown(bed.far_path(bed.base_dir), owner.pw_uid, owner.pw_gid)
@@ -352,6 +393,8 @@ def start_slurm_bed(ssh: TestBed) -> SlurmBed:
             login.stop()
         for proc in reversed(procs.values()):
             terminate(proc)
+        if network is not None:
+            network.remove()
         shutil.rmtree(bed_dir, ignore_errors=True)
         raise
 
@@ -368,3 +411,16 @@ def slurm_bed(sshd_bed: TestBed) -> Iterator[SlurmBed]:
         yield bed
     finally:
         bed.stop()
+
+
+@contextlib.contextmanager
+def slurm_service(make_service: Callable[..., Any], workspace: Path, bed: SlurmBed, machine: str) -> Iterator[Any]:
+    """The job service over ``workspace`` with ``bed`` as its slurm machine ``machine``; closed after,
+    with every job of the bed cancelled."""
+    service = make_service(workspace)
+    service.machines.add(machine, "slurm", "127.0.0.1", bed.machine_options())
+    try:
+        yield service
+    finally:
+        service.close()
+        bed.cancel_all()

@@ -13,7 +13,7 @@ import slurm_fixture
 import sshd_fixture
 from conftest import job_runs
 from far_python import far_python_bin, far_torch_bin
-from slurm_fixture import SlurmBed
+from slurm_fixture import SlurmBed, slurm_service
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.service import JobService
@@ -64,11 +64,8 @@ def cluster(
 ) -> Iterator[tuple[JobService, SlurmBed]]:
     (quickstart / "ranks.py").write_text(RANK_SCRIPT)
     (quickstart / "reduce.py").write_text(ALL_REDUCE_SCRIPT)
-    service = make_service(quickstart)
-    service.machines.add("hpc", "slurm", "127.0.0.1", slurm_bed.machine_options())
-    yield service, slurm_bed
-    service.close()
-    slurm_bed.cancel_all()
+    with slurm_service(make_service, quickstart, slurm_bed, "hpc") as service:
+        yield service, slurm_bed
 
 
 def test_two_plain_processes_on_one_node_know_their_ranks_and_record_one_run(

@@ -1,0 +1,73 @@
+"""A job across two nodes of a real Slurm cluster on this machine, each node a network namespace with its
+own address and hostname (tests/slurm_nodes.py): torchrun on both, two processes on each all-reducing over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sshd_fixture
+from far_python import far_python_bin, far_torch_bin
+from filelock import FileLock
+from required import require
+from slurm_fixture import SlurmBed, slurm_installed, slurm_service, start_slurm_bed
+from slurm_nodes import LOCK
+from test_slurm_ranks import ALL_REDUCE_SCRIPT
+
+from jupyter_remote_compute.jobs.service import JobService
+from jupyter_remote_compute.jobs.spec import JobSpec
+
+sshd_bed = sshd_fixture.sshd_bed
+
+
+@pytest.fixture(scope="module")
+def two_nodes(sshd_bed: sshd_fixture.TestBed) -> Iterator[SlurmBed]:
+    require(slurm_installed(), "Slurm (apt-get install slurmctld slurmd munge slurm-client)")
+    require(os.geteuid() == 0, "root, for the nodes' network namespaces, munged and slurmd")
+    with FileLock(LOCK, timeout=600):
+        bed = start_slurm_bed(sshd_bed, node_count=2)
+        try:
+            yield bed
+        finally:
+            bed.stop()
+
+
+@pytest.fixture
+def cluster(
+    make_service: Callable[..., JobService], quickstart: Path, two_nodes: SlurmBed
+) -> Iterator[tuple[JobService, SlurmBed]]:
+    (quickstart / "reduce.py").write_text(ALL_REDUCE_SCRIPT)
+    with slurm_service(make_service, quickstart, two_nodes, "pair") as service:
+        yield service, two_nodes
+
+
+def test_torchrun_on_two_nodes_of_two_processes_each(cluster, quickstart: Path) -> None:
+    service, bed = cluster
+    assert len(bed.nodes) == 2
+    path = f"{far_torch_bin()}:{far_python_bin()}:/usr/local/bin:/usr/bin:/bin"
+    spec = {
+        "machine": "pair",
+        "command": "python reduce.py",
+        "send": ["reduce.py"],
+        "bring_back": ["reduced"],
+        "env": {"PATH": path},
+        "resources": {"nodes": 2, "processes_per_node": 2, "launcher": "torchrun", "memory": "3G"},
+        "timeout": "10m",
+    }
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=300)
+    log = service.read_log(job.id).data.decode()
+    assert job.state == "succeeded", (job.reason, log)
+    seen = {int(p.stem): json.loads(p.read_text()) for p in (quickstart / "reduced").glob("*.json")}
+    assert sorted(seen) == [0, 1, 2, 3]
+    for rank, env in seen.items():
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "4", str(rank % 2)), env
+        assert env["sum"] == 10.0  # 1 + 2 + 3 + 4
+    # Each node's processes say so in the log: two ranks on each of the two nodes.
+    lines = [line for line in log.splitlines() if " reduced 10.0" in line]
+    by_node = {node: sorted(line.split(" rank ")[1].split("]")[0] for line in lines if line.startswith(f"[{node} "))
+               for node in bed.nodes}  # fmt: skip
+    assert sorted(len(ranks) for ranks in by_node.values()) == [2, 2], lines
+    assert sorted(r for ranks in by_node.values() for r in ranks) == ["0", "1", "2", "3"]
