@@ -7,7 +7,7 @@ import json
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from jupyter_remote_compute.engines import engine_class, engine_kinds
+from jupyter_remote_compute.engines import BUILT_IN_KINDS, engine_class, engine_kinds
 from jupyter_remote_compute.engines.base import RESOURCE_NAMES, Features
 from jupyter_remote_compute.errors import InvalidSettings
 
@@ -76,3 +76,28 @@ def test_the_organizations_kind_loads_but_is_no_kind_a_machine_is_added_as(tmp_p
         service.admin.resolve("org:team")
     with pytest.raises(NotFound):
         service.admin.resolve("team")
+
+
+@pytest.mark.parametrize(
+    ("asked", "field"),
+    [
+        ({"nodes": 2}, "resources.nodes"),
+        ({"processes_per_node": 2}, "resources.processes_per_node"),
+        ({"launcher": "plain"}, "resources.launcher"),
+    ],
+)
+def test_only_slurm_starts_a_job_of_several_processes(asked: dict, field: str) -> None:
+    from jupyter_remote_compute.engines.base import refuse_distributed
+    from jupyter_remote_compute.engines.resources import Resources
+
+    resources = Resources.from_json(asked)
+    for kind in BUILT_IN_KINDS:
+        features = engine_class(kind).features
+        if kind == "slurm":
+            assert features.launchers == ("plain", "torchrun")
+            refuse_distributed(resources, features, "hpc", kind)
+            continue
+        assert features.launchers == (), kind
+        with pytest.raises(InvalidSettings) as info:
+            refuse_distributed(resources, features, "m1", kind)
+        assert info.value.field == field and str(info.value).startswith(f"{field}: m1 is a {kind} machine"), info.value
