@@ -5,6 +5,8 @@ that run one process refusing such a job at submit, naming the field."""
 from __future__ import annotations
 
 import json
+import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import sshd_fixture
 from conftest import job_runs
 from far_python import far_python_bin, far_torch_bin
 from slurm_fixture import SlurmBed, slurm_service
+from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.service import JobService
@@ -149,3 +152,39 @@ def test_torchrun_starts_the_nodes_processes_which_all_reduce(cluster, quickstar
     for rank in (0, 1):
         assert f"[{bed.node} rank {rank}] rank {rank} of 2 reduced 3.0\n" in log, log
     assert f"[{bed.node}] [{bed.node} rank" not in log  # a worker's line is prefixed once, not again by torchrun's
+
+
+def test_torchrun_missing_on_the_nodes_fails_the_job_saying_so(cluster) -> None:
+    service, bed = cluster
+    spec = {
+        "machine": "hpc",
+        "command": "python -c 'print(1)'",
+        "env": {"PATH": "/usr/bin:/bin"},  # no torch there
+        "resources": {"processes_per_node": 2, "launcher": "torchrun"},
+    }
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=120)
+    assert job.state == "failed" and job.exit_code == 127, (job.state, job.exit_code, job.reason)
+    assert f"[{bed.node}] jupyter-remote-compute: torchrun is not on PATH on {bed.node}" in (
+        service.read_log(job.id).data.decode()
+    )
+
+
+def test_cancelling_a_job_of_several_processes_stops_every_one(cluster) -> None:
+    service, bed = cluster
+    # A sleep of its own length, so no other session's job on this machine is taken for one of ours.
+    sleep = f"sleep 300.{uuid.uuid4().int % 10**6:06d}"
+    spec = {"machine": "hpc", "command": f"echo started; {sleep}", "resources": {"processes_per_node": 2}}
+    job = service.submit(JobSpec.from_json(spec)).job
+
+    def both_started() -> bool:
+        service.driver.poll_active()
+        return service.read_log(job.id).data.decode().count("] started") == 2
+
+    wait_for(both_started, 60, "both processes to start", interval=0.3)
+    service.cancel(job.id)
+    ended = service.wait(job.id, timeout=60)
+    assert ended.state == "cancelled", ended.reason
+    # Nothing of the job is left: neither its sleeps nor the scripts that ran them (their paths name the job).
+    for pattern in (sleep, job.id):
+        left = subprocess.run(["pgrep", "-u", bed.user, "-f", pattern], capture_output=True, text=True)
+        assert left.stdout.strip() == "", (pattern, left.stdout)
