@@ -402,6 +402,12 @@ def test_a_job_slurm_took_off_its_node_ends_its_attempt_quoting_slurm(
     assert words in said.reason and said.reason.endswith("***")
 
 
+def test_on_several_nodes_the_node_that_failed_is_the_one_srun_names() -> None:
+    tail = f"[n1 rank 0] up\n[n2 rank 1] up\nsrun: error: Node failure on n2\n{NODE_LINE}\n"
+    said = sc.requeued(job("NODE_FAIL"), tail)
+    assert said is not None and said.cause == "lost" and said.reason.startswith("its node n2 failed: *** JOB 9 ON n1")
+
+
 def test_slurms_line_about_another_job_or_a_running_job_is_not_this_attempts_end() -> None:
     other = REQUEUE_LINE.replace("JOB 9 ", "JOB 8 ")
     assert sc.requeued(job("PENDING", "BeginTime"), other) is None

@@ -1,10 +1,12 @@
 """A job across two nodes of a real Slurm cluster on this machine, each node a network namespace with its
-own address and hostname (tests/slurm_nodes.py): torchrun on both, two processes on each all-reducing over gloo."""
+own address and hostname (tests/slurm_nodes.py): torchrun on both, two processes on each all-reducing over gloo;
+and one node going down ending the job, that node named."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from required import require
 from slurm_fixture import SlurmBed, slurm_installed, slurm_service, start_slurm_bed
 from slurm_nodes import LOCK
 from test_slurm_ranks import ALL_REDUCE_SCRIPT
+from waiting import wait_for
 
 from jupyter_remote_compute.jobs.service import JobService
 from jupyter_remote_compute.jobs.spec import JobSpec
@@ -71,3 +74,31 @@ def test_torchrun_on_two_nodes_of_two_processes_each(cluster, quickstart: Path) 
                for node in bed.nodes}  # fmt: skip
     assert sorted(len(ranks) for ranks in by_node.values()) == [2, 2], lines
     assert sorted(r for ranks in by_node.values() for r in ranks) == ["0", "1", "2", "3"]
+
+
+def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(cluster) -> None:
+    service, bed = cluster
+    spec = {"machine": "pair", "command": "echo up; sleep 300", "resources": {"nodes": 2, "launcher": "plain"}}
+    job = service.submit(JobSpec.from_json(spec)).job
+
+    def both_up() -> bool:
+        service.driver.poll_active()
+        return service.read_log(job.id).data.decode().count("] up") == 2
+
+    wait_for(both_up, 60, "a process on each node")
+    second = bed.nodes[1]
+    down = ["scontrol", "update", f"nodename={second}", "state=down", "reason=jrc test: node failure"]
+    try:
+        subprocess.run(down, check=True, capture_output=True, env=bed.env)
+        ended = service.wait(job.id, timeout=120)
+    finally:
+        # The node comes back by itself once its slurmd answers (ReturnToService=2): wait for it.
+        wait_for(lambda: set(bed.node_state().split()) <= {"idle", "mixed", "allocated"}, 60, "the node to be back")
+    log = service.read_log(job.id).data.decode()
+    # The batch script ran on the first node, where Slurm's own line says the job was cancelled; srun
+    # names the node that failed.
+    assert ended.state == "lost" and ended.reason.startswith(f"lost: its node {second} failed: *** JOB "), (
+        ended.state,
+        ended.reason,
+        log,
+    )

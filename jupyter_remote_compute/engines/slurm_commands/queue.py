@@ -235,6 +235,8 @@ def interpret(job: SlurmJob | None, exit_code: int | None = None, log_tail: str 
 #: a job taken off its node ``*** JOB 7 ON node1 CANCELLED AT 2026-12-06T01:41:24 DUE TO JOB REQUEUE ***``.
 _STOPPED = re.compile(r"\*\*\* JOB (?P<id>\d+) ON (?P<node>\S+) CANCELLED AT \S+(?P<why>[^\n*]*)\*\*\*")
 _DUE_TO = re.compile(r"DUE TO (NODE FAILURE|PREEMPTION|JOB REQUEUE)\b")
+#: srun's line, in a job of several nodes, naming the node that failed (slurmstepd's names the batch host).
+_SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)$", re.MULTILINE)
 #: Why Slurm took a job off its node, as a retry policy's cause and in words.
 _TAKEN_OFF_AS = {
     "NODE FAILURE": ("lost", "its node {node} failed"),
@@ -266,7 +268,9 @@ def requeued(job: SlurmJob, log_tail: str) -> Outcome | None:
     if said is None or due is None:
         return None
     cause, words = _TAKEN_OFF_AS[due.group(1)]
-    reason = f"{words.format(node=said.group('node'))}: {said.group(0)}"
+    node = said.group("node")
+    failed = _SRUN_NODE_FAILURE.findall(log_tail) if due.group(1) == "NODE FAILURE" else []
+    reason = f"{words.format(node=failed[-1] if failed else node)}: {said.group(0)}"
     return Outcome("lost", reason, cause=cause)
 
 
