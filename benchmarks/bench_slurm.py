@@ -20,11 +20,13 @@ runs for about a minute, and stops them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +90,17 @@ def engine_service(bed: SlurmBed, tmp: Path) -> JobService:
     service.machines.add("hpc", "slurm", "127.0.0.1", bed.machine_options())
     service.admin.check("hpc")  # a server's engine has its connection open before a job comes
     return service
+
+
+@contextlib.contextmanager
+def bed_service(bed: SlurmBed) -> Iterator[JobService]:
+    """``engine_service`` over a temporary folder, closed and removed after."""
+    with tempfile.TemporaryDirectory(prefix="jrc-bench-slurm-") as tmp:
+        service = engine_service(bed, Path(tmp))
+        try:
+            yield service
+        finally:
+            service.close()
 
 
 def engine_submit_to_running(bed: SlurmBed, service: JobService, runs: int) -> list[float]:
@@ -207,13 +220,9 @@ def main() -> None:
         bed = start_slurm_bed(ssh)
         print(f"test bed: Slurm node idle {time.perf_counter() - started:.1f} s after start, {bed.cpus} CPUs")
         try:
-            with tempfile.TemporaryDirectory(prefix="jrc-bench-slurm-") as tmp:
-                service = engine_service(bed, Path(tmp))
-                try:
-                    squeue_cost(bed, args.jobs, service)
-                    submit_to_running(bed, args.runs, service)
-                finally:
-                    service.close()
+            with bed_service(bed) as service:
+                squeue_cost(bed, args.jobs, service)
+                submit_to_running(bed, args.runs, service)
         finally:
             bed.stop()
     finally:

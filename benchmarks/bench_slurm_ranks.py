@@ -21,7 +21,6 @@ import argparse
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_slurm import engine_service  # noqa: E402
+from bench_slurm import bed_service  # noqa: E402
 from filelock import FileLock  # noqa: E402
 from slurm_fixture import SlurmBed, start_slurm_bed  # noqa: E402
 from slurm_nodes import LOCK  # noqa: E402
@@ -103,13 +102,9 @@ def main() -> None:
             bed = start_slurm_bed(ssh, node_count=2)
             print(f"test bed: two Slurm nodes idle {time.perf_counter() - started:.1f} s after start")
             try:
-                with tempfile.TemporaryDirectory(prefix="jrc-bench-ranks-") as tmp:
-                    service = engine_service(bed, Path(tmp))
-                    try:
-                        hand = by_hand(bed, args.runs)
-                        engine = through_the_engine(bed, service, args.runs)
-                    finally:
-                        service.close()
+                with bed_service(bed) as service:
+                    hand = by_hand(bed, args.runs)
+                    engine = through_the_engine(bed, service, args.runs)
             finally:
                 bed.stop()
     finally:
