@@ -32,8 +32,20 @@ export function getMlflowUI(): Promise<IMlflowUI> {
 }
 
 /**
+ * MLflow 3 shows an experiment as GenAI work (evaluations, traces, its assistant) or as model
+ * training (runs, params, metrics), chosen by this query parameter of its page's route. A job is
+ * training, so every address this module makes carries it.
+ */
+const MLFLOW_WORKFLOW_QUERY = 'workflowType=machine_learning';
+
+function withWorkflow(route: string): string {
+  return `${route}${route.includes('?') ? '&' : '?'}${MLFLOW_WORKFLOW_QUERY}`;
+}
+
+/**
  * Where the MLflow UI shows a run: `<url>/#/experiments/<exp>/runs/<id>` when the job
- * says which experiment, else `<url>/#/runs/<id>` (the UI finds the experiment).
+ * says which experiment, else `<url>/#/runs/<id>` (the UI finds the experiment); both in the
+ * training view.
  */
 export function mlflowRunUrl(
   base: string,
@@ -41,14 +53,16 @@ export function mlflowRunUrl(
   experimentId?: unknown
 ): string {
   const root = base.replace(/\/+$/, '');
-  return typeof experimentId === 'string' && experimentId
-    ? `${root}/#/experiments/${encodeURIComponent(experimentId)}/runs/${encodeURIComponent(runId)}`
-    : `${root}/#/runs/${encodeURIComponent(runId)}`;
+  return withWorkflow(
+    typeof experimentId === 'string' && experimentId
+      ? `${root}/#/experiments/${encodeURIComponent(experimentId)}/runs/${encodeURIComponent(runId)}`
+      : `${root}/#/runs/${encodeURIComponent(runId)}`
+  );
 }
 
 /**
  * MLflow's run comparison of ``runIds``: `<url>/#/compare-runs?runs=[…]&experiments=[…]`, as
- * MLflow's own "Compare" button writes it (both lists JSON).
+ * MLflow's own "Compare" button writes it (both lists JSON), in the training view.
  */
 export function mlflowCompareUrl(
   base: string,
@@ -60,7 +74,16 @@ export function mlflowCompareUrl(
   const experiments = encodeURIComponent(
     JSON.stringify(experimentId ? [experimentId] : [])
   );
-  return `${root}/#/compare-runs?runs=${runs}&experiments=${experiments}`;
+  return withWorkflow(
+    `${root}/#/compare-runs?runs=${runs}&experiments=${experiments}`
+  );
+}
+
+/**
+ * MLflow's list of experiments, in the training view.
+ */
+export function mlflowExperimentsUrl(base: string): string {
+  return withWorkflow(base.replace(/\/*$/, '/') + '#/experiments');
 }
 
 /**
@@ -92,25 +115,73 @@ function safeId(text: string): string {
   return text.replace(/[^A-Za-z0-9_-]/g, '_');
 }
 
-// MLflow 3's own dark-mode switch, kept in its page's local storage ("true"/"false").
-const MLFLOW_DARK_MODE_KEY = '_mlflow_dark_mode_toggle_enabled';
+/**
+ * What MLflow 3's page reads from its origin's local storage as it loads (the keys as MLflow
+ * 3.17's bundle names them; its hooks add `_v1` and store JSON, its dark mode stores a bare
+ * "true"/"false").
+ */
+const MLFLOW_STORAGE = {
+  darkMode: '_mlflow_dark_mode_toggle_enabled',
+  // Which view a page without the query parameter opens in (links inside MLflow drop it).
+  workflowType: 'mlflow.workflowType_v1',
+  assistantOpen: 'mlflow.assistant.panelOpen_v1',
+  // Its assistant opens itself on a first visit unless this says it already did.
+  assistantAutoOpened: 'mlflow.assistant.fab.autoOpenedOnFirstLoad_v1'
+} as const;
 
 /**
- * MLflow's UI in the lab's theme: dark when the lab's theme is dark. It is read as MLflow loads, so
- * a tab already open keeps its theme until it is opened again.
+ * Ready MLflow's page for a person training models, before it loads: the training view, its
+ * assistant closed, and dark when the lab's theme is dark. MLflow's page is on this origin (the
+ * proxy serves it), so it shares this storage; it reads it only as it loads.
  */
-function followLabTheme(): void {
+export function prepareMlflowPage(): void {
   const light = document.body.dataset.jpThemeLight;
+  const entries: [string, string][] = [
+    [MLFLOW_STORAGE.workflowType, JSON.stringify('machine_learning')],
+    [MLFLOW_STORAGE.assistantOpen, JSON.stringify(false)],
+    [MLFLOW_STORAGE.assistantAutoOpened, JSON.stringify(true)]
+  ];
   if (light === 'true' || light === 'false') {
-    try {
-      window.localStorage.setItem(
-        MLFLOW_DARK_MODE_KEY,
-        light === 'true' ? 'false' : 'true'
-      );
-    } catch {
-      // Storage refused (a private window): MLflow keeps its own choice.
-    }
+    entries.push([
+      MLFLOW_STORAGE.darkMode,
+      light === 'true' ? 'false' : 'true'
+    ]);
   }
+  try {
+    for (const [key, value] of entries) {
+      window.localStorage.setItem(key, value);
+    }
+  } catch {
+    // Storage refused (a private window): MLflow keeps its own choices.
+  }
+}
+
+/**
+ * Keep an MLflow tab in the lab's theme: when the theme turns from light to dark or back, the
+ * page is readied again and reloaded at the address it shows (MLflow reads its theme only as it
+ * loads). Stops when the tab closes.
+ */
+function followLabTheme(widget: MainAreaWidget<IFrame>): void {
+  let light = document.body.dataset.jpThemeLight;
+  const observer = new MutationObserver(() => {
+    const now = document.body.dataset.jpThemeLight;
+    if (now === light) {
+      return;
+    }
+    light = now;
+    prepareMlflowPage();
+    const page = widget.content.node.querySelector('iframe')?.contentWindow;
+    try {
+      page?.location.reload();
+    } catch {
+      // Not this origin's page any more (a link followed elsewhere): it keeps its theme.
+    }
+  });
+  observer.observe(document.body, {
+    attributes: true,
+    attributeFilter: ['data-jp-theme-light']
+  });
+  widget.disposed.connect(() => observer.disconnect());
 }
 
 /**
@@ -133,7 +204,7 @@ export async function openMlflow(
     ? mlflowCompareUrl(base, options.compareRunIds, options.experimentId)
     : options.runId
       ? mlflowRunUrl(base, options.runId, options.experimentId)
-      : base.replace(/\/*$/, '/') + '#/experiments';
+      : mlflowExperimentsUrl(base);
   if (!proxied) {
     window.open(url, '_blank', 'noopener');
     return;
@@ -150,8 +221,7 @@ export async function openMlflow(
       return;
     }
   }
-  // MLflow's page, on this origin, reads its theme from this origin's storage when it loads.
-  followLabTheme();
+  prepareMlflowPage();
   const frame = new IFrame({
     // MLflow's page is served from this origin by the proxy: it needs its scripts, its own
     // same-origin requests and its forms; links to elsewhere open as popups.
@@ -174,6 +244,7 @@ export async function openMlflow(
     ? trans.__('MLflow: %1', options.label || tabOf.slice(0, 8))
     : trans.__('MLflow');
   widget.title.caption = url;
+  followLabTheme(widget);
   app.shell.add(widget, 'main');
   app.shell.activateById(id);
 }

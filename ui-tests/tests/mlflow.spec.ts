@@ -7,6 +7,7 @@
  * job-detail-dark.png, mlflow-in-a-tab.png).
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import { FrameLocator } from '@playwright/test';
 import * as path from 'path';
 
 import { api, unique } from './helpers';
@@ -16,9 +17,10 @@ const OUT = process.env.UPDATE_SCREENSHOTS
   ? path.resolve(__dirname, '..', '..', 'docs', 'screenshots')
   : path.resolve(__dirname, '..', 'test-results', 'screenshots');
 
-// Logs a metric, ends: the run the product records carries it.
+// Logs a param and a metric, ends: the run the product records carries it.
 const TRAIN = `import mlflow
 with mlflow.start_run():
+    mlflow.log_param("learning_rate", 0.01)
     for step in range(4):
         mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
 print("trained", flush=True)
@@ -52,52 +54,94 @@ async function jobWith(page: IJupyterLabPageFixture, id: string, done: (job: any
   return job;
 }
 
+/**
+ * MLflow's page in the frame shows the job's run where a person training a model looks for it:
+ * under the experiment's training runs (not its GenAI evaluations), with its param and metric,
+ * MLflow's assistant a closed button, dark exactly when asked.
+ */
+async function expectTrainingRun(frame: FrameLocator, name: string, dark: boolean): Promise<void> {
+  // MLflow's UI starts on first use: its imports take a while on a busy machine.
+  await expect(frame.getByRole('heading', { name })).toBeVisible({ timeout: 180000 });
+  // The breadcrumb "<experiment> › Runs"; the GenAI view's reads "<experiment> › Evaluations".
+  await expect(frame.locator('[data-testid="experiment-observatory-link-runs"]')).toHaveText('Runs');
+  await expect(frame.getByText('Parameters (1)', { exact: true })).toBeVisible({ timeout: 60000 });
+  await expect(frame.getByRole('row', { name: /learning_rate\s*0\.01/ })).toBeVisible();
+  await expect(frame.getByRole('row', { name: /loss\s*0\.25/ })).toBeVisible();
+  await expect(frame.getByText('Evaluations', { exact: true })).toHaveCount(0);
+  await expect(frame.getByText('Evaluation runs', { exact: true })).toHaveCount(0);
+  // The assistant's button is drawn only while its panel is closed (and after its first-visit opening).
+  await expect(frame.getByRole('button', { name: 'MLflow Assistant' })).toBeVisible();
+  await expect(frame.getByText(/Ask questions about your/)).toHaveCount(0);
+  await expect(frame.locator('body.dark-mode')).toHaveCount(dark ? 1 : 0);
+}
+
 test.use({ autoGoto: true, viewport: { width: 1280, height: 1200 } });
 
 test.describe('MLflow one click away', () => {
-  test("Open in MLflow shows the run's name and its metric in a JupyterLab tab", async ({ page, tmpPath }) => {
-    test.setTimeout(300000);
-    const name = unique('ui-mlflow');
-    await page.contents.uploadContent(TRAIN, 'text', `${tmpPath}/train.py`);
-    const { job } = await api(page, 'POST', 'jobs', {
-      machine: 'local',
-      command: `python ${tmpPath}/train.py`,
-      send: [`${tmpPath}/train.py`],
-      name
+  for (const theme of ['light', 'dark']) {
+    test(`Open in MLflow shows a finished job's run as a training run in the ${theme} theme`, async ({
+      page,
+      tmpPath
+    }) => {
+      test.setTimeout(300000);
+      const dark = theme === 'dark';
+      if (dark) {
+        await page.theme.setDarkTheme();
+      }
+      const name = unique('ui-mlflow');
+      await page.contents.uploadContent(TRAIN, 'text', `${tmpPath}/train.py`);
+      const { job } = await api(page, 'POST', 'jobs', {
+        machine: 'local',
+        command: `python ${tmpPath}/train.py`,
+        send: [`${tmpPath}/train.py`],
+        name
+      });
+      const ended = await jobWith(page, job.id, j => j.state === 'succeeded' && !!j.mlflow_run_id);
+      const where = await api(page, 'GET', 'mlflow');
+      expect(where.proxied).toBe(true);
+
+      await page.sidebar.openTab('jp-remote-compute-panel');
+      const panel = page.locator('#jp-remote-compute-panel');
+      const row = panel.getByRole('listitem', { name });
+      await expect(row).toContainText('succeeded', { timeout: 60000 });
+
+      // The job list's menu has it too.
+      await row.click({ button: 'right' });
+      await expect(page.getByRole('menuitem', { name: 'Open in MLflow' })).toBeEnabled();
+      await page.keyboard.press('Escape');
+
+      await row.click();
+      const detail = page.getByRole('region', { name: `Job ${name}` });
+      await expect(detail.getByRole('link', { name: ended.mlflow_run_id })).toBeVisible();
+      await detail.getByRole('button', { name: 'Open in MLflow' }).click();
+
+      const tab = page.getByRole('tab', { name: new RegExp(`MLflow: ${name}`) });
+      await expect(tab).toBeVisible();
+      const frame = page.frameLocator('.jp-RemoteCompute-mlflowFrame iframe');
+      await expectTrainingRun(frame, name, dark);
+
+      if (!dark) {
+        for (const button of await page.getByRole('button', { name: 'Hide notification' }).all()) {
+          await button.click({ timeout: 1000 }).catch(() => undefined);
+        }
+        await page.locator('#jp-main-dock-panel').screenshot({
+          path: path.join(OUT, 'mlflow-in-a-tab.png'),
+          style: '.Toastify { display: none !important; }'
+        });
+      }
+
+      // The open tab follows the lab's theme when it changes, still at the run in the training view.
+      if (dark) {
+        await page.theme.setLightTheme();
+      } else {
+        await page.theme.setDarkTheme();
+      }
+      await expectTrainingRun(frame, name, !dark);
+      if (!dark) {
+        await page.theme.setLightTheme();
+      }
     });
-    const ended = await jobWith(page, job.id, j => j.state === 'succeeded' && !!j.mlflow_run_id);
-    const where = await api(page, 'GET', 'mlflow');
-    expect(where.proxied).toBe(true);
-
-    await page.sidebar.openTab('jp-remote-compute-panel');
-    const panel = page.locator('#jp-remote-compute-panel');
-    const row = panel.getByRole('listitem', { name });
-    await expect(row).toContainText('succeeded', { timeout: 60000 });
-
-    // The job list's menu has it too.
-    await row.click({ button: 'right' });
-    await expect(page.getByRole('menuitem', { name: 'Open in MLflow' })).toBeEnabled();
-    await page.keyboard.press('Escape');
-
-    await row.click();
-    const detail = page.getByRole('region', { name: `Job ${name}` });
-    await expect(detail.getByRole('link', { name: ended.mlflow_run_id })).toBeVisible();
-    await detail.getByRole('button', { name: 'Open in MLflow' }).click();
-
-    const tab = page.getByRole('tab', { name: new RegExp(`MLflow: ${name}`) });
-    await expect(tab).toBeVisible();
-    const frame = page.frameLocator('.jp-RemoteCompute-mlflowFrame iframe');
-    // MLflow's UI starts on first use: its imports take a while on a busy machine.
-    await expect(frame.getByText(name).first()).toBeVisible({ timeout: 180000 });
-    await expect(frame.getByText('loss', { exact: true }).first()).toBeVisible({ timeout: 60000 });
-    for (const button of await page.getByRole('button', { name: 'Hide notification' }).all()) {
-      await button.click({ timeout: 1000 }).catch(() => undefined);
-    }
-    await page.locator('#jp-main-dock-panel').screenshot({
-      path: path.join(OUT, 'mlflow-in-a-tab.png'),
-      style: '.Toastify { display: none !important; }'
-    });
-  });
+  }
 
   test("a running job's detail: both charts whole, the log at its end", async ({ page, tmpPath }) => {
     test.setTimeout(300000);
