@@ -1,7 +1,8 @@
 /**
  * From a job to its MLflow run in one click, and a running job's detail laid out whole:
  * MLflow's own UI (started by the server for the workspace's sqlite store) in a JupyterLab tab,
- * and two live charts above a log that keeps to its end.
+ * in its Model training view and the lab's theme, and two live charts above a log that keeps to
+ * its end.
  *
  * With UPDATE_SCREENSHOTS=1 the screenshots go to docs/screenshots/ (job-detail-light.png,
  * job-detail-dark.png, mlflow-in-a-tab.png).
@@ -142,6 +143,32 @@ test.describe('MLflow one click away', () => {
       }
     });
   }
+
+  test('Open MLflow lists the experiments, and one opens on its training runs', async ({ page, tmpPath }) => {
+    test.setTimeout(300000);
+    const name = unique('ui-mlflow-list');
+    await page.contents.uploadContent(TRAIN, 'text', `${tmpPath}/train.py`);
+    const { job } = await api(page, 'POST', 'jobs', {
+      machine: 'local',
+      command: `python ${tmpPath}/train.py`,
+      send: [`${tmpPath}/train.py`],
+      name
+    });
+    await jobWith(page, job.id, j => j.state === 'succeeded' && !!j.mlflow_run_id);
+    await page.evaluate(async () => {
+      await (window as any).jupyterapp.commands.execute('remote-compute:open-mlflow', {});
+    });
+    await expect(page.getByRole('tab', { name: 'MLflow', exact: true })).toBeVisible();
+    const frame = page.frameLocator('.jp-RemoteCompute-mlflowFrame iframe');
+    await expect(frame.getByRole('link', { name: 'Default', exact: true })).toBeVisible({ timeout: 180000 });
+    await frame.getByRole('link', { name: 'Default', exact: true }).click();
+    // The experiment's training runs: its runs table with the job's run; no GenAI pages, assistant closed.
+    await expect(frame.getByRole('link', { name })).toBeVisible({ timeout: 60000 });
+    await expect(frame.getByText(/^\d+ matching runs?$/)).toBeVisible();
+    await expect(frame.getByText('Evaluation runs', { exact: true })).toHaveCount(0);
+    await expect(frame.getByRole('button', { name: 'MLflow Assistant' })).toBeVisible();
+    await expect(frame.getByText(/Ask questions about your/)).toHaveCount(0);
+  });
 
   test("a running job's detail: both charts whole, the log at its end", async ({ page, tmpPath }) => {
     test.setTimeout(300000);
