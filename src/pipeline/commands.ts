@@ -83,8 +83,10 @@ export function registerPipelines(options: IPipelineOptions): void {
   }
 
   commands.addCommand(CommandIDs.newPipeline, {
+    // As JupyterLab names a notebook: "Pipeline" on the launcher and under File › New, "New
+    // Pipeline" in the palette, where it stands among other commands.
     label: args =>
-      args.isLauncher ? trans.__('Pipeline') : trans.__('New Pipeline'),
+      args.isPalette ? trans.__('New Pipeline') : trans.__('Pipeline'),
     caption: trans.__(
       'A new pipeline of steps, each a job on a machine, drawn on a canvas'
     ),
@@ -160,7 +162,7 @@ export function registerPipelines(options: IPipelineOptions): void {
       CommandIDs.runPipeline,
       CommandIDs.cancelPipeline
     ]) {
-      options.palette.addItem({ command, category });
+      options.palette.addItem({ command, category, args: { isPalette: true } });
     }
   }
 }

@@ -31,6 +31,28 @@ async function addListItem(page: IJupyterLabPageFixture, node: string, name: str
 test.describe('Pipeline canvas', () => {
   test.use({ viewport: { width: 1400, height: 900 } });
 
+  test('is named as JupyterLab names a notebook: Pipeline in the launcher and File › New, New Pipeline in the palette', async ({
+    page
+  }) => {
+    await page.evaluate(async () => {
+      await (window as any).jupyterapp.commands.execute('launcher:create', {});
+    });
+    await expect(page.locator('.jp-LauncherCard:visible', { hasText: /^Pipeline$/ })).toBeVisible();
+
+    await page.menu.openLocator('File>New');
+    const newMenu = page.locator('.lm-Menu:visible').last();
+    await expect(newMenu.getByRole('menuitem', { name: 'Pipeline', exact: true })).toBeVisible();
+    await expect(newMenu.getByRole('menuitem', { name: /New Pipeline/ })).toHaveCount(0);
+    await page.menu.closeAll();
+
+    await page.keyboard.press('Control+Shift+C');
+    const search = page.locator('#command-palette .lm-CommandPalette-input');
+    await search.fill('Pipeline');
+    const items = page.locator('#command-palette .lm-CommandPalette-itemLabel');
+    await expect(items.filter({ hasText: /^New Pipeline$/ })).toHaveCount(1);
+    await expect(items.filter({ hasText: /^Pipeline$/ })).toHaveCount(0);
+  });
+
   test('a pipeline from the launcher: drag, fill, connect, save, run on this machine', async ({
     page,
     tmpPath
