@@ -78,6 +78,9 @@ from .transport import quote
 
 #: How long SkyPilot's cluster record (and the head's route) is trusted before asking again.
 RECORD_TTL = 10.0
+#: How long SkyPilot's word on a job not started yet is kept: each asking runs Python on the head node
+#: (through the API server's executor), while the head's own poll, every poll, sees the start at once.
+JOB_STATE_TTL = 10.0
 #: How long one quick SDK request (status, api_status, check) may take before we give up on it.
 QUICK_TIMEOUT = 120.0
 #: The file start writes the job's environment to, read and removed by the SkyPilot job (``farside/skypilot-start.sh``).
@@ -119,6 +122,7 @@ class SkyPilotEngine(Engine):
         self._lock = threading.Lock()
         self._record: tuple[float, Any] | None = None
         self._head: tuple[tuple[Any, ...], SSHEngine] | None = None
+        self._job_states: dict[str, tuple[float, str]] = {}  # exec request -> (when asked, SkyPilot's state)
 
     @classmethod
     def validate_address(cls, address: str) -> str:
@@ -444,11 +448,7 @@ echo written
         if payload is None:
             return status
         # The exec request only queued a SkyPilot job: ask that job how it is doing.
-        sdk = load_sdk()
-        sky_job_id = sdk.get(request_id)[0]
-        states = self._quick(sdk.job_status(self.settings.cluster, [sky_job_id])) or {}
-        sky_state = states.get(sky_job_id) or states.get(str(sky_job_id))
-        words = str(getattr(sky_state, "value", sky_state) or "unknown")
+        sky_job_id, words = self._job_state(request_id)
         if words in ("INIT", "PENDING", "SETTING_UP", "RUNNING"):
             return RemoteStatus("pending", detail=f"SkyPilot job {sky_job_id} is {words.lower().replace('_', ' ')}")
         # A short command may have started and ended between the look at the folder and this one.
@@ -460,6 +460,23 @@ echo written
             detail=f"SkyPilot job {sky_job_id} ended ({words}) before the command started: see `sky logs "
             f"{self.settings.cluster} {sky_job_id}`",
         )
+
+    def _job_state(self, request_id: str) -> tuple[Any, str]:
+        """(SkyPilot's job id, its state) for the job an exec request queued, asked at most every JOB_STATE_TTL."""
+        sdk = load_sdk()
+        sky_job_id = sdk.get(request_id)[0]
+        with self._lock:
+            cached = self._job_states.get(request_id)
+        if cached is not None and time.monotonic() - cached[0] < JOB_STATE_TTL:
+            return sky_job_id, cached[1]
+        states = self._quick(sdk.job_status(self.settings.cluster, [sky_job_id])) or {}
+        sky_state = states.get(sky_job_id) or states.get(str(sky_job_id))
+        words = str(getattr(sky_state, "value", sky_state) or "unknown")
+        now = time.monotonic()
+        with self._lock:
+            self._job_states = {k: v for k, v in self._job_states.items() if now - v[0] < JOB_STATE_TTL}
+            self._job_states[request_id] = (now, words)
+        return sky_job_id, words
 
     def _progress(self, payload: Any, default: str | None = None) -> str:
         """SkyPilot's own words on a request: its status message, else the cluster's latest launch progress."""
