@@ -29,6 +29,7 @@ from .jobs.metrics import MetricsPage
 from .jobs.service import JobService, require_trained
 from .jobs.spec import format_duration
 from .jobs.transitions import TERMINAL_STATES
+from .people import local_person
 
 # How long the main thread blocks between checks: short, so an interrupt is answered at once.
 _TICK = 0.2
@@ -333,9 +334,7 @@ class RemoteTrainJob:
         return self
 
     def cancel(self) -> RemoteTrainJob:
-        import getpass
-
-        self._snapshot = self._service.cancel(self._job_id, by=getpass.getuser())
+        self._snapshot = self._service.cancel(self._job_id, by=local_person())
         return self
 
     # -- showing
