@@ -320,7 +320,10 @@ class RemoteTrainJob:
         It does not raise when the job failed: check ``trained`` or call ``require_trained()``.
         """
         try:
-            job = follow(self._service, self._job_id, timeout, progress_label=f"sending to {self.machine}")
+            # In a notebook, as the magic's: stderr is drawn as an error, and the bar is not one.
+            job = follow(
+                self._service, self._job_id, timeout, progress_label=f"sending to {self.machine}", notes=sys.stdout
+            )
         except KeyboardInterrupt:
             print(f"\nstopped waiting; job {self._job_id} keeps running. {detach_hint(self._job_id)}", file=sys.stderr)
             raise
