@@ -288,6 +288,24 @@ def test_the_cli_validates_and_runs_a_pipeline(workspace, cli_env):
     assert invalid.returncode == 1 and "node c, command: Command is required" in invalid.stderr
 
 
+def test_a_run_cancelled_from_the_cli_says_who_cancelled_it(workspace, runner, cli_env):
+    """The person, as every face names one (the hub's user name here), not the word 'user'."""
+    run, _ = runner.start(write(workspace, two_steps(prepare="echo up; sleep 120")), background=False)
+    ended: list[Any] = []
+    driver = threading.Thread(target=lambda: ended.append(runner.drive(run.id)))
+    driver.start()
+    try:
+        job_id = wait_for(lambda: runner.get(run.id).nodes["prepare"].job_id, timeout=60, message="prepare's job")
+        wait_for(lambda: runner.service.get(job_id).state == "running", timeout=60, message="prepare to run")
+        cancelled = cli(workspace, "cancel", run.id, env={**cli_env, "JUPYTERHUB_USER": "grace"})
+        assert cancelled.returncode == 0, cancelled.stderr
+    finally:
+        driver.join(timeout=60)
+    [final] = ended
+    assert final.state == "cancelled" and final.reason == "cancelled by grace", final.reason
+    assert runner.service.get(job_id).reason == "cancelled by grace"
+
+
 def test_a_literal_secret_or_a_bad_path_is_refused_before_the_run_is_recorded(workspace, runner):
     document = two_steps()
     document["nodes"][0]["settings"]["env"] = {"TOKEN": "AKIAFAKEEXAMPLE00001"}
