@@ -10,11 +10,8 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import getpass
 import hashlib
 import json
-import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +23,7 @@ import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
+from . import people
 from .engines.organization.client import job_machine
 from .errors import InvalidSettings, NotFound, RemoteComputeError
 from .jobs.job import Job
@@ -150,15 +148,12 @@ class RemoteComputeHandler(JsonRoute, APIHandler):
         return await loop.run_in_executor(self.context.executor, lambda: fn(*args, **kwargs))
 
     def person(self) -> str:
-        """Who is asking, as a person reads it (a job's submitter, who cancelled it, ``mlflow.user``).
+        """Who is asking, the name their jobs are kept under (submitter, ``mlflow.user``): ``people.login``."""
+        return people.login(self.current_user)
 
-        Without an identity of its own (a token, JupyterLab alone) jupyter_server names every
-        visitor with a random hex id: the person is then whoever runs this server. On a hub it is
-        the hub's user name."""
-        username = getattr(self.current_user, "username", None) or ""
-        if not username or ANONYMOUS_ID.fullmatch(username):
-            return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
-        return username
+    def person_shown(self) -> str:
+        """Who is asking, as a sentence names them ("cancelled by …"): ``people.shown``."""
+        return people.shown(self.current_user)
 
     def fail(self, error: RemoteComputeError) -> None:
         self.reply(error.to_json(), error.status)
@@ -185,9 +180,6 @@ class RemoteComputeHandler(JsonRoute, APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"code": HTTP_ERROR_CODES.get(status_code, "error"), "message": message}))
 
-
-#: The username jupyter_server gives a visitor it cannot name (``IdentityProvider``: a uuid4's hex).
-ANONYMOUS_ID = re.compile(r"[0-9a-f]{32}")
 
 #: The ``code`` of an ``Error`` raised outside the domain (by tornado or jupyter_server), by status.
 HTTP_ERROR_CODES = {
@@ -300,7 +292,7 @@ class JobHandler(RemoteComputeHandler):
 class JobCancelHandler(RemoteComputeHandler):
     @api(action="execute")
     async def post(self, job_id: str) -> None:
-        job = await self.call(self.service.cancel, job_id, by=self.person())
+        job = await self.call(self.service.cancel, job_id, by=self.person_shown())
         self.reply(job.public_json())
 
 

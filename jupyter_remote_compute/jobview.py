@@ -29,6 +29,7 @@ from .jobs.metrics import MetricsPage
 from .jobs.service import JobService, require_trained
 from .jobs.spec import format_duration
 from .jobs.transitions import TERMINAL_STATES
+from .people import local_person
 
 # How long the main thread blocks between checks: short, so an interrupt is answered at once.
 _TICK = 0.2
@@ -319,7 +320,10 @@ class RemoteTrainJob:
         It does not raise when the job failed: check ``trained`` or call ``require_trained()``.
         """
         try:
-            job = follow(self._service, self._job_id, timeout, progress_label=f"sending to {self.machine}")
+            # In a notebook, as the magic's: stderr is drawn as an error, and the bar is not one.
+            job = follow(
+                self._service, self._job_id, timeout, progress_label=f"sending to {self.machine}", notes=sys.stdout
+            )
         except KeyboardInterrupt:
             print(f"\nstopped waiting; job {self._job_id} keeps running. {detach_hint(self._job_id)}", file=sys.stderr)
             raise
@@ -333,9 +337,7 @@ class RemoteTrainJob:
         return self
 
     def cancel(self) -> RemoteTrainJob:
-        import getpass
-
-        self._snapshot = self._service.cancel(self._job_id, by=getpass.getuser())
+        self._snapshot = self._service.cancel(self._job_id, by=local_person())
         return self
 
     # -- showing

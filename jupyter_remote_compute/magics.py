@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import getpass
 import hashlib
 import io
 import shlex
@@ -30,6 +29,7 @@ from .jobs.listing import add_list_arguments, iter_jobs, list_arguments
 from .jobs.service import JobService, ServiceSettings, require_trained
 from .jobs.spec import JobSpec, format_duration, parse_duration
 from .jobview import JobTable, RemoteTrainJob, detach_hint, follow, summary_line
+from .people import local_person
 from .run_options import add_run_options, add_sweep_options, spec_settings
 from .workspace import Workspace
 
@@ -277,7 +277,7 @@ class RemoteComputeMagics(Magics):
             return None
         service = self.service()
         if args.cancel:
-            job = service.cancel(args.cancel, by=getpass.getuser())
+            job = service.cancel(args.cancel, by=local_person())
             print(summary_line(job))
             return RemoteTrainJob(service, job)
         if args.job_id:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import job_runs
 from mlflow.tracking import MlflowClient
 from waiting import wait_for
 
@@ -237,3 +238,21 @@ def test_a_pool_is_made_listed_and_named_by_run_from_the_command_line(cli) -> No
     assert bad.returncode != 0 and "machines: a pool needs at least one machine" in bad.stderr
     cli("machines", "pool", "here", "--remove")
     assert json.loads(cli("machines", "pools", "--json").stdout) == []
+
+
+def test_on_a_hub_a_job_is_the_hubs_users_and_cancelled_by_them(cli, tracking_uri: str) -> None:
+    """A hub's servers may all run as one OS user (jovyan in a container): the person is the hub's user,
+    in the job, its MLflow run's Created by, and who cancelled it."""
+    cli.env["JUPYTERHUB_USER"] = "grace"
+    cli("run", "--detach", "--", "echo up; sleep 120")
+    [job] = json.loads(cli("jobs", "list", "--json").stdout)
+
+    def show() -> dict:
+        return json.loads(cli("jobs", "show", job["id"], "--json").stdout)
+
+    wait_for(lambda: show()["state"] == "running", timeout=90, message="the job to run")
+    cli("jobs", "cancel", job["id"])
+    ended = wait_for(lambda: (j := show())["state"] == "cancelled" and j, timeout=90, message="the job to end")
+    assert ended["user"] == "grace" and ended["reason"] == "cancelled by grace", ended
+    [run] = wait_for(lambda: job_runs(tracking_uri, job["id"]) or None, timeout=120, message="the job's MLflow run")
+    assert run.data.tags["mlflow.user"] == "grace"

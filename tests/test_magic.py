@@ -386,3 +386,17 @@ def test_a_sweep_runs_each_trial_prints_its_state_and_fails_naming_the_trial(ker
     assert "1 of 2 trials succeeded; trial-2 (x=5) failed: exit code 5" in failing.error["evalue"]
     detached = kernel.run("%remote_train --sweep x=1 --detach -- echo {x}")
     assert detached.error is not None and "--detach: a sweep is driven by this cell" in detached.error["evalue"]
+
+
+def test_a_jobs_wait_in_the_notebook_draws_its_transfer_bar_as_output_not_as_an_error(
+    kernel, make_service, quickstart
+) -> None:
+    """``job.wait()`` follows in the notebook as the magic does: stderr is drawn in a pink box there."""
+    from jupyter_remote_compute.jobs.spec import JobSpec
+
+    spec = JobSpec.from_json({"command": "python train.py", "send": ["train.py", "data/*.csv"]})
+    job = make_service(quickstart).submit(spec).job  # queued: the notebook's wait sends it
+    waited = kernel.run(f"job = %remote_jobs {job.id}\njob.wait()")
+    assert waited.error is None, waited.error
+    assert "sending to local" in waited.stdout and "sending to local" not in waited.stderr, waited.stderr
+    assert "trained on 40 rows" in waited.stdout

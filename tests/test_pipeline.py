@@ -6,6 +6,7 @@ subprocess where the file must be left as it is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -146,16 +147,29 @@ def test_independent_branches_run_at_once(workspace, runner):
     assert run.state == "succeeded", run.to_json()
 
 
+def drive_until_prepare_runs(runner, run_id: str, ended: list[Any]) -> tuple[threading.Thread, str]:  # type: ignore[no-untyped-def]
+    """Drive the run in a thread (its end appended to ``ended``) until its prepare node's job runs;
+    the thread and that job's id."""
+    driver = threading.Thread(target=lambda: ended.append(runner.drive(run_id)))
+    driver.start()
+    try:
+        job_id = wait_for(lambda: runner.get(run_id).nodes["prepare"].job_id, timeout=60, message="prepare's job")
+        wait_for(lambda: runner.service.get(job_id).state == "running", timeout=60, message="prepare to run")
+    except BaseException:
+        with contextlib.suppress(Exception):  # the run ends, so its thread does
+            runner.cancel(run_id, by="a failed wait")
+        driver.join(timeout=60)
+        raise
+    return driver, job_id
+
+
 def test_cancel_stops_the_run_and_its_running_job(workspace, runner):
     gate = workspace / "never"
     waiting = [PY, "-c", GATE, str(workspace / "started"), str(gate)]
     run, _ = runner.start(write(workspace, two_steps(prepare=waiting)), background=False)
     ended: list[Any] = []
-    driver = threading.Thread(target=lambda: ended.append(runner.drive(run.id)))
-    driver.start()
+    driver, job_id = drive_until_prepare_runs(runner, run.id, ended)
     try:
-        job_id = wait_for(lambda: runner.get(run.id).nodes["prepare"].job_id, timeout=60, message="prepare's job")
-        wait_for(lambda: runner.service.get(job_id).state == "running", timeout=60, message="prepare to run")
         runner.cancel(run.id, by="tester")
         driver.join(timeout=60)
     finally:
@@ -286,6 +300,21 @@ def test_the_cli_validates_and_runs_a_pipeline(workspace, cli_env):
     bad = write(workspace, {"version": 1, "nodes": [node("c", {"machine": "local"})], "edges": []}, "bad.rcpipeline")
     invalid = cli(workspace, "validate", bad, env=cli_env)
     assert invalid.returncode == 1 and "node c, command: Command is required" in invalid.stderr
+
+
+def test_a_run_cancelled_from_the_cli_says_who_cancelled_it(workspace, runner, cli_env):
+    """The person, as every face names one (the hub's user name here), not the word 'user'."""
+    run, _ = runner.start(write(workspace, two_steps(prepare="echo up; sleep 120")), background=False)
+    ended: list[Any] = []
+    driver, job_id = drive_until_prepare_runs(runner, run.id, ended)
+    try:
+        cancelled = cli(workspace, "cancel", run.id, env={**cli_env, "JUPYTERHUB_USER": "grace"})
+        assert cancelled.returncode == 0, cancelled.stderr
+    finally:
+        driver.join(timeout=60)
+    [final] = ended
+    assert final.state == "cancelled" and final.reason == "cancelled by grace", final.reason
+    assert runner.service.get(job_id).reason == "cancelled by grace"
 
 
 def test_a_literal_secret_or_a_bad_path_is_refused_before_the_run_is_recorded(workspace, runner):

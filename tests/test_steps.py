@@ -115,6 +115,20 @@ def _sha256(path: Path) -> str:
 
 
 # -- the description ------------------------------------------------------------
+def test_every_step_is_named_in_title_case_as_jupyterlab_names_commands_and_launcher_items() -> None:
+    """The palette of the canvas lists them side by side: one style, JupyterLab's (articles and short
+    prepositions lower case). A saved pipeline names a step by its id, so a label may change."""
+    small = {"a", "an", "the", "and", "or", "of", "on", "in", "to", "for", "with", "at", "by"}
+    for step in describe_steps():
+        words = step["label"].split()
+        wrong = [w for i, w in enumerate(words) if w[0].islower() and (i == 0 or w not in small)]
+        assert not wrong, f"{step['id']}: {step['label']!r} is not in title case ({wrong})"
+    assert [s["label"] for s in describe_steps()] == [
+        "Train on a Remote Machine",
+        "Run a Notebook on a Remote Machine",
+    ]
+
+
 def test_the_entry_point_names_the_step_with_a_valid_settings_schema() -> None:
     [entry_point] = [ep for ep in entry_points(group="punica.mlops.steps") if ep.name == "train-on-remote-machine"]
     step = entry_point.load()

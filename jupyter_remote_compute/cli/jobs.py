@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 
@@ -13,6 +12,7 @@ from ..jobs.service import JobService
 from ..jobs.spec import format_duration
 from ..jobs.transitions import TERMINAL_STATES
 from ..jobview import attempt_lines
+from ..people import local_person
 from .console import Subcommands, done, job_service, print_json, table
 from .run import follow, job_summary, write_log
 
@@ -116,7 +116,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             if not chunk.data:
                 return 0
     if action == "cancel":
-        job = service.cancel(args.job_id, by=getpass.getuser())
+        job = service.cancel(args.job_id, by=local_person())
         return done(args, job.public_json(), job_summary(job))
     if action == "delete":
         service.delete(args.job_id)

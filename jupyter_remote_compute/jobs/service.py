@@ -16,7 +16,6 @@ never from the event loop.
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import json
 import logging
 import shutil
@@ -46,6 +45,7 @@ from ..machines.admin import MachineAdmin, snapshot_of
 from ..machines.facts import recorded_facts
 from ..machines.options import COMMON_OPTIONS, LOCAL
 from ..machines.registry import Machine, MachineRegistry
+from ..people import local_person
 from ..schema.pool import Pool
 from ..secrets import SecretStore
 from ..transfer.manifest import DigestCache, build_manifest, manifest_json
@@ -269,7 +269,7 @@ class JobService:
                 spec=spec,
                 machine_snapshot=snapshot_of(machine) if machine is not None else {},
                 inputs={"files": len(files), "bytes": sum(f.size for f in files)},
-                user=user or getpass.getuser(),
+                user=user or local_person(),
                 pool=pool.name if pool is not None else None,
                 tracking_uri=tracking,
             )

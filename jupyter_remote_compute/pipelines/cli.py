@@ -13,6 +13,7 @@ import sys
 from typing import Any, TextIO
 
 from ..jobs.service import JobService
+from ..people import local_person
 from .document import PipelineInvalid
 from .early_stop import Objective
 from .runner import PipelineRunner
@@ -85,7 +86,7 @@ def _dispatch(runner: PipelineRunner, args: argparse.Namespace) -> int:
         _print_run(runner.get(args.run_id), args.json)
         return 0
     if args.action == "cancel":
-        _print_run(runner.cancel(args.run_id), args.json)
+        _print_run(runner.cancel(args.run_id, by=local_person()), args.json)
         return 0
     return _run(runner, args)
 

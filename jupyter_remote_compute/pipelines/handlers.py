@@ -69,8 +69,7 @@ class PipelineRunHandler(PipelineHandler):
 class PipelineRunCancelHandler(PipelineHandler):
     @api(action="execute")
     async def post(self, run_id: str) -> None:
-        who = self.current_user.username if getattr(self.current_user, "username", None) else "user"
-        run = await self.call(self.runner.cancel, run_id, by=who)
+        run = await self.call(self.runner.cancel, run_id, by=self.person_shown())
         self.reply(run.public_json())
 
 

@@ -13,7 +13,6 @@ Called by ``tracking.record_job`` in the workspace's recorder process, where MLf
 
 from __future__ import annotations
 
-import getpass
 import os
 import shutil
 import time
@@ -21,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..people import local_person
 from ..secrets import mask
 
 TAG_SOURCE_RUN = "remote_compute.source_run_id"
@@ -238,7 +238,7 @@ def _replay_models(
             local = found[0]
         else:
             tags = {k: hide(str(v), secrets) for k, v in far_model.tags.items() if k not in _MODEL_TAGS_NOT_COPIED}
-            tags["mlflow.user"] = user or getpass.getuser()
+            tags["mlflow.user"] = user or local_person()
             tags[TAG_SOURCE_MODEL] = far_id
             local = client.create_logged_model(
                 experiment_id,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import getpass
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 from ..environments.image import log_image
 from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir, tighten
+from ..people import local_person
 from .environment import log_environment
 from .replay import far_runs, find_tagged_run, hide, main_run, replay
 
@@ -391,7 +391,7 @@ def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobR
             "mlflow.runName": run_name[:250],
             "mlflow.source.name": _source_name(job.command, main[1] if main else None)[:500],
             "mlflow.source.type": "JOB",
-            "mlflow.user": job.user or getpass.getuser(),
+            "mlflow.user": job.user or local_person(),
         }
         if job.host:
             tags[TAG_HOST] = job.host[:500]

@@ -1,4 +1,4 @@
-"""Pipeline steps this package offers: "Train on a Remote Machine", "Run a notebook on a remote machine".
+"""Pipeline steps this package offers: "Train on a Remote Machine", "Run a Notebook on a Remote Machine".
 
 A pipeline tool finds them through the entry point group ``punica.mlops.steps``
 (each entry point names a step description) or at ``GET /remote-compute/steps``.

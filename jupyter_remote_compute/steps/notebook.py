@@ -1,4 +1,4 @@
-"""The executor of "Run a notebook on a remote machine": the notebook's job, by the same rule as training.
+"""The executor of "Run a Notebook on a Remote Machine": the notebook's job, by the same rule as training.
 
 Same settings over the same files (the notebook included) are the same work: a run attaches to the
 job doing it, or takes its result when it succeeded and its outputs are still as it brought them back.

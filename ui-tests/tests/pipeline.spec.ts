@@ -334,6 +334,51 @@ test.describe('Pipeline canvas', () => {
     await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('made it');
   });
 
+  test('a run cancelled from the canvas says who cancelled it, on the run and its job, never a random id', async ({
+    page,
+    tmpPath
+  }) => {
+    const file = `${tmpPath}/cancelled.rcpipeline`;
+    const document = {
+      version: 1,
+      nodes: [
+        {
+          id: 'wait',
+          step: 'train-on-remote-machine',
+          settings: { command: `python -c "import time; print('waiting', flush=True); time.sleep(300)"` },
+          position: { x: 0, y: 0 }
+        }
+      ],
+      edges: []
+    };
+    await page.contents.uploadContent(JSON.stringify(document), 'text', file);
+    await page.sidebar.openTab('jp-remote-compute-panel');
+    const panel = page.locator('#jp-remote-compute-panel');
+    await expect(panel.getByRole('heading', { name: /Jobs/ })).toBeVisible();
+    await openPipeline(page, file);
+    const toolbar = page.getByRole('toolbar', { name: 'Pipeline' });
+    await toolbar.getByRole('button', { name: 'Run' }).click();
+    const status = page.getByRole('status').filter({ hasText: /^Run / });
+    await expect(status).toContainText(/Run \S+:/);
+    const runId = /Run (\S+):/.exec(await status.innerText())![1];
+    const row = panel.getByRole('listitem', { name: `Pipeline run ${runId}` });
+    await row.getByRole('button', { name: /cancelled\.rcpipeline/ }).click();
+    const node = row.getByRole('listitem', { name: 'Node wait' });
+    await expect(node).toHaveAttribute('data-state', 'running', { timeout: 60000 });
+
+    await toolbar.getByRole('button', { name: 'Cancel' }).click();
+    await expect(row).toHaveAttribute('data-state', 'cancelled', { timeout: 60000 });
+    // jupyter_server names a token's visitor with a uuid4's hex: the person is whoever runs the lab.
+    const randomId = /[0-9a-f]{32}/;
+    await expect(row).toContainText(/cancelled by \S+/);
+    await expect(row).not.toContainText(randomId);
+    await node.getByRole('button', { name: /^Show job .* of wait$/ }).click();
+    const detail = page.getByRole('region', { name: /^Job / });
+    await expect(detail.getByText('cancelled', { exact: true })).toBeVisible({ timeout: 60000 });
+    await expect(detail.locator('.jp-RemoteCompute-reason')).toContainText(/cancelled by \S+/);
+    await expect(detail.locator('.jp-RemoteCompute-reason')).not.toContainText(randomId);
+  });
+
   test('a node renamed by a double-click on its title or F2 keeps its edges, and is saved', async ({
     page,
     tmpPath

@@ -13,7 +13,6 @@ there (``job_machine``), as it runs on ``local`` everywhere else.
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 import requests
 
 from ...errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
+from ...people import local_person
 from ...schema.machine import Machine
 
 log = logging.getLogger(__name__)
@@ -191,11 +191,6 @@ def organization() -> OrganizationClient | None:
         return _found
 
 
-def user_name() -> str:
-    """Who owns this server's own machines: the hub's user name, else the OS user's."""
-    return os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
-
-
 def shared_machine(name: str) -> Machine | None:
     """The organization's machine ``name`` (``org:NAME`` or NAME) as a job in this workspace names it:
     ``org:NAME``, of kind ``organization``; None where there is no organization or it has no such machine.
@@ -234,7 +229,7 @@ def with_organization(own: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
 
     The organization's default machine is not among them: ``default`` names it (``org:NAME``), for the
     faces to preselect."""
-    mine = [{**m, "owner": user_name()} for m in own]
+    mine = [{**m, "owner": local_person()} for m in own]
     client = organization()
     if client is None:
         return mine, None
