@@ -108,6 +108,14 @@ AUTOLOGGED = "tags.mlflow.autologging = 'sklearn'"
 SOURCE_TAGS = ("mlflow.user", "mlflow.source.name", "mlflow.source.type")
 
 
+def _sized(service: JobService, spec: dict[str, Any]) -> JobSpec:
+    """``spec`` as a job, with room for scikit-learn, pandas and MLflow where a scheduler limits memory:
+    they outgrow the test cluster's default per-job limit (256M)."""
+    if service.engine(spec["machine"]).kind in ("slurm", "skypilot"):
+        spec = {**spec, "resources": {"memory": "1G"}}
+    return JobSpec.from_json(spec)
+
+
 def _train_here(tmp_path_factory: pytest.TempPathFactory, name: str, script: str) -> str:
     """``script`` run here as ``name`` with plain ``python`` into a store of its own: its tracking URI."""
     folder = tmp_path_factory.mktemp("here")
@@ -312,10 +320,7 @@ def test_an_autologged_run_trained_there_reads_like_one_trained_here(
     service, name = machine
     (quickstart / "train_rf.py").write_text(AUTOLOG_SCRIPT)
     spec: dict[str, Any] = {"machine": name, "command": "python train_rf.py", "send": ["train_rf.py"], "name": "parity"}
-    if service.engine(name).kind in ("slurm", "skypilot"):
-        # scikit-learn, pandas and MLflow outgrow the test cluster's default per-job memory limit (256M).
-        spec["resources"] = {"memory": "1G"}
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=300)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=300)
     assert job.state == "succeeded", job.reason
     here_uri, here_id = trained_here
     here_client, there_client = MlflowClient(here_uri), MlflowClient(tracking_uri)
@@ -365,14 +370,14 @@ def test_the_run_names_the_os_python_and_gpus_of_the_machine_it_ran_on(
     assert ("remote_compute.gpu_names" in tags) == bool(facts["gpus"])
 
 
-@pytest.mark.parametrize("kind", ["local", "ssh"])
+@pytest.mark.parametrize("kind", ["local", "ssh", "slurm"])
 def test_a_grid_search_trained_there_is_found_and_read_like_one_trained_here(
     kind: str, request: pytest.FixtureRequest, tracking_uri: str, grid_trained_here: str, tmp_path: Path
 ) -> None:
     service, name = request.getfixturevalue(f"{kind}_machine")
     (service.workspace.root / "grid.py").write_text(GRID_SCRIPT)
     spec = {"machine": name, "command": "python grid.py", "send": ["grid.py"], "name": "grid"}
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=300)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=300)
     assert job.state == "succeeded", job.reason
     here_client, there_client = MlflowClient(grid_trained_here), MlflowClient(tracking_uri)
 
@@ -440,7 +445,7 @@ def _pip_pins(files: dict[str, str]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("kind", ["local", "ssh"])
+@pytest.mark.parametrize("kind", ["local", "ssh", "slurm"])
 def test_a_model_logged_in_an_environment_built_there_pins_pip_as_one_logged_here(
     kind: str, request: pytest.FixtureRequest, tracking_uri: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -453,7 +458,7 @@ def test_a_model_logged_in_an_environment_built_there_pins_pip_as_one_logged_her
     packages = [f"{n}=={importlib.metadata.version(n)}" for n in ("mlflow-skinny", "scikit-learn", "pandas")]
     spec = {"machine": name, "command": "python log_model.py", "send": ["log_model.py"], "env": env}
     spec["environment"] = {"packages": packages}
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=600)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=600)
     assert job.state == "succeeded", job.reason
     log = service.read_log(job.id).data.decode()
     assert "building with uv" in log and "Failed to resolve installed pip version" not in log
