@@ -34,6 +34,7 @@ import yaml
 from conftest import job_runs
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+from test_mlflow_parity import REGISTERING_SCRIPT, assert_registered_once_with_its_alias
 
 from jupyter_remote_compute.engines import engine_kinds
 from jupyter_remote_compute.jobs.service import JobService, require_trained
@@ -417,6 +418,19 @@ def test_a_grid_search_trained_there_is_found_and_read_like_one_trained_here(
             assert mlmodel["artifact_path"] == model.artifact_location
             assert (mlmodel["model_id"], mlmodel["run_id"]) == (model.model_id, model.source_run_id)
             assert [path for path, text in files.items() if job.id in text] == []
+
+
+@pytest.mark.parametrize("kind", ["ssh", "slurm"])
+def test_a_model_registered_there_is_registered_here_once_with_its_alias(
+    kind: str, request: pytest.FixtureRequest, tracking_uri: str
+) -> None:
+    """As on the built-in machine (test_mlflow_parity.py): autolog's registered_model_name and an alias."""
+    service, name = request.getfixturevalue(f"{kind}_machine")
+    (service.workspace.root / "register.py").write_text(REGISTERING_SCRIPT)
+    spec = {"machine": name, "command": "python register.py", "send": ["register.py"]}
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    assert_registered_once_with_its_alias(tracking_uri, job.mlflow_run_id)
 
 
 # A model logged by hand, as most scripts that are not autologged do; its environment files are MLflow's.
