@@ -34,6 +34,7 @@ import yaml
 from conftest import job_runs
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+from test_mlflow_parity import REGISTERING_SCRIPT, assert_registered_once_with_its_alias
 
 from jupyter_remote_compute.engines import engine_kinds
 from jupyter_remote_compute.jobs.service import JobService, require_trained
@@ -106,6 +107,14 @@ GRID_SCRIPT = textwrap.dedent(
 AUTOLOGGED = "tags.mlflow.autologging = 'sklearn'"
 #: What a local child run says of where it came from, as its parent does.
 SOURCE_TAGS = ("mlflow.user", "mlflow.source.name", "mlflow.source.type")
+
+
+def _sized(service: JobService, spec: dict[str, Any]) -> JobSpec:
+    """``spec`` as a job, with room for scikit-learn, pandas and MLflow where a scheduler limits memory:
+    they outgrow the test cluster's default per-job limit (256M)."""
+    if service.engine(spec["machine"]).kind in ("slurm", "skypilot"):
+        spec = {**spec, "resources": {"memory": "1G"}}
+    return JobSpec.from_json(spec)
 
 
 def _train_here(tmp_path_factory: pytest.TempPathFactory, name: str, script: str) -> str:
@@ -312,10 +321,7 @@ def test_an_autologged_run_trained_there_reads_like_one_trained_here(
     service, name = machine
     (quickstart / "train_rf.py").write_text(AUTOLOG_SCRIPT)
     spec: dict[str, Any] = {"machine": name, "command": "python train_rf.py", "send": ["train_rf.py"], "name": "parity"}
-    if service.engine(name).kind in ("slurm", "skypilot"):
-        # scikit-learn, pandas and MLflow outgrow the test cluster's default per-job memory limit (256M).
-        spec["resources"] = {"memory": "1G"}
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=300)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=300)
     assert job.state == "succeeded", job.reason
     here_uri, here_id = trained_here
     here_client, there_client = MlflowClient(here_uri), MlflowClient(tracking_uri)
@@ -365,14 +371,14 @@ def test_the_run_names_the_os_python_and_gpus_of_the_machine_it_ran_on(
     assert ("remote_compute.gpu_names" in tags) == bool(facts["gpus"])
 
 
-@pytest.mark.parametrize("kind", ["local", "ssh"])
+@pytest.mark.parametrize("kind", ["local", "ssh", "slurm"])
 def test_a_grid_search_trained_there_is_found_and_read_like_one_trained_here(
     kind: str, request: pytest.FixtureRequest, tracking_uri: str, grid_trained_here: str, tmp_path: Path
 ) -> None:
     service, name = request.getfixturevalue(f"{kind}_machine")
     (service.workspace.root / "grid.py").write_text(GRID_SCRIPT)
     spec = {"machine": name, "command": "python grid.py", "send": ["grid.py"], "name": "grid"}
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=300)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=300)
     assert job.state == "succeeded", job.reason
     here_client, there_client = MlflowClient(grid_trained_here), MlflowClient(tracking_uri)
 
@@ -414,6 +420,19 @@ def test_a_grid_search_trained_there_is_found_and_read_like_one_trained_here(
             assert [path for path, text in files.items() if job.id in text] == []
 
 
+@pytest.mark.parametrize("kind", ["ssh", "slurm"])
+def test_a_model_registered_there_is_registered_here_once_with_its_alias(
+    kind: str, request: pytest.FixtureRequest, tracking_uri: str
+) -> None:
+    """As on the built-in machine (test_mlflow_parity.py): autolog's registered_model_name and an alias."""
+    service, name = request.getfixturevalue(f"{kind}_machine")
+    (service.workspace.root / "register.py").write_text(REGISTERING_SCRIPT)
+    spec = {"machine": name, "command": "python register.py", "send": ["register.py"]}
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=300)
+    assert job.state == "succeeded", job.reason
+    assert_registered_once_with_its_alias(tracking_uri, job.mlflow_run_id)
+
+
 # A model logged by hand, as most scripts that are not autologged do; its environment files are MLflow's.
 MODEL_SCRIPT = textwrap.dedent(
     """\
@@ -440,7 +459,7 @@ def _pip_pins(files: dict[str, str]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("kind", ["local", "ssh"])
+@pytest.mark.parametrize("kind", ["local", "ssh", "slurm"])
 def test_a_model_logged_in_an_environment_built_there_pins_pip_as_one_logged_here(
     kind: str, request: pytest.FixtureRequest, tracking_uri: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -453,7 +472,7 @@ def test_a_model_logged_in_an_environment_built_there_pins_pip_as_one_logged_her
     packages = [f"{n}=={importlib.metadata.version(n)}" for n in ("mlflow-skinny", "scikit-learn", "pandas")]
     spec = {"machine": name, "command": "python log_model.py", "send": ["log_model.py"], "env": env}
     spec["environment"] = {"packages": packages}
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=600)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=600)
     assert job.state == "succeeded", job.reason
     log = service.read_log(job.id).data.decode()
     assert "building with uv" in log and "Failed to resolve installed pip version" not in log

@@ -101,8 +101,14 @@ def test_a_registered_model_is_registered_here_once_with_its_alias(
     make_service: Callable[..., JobService], quickstart: Path, tracking_uri: str
 ) -> None:
     job = _run_job(make_service(quickstart), quickstart, REGISTERING_SCRIPT)
+    assert_registered_once_with_its_alias(tracking_uri, job.mlflow_run_id)
+
+
+def assert_registered_once_with_its_alias(tracking_uri: str, run_id: str) -> None:
+    """REGISTERING_SCRIPT's model, trained as the job whose run is ``run_id``, is in the registry here once,
+    its alias on that version, and loads from the registry as a deployment would load it."""
     client = MlflowClient(tracking_uri)
-    run = client.get_run(job.mlflow_run_id)
+    run = client.get_run(run_id)
     (model,) = client.search_logged_models([run.info.experiment_id])
     (version,) = _versions(client)
     assert version.source == f"models:/{model.model_id}" and version.run_id == run.info.run_id
