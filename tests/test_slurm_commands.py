@@ -258,11 +258,11 @@ def test_batch_script_of_several_processes_starts_them_through_srun() -> None:
     plain = sc.batch_script("/j", Resources(nodes=4, processes_per_node=2))
     assert (
         'srun --kill-on-bad-exit=1 --nodes="$NNODES" --ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" '
-        'sh "$jobdir/rank.sh" "$jobdir" plain &'
+        'sh "$jobdir/rank.sh" "$jobdir" plain 0 &'
     ) in plain
     assert "LOCAL_WORLD_SIZE=2\nWORLD_SIZE=$((NNODES * LOCAL_WORLD_SIZE))" in plain
-    torchrun = sc.batch_script("/j", Resources(nodes=2, processes_per_node=4, launcher="torchrun"))
-    assert '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun &' in torchrun
+    torchrun = sc.batch_script("/j", Resources(nodes=2, processes_per_node=4, launcher="torchrun", gpus=4))
+    assert '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun 4 &' in torchrun
     assert "srun" not in sc.batch_script("/j", Resources(nodes=1))
 
 

@@ -139,6 +139,13 @@ class SlurmLauncher(Launcher):
                 f"node; ask for a multiple of {per_node}",
                 field="resources.cpus",
             )
+        gpus = asked.gpus or 0
+        if gpus and asked.launcher != "torchrun" and gpus % per_node and per_node % gpus:
+            raise InvalidSettings(
+                f"resources.gpus: {gpus} GPUs per node do not share evenly among {per_node} processes per node; "
+                f"ask for a multiple or a divisor of {per_node}",
+                field="resources.gpus",
+            )
         try:
             refuse_unfit(asked, self._slurm_facts().partitions, self.settings.partition)
         except InvalidSettings as e:

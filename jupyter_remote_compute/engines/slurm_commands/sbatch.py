@@ -264,8 +264,9 @@ def batch_script(job_dir: str, resources: Resources = NO_RESOURCES) -> str:
     (processes per node), ``WORLD_SIZE``, and ``NODE_RANK``, ``RANK``, ``LOCAL_RANK`` (0 here; each
     process's own where there are several). A job of one process runs its command here; a
     ``distributed`` one starts through ``srun`` and ``farside/rank.sh``: ``plain``, one task per
-    process, ranks from Slurm; ``torchrun``, one task per node, each a torchrun whose c10d
-    rendezvous is at the first node. ``--kill-on-bad-exit`` ends every process when one fails.
+    process, ranks from Slurm, each with its share of the node's GPUs in ``CUDA_VISIBLE_DEVICES``;
+    ``torchrun``, one task per node, each a torchrun whose c10d rendezvous is at the first node,
+    its workers seeing all the node's GPUs. ``--kill-on-bad-exit`` ends every process when one fails.
 
     TERM (scancel, the time limit) reaches the command from Slurm itself; the script outlives it
     long enough to record its exit code. The warning signal is noted in the log and a file, and is
@@ -278,10 +279,15 @@ def batch_script(job_dir: str, resources: Resources = NO_RESOURCES) -> str:
     if not resources.distributed:
         start = 'sh "$jobdir/command.sh" &'
     else:
+        # rank.sh sets each process's CUDA_VISIBLE_DEVICES from the GPUs asked per node.
+        gpus = resources.gpus or 0
         if resources.launcher == "torchrun":
-            tasks = '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun'
+            tasks = f'--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun {gpus}'
         else:
-            tasks = '--ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" sh "$jobdir/rank.sh" "$jobdir" plain'
+            tasks = (
+                '--ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" '
+                f'sh "$jobdir/rank.sh" "$jobdir" plain {gpus}'
+            )
         # A requeued job's ranks start afresh.
         start = f'rm -rf "$jobdir/ranks"\nsrun --kill-on-bad-exit=1 --nodes="$NNODES" {tasks} &'
         # srun answers for the ranks it stopped (143) when one failed: the job's code is the one that
