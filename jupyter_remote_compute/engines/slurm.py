@@ -164,7 +164,7 @@ class SlurmLauncher(Launcher):
 umask 077
 if [ -s {SLURM_JOB_ID_FILE} ]; then cat {SLURM_JOB_ID_FILE}; exit 0; fi
 printf '%s' {quote(command_script(launch.command))} > command.sh
-printf '%s' {quote(batch_script(d, resources))} > {BATCH_SCRIPT}
+printf '%s' {quote(batch_script(d, resources, self.settings.rendezvous_timeout))} > {BATCH_SCRIPT}
 printf '%s' {quote(farside.script("rank"))} > rank.sh
 printf '%s' {quote(SUBMIT_SH)} > submit.sh
 plain=
@@ -327,6 +327,11 @@ class SlurmEngine(SSHEngine):
             dict, "Default resources: {gpus, cpus, memory, nodes, partition, processes_per_node, launcher}"
         ),
         "sbatch_args": OptionField(list, "Extra sbatch arguments, e.g. ['--constraint=a100']"),
+        "rendezvous_timeout": OptionField(
+            int,
+            "Seconds a torchrun job's nodes have to meet at its rendezvous before it fails naming the nodes that "
+            "never joined (default 600)",
+        ),
     }
 
     def cleanup(self, job: RemoteJob) -> None:

@@ -1,7 +1,9 @@
 #!/bin/sh
-# One process of a job of several, or one node's torchrun: rank.sh JOBDIR MODE [GPUS].
+# One process of a job of several, or one node's torchrun: rank.sh JOBDIR MODE [GPUS [JOIN]].
 #   plain     an srun task: its rank from Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID)
-#   torchrun  an srun task, one per node: torchrun starts this node's processes, each as "worker"
+#   torchrun  an srun task, one per node: torchrun starts this node's processes, each as "worker";
+#             it waits JOIN seconds (600) for every node at the rendezvous, and when it gives up
+#             leaves this node's name in ranks/node<N>.waited (the nodes without one never joined)
 #   worker    a process torchrun started: RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK and the
 #             rendezvous (MASTER_ADDR, MASTER_PORT) are torchrun's
 # Every line a process writes reaches the job's one log prefixed "[<node> rank R] ", so the nodes'
@@ -15,10 +17,12 @@ set -u
 jobdir=$1
 mode=$2
 gpus=${3:-0}
+join=${4:-600}
 node=${SLURMD_NODENAME:-$(hostname)}
 
 # Copy stdin to stdout, each line behind $1 as soon as it is whole; lines that start with a
-# non-empty $2 (a worker's, prefixed already) pass as they are.
+# non-empty $2 (a worker's, prefixed already) pass as they are. With $3, torchrun's word that it gave
+# up waiting at the rendezvous writes this node's name to the file $3.
 prefixed() {
   while IFS= read -r line || [ -n "$line" ]; do
     if [ -n "$2" ]; then
@@ -27,6 +31,9 @@ prefixed() {
         continue
         ;;
       esac
+    fi
+    if [ -n "${3:-}" ]; then
+      case $line in *.RendezvousTimeoutError*) printf '%s\n' "$node" > "$3" ;; esac
     fi
     printf '%s%s\n' "$1" "$line"
   done
@@ -81,7 +88,8 @@ case $mode in
     NODE_RANK=${SLURM_NODEID:-0}
     export NODE_RANK
     code_file="$jobdir/ranks/node$NODE_RANK.exit_code"
-    rm -f "$code_file"
+    waited="$jobdir/ranks/node$NODE_RANK.waited"
+    rm -f "$code_file" "$waited"
     if ! command -v torchrun >/dev/null 2>&1; then
       echo "[$node] jupyter-remote-compute: torchrun is not on PATH on $node: install torch where the" \
         "nodes find it (or set PATH in the job's env), or use launcher plain"
@@ -91,10 +99,14 @@ case $mode in
     {
       torchrun --nnodes="$NNODES" --nproc-per-node="$LOCAL_WORLD_SIZE" --rdzv-backend=c10d \
         --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="jrc-${SLURM_JOB_ID:-0}" \
+        --rdzv-conf="join_timeout=$join" \
         --no-python sh "$jobdir/rank.sh" "$jobdir" worker "$gpus" 2>&1
       echo $? > "$code_file"
-    } | prefixed "[$node] " "[$node rank "
+    } | prefixed "[$node] " "[$node rank " "$waited"
     code=$(cat "$code_file" 2>/dev/null) || code=143 # no code: torchrun was killed
+    # The other nodes that were waiting give up about now too: a moment for them to say so before
+    # this node's end makes srun stop them.
+    if [ -f "$waited" ]; then sleep 5; fi
     exit "${code:-143}"
     ;;
   worker)
