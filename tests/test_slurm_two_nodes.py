@@ -74,6 +74,11 @@ def test_torchrun_on_two_nodes_of_two_processes_each(cluster, quickstart: Path) 
                for node in bed.nodes}  # fmt: skip
     assert sorted(len(ranks) for ranks in by_node.values()) == [2, 2], lines
     assert sorted(r for ranks in by_node.values() for r in ranks) == ["0", "1", "2", "3"]
+    # Usage counts both nodes' hours: a record line saying two nodes, and twice the job's hours summed.
+    (attempt,) = [a for a in service.usage_record.attempts() if a.job == job.id]
+    assert (attempt.nodes, attempt.gpus) == (2, 0)
+    (row,) = service.usage("machine")["rows"]
+    assert row["node_hours"] == pytest.approx(2 * row["job_hours"], abs=1e-6) and row["job_hours"] > 0
 
 
 def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(cluster) -> None:
