@@ -138,7 +138,8 @@ def test_a_rendezvous_a_node_never_joins_fails_in_the_machines_limit_naming_that
     job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
     log = service.read_log(job.id).data.decode()
     first, second = bed.nodes
-    assert job.state == "failed", (job.state, job.reason, log)
+    assert (job.state, job.exit_code) == ("failed", 1), (job.state, job.exit_code, job.reason, log)  # torchrun's
+    assert job.reason.startswith("exit code 1: jupyter-remote-compute: the rendezvous at "), job.reason
     assert f"did not complete within 10s: {second} never joined;" in job.reason, (job.reason, log)
     assert first not in job.reason.split("never joined")[0].split("10s:")[1], job.reason
     assert f"[{first}] torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError" in log, log

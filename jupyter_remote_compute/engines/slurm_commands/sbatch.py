@@ -267,10 +267,15 @@ fi
 """
 
 # After srun, for torchrun: a node whose torchrun gave up waiting at the rendezvous left its name in
-# ranks/node<N>.waited; the allocation's nodes that left none never joined.
+# ranks/node<N>.waited; the allocation's nodes that left none never joined. The job's code is that
+# torchrun's, not the TERM srun stopped the others with.
 RENDEZVOUS_TIMED_OUT_SH = """\
 if [ "$code" != 0 ] && ls "$jobdir"/ranks/node*.waited >/dev/null 2>&1; then
   waited=" $(cat "$jobdir"/ranks/node*.waited | tr '\\n' ' ')"
+  for f in "$jobdir"/ranks/node*.waited; do
+    c=$(cat "${f%.waited}.exit_code" 2>/dev/null)
+    case $c in '' | 0 | 143 | 137) ;; *) code=$c ;; esac
+  done
   missing=
   for n in $(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null); do
     case $waited in *" $n "*) ;; *) missing="$missing${missing:+, }$n" ;; esac
