@@ -7,9 +7,14 @@
  * spacer as tall as every line, and one <pre> with the visible slice is moved over it.
  * It follows new lines until the person scrolls up (a wheel, a key, a drag of the scrollbar),
  * and again once they scroll back to the end; a change of layout never stops it.
+ *
+ * A job of several processes prefixes each line with where it came from, `[<node> rank R] `
+ * (its launcher's own lines `[<node>] `): the view gathers the nodes and ranks it has seen
+ * (`sources`) and may show only one node's lines or one rank's (`filter`).
  */
 import { TranslationBundle } from '@jupyterlab/translation';
 import { Message } from '@lumino/messaging';
+import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { stripAnsi } from './format';
@@ -21,6 +26,38 @@ const OVERSCAN = 20;
 const USER_SCROLL_EVENTS = ['wheel', 'keydown', 'pointerdown', 'touchmove'];
 const USER_SCROLL_MS = 1000;
 const FALLBACK_LINE_HEIGHT = 17;
+/**
+ * A line's source: `[node3 rank 5] ` or `[node3] `.
+ */
+const SOURCE = /^\[([^\]\s]+)(?: rank (\d+))?\] /;
+
+/**
+ * One node of a job of several and the ranks seen on it (in the order of their numbers).
+ */
+export interface ILogNode {
+  node: string;
+  ranks: string[];
+}
+
+/**
+ * Which lines a log shows: every line (null), one node's (its ranks' and its launcher's), or
+ * one rank's.
+ */
+export type LogFilter = { node: string; rank?: string } | null;
+
+/**
+ * Whether `line` came from where `filter` says.
+ */
+export function fromSource(line: string, filter: LogFilter): boolean {
+  if (!filter) {
+    return true;
+  }
+  const m = SOURCE.exec(line);
+  if (!m || m[1] !== filter.node) {
+    return false;
+  }
+  return filter.rank === undefined || m[2] === filter.rank;
+}
 
 export class LogView extends Widget {
   constructor(options: LogView.IOptions) {
@@ -87,6 +124,33 @@ export class LogView extends Widget {
   }
 
   /**
+   * The nodes and ranks seen in the log's lines, in the order the nodes were first seen.
+   */
+  get sources(): ILogNode[] {
+    return this._sources;
+  }
+
+  /**
+   * Sources were seen for the first time, or the filter changed.
+   */
+  get sourcesChanged(): ISignal<this, void> {
+    return this._sourcesChanged;
+  }
+
+  get filter(): LogFilter {
+    return this._filter;
+  }
+  set filter(value: LogFilter) {
+    this._filter = value;
+    this._shown = value
+      ? this._lines.filter(line => fromSource(line, value))
+      : [];
+    this._follow = true;
+    this._sourcesChanged.emit();
+    this._schedule();
+  }
+
+  /**
    * A note under the log's title ("waiting for output", "log complete", an error).
    */
   set note(value: string) {
@@ -102,15 +166,25 @@ export class LogView extends Widget {
     const parts = text.split('\n');
     // The unfinished last line stays raw: a later \r or escape may still change it.
     this._partial = parts.pop() ?? '';
+    let seen = false;
     for (const part of parts) {
-      this._lines.push(collapseCarriageReturns(part));
+      const line = collapseCarriageReturns(part);
+      this._lines.push(line);
+      seen = this._see(line) || seen;
+      if (this._filter && fromSource(line, this._filter)) {
+        this._shown.push(line);
+      }
     }
     this._trim();
+    if (seen) {
+      this._sourcesChanged.emit();
+    }
     this._schedule();
   }
 
   clear(): void {
     this._lines = [];
+    this._shown = [];
     this._partial = '';
     this._dropped = 0;
     this._schedule();
@@ -175,9 +249,39 @@ export class LogView extends Widget {
     const excess = this.lineCount - this._maxLines;
     if (excess > 0) {
       const n = Math.min(excess, this._lines.length);
-      this._lines.splice(0, n);
+      const gone = this._lines.splice(0, n);
       this._dropped += n;
+      if (this._filter) {
+        const filter = this._filter;
+        this._shown.splice(
+          0,
+          gone.filter(line => fromSource(line, filter)).length
+        );
+      }
     }
+  }
+
+  /**
+   * Note where `line` came from; true when that node or rank is new.
+   */
+  private _see(line: string): boolean {
+    const m = SOURCE.exec(line);
+    if (!m) {
+      return false;
+    }
+    const [, name, rank] = m;
+    const known = this._sources.find(source => source.node === name);
+    if (known && (!rank || known.ranks.includes(rank))) {
+      return false;
+    }
+    const ranks = [...(known?.ranks ?? []), ...(rank ? [rank] : [])].sort(
+      (a, b) => Number(a) - Number(b)
+    );
+    const node = { node: name, ranks };
+    this._sources = known
+      ? this._sources.map(source => (source === known ? node : source))
+      : [...this._sources, node];
+    return true;
   }
 
   private _measure(): void {
@@ -211,7 +315,12 @@ export class LogView extends Widget {
       this._measure();
     }
     const lh = this._lineHeight;
-    const total = this.lineCount;
+    const lines = this._filter ? this._shown : this._lines;
+    const partial =
+      this._partial && fromSource(this._partial, this._filter)
+        ? collapseCarriageReturns(this._partial)
+        : '';
+    const total = lines.length + (partial ? 1 : 0);
     this._spacer.style.height = `${total * lh}px`;
     const el = this._scroller;
     if (this._follow) {
@@ -220,9 +329,9 @@ export class LogView extends Widget {
     const first = Math.max(0, Math.floor(el.scrollTop / lh) - OVERSCAN);
     const visible = Math.ceil(el.clientHeight / lh) + 2 * OVERSCAN;
     const last = Math.min(total, first + visible);
-    const slice = this._lines.slice(first, Math.min(last, this._lines.length));
-    if (this._partial && last >= total) {
-      slice.push(collapseCarriageReturns(this._partial));
+    const slice = lines.slice(first, Math.min(last, lines.length));
+    if (partial && last >= total) {
+      slice.push(partial);
     }
     this._pre.textContent = slice.join('\n');
     this._pre.style.transform = `translateY(${first * lh}px)`;
@@ -233,6 +342,19 @@ export class LogView extends Widget {
     const parts: string[] = [];
     if (this._note) {
       parts.push(this._note);
+    }
+    if (this._filter) {
+      const { node, rank } = this._filter;
+      parts.push(
+        rank === undefined
+          ? this._trans.__('%1 lines of node %2', this._shown.length, node)
+          : this._trans.__(
+              '%1 lines of %2 rank %3',
+              this._shown.length,
+              node,
+              rank
+            )
+      );
     }
     if (this._dropped > 0) {
       parts.push(
@@ -247,6 +369,7 @@ export class LogView extends Widget {
   }
 
   private _dropped = 0;
+  private _filter: LogFilter = null;
   private _follow = true;
   private _frame = 0;
   private _lineHeight = FALLBACK_LINE_HEIGHT;
@@ -256,6 +379,9 @@ export class LogView extends Widget {
   private _partial = '';
   private _pre: HTMLPreElement;
   private _scroller: HTMLDivElement;
+  private _shown: string[] = [];
+  private _sources: ILogNode[] = [];
+  private _sourcesChanged = new Signal<this, void>(this);
   private _spacer: HTMLDivElement;
   private _status: HTMLDivElement;
   private _trans: TranslationBundle;

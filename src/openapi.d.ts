@@ -1388,8 +1388,9 @@ export interface paths {
          * What jobs used, summed per group (job-hours, GPU-hours, queue time, bytes moved, cost estimates)
          * @description Every attempt of every job, from the workspace's usage record (`.punica/usage.jsonl`, one line
          *     per ended attempt, kept when jobs are pruned) and, for attempts under way, from the job state
-         *     counted up to now (`running` counts them). `job_hours` is wall time; `gpu_hours` is allocated
-         *     (wall time × GPUs the job held: asked for, else the machine's); `queue_hours` is from submit (or
+         *     counted up to now (`running` counts them). `job_hours` is wall time; `node_hours` is wall time ×
+         *     the nodes the job held (a job of N nodes counts N of them); `gpu_hours` is allocated (wall time ×
+         *     GPUs the job held on every node: asked for per node × nodes, else the machine's); `queue_hours` is from submit (or
          *     requeue) to start. `cost_estimate` is an estimate from the machines' `price_per_hour` setting,
          *     over `priced_hours` of the job-hours; null where no machine of the group has a price. An attempt
          *     belongs to the month it ended in (running ones: now); `since`/`until` filter on that end.
@@ -2345,7 +2346,9 @@ export interface components {
                 running: number;
                 /** @description wall time */
                 job_hours: number;
-                /** @description allocated: wall time × GPUs held */
+                /** @description wall time × nodes held */
+                node_hours: number;
+                /** @description allocated: wall time × GPUs held, on every node */
                 gpu_hours: number;
                 queue_hours: number;
                 bytes_sent: number;

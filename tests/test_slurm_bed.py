@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import slurm_fixture
 import sshd_fixture
+from far_python import far_torch_bin
 from slurm_fixture import SlurmBed
 from waiting import wait_for
 
@@ -188,6 +189,35 @@ def test_srun_start_exports_rendezvous_variables(slurm_bed: SlurmBed) -> None:
         "0",
         "0",
     )
+
+
+@pytest.mark.parametrize(
+    ("launcher", "gpus", "given", "seen"),
+    [
+        ("plain", 4, None, ["0,1", "2,3"]),  # Slurm named no devices: the node's first four, two a process
+        ("plain", 4, "3,5,6,7", ["3,5", "6,7"]),  # the devices Slurm gave the step (GRES), shared out
+        ("plain", 1, None, ["0", "0"]),  # fewer GPUs than processes: shared
+        ("plain", 0, "2", ["2", "2"]),  # none asked: the job's own setting stands
+        ("plain", 0, None, ["unset", "unset"]),
+        ("torchrun", 2, None, ["0,1", "0,1"]),  # every worker sees the node's GPUs, picks cuda:LOCAL_RANK
+    ],
+)
+def test_each_process_is_given_the_gpus_asked_per_node(
+    slurm_bed: SlurmBed, launcher: str, gpus: int, given: str | None, seen: list[str]
+) -> None:
+    # The bed's node has no GPUs, so sbatch asks for none (no --gres): the batch script and rank.sh are
+    # those of a job asking ``gpus`` per node, run by srun on the bed; ``given`` stands in for the
+    # CUDA_VISIBLE_DEVICES Slurm sets for a step with GPUs.
+    show = 'echo "${CUDA_VISIBLE_DEVICES-unset}" > "gpus.$RANK"'
+    asked = Resources(gpus=gpus, processes_per_node=2, launcher=launcher)
+    job_dir = make_job_dir(slurm_bed, f"gpus-{launcher}-{gpus}-{(given or '').replace(',', '')}", show, asked)
+    env = {"CUDA_VISIBLE_DEVICES": given} if given else {}
+    if launcher == "torchrun":
+        env["PATH"] = f"{far_torch_bin()}:/usr/local/bin:/usr/bin:/bin"
+    job_id = submit(slurm_bed, job_dir, Resources(processes_per_node=2, launcher=launcher, memory_mb=2048), env=env)
+    wait_state(slurm_bed, job_id, {"COMPLETED", "FAILED"}, timeout=120)
+    work = Path(job_dir) / "work"
+    assert [(work / f"gpus.{rank}").read_text().strip() for rank in (0, 1)] == seen, log_text(job_dir)
 
 
 def test_forgotten_job_ids_are_an_empty_answer(slurm_bed: SlurmBed) -> None:

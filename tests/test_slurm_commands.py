@@ -191,6 +191,11 @@ def test_machine_settings_from_options() -> None:
     with pytest.raises(InvalidSettings) as err:
         sc.SlurmSettings.from_options({"resources": {"cpus": 0}})
     assert err.value.field == "resources.cpus"
+    assert sc.SlurmSettings.from_options({}).rendezvous_timeout == 600
+    assert sc.SlurmSettings.from_options({"rendezvous_timeout": 30}).rendezvous_timeout == 30
+    with pytest.raises(InvalidSettings) as err:
+        sc.SlurmSettings.from_options({"rendezvous_timeout": "5m"})
+    assert err.value.field == "rendezvous_timeout" and "whole number of seconds" in str(err.value)
 
 
 @pytest.mark.parametrize(("text", "job_id"), [("1234\n", "1234"), ("77;cluster2\n", "77")])
@@ -258,11 +263,12 @@ def test_batch_script_of_several_processes_starts_them_through_srun() -> None:
     plain = sc.batch_script("/j", Resources(nodes=4, processes_per_node=2))
     assert (
         'srun --kill-on-bad-exit=1 --nodes="$NNODES" --ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" '
-        'sh "$jobdir/rank.sh" "$jobdir" plain &'
+        'sh "$jobdir/rank.sh" "$jobdir" plain 0 &'
     ) in plain
     assert "LOCAL_WORLD_SIZE=2\nWORLD_SIZE=$((NNODES * LOCAL_WORLD_SIZE))" in plain
-    torchrun = sc.batch_script("/j", Resources(nodes=2, processes_per_node=4, launcher="torchrun"))
-    assert '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun &' in torchrun
+    torchrun = sc.batch_script("/j", Resources(nodes=2, processes_per_node=4, launcher="torchrun", gpus=4))
+    assert '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun 4 "$join" &' in torchrun
+    assert "\njoin=600\n" in torchrun and "never joined" in torchrun and "never joined" not in plain
     assert "srun" not in sc.batch_script("/j", Resources(nodes=1))
 
 

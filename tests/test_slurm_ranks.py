@@ -117,13 +117,18 @@ def test_a_failing_rank_fails_the_job_with_its_code(cluster) -> None:
     assert f"[{bed.node} rank 1] rank one fails" in service.read_log(job.id).data.decode()
 
 
-def test_cpus_that_do_not_share_among_the_processes_are_refused(cluster) -> None:
+def test_cpus_or_gpus_that_do_not_share_among_the_processes_are_refused(cluster) -> None:
     service, _ = cluster
     with pytest.raises(InvalidSettings) as e:
         service.submit(
             JobSpec.from_json({"machine": "hpc", "command": "true", "resources": {"cpus": 3, "processes_per_node": 2}})
         )
     assert e.value.field == "resources.cpus" and "multiple of 2" in str(e.value)
+    with pytest.raises(InvalidSettings) as e:
+        service.submit(
+            JobSpec.from_json({"machine": "hpc", "command": "true", "resources": {"gpus": 3, "processes_per_node": 2}})
+        )
+    assert e.value.field == "resources.gpus" and "multiple or a divisor of 2" in str(e.value)
 
 
 def test_torchrun_starts_the_nodes_processes_which_all_reduce(cluster, quickstart: Path) -> None:

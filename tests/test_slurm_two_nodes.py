@@ -74,6 +74,11 @@ def test_torchrun_on_two_nodes_of_two_processes_each(cluster, quickstart: Path) 
                for node in bed.nodes}  # fmt: skip
     assert sorted(len(ranks) for ranks in by_node.values()) == [2, 2], lines
     assert sorted(r for ranks in by_node.values() for r in ranks) == ["0", "1", "2", "3"]
+    # Usage counts both nodes' hours: a record line saying two nodes, and twice the job's hours summed.
+    (attempt,) = [a for a in service.usage_record.attempts() if a.job == job.id]
+    assert (attempt.nodes, attempt.gpus) == (2, 0)
+    (row,) = service.usage("machine")["rows"]
+    assert row["node_hours"] == pytest.approx(2 * row["job_hours"], abs=1e-6) and row["job_hours"] > 0
 
 
 def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(cluster) -> None:
@@ -102,3 +107,39 @@ def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(clus
         ended.reason,
         log,
     )
+
+
+#: torchrun on every node but the first never starts: as a node stuck before the rendezvous would be.
+STUCK_TORCHRUN = """\
+#!/bin/sh
+if [ "${{SLURM_NODEID:-0}}" != 0 ]; then exec sleep 300; fi
+exec {torchrun} "$@"
+"""
+
+
+def test_a_rendezvous_a_node_never_joins_fails_in_the_machines_limit_naming_that_node(
+    cluster, quickstart: Path
+) -> None:
+    service, bed = cluster
+    service.machines.add("pair-10s", "slurm", "127.0.0.1", bed.machine_options(rendezvous_timeout=10))
+    wrapper = quickstart / "stuck" / "torchrun"
+    wrapper.parent.mkdir()
+    wrapper.write_text(STUCK_TORCHRUN.format(torchrun=far_torch_bin() / "torchrun"))
+    wrapper.chmod(0o755)
+    spec = {
+        "machine": "pair-10s",
+        "command": "python reduce.py",
+        "send": ["reduce.py", "stuck"],
+        # "stuck" is found from the job's work folder, where srun starts rank.sh on both nodes.
+        "env": {"PATH": f"stuck:{far_torch_bin()}:{far_python_bin()}:/usr/local/bin:/usr/bin:/bin"},
+        "resources": {"nodes": 2, "processes_per_node": 1, "launcher": "torchrun", "memory": "2G"},
+        "timeout": "10m",
+    }
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
+    log = service.read_log(job.id).data.decode()
+    first, second = bed.nodes
+    assert (job.state, job.exit_code) == ("failed", 1), (job.state, job.exit_code, job.reason, log)  # torchrun's
+    assert job.reason.startswith("exit code 1: jupyter-remote-compute: the rendezvous at "), job.reason
+    assert f"did not complete within 10s: {second} never joined;" in job.reason, (job.reason, log)
+    assert first not in job.reason.split("never joined")[0].split("10s:")[1], job.reason
+    assert f"[{first}] torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError" in log, log

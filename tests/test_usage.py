@@ -56,11 +56,11 @@ def _attempt(job: str, machine: str, queued: str, started: str | None, ended: st
 
 
 KNOWN = [
-    # gpu-box, October: 2 h on 4 GPUs after 30 min queued (priced), a cancelled hour on 4 GPUs.
+    # gpu-box, October: 2 h on 4 GPUs after 30 min queued (priced), a cancelled hour on 4 GPUs of 2 nodes.
     _attempt("a", "gpu-box", "2026-10-01T09:30", "2026-10-01T10:00", "2026-10-01T12:00", "succeeded", gpus=4,
              price_per_hour=3.0, bytes_sent=1000, bytes_fetched=50),
     _attempt("b", "gpu-box", "2026-10-02T10:00", "2026-10-02T10:00", "2026-10-02T11:00", "cancelled", gpus=4,
-             price_per_hour=3.0),
+             price_per_hour=3.0, nodes=2),
     # gpu-box, November: a lost attempt (its end estimated) of 90 min, then a failed one of 15 min.
     _attempt("c", "gpu-box", "2026-11-03T08:00", "2026-11-03T08:00", "2026-11-03T09:30", "lost", gpus=4,
              price_per_hour=3.0, source="estimated"),
@@ -85,6 +85,7 @@ def test_sums_per_machine_and_month_match_the_known_times() -> None:
 
     october = rows["gpu-box", "2026-10"]
     assert october["job_hours"] == pytest.approx(3.0)
+    assert october["node_hours"] == pytest.approx(4.0)  # 2 h on one node, 1 h on two
     assert october["gpu_hours"] == pytest.approx(12.0)
     assert october["queue_hours"] == pytest.approx(0.5)
     assert october["cost_estimate"] == pytest.approx(9.0)
@@ -99,7 +100,7 @@ def test_sums_per_machine_and_month_match_the_known_times() -> None:
 
     cpu = rows["cpu-box", "2026-11"]
     assert (cpu["attempts"], cpu["jobs"]) == (3, 2)
-    assert cpu["job_hours"] == pytest.approx(3.0)
+    assert cpu["job_hours"] == cpu["node_hours"] == pytest.approx(3.0)
     assert cpu["gpu_hours"] == 0
     assert cpu["queue_hours"] == pytest.approx(1 + 1 + 1 / 3, abs=1e-5)
     assert cpu["cost_estimate"] is None

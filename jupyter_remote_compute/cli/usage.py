@@ -53,6 +53,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
             *(row[k] or "-" for k in keys),
             str(row["attempts"]) + (f" ({row['running']} running)" if row["running"] else ""),
             _hours(row["job_hours"]),
+            _hours(row.get("node_hours", row["job_hours"])),
             _hours(row["gpu_hours"]),
             _hours(row["queue_hours"]),
             f"{row['bytes_sent'] / 1e6:.1f}",
@@ -62,7 +63,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         for row in summary["rows"]
     ]
     header = [k.upper() for k in keys]
-    table(rows, [*header, "ATTEMPTS", "JOB-H", "GPU-H", "QUEUE-H", "SENT MB", "FETCHED MB", "COST (EST.)"])
+    table(rows, [*header, "ATTEMPTS", "JOB-H", "NODE-H", "GPU-H", "QUEUE-H", "SENT MB", "FETCHED MB", "COST (EST.)"])
     if not rows:
         print("no usage recorded yet", file=sys.stderr)
     return 0

@@ -139,6 +139,13 @@ class SlurmLauncher(Launcher):
                 f"node; ask for a multiple of {per_node}",
                 field="resources.cpus",
             )
+        gpus = asked.gpus or 0
+        if gpus and asked.launcher != "torchrun" and gpus % per_node and per_node % gpus:
+            raise InvalidSettings(
+                f"resources.gpus: {gpus} GPUs per node do not share evenly among {per_node} processes per node; "
+                f"ask for a multiple or a divisor of {per_node}",
+                field="resources.gpus",
+            )
         try:
             refuse_unfit(asked, self._slurm_facts().partitions, self.settings.partition)
         except InvalidSettings as e:
@@ -157,7 +164,7 @@ class SlurmLauncher(Launcher):
 umask 077
 if [ -s {SLURM_JOB_ID_FILE} ]; then cat {SLURM_JOB_ID_FILE}; exit 0; fi
 printf '%s' {quote(command_script(launch.command))} > command.sh
-printf '%s' {quote(batch_script(d, resources))} > {BATCH_SCRIPT}
+printf '%s' {quote(batch_script(d, resources, self.settings.rendezvous_timeout))} > {BATCH_SCRIPT}
 printf '%s' {quote(farside.script("rank"))} > rank.sh
 printf '%s' {quote(SUBMIT_SH)} > submit.sh
 plain=
@@ -320,6 +327,11 @@ class SlurmEngine(SSHEngine):
             dict, "Default resources: {gpus, cpus, memory, nodes, partition, processes_per_node, launcher}"
         ),
         "sbatch_args": OptionField(list, "Extra sbatch arguments, e.g. ['--constraint=a100']"),
+        "rendezvous_timeout": OptionField(
+            int,
+            "Seconds a torchrun job's nodes have to meet at its rendezvous before it fails naming the nodes that "
+            "never joined (default 600)",
+        ),
     }
 
     def cleanup(self, job: RemoteJob) -> None:

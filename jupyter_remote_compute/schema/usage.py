@@ -33,6 +33,7 @@ class Attempt:
     price_per_hour: float | None = None  # the machine's setting, if it has one
     running: bool = False  # counted up to now, not final
     groups: tuple[str, ...] = ()  # the user's hub groups when it ran (the organization's ledger)
+    nodes: int = 1  # the nodes the attempt held (a job of several nodes); lines before it held one
 
     def end(self, now: float) -> float:
         return self.ended if self.ended is not None else now

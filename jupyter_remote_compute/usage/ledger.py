@@ -112,11 +112,16 @@ def _ends_with_newline(fd: int) -> bool:
     return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
 
 
+def nodes_held(job: Job) -> int:
+    """Nodes the job held: what it asked for, else one."""
+    return job.spec.resources.nodes or 1
+
+
 def gpus_held(job: Job, punica_dir: Path) -> int:
     """GPUs the job held: what it asked for (per node x nodes), else every GPU its machine's last check saw."""
     resources = job.spec.resources
     if resources.gpus:
-        return resources.gpus * (resources.nodes or 1)
+        return resources.gpus * nodes_held(job)
     facts = recorded_facts(punica_dir).get(job.machine) or {}
     gpus = facts.get("gpus")
     return gpus if isinstance(gpus, int) and gpus > 0 else 0
@@ -179,6 +184,7 @@ def meter(
         ended=ended,
         state=state,
         gpus=gpus_held(job, punica_dir),
+        nodes=nodes_held(job),
         source=source,
         bytes_sent=int(job.transfer.get("bytes_sent", 0) or 0),
         bytes_fetched=bytes_fetched,
@@ -271,7 +277,7 @@ def summarize(
     for key in sorted(groups):
         row = groups[key]
         row["jobs"] = len(row["jobs"])
-        for name in ("job_hours", "gpu_hours", "queue_hours", "priced_hours"):
+        for name in ("job_hours", "node_hours", "gpu_hours", "queue_hours", "priced_hours"):
             row[name] = round(row[name], 6)
         if row["cost_estimate"] is not None:
             row["cost_estimate"] = round(row["cost_estimate"], 4)
@@ -282,7 +288,8 @@ def summarize(
         "until": until,
         "generated": now,
         "rows": rows,
-        "note": "job_hours is wall time; gpu_hours is allocated (wall time x GPUs held); "
+        "note": "job_hours is wall time; node_hours is wall time x nodes held; gpu_hours is allocated "
+        "(wall time x GPUs held, on every node); "
         "cost_estimate is an estimate from each machine's price_per_hour, where one is set",
     }
 
@@ -302,6 +309,7 @@ def _add(
             "jobs": set(),
             "running": 0,
             "job_hours": 0.0,
+            "node_hours": 0.0,
             "gpu_hours": 0.0,
             "queue_hours": 0.0,
             "bytes_sent": 0,
@@ -315,6 +323,7 @@ def _add(
     row["jobs"].add(attempt.job)
     row["running"] += attempt.running
     row["job_hours"] += wall_h
+    row["node_hours"] += wall_h * attempt.nodes
     row["gpu_hours"] += wall_h * attempt.gpus
     row["queue_hours"] += attempt.queue_s(now) / 3600
     row["bytes_sent"] += attempt.bytes_sent
@@ -330,6 +339,7 @@ CSV_FIELDS = (
     "jobs",
     "running",
     "job_hours",
+    "node_hours",
     "gpu_hours",
     "queue_hours",
     "bytes_sent",

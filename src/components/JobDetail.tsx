@@ -13,6 +13,7 @@ import * as React from 'react';
 import { IJob, isActive, isTerminal, readLog } from '../api';
 import { computeIcon } from '../icons';
 import { LogView } from '../logview';
+import { LogFilterWidget } from './LogFilter';
 import { asAPIError, ComputeModel } from '../model';
 import { JobDuration, RelativeTime, StateBadge, useSignal } from './common';
 import {
@@ -248,6 +249,7 @@ export class JobDetailWidget extends Panel {
       label: trans.__('Log of job %1', jobId)
     });
     this.addWidget(this._info);
+    this.addWidget(new LogFilterWidget(this._log, trans));
     this.addWidget(this._log);
     model.changed.connect(this._onModelChanged, this);
     model.jobChanged.connect(this._onJobChanged, this);

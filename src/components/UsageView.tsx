@@ -101,6 +101,7 @@ function UsageTable(props: {
           <th scope="col">{trans.__('Month')}</th>
           <th scope="col">{trans.__('Attempts')}</th>
           <th scope="col">{trans.__('Job-hours')}</th>
+          <th scope="col">{trans.__('Node-hours')}</th>
           <th scope="col">{trans.__('GPU-hours')}</th>
           <th scope="col">{trans.__('Queued')}</th>
           <th scope="col">{trans.__('Sent')}</th>
@@ -134,6 +135,7 @@ function UsageTable(props: {
               )}
             </td>
             <td>{hours(row.job_hours)}</td>
+            <td>{hours(row.node_hours)}</td>
             <td>{hours(row.gpu_hours)}</td>
             <td>{hours(row.queue_hours)}</td>
             <td>{formatSize(row.bytes_sent)}</td>
@@ -249,7 +251,7 @@ function UsageComponent(props: {
           <UsageTable rows={rows} perUser={organization} trans={trans} />
           <p className="jp-RemoteCompute-usageNote">
             {trans.__(
-              'Job-hours are wall time; GPU-hours are allocated (wall time × GPUs held). Costs are estimates from each machine’s price_per_hour, where one is set. An attempt counts in the month it ended.'
+              'Job-hours are wall time; node-hours count every node a job held (wall time × nodes); GPU-hours are allocated (wall time × GPUs held, on every node). Costs are estimates from each machine’s price_per_hour, where one is set. An attempt counts in the month it ended.'
             )}
           </p>
         </>

@@ -1,7 +1,8 @@
 /**
  * A job's detail says what the job is: the environment its spec asks for, the files it sent in
  * one text, and, from the moment its badge says succeeded, its outputs and MLflow run (or that
- * the run is being recorded), never "none" for what the job has.
+ * the run is being recorded), never "none" for what the job has; a log of several nodes shows one
+ * node's lines or one rank's.
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
@@ -163,5 +164,35 @@ test.describe('Job detail', () => {
     await expect(attempts).toHaveText([/^local: failed · \d+s of work lost exit code 3/, 'local: succeeded'], {
       timeout: 60000
     });
+  });
+
+  test("a log of several nodes and ranks shows one node's lines or one rank's", async ({ page }) => {
+    const name = unique('ui-ranks');
+    // The lines as a job of several processes writes them (farside/rank.sh's prefixes).
+    const lines = ['[n1 rank 0] zero', '[n1 rank 1] one', '[n2] launcher', '[n2 rank 2] two', `no prefix ${name}`];
+    await api(page, 'POST', 'jobs', {
+      machine: 'local',
+      command: `printf '%s\\n' ${lines.map(line => `'${line}'`).join(' ')}`,
+      name
+    });
+    await openDetail(page, name);
+    const log = page.getByRole('log', { name: /Log of job/ });
+    await expect(log).toContainText(`no prefix ${name}`, { timeout: 60000 });
+    const show = page.getByRole('combobox', { name: 'Show the lines of' });
+    await expect(show.locator('option')).toHaveText([
+      'All nodes and ranks',
+      'Node n1',
+      'n1 rank 0',
+      'n1 rank 1',
+      'Node n2',
+      'n2 rank 2'
+    ]);
+    await show.selectOption({ label: 'Node n2' });
+    await expect(log).toHaveText('[n2] launcher\n[n2 rank 2] two');
+    await expect(page.getByText('2 lines of node n2')).toBeVisible();
+    await show.selectOption({ label: 'n1 rank 1' });
+    await expect(log).toHaveText('[n1 rank 1] one');
+    await show.selectOption({ label: 'All nodes and ranks' });
+    await expect(log).toHaveText(lines.join('\n'));
   });
 });

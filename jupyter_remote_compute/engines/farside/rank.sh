@@ -1,19 +1,28 @@
 #!/bin/sh
-# One process of a job of several, or one node's torchrun: rank.sh JOBDIR MODE.
+# One process of a job of several, or one node's torchrun: rank.sh JOBDIR MODE [GPUS [JOIN]].
 #   plain     an srun task: its rank from Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID)
-#   torchrun  an srun task, one per node: torchrun starts this node's processes, each as "worker"
+#   torchrun  an srun task, one per node: torchrun starts this node's processes, each as "worker";
+#             it waits JOIN seconds (600) for every node at the rendezvous, and when it gives up
+#             leaves this node's name in ranks/node<N>.waited (the nodes without one never joined)
 #   worker    a process torchrun started: RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK and the
 #             rendezvous (MASTER_ADDR, MASTER_PORT) are torchrun's
 # Every line a process writes reaches the job's one log prefixed "[<node> rank R] ", so the nodes'
 # lines can be told apart (and filtered) there. Rank 0 records to the job's MLflow store; the other
 # ranks to ranks/R/mlruns, which is not brought back: one job, one run.
+# GPUS (per node, as the job asked) sets CUDA_VISIBLE_DEVICES: the node's GPUs are the ones Slurm gave
+# the step (its CUDA_VISIBLE_DEVICES), else the first GPUS; a torchrun worker sees all of them (it
+# picks cuda:LOCAL_RANK), a plain process its share: the LOCAL_RANK-th of LOCAL_WORLD_SIZE equal
+# parts, or one GPU shared in turn where there are fewer GPUs than processes.
 set -u
 jobdir=$1
 mode=$2
+gpus=${3:-0}
+join=${4:-600}
 node=${SLURMD_NODENAME:-$(hostname)}
 
 # Copy stdin to stdout, each line behind $1 as soon as it is whole; lines that start with a
-# non-empty $2 (a worker's, prefixed already) pass as they are.
+# non-empty $2 (a worker's, prefixed already) pass as they are. With $3, torchrun's word that it gave
+# up waiting at the rendezvous writes this node's name to the file $3.
 prefixed() {
   while IFS= read -r line || [ -n "$line" ]; do
     if [ -n "$2" ]; then
@@ -23,8 +32,54 @@ prefixed() {
         ;;
       esac
     fi
+    if [ -n "${3:-}" ]; then
+      case $line in *.RendezvousTimeoutError*) printf '%s\n' "$node" > "$3" ;; esac
+    fi
     printf '%s%s\n' "$1" "$line"
   done
+}
+
+# The node's GPUs, comma-separated ("" when the job asked for none).
+node_gpus() {
+  [ "$gpus" -gt 0 ] 2>/dev/null || return 0
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    printf '%s' "$CUDA_VISIBLE_DEVICES"
+    return 0
+  fi
+  i=0
+  out=
+  while [ "$i" -lt "$gpus" ]; do
+    out="$out${out:+,}$i"
+    i=$((i + 1))
+  done
+  printf '%s' "$out"
+}
+
+# Of the list $1, the share of local rank $2 among $3 processes.
+gpu_share() {
+  rank=$2
+  procs=$3
+  old_ifs=$IFS
+  IFS=,
+  # shellcheck disable=SC2086 # split on commas on purpose
+  set -- $1
+  IFS=$old_ifs
+  n=$#
+  [ "$n" -gt 0 ] || return 0
+  if [ "$n" -lt "$procs" ]; then
+    first=$((rank % n))
+    count=1
+  else
+    count=$((n / procs))
+    first=$((rank * count))
+  fi
+  i=0
+  out=
+  for gpu in "$@"; do
+    if [ "$i" -ge "$first" ] && [ "$i" -lt $((first + count)) ]; then out="$out${out:+,}$gpu"; fi
+    i=$((i + 1))
+  done
+  printf '%s' "$out"
 }
 
 mkdir -p "$jobdir/ranks" || exit 97
@@ -33,7 +88,8 @@ case $mode in
     NODE_RANK=${SLURM_NODEID:-0}
     export NODE_RANK
     code_file="$jobdir/ranks/node$NODE_RANK.exit_code"
-    rm -f "$code_file"
+    waited="$jobdir/ranks/node$NODE_RANK.waited"
+    rm -f "$code_file" "$waited"
     if ! command -v torchrun >/dev/null 2>&1; then
       echo "[$node] jupyter-remote-compute: torchrun is not on PATH on $node: install torch where the" \
         "nodes find it (or set PATH in the job's env), or use launcher plain"
@@ -43,19 +99,25 @@ case $mode in
     {
       torchrun --nnodes="$NNODES" --nproc-per-node="$LOCAL_WORLD_SIZE" --rdzv-backend=c10d \
         --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="jrc-${SLURM_JOB_ID:-0}" \
-        --no-python sh "$jobdir/rank.sh" "$jobdir" worker 2>&1
+        --rdzv-conf="join_timeout=$join" \
+        --no-python sh "$jobdir/rank.sh" "$jobdir" worker "$gpus" 2>&1
       echo $? > "$code_file"
-    } | prefixed "[$node] " "[$node rank "
+    } | prefixed "[$node] " "[$node rank " "$waited"
     code=$(cat "$code_file" 2>/dev/null) || code=143 # no code: torchrun was killed
+    # The other nodes that were waiting give up about now too: a moment for them to say so before
+    # this node's end makes srun stop them.
+    if [ -f "$waited" ]; then sleep 5; fi
     exit "${code:-143}"
     ;;
   worker)
     NODE_RANK=${GROUP_RANK:-$NODE_RANK}
+    visible=$(node_gpus)
     ;;
   plain)
     RANK=$SLURM_PROCID
     LOCAL_RANK=$SLURM_LOCALID
     NODE_RANK=$SLURM_NODEID
+    visible=$(gpu_share "$(node_gpus)" "$LOCAL_RANK" "${LOCAL_WORLD_SIZE:-1}")
     ;;
   *)
     echo "rank.sh: unknown mode $mode" >&2
@@ -63,6 +125,10 @@ case $mode in
     ;;
 esac
 export RANK LOCAL_RANK NODE_RANK
+if [ -n "$visible" ]; then
+  CUDA_VISIBLE_DEVICES=$visible
+  export CUDA_VISIBLE_DEVICES
+fi
 dir="$jobdir/ranks/$RANK"
 mkdir -p "$dir" || exit 97
 if [ "$RANK" != 0 ]; then

@@ -24,6 +24,8 @@ SLURM_JOB_ID_FILE = "slurm_job_id"
 #: The job's secrets between submit and start: 0600, read and removed by batch.sh as it starts.
 SECRETS_FILE = "secrets.env"
 WARNING_FILE = "time_limit_warning"
+#: Seconds a torchrun job's nodes have to meet at its rendezvous (torchrun's own default join_timeout).
+RENDEZVOUS_TIMEOUT = 600
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -119,6 +121,7 @@ class SlurmSettings:
     qos: str | None = None
     sbatch_args: tuple[str, ...] = ()
     defaults: Resources = dataclasses.field(default_factory=Resources)
+    rendezvous_timeout: int = RENDEZVOUS_TIMEOUT
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SlurmSettings:
@@ -132,7 +135,16 @@ class SlurmSettings:
             qos=name("qos"),
             sbatch_args=validate_sbatch_args(options.get("sbatch_args") or [], "sbatch_args"),
             defaults=Resources.from_json(options.get("resources"), "resources."),
+            rendezvous_timeout=_seconds(options.get("rendezvous_timeout"), "rendezvous_timeout", RENDEZVOUS_TIMEOUT),
         )
+
+
+def _seconds(value: Any, field: str, default: int) -> int:
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSettings(f"{field}: expected a whole number of seconds, at least 1, got {value!r}", field=field)
+    return value
 
 
 def time_limit_minutes(timeout_seconds: float) -> int:
@@ -254,8 +266,29 @@ if [ "$code" != 0 ]; then
 fi
 """
 
+# After srun, for torchrun: a node whose torchrun gave up waiting at the rendezvous left its name in
+# ranks/node<N>.waited; the allocation's nodes that left none never joined. The job's code is that
+# torchrun's, not the TERM srun stopped the others with.
+RENDEZVOUS_TIMED_OUT_SH = """\
+if [ "$code" != 0 ] && ls "$jobdir"/ranks/node*.waited >/dev/null 2>&1; then
+  waited=" $(cat "$jobdir"/ranks/node*.waited | tr '\\n' ' ')"
+  for f in "$jobdir"/ranks/node*.waited; do
+    c=$(cat "${f%.waited}.exit_code" 2>/dev/null)
+    case $c in '' | 0 | 143 | 137) ;; *) code=$c ;; esac
+  done
+  missing=
+  for n in $(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null); do
+    case $waited in *" $n "*) ;; *) missing="$missing${missing:+, }$n" ;; esac
+  done
+  echo "jupyter-remote-compute: the rendezvous at $MASTER_ADDR:$MASTER_PORT did not complete within" \\
+    "${join}s: ${missing:-a node} never joined; the job's other processes were stopped"
+fi
+"""
 
-def batch_script(job_dir: str, resources: Resources = NO_RESOURCES) -> str:
+
+def batch_script(
+    job_dir: str, resources: Resources = NO_RESOURCES, rendezvous_timeout: int = RENDEZVOUS_TIMEOUT
+) -> str:
     """The POSIX sh script sbatch runs: the command in ``work/``, its exit code written atomically.
 
     Every job gets the variables torchrun and ``torch.distributed`` read, the same way on every
@@ -264,8 +297,11 @@ def batch_script(job_dir: str, resources: Resources = NO_RESOURCES) -> str:
     (processes per node), ``WORLD_SIZE``, and ``NODE_RANK``, ``RANK``, ``LOCAL_RANK`` (0 here; each
     process's own where there are several). A job of one process runs its command here; a
     ``distributed`` one starts through ``srun`` and ``farside/rank.sh``: ``plain``, one task per
-    process, ranks from Slurm; ``torchrun``, one task per node, each a torchrun whose c10d
-    rendezvous is at the first node. ``--kill-on-bad-exit`` ends every process when one fails.
+    process, ranks from Slurm, each with its share of the node's GPUs in ``CUDA_VISIBLE_DEVICES``;
+    ``torchrun``, one task per node, each a torchrun whose c10d rendezvous is at the first node,
+    its workers seeing all the node's GPUs; a rendezvous not complete within ``rendezvous_timeout``
+    seconds fails the job naming the nodes that never joined. ``--kill-on-bad-exit`` ends every
+    process when one fails.
 
     TERM (scancel, the time limit) reaches the command from Slurm itself; the script outlives it
     long enough to record its exit code. The warning signal is noted in the log and a file, and is
@@ -278,15 +314,23 @@ def batch_script(job_dir: str, resources: Resources = NO_RESOURCES) -> str:
     if not resources.distributed:
         start = 'sh "$jobdir/command.sh" &'
     else:
+        # rank.sh sets each process's CUDA_VISIBLE_DEVICES from the GPUs asked per node.
+        gpus = resources.gpus or 0
         if resources.launcher == "torchrun":
-            tasks = '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun'
+            tasks = f'--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun {gpus} "$join"'
         else:
-            tasks = '--ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" sh "$jobdir/rank.sh" "$jobdir" plain'
+            tasks = (
+                '--ntasks="$WORLD_SIZE" --ntasks-per-node="$LOCAL_WORLD_SIZE" '
+                f'sh "$jobdir/rank.sh" "$jobdir" plain {gpus}'
+            )
         # A requeued job's ranks start afresh.
-        start = f'rm -rf "$jobdir/ranks"\nsrun --kill-on-bad-exit=1 --nodes="$NNODES" {tasks} &'
+        start = (
+            f'rm -rf "$jobdir/ranks"\njoin={int(rendezvous_timeout)}\n'
+            f'srun --kill-on-bad-exit=1 --nodes="$NNODES" {tasks} &'
+        )
         # srun answers for the ranks it stopped (143) when one failed: the job's code is the one that
         # failed, named with its node (rank.sh leaves each rank's code and node in ranks/R/).
-        after = FIRST_FAILED_RANK_SH
+        after = FIRST_FAILED_RANK_SH + (RENDEZVOUS_TIMED_OUT_SH if resources.launcher == "torchrun" else "")
     return f"""#!/bin/sh
 # Written by jupyter-remote-compute: the batch script Slurm runs for this job folder.
 jobdir={shlex.quote(job_dir)}
