@@ -78,7 +78,8 @@ def test_torchrun_on_two_nodes_of_two_processes_each(cluster, quickstart: Path) 
     (attempt,) = [a for a in service.usage_record.attempts() if a.job == job.id]
     assert (attempt.nodes, attempt.gpus) == (2, 0)
     (row,) = service.usage("machine")["rows"]
-    assert row["node_hours"] == pytest.approx(2 * row["job_hours"], abs=1e-6) and row["job_hours"] > 0
+    # Each sum is rounded to 6 places on its own: twice a rounded value may be 1.5e-6 off the other.
+    assert row["node_hours"] == pytest.approx(2 * row["job_hours"], abs=2e-6) and row["job_hours"] > 0
 
 
 def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(cluster) -> None:
