@@ -69,5 +69,6 @@ def move(job: Job, to: State, *, now: str | None = None) -> None:
     """Move ``job`` (read inside a store transaction) to ``to``, or raise ``IllegalTransition``."""
     if to not in EDGES.get(job.state, frozenset()):
         raise IllegalTransition(f"job {job.id}: {job.state} → {to} is not an edge of a job's life")
+    job.previous_state = job.state  # what a webhook's notice says it left (jobs/notify.py)
     job.__dict__[_SLOT] = to
     job.updated = now or utcnow()
