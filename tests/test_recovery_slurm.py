@@ -3,7 +3,8 @@
 A job requeued (``scontrol requeue``, as an administrator or a preemption does) or whose node goes down
 (``scontrol update state=down``) ends its attempt, ``preempted`` or ``lost``, with Slurm's own line from its
 log in the reason; what Slurm holds to run again is cancelled. With a retry policy the next attempt is a new
-Slurm job that starts from the last checkpoint set that came home while the first ran.
+Slurm job that starts from the last checkpoint set that came home while the first ran, and the job's webhook
+hears each change.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sshd_fixture
 import test_engine_slurm
 from slurm_fixture import SlurmBed
 from test_retries import TRAIN
+from test_webhooks import Receiver
 from waiting import wait_for
 
 from jupyter_remote_compute.jobs.job import Job
@@ -41,7 +43,9 @@ def slurm_state(bed: SlurmBed, slurm_id: str) -> str:
     return done.stdout.strip()
 
 
-def checkpointed_at_step_2(service: JobService, workspace: Path, retry: dict[str, object] | None) -> Job:
+def checkpointed_at_step_2(
+    service: JobService, workspace: Path, retry: dict[str, object] | None, **settings: object
+) -> Job:
     """A training job on the cluster, running, once its step-2 checkpoint came home (it then waits)."""
     (workspace / SCRIPT).write_text(TRAIN)
     spec: dict[str, object] = {
@@ -51,6 +55,7 @@ def checkpointed_at_step_2(service: JobService, workspace: Path, retry: dict[str
         "bring_back": ["trained.txt"],
         "checkpoints": "ckpt",
         "checkpoint_every": 0.2,
+        **settings,
     }
     if retry is not None:
         spec["retry"] = retry
@@ -93,7 +98,8 @@ def resumed_to_success(service: JobService, workspace: Path, job: Job, end: str,
 
 def test_a_job_requeued_by_slurm_is_preempted_and_resumes_from_its_checkpoint(cluster, quickstart: Path) -> None:
     service, bed = cluster
-    running = checkpointed_at_step_2(service, quickstart, {"max": 1, "on": ["preempted"]})
+    hook = Receiver()  # told of each change of the job's state
+    running = checkpointed_at_step_2(service, quickstart, {"max": 1, "on": ["preempted"]}, notify=[hook.url])
     slurm_id = running.handle["slurm_job_id"]
     started = time.monotonic()
     bed.run(["scontrol", "requeue", slurm_id])  # by its owner, as an administrator or a preemption would
@@ -104,6 +110,17 @@ def test_a_job_requeued_by_slurm_is_preempted_and_resumes_from_its_checkpoint(cl
     # What Slurm held to run again was cancelled: it never starts the first attempt over.
     assert slurm_state(bed, slurm_id) == "CANCELLED"
     print(f"requeued to the next attempt's success: {time.monotonic() - started:.1f} s")
+
+    # Its webhook heard the preemption and the next attempt running, then the end.
+    try:
+        wait_for(lambda: any(n["state"] == "succeeded" for n in hook.notices()), 30, "the webhook's last POST")
+        told = [(n["previous_state"], n["state"], n["attempt"], n["cause"]) for n in hook.notices()]
+    finally:
+        hook.close()
+    assert ("running", "collecting", 1, "preempted") in told, told
+    assert ("collecting", "queued", 2, "preempted") in told, told
+    assert told.index(("collecting", "queued", 2, "preempted")) < told.index(("sending", "running", 2, None)), told
+    assert told[-1] == ("collecting", "succeeded", 2, None), told
 
 
 def test_a_job_whose_node_goes_down_is_lost_and_resumes_from_its_checkpoint(cluster, quickstart: Path) -> None:
