@@ -4,7 +4,7 @@ A job requeued (``scontrol requeue``, as an administrator or a preemption does) 
 (``scontrol update state=down``) ends its attempt, ``preempted`` or ``lost``, with Slurm's own line from its
 log in the reason; what Slurm holds to run again is cancelled. With a retry policy the next attempt is a new
 Slurm job that starts from the last checkpoint set that came home while the first ran, and the job's webhook
-hears each change.
+hears each change. Slurm's warning before a job's time limit brings its newest checkpoints home at once.
 """
 
 from __future__ import annotations
@@ -154,3 +154,60 @@ def test_without_a_retry_policy_a_requeued_job_ends_and_slurm_does_not_run_it_ag
     assert done.attempts == [] and slurm_state(bed, slurm_id) == "CANCELLED"
     # The checkpoint set that came home stays: a job submitted again may start from it.
     assert (quickstart / ".punica/checkpoints" / done.id / "step-2.pt").read_text() == "1,2,"
+
+
+# Training that writes a checkpoint of each step under a name of its own, two a second, until told to stop.
+TICK = """\
+import os, time
+d = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
+given_up = time.monotonic() + 240
+step = 0
+while not os.path.exists("stop") and time.monotonic() < given_up:
+    step += 1
+    with open(os.path.join(d, "step.tmp"), "w") as f:
+        f.write(str(step))
+    os.replace(os.path.join(d, "step.tmp"), os.path.join(d, "step-%d.pt" % step))
+    print("step", step, flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_slurms_warning_before_the_time_limit_brings_the_newest_checkpoints_home_at_once(
+    cluster, quickstart: Path
+) -> None:
+    service, bed = cluster
+    (quickstart / "tick.py").write_text(TICK)
+    spec = {"machine": "hpc", "command": "python3 tick.py", "send": ["tick.py"], "checkpoints": "ckpt"}
+    job = service.submit(JobSpec.from_json({**spec, "checkpoint_every": "10m"})).job
+    home = quickstart / ".punica/checkpoints" / job.id
+
+    def stepped(at_least: int) -> int | None:
+        """The newest step the job's log shows, once it is ``at_least``."""
+        service.advance(job.id)
+        steps = [int(line[5:]) for line in service.read_log(job.id).data.decode().splitlines() if line[:5] == "step "]
+        return max(steps) if steps and max(steps) >= at_least else None
+
+    wait_for(lambda: stepped(4), 120, "the job to write its fourth checkpoint on Slurm")
+    # Its first look saw them once; a file counts once unchanged between two looks, ten minutes apart.
+    assert service.get(job.id).checkpoint is None and not home.exists()
+
+    slurm_id = service.get(job.id).handle["slurm_job_id"]
+    signalled = stepped(0)
+    assert signalled is not None
+    started = time.monotonic()
+    bed.run(["scancel", "--signal=USR1", "--batch", slurm_id])  # what --signal=B:USR1@N sends before the limit
+
+    def newest_home() -> int | None:
+        service.advance(job.id)
+        steps = [int(p.name[5:-3]) for p in home.glob("step-*.pt")] if home.exists() else []
+        return max(steps) if steps and max(steps) >= signalled else None
+
+    newest = wait_for(newest_home, 60, "a checkpoint set at least as new as the signal")
+    print(f"\nwarned at step {signalled} to a set with step {newest} home: {time.monotonic() - started:.1f} s")
+    current = service.get(job.id)
+    assert current.state == "running", current.public_json()  # the set came before the job's end, not from it
+    assert (home / f"step-{newest}.pt").read_text() == str(newest)
+    assert "time limit is near" in service.read_log(job.id).data.decode()
+
+    service.cancel(job.id)
+    assert service.wait(job.id, timeout=120).state == "cancelled"
