@@ -7,11 +7,13 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_cli import cli  # noqa: F401 (the CLI in a subprocess on a quickstart copy)
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
@@ -23,9 +25,10 @@ KEY = "a-signing-key-4f1c9e2b7d"
 
 
 class Receiver:
-    """An HTTP server that keeps every POST; it answers each with the next of ``answers`` (then 204)."""
+    """An HTTP server that keeps every POST; it answers each with the next of ``answers`` (then 204), after
+    ``delay`` seconds."""
 
-    def __init__(self, answers: list[int] | None = None) -> None:
+    def __init__(self, answers: list[int] | None = None, delay: float = 0.0) -> None:
         self.posts: list[tuple[dict[str, str], bytes]] = []
         self.answers = list(answers or [])
         received = self
@@ -33,6 +36,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(delay)  # a receiver slow to answer, as one far away is
                 received.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 self.send_response(received.answers.pop(0) if received.answers else 204)
                 self.send_header("Content-Length", "0")
@@ -166,3 +170,18 @@ def test_the_cli_and_the_magic_take_webhooks_and_their_signing_secret():
     with pytest.raises(InvalidSettings) as info:
         JobSpec.from_json(spec_settings(alone, command_of(alone)))
     assert info.value.field == "notify[0].url"
+
+
+def test_the_cli_tells_every_change_it_made_before_it_exits(cli):  # type: ignore[no-untyped-def]  # noqa: F811
+    # run --detach starts the job and returns; every change it made is told by then, though the webhook
+    # takes a while to answer each.
+    slow = Receiver(delay=0.5)
+    try:
+        done = cli("run", "--detach", "--notify", slow.url, "--name", "told", "--", "true")
+        job_id = done.stderr.split("submitted job ", 1)[1].split()[0]
+        told = [(n["previous_state"], n["state"]) for n in slow.notices()]
+    finally:
+        slow.close()
+    state = json.loads(cli("jobs", "show", job_id, "--json").stdout)["state"]
+    assert told[:3] == [(None, "queued"), ("queued", "sending"), ("sending", "running")], told
+    assert told[-1][1] == state, (told, state)

@@ -17,6 +17,7 @@ and the signing key (``secret``) only signs: ``X-Hub-Signature-256: sha256=<hex 
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import hmac
 import json
@@ -87,6 +88,7 @@ class Notifier:
         self._guard = threading.Lock()
         self._lanes: dict[Webhook, _Lane] = {}
         self._closed = False
+        self._registered = False
 
     def __call__(self, job: Job) -> None:
         """A service listener: queue a notice when ``job`` is in a state this process has not told yet."""
@@ -104,6 +106,9 @@ class Notifier:
             for hook in job.spec.notify:
                 lane = self._lanes.get(hook)
                 if lane is None:
+                    if not self._registered:  # a face that exits without closing its service (the CLI's run)
+                        atexit.register(self.close)
+                        self._registered = True
                     lane = self._lanes[hook] = _Lane(self, hook)
                 lane.queue.put((delivery, body))
 
