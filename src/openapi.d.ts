@@ -2516,7 +2516,7 @@ export interface components {
              */
             tracking_uri?: string | null;
             /**
-             * @description the state it was in before its last change; absent until it first changed
+             * @description the state it was in before its last change, for a job with webhooks (notify); absent until it first changed, and for a job without
              * @default null
              * @enum {string|null}
              */

@@ -288,11 +288,13 @@ class Job:
             exclude_if=lambda v: v is None,
         ),
     ] = None
-    # The state before its last change (transitions.move writes it): what a webhook's notice says it left.
+    # The state before its last change (transitions.move writes it for a job with webhooks): what their
+    # notice says it left.
     previous_state: Annotated[
         State | None,
         Field(
-            description="the state it was in before its last change; absent until it first changed",
+            description="the state it was in before its last change, for a job with webhooks (notify); absent "
+            "until it first changed, and for a job without",
             exclude_if=lambda v: v is None,
         ),
     ] = None
