@@ -21,6 +21,8 @@ from test_retries import TRAIN
 from test_webhooks import Receiver
 from waiting import wait_for
 
+from jupyter_remote_compute.engines.base import WARNED_FILE
+from jupyter_remote_compute.engines.slurm_commands import WARNING_FILE
 from jupyter_remote_compute.jobs.job import Job
 from jupyter_remote_compute.jobs.service import JobService
 from jupyter_remote_compute.jobs.spec import JobSpec
@@ -208,6 +210,7 @@ def test_slurms_warning_before_the_time_limit_brings_the_newest_checkpoints_home
     assert current.state == "running", current.public_json()  # the set came before the job's end, not from it
     assert (home / f"step-{newest}.pt").read_text() == str(newest)
     assert "time limit is near" in service.read_log(job.id).data.decode()
+    assert WARNED_FILE == WARNING_FILE  # what the batch script makes is what status.sh looks for
 
     service.cancel(job.id)
     assert service.wait(job.id, timeout=120).state == "cancelled"

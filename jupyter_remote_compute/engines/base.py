@@ -43,7 +43,7 @@ TRACKING_DIR = "mlruns"
 #: The command's working directory, relative to the job directory.
 WORK_DIR = "work"
 #: Made in the job directory when its scheduler warned it will be stopped soon (Slurm's time limit near,
-#: ``sbatch --signal``); status.sh reads it by this name and says ``warned``.
+#: ``sbatch --signal``: slurm_commands' ``WARNING_FILE``); status.sh reads it by this name and says ``warned``.
 WARNED_FILE = "time_limit_warning"
 
 #: ``pending``: accepted by the machine and waiting for someone else (a scheduler, an agent, a cloud

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import InvalidSettings
-from ..base import WARNED_FILE, WORK_DIR
+from ..base import WORK_DIR
 from ..launcher import JOB_ENV_SH, READ_ENV_SH
 from ..resources import NO_RESOURCES, Resources, format_memory, scheduler_name
 
@@ -23,7 +23,7 @@ BATCH_SCRIPT = "batch.sh"
 SLURM_JOB_ID_FILE = "slurm_job_id"
 #: The job's secrets between submit and start: 0600, read and removed by batch.sh as it starts.
 SECRETS_FILE = "secrets.env"
-WARNING_FILE = WARNED_FILE  # status.sh reports it: the lifecycle hurries the job's checkpoints home
+WARNING_FILE = "time_limit_warning"
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
