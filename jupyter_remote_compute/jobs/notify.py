@@ -113,7 +113,8 @@ class Notifier:
                 lane.queue.put((delivery, body))
 
     def close(self, wait: float = CLOSE_WAIT) -> None:
-        """Tell what is queued, for at most ``wait`` seconds in all (a CLI that exits when its job ended)."""
+        """Tell what is queued, for at most ``wait`` seconds in all (a CLI that exits when its job ended): each
+        notice left is tried once more, without a pause."""
         with self._guard:
             self._closed = True
             lanes = list(self._lanes.values())
@@ -165,7 +166,7 @@ class Notifier:
                     attempt = TRIES  # the receiver refused it: asking again would not change its mind
             except (OSError, ValueError) as e:
                 problem = type(e).__name__ if not str(e) else str(e).replace(url, where)
-            if attempt >= TRIES:
+            if attempt >= TRIES or self._closed:  # a process ending tries each notice left once
                 log.warning("webhook to %s for %s failed %d time(s): %s", where, delivery, attempt, problem)
                 return
             time.sleep(pause)
