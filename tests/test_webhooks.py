@@ -16,7 +16,7 @@ import pytest
 from test_cli import cli  # noqa: F401 (the CLI in a subprocess on a quickstart copy)
 from waiting import wait_for
 
-from jupyter_remote_compute.errors import InvalidSettings
+from jupyter_remote_compute.errors import InvalidSettings, SecretInSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
 from jupyter_remote_compute.workspace import Workspace
 
@@ -133,6 +133,24 @@ def test_a_failing_webhook_is_tried_again_and_never_fails_the_job(workspace: Pat
         assert all("/hook" not in w and "failed 3 time(s)" in w for w in warnings), warnings  # its host, not path
     finally:
         flaky.close()
+
+
+def test_a_url_holding_a_token_is_kept_in_the_secret_manager_and_named(workspace: Path, make_service, receiver):  # type: ignore[no-untyped-def]
+    service = make_service(workspace)
+    pasted = "https://hooks.slack.com/services/T0ABCDEFG/B0ABCDEFG/q8vN3kR7xY2mP5tW9zL4cJ6h"
+    with pytest.raises(SecretInSettings) as refused:
+        service.submit(JobSpec.from_json({"command": "true", "notify": [pasted]}))
+    assert str(refused.value).startswith("notify[0].url: ") and "secret:NAME" in str(refused.value)
+
+    service.secrets.set("hooks/url", receiver.url)  # the receiver's URL stands for one holding a token
+    job = service.wait(
+        service.submit(JobSpec.from_json({"command": "true", "notify": ["secret:hooks/url"]})).job.id, 60
+    )
+    assert job.state == "succeeded", job.public_json()
+    wait_for(lambda: any(n["state"] == "succeeded" for n in receiver.notices()), timeout=30, message="the last POST")
+    assert job.public_json()["spec"]["notify"] == [{"url": "secret:hooks/url"}]
+    state = Workspace(workspace).state_file
+    assert all(receiver.url not in p.read_text() for p in state.parent.glob(state.name + "*"))
 
 
 @pytest.mark.parametrize(
