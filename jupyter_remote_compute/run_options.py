@@ -20,7 +20,7 @@ COMMAND_RULE = (
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """--machine, --send, --bring-back, --env, --name, --timeout, --checkpoints, --checkpoint-every,
-    --detach, --new, --registry-secret, the retries (--retry, --retry-on, --fallback),
+    --detach, --new, --registry-secret, the retries (--retry, --retry-on, --fallback), --notify, --notify-secret,
     the resources (--gpus, --cpus, --memory, --nodes, --partition, --procs-per-node, --launcher), the Python environment
     (--requirements, --package, --python, --same-env, --image, --runtime), then ``--`` and the command."""
     parser.add_argument(
@@ -205,10 +205,25 @@ def add_retry_options(parser: argparse.ArgumentParser) -> None:
         metavar="MACHINE",
         help="a machine a lost, preempted or unreachable attempt continues on (repeated: in order)",
     )
+    told = parser.add_argument_group("webhooks", "who is told of each change of the job's state")
+    told.add_argument(
+        "--notify",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a URL each state change is POSTed to as JSON (repeated; secret:NAME: a URL kept in the Secret Manager)",
+    )
+    told.add_argument(
+        "--notify-secret",
+        dest="notify_secret",
+        metavar="NAME",
+        help="the Secret Manager entry that signs every --notify POST (HMAC-SHA256, X-Hub-Signature-256)",
+    )
 
 
 def retry_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """``retry`` and ``fallback`` from --retry, --retry-on and --fallback, as ``JobSpec.from_json`` checks them."""
+    """``retry``, ``fallback`` and ``notify`` from --retry, --retry-on, --fallback, --notify and --notify-secret,
+    as ``JobSpec.from_json`` checks them."""
     settings: dict[str, Any] = {}
     retry, on = getattr(args, "retry", None), getattr(args, "retry_on", None)
     if retry is not None or on is not None:
@@ -220,4 +235,7 @@ def retry_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["retry"] = policy
     if getattr(args, "fallback", None):
         settings["fallback"] = list(args.fallback)
+    secret = getattr(args, "notify_secret", None)
+    if getattr(args, "notify", None) or secret:  # a secret without a URL is refused by JobSpec: notify[0].url
+        settings["notify"] = [{"url": url, **({"secret": secret} if secret else {})} for url in args.notify or [None]]
     return settings

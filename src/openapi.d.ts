@@ -2518,6 +2518,12 @@ export interface components {
              * @default null
              */
             tracking_uri?: string | null;
+            /**
+             * @description the state it was in before its last change, for a job with webhooks (notify); absent until it first changed, and for a job without
+             * @default null
+             * @enum {string|null}
+             */
+            previous_state?: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost" | null;
             name: string;
             progress?: components["schemas"]["Progress"];
         };
@@ -2594,6 +2600,11 @@ export interface components {
              */
             fallback?: string[] | null;
             /**
+             * @description webhooks each state change is POSTed to as JSON (job, name, machine, state, previous_state, attempt, reason, cause, at): URLs, or {url, secret: NAME} to sign with a Secret Manager entry
+             * @default []
+             */
+            notify?: ((components["schemas"]["Webhook"] | string)[] | string) | null;
+            /**
              * @description start a new job even if the same work is under way
              * @default null
              */
@@ -2658,6 +2669,11 @@ export interface components {
              * @default []
              */
             fallback?: string[] | null;
+            /**
+             * @description webhooks each state change is POSTed to as JSON (job, name, machine, state, previous_state, attempt, reason, cause, at): URLs, or {url, secret: NAME} to sign with a Secret Manager entry
+             * @default []
+             */
+            notify?: ((components["schemas"]["Webhook"] | string)[] | string) | null;
         };
         /** @description A row of the job list (``GET /jobs``); ``reason`` is its first line only. */
         JobSummary: {
@@ -2910,6 +2926,23 @@ export interface components {
         };
         /** @enum {string} */
         State: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+        /** @description The JSON body POSTed to a job's webhooks (``JobSpec.notify``) when its state changed. */
+        StateNotice: {
+            /** @enum {string} */
+            event: "job.state";
+            job: string;
+            name: string;
+            machine: string;
+            /** @enum {string} */
+            state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+            /** @enum {string|null} */
+            previous_state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost" | null;
+            attempt: number;
+            reason: string | null;
+            /** @enum {string|null} */
+            cause: "lost" | "preempted" | "machine_unreachable" | "failed" | null;
+            at: string;
+        };
         StoredJobSpec: {
             /**
              * @description the machine's name (`org:NAME`: the organization's); none given: `local`, or where a hub's organization has a default machine, that one (`POST /jobs`)
@@ -3000,6 +3033,11 @@ export interface components {
              * @default []
              */
             fallback?: string[];
+            /**
+             * @description webhooks each state change is POSTed to as JSON (job, name, machine, state, previous_state, attempt, reason, cause, at): URLs, or {url, secret: NAME} to sign with a Secret Manager entry
+             * @default []
+             */
+            notify?: components["schemas"]["Webhook"][];
         };
         /**
          * @description Who may use one of the organization's machines: these hub users and the members of these hub groups
@@ -3091,6 +3129,16 @@ export interface components {
         SubmitResult: {
             job: components["schemas"]["Job"];
             attached: boolean;
+        };
+        /** @description A URL a job's state changes are POSTed to, and the secret that signs them. */
+        Webhook: {
+            /** @description where each state change is POSTed (JSON); secret:NAME: the URL kept in the Secret Manager */
+            url: string;
+            /**
+             * @description the Secret Manager entry whose value signs the body (HMAC-SHA256 in X-Hub-Signature-256); null: unsigned
+             * @default null
+             */
+            secret?: string | null;
         };
     };
     responses: {

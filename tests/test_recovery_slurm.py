@@ -3,7 +3,8 @@
 A job requeued (``scontrol requeue``, as an administrator or a preemption does) or whose node goes down
 (``scontrol update state=down``) ends its attempt, ``preempted`` or ``lost``, with Slurm's own line from its
 log in the reason; what Slurm holds to run again is cancelled. With a retry policy the next attempt is a new
-Slurm job that starts from the last checkpoint set that came home while the first ran.
+Slurm job that starts from the last checkpoint set that came home while the first ran, and the job's webhook
+hears each change. Slurm's warning before a job's time limit brings its newest checkpoints home at once.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import sshd_fixture
 import test_engine_slurm
 from slurm_fixture import SlurmBed
 from test_retries import TRAIN
+from test_webhooks import Receiver
 from waiting import wait_for
 
+from jupyter_remote_compute.engines.base import WARNED_FILE
+from jupyter_remote_compute.engines.slurm_commands import WARNING_FILE
 from jupyter_remote_compute.jobs.job import Job
 from jupyter_remote_compute.jobs.service import JobService
 from jupyter_remote_compute.jobs.spec import JobSpec
@@ -41,7 +45,9 @@ def slurm_state(bed: SlurmBed, slurm_id: str) -> str:
     return done.stdout.strip()
 
 
-def checkpointed_at_step_2(service: JobService, workspace: Path, retry: dict[str, object] | None) -> Job:
+def checkpointed_at_step_2(
+    service: JobService, workspace: Path, retry: dict[str, object] | None, **settings: object
+) -> Job:
     """A training job on the cluster, running, once its step-2 checkpoint came home (it then waits)."""
     (workspace / SCRIPT).write_text(TRAIN)
     spec: dict[str, object] = {
@@ -51,6 +57,7 @@ def checkpointed_at_step_2(service: JobService, workspace: Path, retry: dict[str
         "bring_back": ["trained.txt"],
         "checkpoints": "ckpt",
         "checkpoint_every": 0.2,
+        **settings,
     }
     if retry is not None:
         spec["retry"] = retry
@@ -93,7 +100,8 @@ def resumed_to_success(service: JobService, workspace: Path, job: Job, end: str,
 
 def test_a_job_requeued_by_slurm_is_preempted_and_resumes_from_its_checkpoint(cluster, quickstart: Path) -> None:
     service, bed = cluster
-    running = checkpointed_at_step_2(service, quickstart, {"max": 1, "on": ["preempted"]})
+    hook = Receiver()  # told of each change of the job's state
+    running = checkpointed_at_step_2(service, quickstart, {"max": 1, "on": ["preempted"]}, notify=[hook.url])
     slurm_id = running.handle["slurm_job_id"]
     started = time.monotonic()
     bed.run(["scontrol", "requeue", slurm_id])  # by its owner, as an administrator or a preemption would
@@ -104,6 +112,17 @@ def test_a_job_requeued_by_slurm_is_preempted_and_resumes_from_its_checkpoint(cl
     # What Slurm held to run again was cancelled: it never starts the first attempt over.
     assert slurm_state(bed, slurm_id) == "CANCELLED"
     print(f"requeued to the next attempt's success: {time.monotonic() - started:.1f} s")
+
+    # Its webhook heard the preemption and the next attempt running, then the end.
+    try:
+        wait_for(lambda: any(n["state"] == "succeeded" for n in hook.notices()), 30, "the webhook's last POST")
+        told = [(n["previous_state"], n["state"], n["attempt"], n["cause"]) for n in hook.notices()]
+    finally:
+        hook.close()
+    assert ("running", "collecting", 1, "preempted") in told, told
+    assert ("collecting", "queued", 2, "preempted") in told, told
+    assert told.index(("collecting", "queued", 2, "preempted")) < told.index(("sending", "running", 2, None)), told
+    assert told[-1] == ("collecting", "succeeded", 2, None), told
 
 
 def test_a_job_whose_node_goes_down_is_lost_and_resumes_from_its_checkpoint(cluster, quickstart: Path) -> None:
@@ -137,3 +156,61 @@ def test_without_a_retry_policy_a_requeued_job_ends_and_slurm_does_not_run_it_ag
     assert done.attempts == [] and slurm_state(bed, slurm_id) == "CANCELLED"
     # The checkpoint set that came home stays: a job submitted again may start from it.
     assert (quickstart / ".punica/checkpoints" / done.id / "step-2.pt").read_text() == "1,2,"
+
+
+# Training that writes a checkpoint of each step under a name of its own, two a second, until told to stop.
+TICK = """\
+import os, time
+d = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
+given_up = time.monotonic() + 240
+step = 0
+while not os.path.exists("stop") and time.monotonic() < given_up:
+    step += 1
+    with open(os.path.join(d, "step.tmp"), "w") as f:
+        f.write(str(step))
+    os.replace(os.path.join(d, "step.tmp"), os.path.join(d, "step-%d.pt" % step))
+    print("step", step, flush=True)
+    time.sleep(0.5)
+"""
+
+
+def test_slurms_warning_before_the_time_limit_brings_the_newest_checkpoints_home_at_once(
+    cluster, quickstart: Path
+) -> None:
+    service, bed = cluster
+    (quickstart / "tick.py").write_text(TICK)
+    spec = {"machine": "hpc", "command": "python3 tick.py", "send": ["tick.py"], "checkpoints": "ckpt"}
+    job = service.submit(JobSpec.from_json({**spec, "checkpoint_every": "10m"})).job
+    home = quickstart / ".punica/checkpoints" / job.id
+
+    def stepped(at_least: int) -> int | None:
+        """The newest step the job's log shows, once it is ``at_least``."""
+        service.advance(job.id)
+        steps = [int(line[5:]) for line in service.read_log(job.id).data.decode().splitlines() if line[:5] == "step "]
+        return max(steps) if steps and max(steps) >= at_least else None
+
+    wait_for(lambda: stepped(4), 120, "the job to write its fourth checkpoint on Slurm")
+    # Its first look saw them once; a file counts once unchanged between two looks, ten minutes apart.
+    assert service.get(job.id).checkpoint is None and not home.exists()
+
+    slurm_id = service.get(job.id).handle["slurm_job_id"]
+    signalled = stepped(0)
+    assert signalled is not None
+    started = time.monotonic()
+    bed.run(["scancel", "--signal=USR1", "--batch", slurm_id])  # what --signal=B:USR1@N sends before the limit
+
+    def newest_home() -> int | None:
+        service.advance(job.id)
+        steps = [int(p.name[5:-3]) for p in home.glob("step-*.pt")] if home.exists() else []
+        return max(steps) if steps and max(steps) >= signalled else None
+
+    newest = wait_for(newest_home, 60, "a checkpoint set at least as new as the signal")
+    print(f"\nwarned at step {signalled} to a set with step {newest} home: {time.monotonic() - started:.1f} s")
+    current = service.get(job.id)
+    assert current.state == "running", current.public_json()  # the set came before the job's end, not from it
+    assert (home / f"step-{newest}.pt").read_text() == str(newest)
+    assert "time limit is near" in service.read_log(job.id).data.decode()
+    assert WARNED_FILE == WARNING_FILE  # what the batch script makes is what status.sh looks for
+
+    service.cancel(job.id)
+    assert service.wait(job.id, timeout=120).state == "cancelled"

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 TRACKING_DIR = "mlruns"
 #: The command's working directory, relative to the job directory.
 WORK_DIR = "work"
+#: Made in the job directory when its scheduler warned it will be stopped soon (Slurm's time limit near,
+#: ``sbatch --signal``: slurm_commands' ``WARNING_FILE``); status.sh reads it by this name and says ``warned``.
+WARNED_FILE = "time_limit_warning"
 
 #: ``pending``: accepted by the machine and waiting for someone else (a scheduler, an agent, a cloud
 #: provisioning), with that party's reason in ``RemoteStatus.detail``. ``failed`` and ``cancelled``:
@@ -154,6 +157,9 @@ class RemoteStatus:
     # What an organization's service said of the job so far (its quota notices, ``QuotaNotices``), kept on
     # the user's job; none from the other kinds.
     notices: tuple[str, ...] = ()
+    # The machine warned the job it will be stopped soon (WARNED_FILE): its checkpoints are looked at
+    # every poll from then on, so the last complete set is as recent as it can be (jobs/checkpoints.py).
+    warned: bool = False
 
 
 #: New bytes of one job's MLflow metric files: path under ``mlruns/`` -> (the offset they start at, the bytes).

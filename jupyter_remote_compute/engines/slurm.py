@@ -247,7 +247,7 @@ rm -f "$e" "$e.out"
             elif outcome.state in ("failed", "exited") and slurm is not None and outcome.exit_code != 0:
                 # Only the log says a job was killed for its memory where Slurm samples it.
                 outcome = interpret(slurm, code, self._log_tail(job, far.log_size))
-            statuses[job.job_id] = _status(outcome, far.log_size, slurm)
+            statuses[job.job_id] = dataclasses.replace(_status(outcome, far.log_size, slurm), warned=far.warned)
         if taken_off:
             self._withdraw(taken_off)
         return statuses, farside.parse_metrics(blob, jobs)

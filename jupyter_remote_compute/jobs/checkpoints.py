@@ -18,6 +18,9 @@ ends (collection), one look:
    ``.punica/checkpoints/<job id>`` to it in one rename: a reader sees the old set or the new one,
    never half of one. The set before it is kept one more look, for a reader still in it.
 
+A job its machine warned it will be stopped soon (``RemoteStatus.warned``: Slurm's signal before its
+time limit) is looked at every poll from then on, so its last complete set is as recent as can be.
+
 A file the job deletes leaves the next set; a file it is rewriting keeps its last complete version.
 A file rewritten in place (not through a rename) while it is fetched may come home torn, and comes
 again once it changed: write checkpoints to a temporary name and rename them.
@@ -73,14 +76,25 @@ class Checkpoints:
         self._guard = threading.Lock()
         self._looking: set[str] = set()
         self._last: dict[str, float] = {}  # job id -> when this process last started a look (monotonic)
+        self._warned: set[str] = set()  # jobs their machine warned it will stop soon: looked at every poll
+
+    def warned(self, job_id: str) -> None:
+        """The job's machine warned it will be stopped soon (Slurm's signal before its time limit): from
+        now on its checkpoint folder is looked at every poll, so the last complete set is the newest
+        there can be when it stops, wherever it stops (a retry starts from it)."""
+        with self._guard:
+            if job_id not in self._warned:
+                self._warned.add(job_id)
+                self._last.pop(job_id, None)  # the first look now
+                log.info("job %s: its machine warned it will be stopped soon: checkpoints looked at every poll", job_id)
 
     def tick(self, job: Job) -> None:
         """A running job's look, handed to this module's threads when one is due; returns at once."""
         if not job.spec.checkpoints or job.state != "running":
             return
-        every = job.spec.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
         now = time.monotonic()
         with self._guard:
+            every = 0.0 if job.id in self._warned else job.spec.checkpoint_every or DEFAULT_CHECKPOINT_EVERY
             if job.id in self._looking or now - self._last.get(job.id, -every) < every:
                 return
             self._looking.add(job.id)
@@ -114,6 +128,7 @@ class Checkpoints:
             return
         with self._guard:
             self._last.pop(job.id, None)
+            self._warned.discard(job.id)
         try:
             self.look(job, final=True)
         except filelock.Timeout:

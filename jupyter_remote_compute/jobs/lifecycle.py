@@ -324,6 +324,8 @@ class Driver:
         if status.state == "queued" and job.state == "pending":
             self._requeue(job)
             return
+        if status.warned and job.spec.checkpoints:
+            self.checkpoints.warned(job.id)  # its last checkpoints before it is stopped: every poll from now
         if status.notices and list(status.notices) != job.notices:
             # The organization's quota notices (a job on its machines): on the job, whatever the poll says.
             job = self.leases.update(job.id, notices=list(status.notices))

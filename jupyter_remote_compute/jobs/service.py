@@ -62,6 +62,7 @@ from .lifecycle import Driver
 from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
 from .metrics import MetricsPage
+from .notify import Notifier
 from .placement import POOL_KIND, never_fits, place_in
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
@@ -117,6 +118,8 @@ class JobService:
         self.checkpoints = Checkpoints(self.ctx, self.leases)
         self.collector = Collector(self.ctx, self.leases, self.checkpoints)
         self.driver = Driver(self.ctx, self.leases, self.collector, self.digests, self.checkpoints)
+        self.notifier = Notifier(self.secrets)  # a job's webhooks, told of what this process changes
+        self.add_listener(self.notifier)
 
     @property
     def settings(self) -> ServiceSettings:
@@ -150,6 +153,7 @@ class JobService:
 
     def close(self) -> None:
         self.checkpoints.close()
+        self.notifier.close()
         self.admin.close()
 
     # -- reading ------------------------------------------------------------
@@ -207,12 +211,15 @@ class JobService:
 
         # Stored values are read only if some setting is long enough to hold one (see screen_settings).
         screen_settings(spec.screened_settings(), self._stored_secret_values)
-        for env_name, secret_name in spec.secret_refs().items():
+        named = {f"env.{env_name}": secret_name for env_name, secret_name in spec.secret_refs().items()}
+        for i, hook in enumerate(spec.notify):
+            named.update({f"notify[{i}].{setting}": name for setting, name in hook.secret_names().items()})
+        for field, secret_name in named.items():
             if self.secrets.get(secret_name) is None:
                 raise InvalidSettings(
-                    f"env.{env_name}: no secret named {secret_name!r} in the Secret Manager; "
+                    f"{field}: no secret named {secret_name!r} in the Secret Manager; "
                     f"store it with `jupyter remote-compute secrets set {secret_name}`",
-                    field=f"env.{env_name}",
+                    field=field,
                 )
 
         if machine is not None:

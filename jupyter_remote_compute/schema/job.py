@@ -170,6 +170,21 @@ class Shown(TypedDict):
     progress: NotRequired[Progress]
 
 
+class StateNotice(TypedDict):
+    """The JSON body POSTed to a job's webhooks (``JobSpec.notify``) when its state changed."""
+
+    event: Literal["job.state"]
+    job: str  # the job's id
+    name: str  # its name, or its command when unnamed
+    machine: str  # where the attempt runs, or ran
+    state: State
+    previous_state: State | None  # None: the job was just submitted
+    attempt: int  # 1, 2, …: once a retry sent the job back to the queue, the next attempt's number
+    reason: str | None  # why it is where it is: its end's reason, its retry's, what it waits for
+    cause: Cause | None  # why the attempt that ended did (lost, preempted, machine_unreachable, failed)
+    at: str  # when the state changed (ISO 8601, UTC)
+
+
 #: A job's fields the API does not show: who drives it now is bookkeeping between processes.
 HIDDEN = ("lease",)
 
@@ -273,6 +288,16 @@ class Job:
             exclude_if=lambda v: v is None,
         ),
     ] = None
+    # The state before its last change (transitions.move writes it for a job with webhooks): what their
+    # notice says it left.
+    previous_state: Annotated[
+        State | None,
+        Field(
+            description="the state it was in before its last change, for a job with webhooks (notify); absent "
+            "until it first changed, and for a job without",
+            exclude_if=lambda v: v is None,
+        ),
+    ] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
@@ -352,6 +377,7 @@ _ADDED_FIELDS: tuple[tuple[str, Any], ...] = (
     ("attempts", []),
     ("pool", None),
     ("placement", None),
+    ("previous_state", None),
     ("notices", []),
     ("tracking_uri", None),
 )

@@ -20,7 +20,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from .error import Error
-from .job import HIDDEN, Job, JobSummary, Shown, State, SubmitResult
+from .job import HIDDEN, Job, JobSummary, Shown, State, StateNotice, SubmitResult
 from .machine import Machine, MachineInput, MachinePatch
 from .pool import Pool, PoolInput
 from .spec import JobRequest, JobSpec
@@ -38,6 +38,8 @@ COMPONENTS: dict[str, tuple[Any, str]] = {
     "JobSummary": (JobSummary, "serialization"),
     "SubmitResult": (SubmitResult, "serialization"),
     "State": (State, "serialization"),
+    # What a job's webhooks are POSTed on each change of its state (JobSpec.notify; jobs/notify.py).
+    "StateNotice": (StateNotice, "serialization"),
     "Machine": (Machine, "serialization"),
     "MachineInput": (MachineInput, "validation"),
     "MachinePatch": (MachinePatch, "validation"),

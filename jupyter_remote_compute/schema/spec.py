@@ -24,6 +24,7 @@ from ..secrets import resolve_reference
 from . import values
 from .base import STRICT, absent, problem, to_json, validate
 from .environment import Environment, Image
+from .notify import Webhook, webhooks
 from .resources import NO_RESOURCES, Resources
 from .retry import RetryPolicy
 
@@ -234,6 +235,16 @@ class JobSpec:
             exclude_if=lambda v: not v,
         ),
     ] = ()
+    # Who is told of each change of the job's state (jobs/notify.py); (): nobody beyond the panel.
+    notify: Annotated[
+        tuple[Webhook, ...],
+        BeforeValidator(webhooks, json_schema_input_type=list[Webhook | str] | str | None),
+        Field(
+            description="webhooks each state change is POSTed to as JSON (job, name, machine, state, previous_state, "
+            "attempt, reason, cause, at): URLs, or {url, secret: NAME} to sign with a Secret Manager entry",
+            exclude_if=lambda v: not v,
+        ),
+    ] = ()
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
@@ -272,6 +283,7 @@ class JobSpec:
             checkpoint_every=data.get("checkpoint_every"),
             retry=RetryPolicy.from_stored(data.get("retry")),
             fallback=tuple(data.get("fallback") or ()),
+            notify=tuple(Webhook.from_stored(w) for w in data.get("notify") or ()),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -314,6 +326,7 @@ class JobSpec:
         if self.checkpoints:
             settings["checkpoints"] = self.checkpoints
         settings.update({f"fallback[{i}]": m for i, m in enumerate(self.fallback)})
+        settings.update({f"notify[{i}].url": w.url for i, w in enumerate(self.notify)})
         if self.registry_secret:  # a pasted password instead of a name is caught here
             settings["registry_secret"] = self.registry_secret
         return settings

@@ -32,6 +32,7 @@ escaping, absolute, link, device or unrequested entry.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 import re
@@ -174,12 +175,15 @@ def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str,
     states: dict[int, tuple[str, str]] = {}
     sizes: dict[int, int] = {}
     building: dict[int, str] = {}
+    warned: set[int] = set()
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == "size" and parts[1].isdigit() and parts[2].isdigit():
             sizes[int(parts[1])] = int(parts[2])
         elif len(parts) == 4 and parts[0] == "building" and parts[1].isdigit() and parts[3].isdigit():
             building[int(parts[1])] = building_reason(parts[2], int(parts[3]))
+        elif len(parts) == 2 and parts[0] == "warned" and parts[1].isdigit():
+            warned.add(int(parts[1]))
         elif len(parts) == 3 and parts[0].isdigit() and int(parts[0]) < len(jobs):
             states[int(parts[0])] = (parts[1], parts[2])
     result: dict[str, RemoteStatus] = {}
@@ -197,6 +201,8 @@ def parse_status(out: str, jobs: Sequence[RemoteJob], machine: str) -> dict[str,
         else:
             detail = "job directory is missing" if state == "missing" else "process vanished"
             result[job.job_id] = RemoteStatus("gone", log_size=log_size, detail=f"{detail} on {machine}")
+    for index in warned & set(states):
+        result[jobs[index].job_id] = dataclasses.replace(result[jobs[index].job_id], warned=True)
     missing = [j.job_id for j in jobs if j.job_id not in result]
     if missing:
         raise EngineError(f"{machine}: the status gave no answer for {', '.join(missing)}", transient=True)

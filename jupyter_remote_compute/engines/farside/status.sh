@@ -2,6 +2,7 @@
 # status.sh [--metrics] DIR...: the state of many jobs in one look, one line per DIR, in order:
 #   <index> <running|exited|gone|cancelled|notstarted|missing> <exit code or ->
 # and, for a running job whose environment is being built, "building <index> <tool> <requirements>";
+# "warned <index>" for a job its scheduler warned it will be stopped soon (time_limit_warning);
 # then "size <index> <bytes>" for every job that has a log.
 # With --metrics, standard input names the jobs someone watches ("watch <index>") and the bytes of
 # their MLflow metric files already read ("at <index> <offset> <path under mlruns/>"); after a line
@@ -30,6 +31,7 @@ logged=
 one() {
   d=$2
   if [ ! -d "$d" ]; then echo "$1 missing -"; return; fi
+  if [ -f "$d/time_limit_warning" ]; then echo "warned $1"; fi
   # sizes are read at the end, all logs in one wc
   if [ -f "$d/log" ]; then logs="$logs$d/log
 "; logged="$logged$1

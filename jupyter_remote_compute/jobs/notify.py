@@ -1,0 +1,199 @@
+"""A job's webhooks (``JobSpec.notify``): each change of its state POSTed as a ``StateNotice``.
+
+The process that changed a job's state tells its webhooks: ``Notifier`` is one of the service's
+listeners, so it sees every job this process changes, from whatever thread changed it, and hands a
+notice to one thread of its own; nothing waits on a webhook, and a webhook that fails never fails the
+job. Each POST has a timeout (``TIMEOUT``) and is tried ``TRIES`` times with a growing pause between; a
+notice that still fails is logged, naming the webhook's host only (a URL's path may hold a token).
+
+A change is told once by the process that made it, named by ``DELIVERY_HEADER`` (the job, its attempt,
+the state it left and the one it is in): a process that starts after another made the last change
+and writes the job again (a lease taken, a log grown) may tell that change once more, under the same
+name, for a receiver to drop.
+
+The body holds no secret: a URL kept in the Secret Manager (``secret:NAME``) is read when it is used,
+and the signing key (``secret``) only signs: ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import hmac
+import json
+import logging
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+from ..schema.job import StateNotice
+from ..schema.notify import DELIVERY_HEADER, SIGNATURE_HEADER, Webhook
+from ..schema.retry import CAUSES
+from ..secrets import REFERENCE_PREFIX, SecretStore
+from .job import Job, utcnow
+from .transitions import TERMINAL_STATES
+
+log = logging.getLogger(__name__)
+
+#: Seconds one POST may take.
+TIMEOUT = 10.0
+#: Tries of one POST, and the pause before the second (doubled for each after).
+TRIES = 3
+FIRST_PAUSE = 1.0
+#: The longest a closing service waits for the notices still queued (seconds).
+CLOSE_WAIT = 5.0
+#: Seconds a webhook's thread waits for more before it ends.
+IDLE = 30.0
+#: The most state changes seen that this process remembers having told (oldest forgotten first).
+REMEMBERED = 10_000
+
+
+def notice_of(job: Job) -> StateNotice:
+    """What the webhooks of ``job`` are told of its state now."""
+    ended = job.attempts[-1] if job.attempts else None
+    cause = job.outcome.cause if job.outcome is not None else None
+    if job.state == "queued" and job.previous_state == "collecting" and ended is not None:  # a retry
+        cause = ended["end"] if ended["end"] in CAUSES else None
+    # The ended attempts, and the one under way; at the end the last is among them where it was recorded.
+    attempt = len(job.attempts) + (0 if job.state in TERMINAL_STATES and ended else 1)
+    return StateNotice(
+        event="job.state",
+        job=job.id,
+        name=job.name,
+        machine=job.machine,
+        state=job.state,
+        previous_state=job.previous_state,
+        attempt=max(attempt, 1),
+        reason=job.reason,
+        cause=cause,  # type: ignore[typeddict-item]
+        at=job.updated or utcnow(),
+    )
+
+
+def signature(key: str, body: bytes) -> str:
+    """The value of ``X-Hub-Signature-256`` for ``body`` signed with ``key``."""
+    return "sha256=" + hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+
+
+class Notifier:
+    """Tells each job's webhooks of the state changes this process makes: a thread per webhook URL, in
+    the order the changes were made, so a webhook that does not answer holds up no other."""
+
+    def __init__(self, secrets: SecretStore) -> None:
+        self.secrets = secrets
+        self._told: dict[str, None] = {}  # delivery names, oldest first
+        self._guard = threading.Lock()
+        self._lanes: dict[Webhook, _Lane] = {}
+        self._closed = False
+        self._registered = False
+
+    def __call__(self, job: Job) -> None:
+        """A service listener: queue a notice when ``job`` is in a state this process has not told yet."""
+        if not job.spec.notify or job.state == job.previous_state:
+            return
+        notice = notice_of(job)
+        delivery = f"{job.id}.{notice['attempt']}.{job.previous_state or 'submitted'}.{job.state}"
+        body = json.dumps(notice, separators=(",", ":")).encode()
+        with self._guard:
+            if delivery in self._told or self._closed:
+                return
+            self._told[delivery] = None
+            if len(self._told) > REMEMBERED:
+                del self._told[next(iter(self._told))]
+            for hook in job.spec.notify:
+                lane = self._lanes.get(hook)
+                if lane is None:
+                    if not self._registered:  # a face that exits without closing its service (the CLI's run)
+                        atexit.register(self.close)
+                        self._registered = True
+                    lane = self._lanes[hook] = _Lane(self, hook)
+                lane.queue.put((delivery, body))
+
+    def close(self, wait: float = CLOSE_WAIT) -> None:
+        """Tell what is queued, for at most ``wait`` seconds in all (a CLI that exits when its job ended): each
+        notice left is tried once more, without a pause."""
+        with self._guard:
+            self._closed = True
+            lanes = list(self._lanes.values())
+        deadline = time.monotonic() + wait
+        for lane in lanes:
+            lane.queue.put(None)
+        for lane in lanes:
+            lane.thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _idle(self, lane: _Lane) -> bool:
+        """A lane whose queue stayed empty ends (under the guard, so nothing is put in it meanwhile)."""
+        with self._guard:
+            if not lane.queue.empty():
+                return False
+            if self._lanes.get(lane.hook) is lane:
+                del self._lanes[lane.hook]
+            return True
+
+    def post(self, hook: Webhook, delivery: str, body: bytes) -> None:
+        """One notice to one webhook, tried ``TRIES`` times; a failure is logged, naming its host only."""
+        url = hook.url
+        if url.startswith(REFERENCE_PREFIX):
+            url = self.secrets.get(url[len(REFERENCE_PREFIX) :]) or ""
+        where = urlsplit(url).hostname or "?"
+        headers = {
+            "Content-Type": "application/json",
+            DELIVERY_HEADER: delivery,
+            "User-Agent": "jupyter-remote-compute",
+        }
+        if hook.secret:
+            key = self.secrets.get(hook.secret)
+            if key is None:
+                log.warning("webhook to %s: no secret named %r in the Secret Manager; not sent", where, hook.secret)
+                return
+            headers[SIGNATURE_HEADER] = signature(key, body)
+        if not url:
+            log.warning("webhook: no secret named %r holds its URL; not sent", hook.url[len(REFERENCE_PREFIX) :])
+            return
+        pause = FIRST_PAUSE
+        for attempt in range(1, TRIES + 1):
+            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+                    answer.read(1024)
+                return
+            except urllib.error.HTTPError as e:
+                problem = f"HTTP {e.code}"
+                if 400 <= e.code < 500 and e.code not in (408, 429):
+                    attempt = TRIES  # the receiver refused it: asking again would not change its mind
+            except (OSError, ValueError) as e:
+                problem = type(e).__name__ if not str(e) else str(e).replace(url, where)
+            if attempt >= TRIES or self._closed:  # a process ending tries each notice left once
+                log.warning("webhook to %s for %s failed %d time(s): %s", where, delivery, attempt, problem)
+                return
+            time.sleep(pause)
+            pause *= 2
+
+
+class _Lane:
+    """One webhook's notices, POSTed in order by a thread of its own that ends once idle a while."""
+
+    def __init__(self, notifier: Notifier, hook: Webhook) -> None:
+        self.notifier = notifier
+        self.hook = hook
+        self.queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="webhook", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self.queue.get(timeout=IDLE)
+            except queue.Empty:
+                if self.notifier._idle(self):
+                    return
+                continue
+            if item is None:
+                return
+            try:
+                self.notifier.post(self.hook, *item)
+            except Exception:  # a webhook's fault is never the job's
+                log.exception("webhook failed")
