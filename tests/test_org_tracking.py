@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import hub_fixture
 import pytest
 import sshd_fixture
 import test_organization
@@ -28,9 +27,8 @@ from ports import free_port
 from test_organization import _as_user, _service, _submitted
 from waiting import wait_for
 
-hub_bed = hub_fixture.hub_bed
 sshd_bed = sshd_fixture.sshd_bed
-org = test_organization.org  # a hub of this module's own (module scope), with the service
+org = test_organization.org  # the hub the group shares (hub_fixture.shared_organization), emptied at the end
 team_ssh = test_organization.team_ssh
 NOT_HTTP = "uri: expected the http(s) URL of an MLflow tracking server"
 PASSWORD = "tracking-pass-5d81c0a7e2"  # a tracking server's password as an admin might paste it: never kept
