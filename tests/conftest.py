@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from fnmatch import fnmatch
@@ -28,7 +29,26 @@ os.environ.setdefault("JUPYTER_REMOTE_COMPUTE_RECORDER_IDLE", "30")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _release_shared_hub()
     shutil.rmtree(_KEYRING_HOME, ignore_errors=True)
+
+
+def _release_shared_hub() -> None:
+    """The hub the group ``hub``'s modules share (``hub_fixture.shared_organization``) stopped, if one runs."""
+    hub_fixture = sys.modules.get("hub_fixture")  # imported by a test that started it, or none was
+    if hub_fixture is not None:
+        hub_fixture.release_shared_organization()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the group ``hub``'s last test (the next is outside it, or none), its shared hub stops and
+    the users are free for the Galata hub run, once that test's own fixtures are torn down."""
+    try:
+        return (yield)
+    finally:
+        if serial_group(item.nodeid) == "hub" and (nextitem is None or serial_group(nextitem.nodeid) != "hub"):
+            _release_shared_hub()
 
 
 #: Tests that share one thing on this machine with room for one user at a time, by group (fnmatch patterns of
@@ -53,7 +73,8 @@ SERIAL_GROUPS = {
 
 def serial_group(nodeid: str) -> str | None:
     """The serial group a test belongs to, if any."""
-    name = nodeid.rsplit("/", 1)[-1]
+    path, sep, rest = nodeid.partition("::")  # a parameter's id may hold a "/" (a route's pattern)
+    name = path.rsplit("/", 1)[-1] + sep + rest
     return next((g for g, patterns in SERIAL_GROUPS.items() if any(fnmatch(name, p) for p in patterns)), None)
 
 

@@ -558,12 +558,9 @@ class HubBed:
             hub.stop()
 
 
-@pytest.fixture(scope="module")
-def hub_bed() -> Iterator[HubBed]:
-    """Test users and the cached build; ``hub_bed.start(service_command=[…])`` starts a hub.
-
-    A module's: the users are released between modules, so the Galata hub run waits for one module at
-    most, not for the whole session."""
+def _bed_prerequisites() -> HubBuild:
+    """What every hub of the bed needs (root, useradd, node, Debian's Python, the cached build), its
+    users made: the build, or the test skipped saying what is missing."""
     require(os.geteuid() == 0, "root, to add the hub's Linux users and spawn their servers")
     require(shutil.which("useradd") is not None, "useradd (apt-get install passwd)")
     # configurable-http-proxy runs on node; npm is needed only for a build (build_hub says so then).
@@ -574,6 +571,16 @@ def hub_bed() -> Iterator[HubBed]:
     require(build is not None, f"the hub's venv and proxy ({how})")
     assert build is not None
     ensure_users()
+    return build
+
+
+@pytest.fixture(scope="module")
+def hub_bed() -> Iterator[HubBed]:
+    """Test users and the cached build; ``hub_bed.start(service_command=[…])`` starts a hub.
+
+    A module's: the users are released between modules, so the Galata hub run waits for one module at
+    most, not for the whole session."""
+    build = _bed_prerequisites()
     with contextlib.ExitStack() as held:
         with timeout_paused():
             held.enter_context(users_held())
@@ -582,6 +589,57 @@ def hub_bed() -> Iterator[HubBed]:
             yield bed
         finally:
             bed.stop()
+
+
+class _SharedOrganization:
+    """One hub with the organization service for every module of the serial group ``hub`` that asks for
+    it (``shared_organization``), instead of one per module: its start and its users' spawns are 30-45 s.
+
+    It holds the users from its start until ``release`` (conftest's teardown hook, once the next test is
+    outside the group, and at the session's end), so the Galata hub run waits for the group, not for the
+    rest of the session. Each module resets what it changes on it (its machines, the tracking server,
+    quotas, the default machine)."""
+
+    def __init__(self) -> None:
+        self.running: tuple[Hub, Path] | None = None
+        self._held = contextlib.ExitStack()
+
+    def get(self, tmp_path_factory: pytest.TempPathFactory) -> tuple[Hub, Path]:
+        if self.running is not None and self.running[0].proc.poll() is None:
+            return self.running
+        self.release()
+        build = _bed_prerequisites()
+        with timeout_paused():
+            self._held.enter_context(users_held())
+        try:
+            state = tmp_path_factory.mktemp("organization")
+            hub = start_hub(build, **organization_service(state))  # type: ignore[arg-type]
+        except BaseException:
+            self._held.close()
+            raise
+        self.running = (hub, state)
+        return self.running
+
+    def release(self) -> None:
+        running, self.running = self.running, None
+        try:
+            if running is not None:
+                running[0].stop()
+        finally:
+            self._held.close()
+
+
+_SHARED = _SharedOrganization()
+
+
+def shared_organization(tmp_path_factory: pytest.TempPathFactory) -> tuple[Hub, Path]:
+    """The group's hub with the organization service and the folder of its state, started if none runs."""
+    return _SHARED.get(tmp_path_factory)
+
+
+def release_shared_organization() -> None:
+    """Stop the group's hub, if one runs, and let the users go."""
+    _SHARED.release()
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ from hub_fixture import ADMIN_USER, GROUP, OUTSIDER, Hub, loopback_session
 from sshd_fixture import TestBed
 from test_organization import _as_user, _machines_of, _service, _submitted
 
-hub_bed = hub_fixture.hub_bed
 sshd_bed = sshd_fixture.sshd_bed
-org = test_organization.org  # a hub of this module's own (module scope), with the service
+org = test_organization.org  # the hub the group shares (hub_fixture.shared_organization), emptied at the end
 REFUSAL = "may not use the organization's machine {!r}: only the users and groups on its access list may; "
 GRANTS = "an admin of the organization grants access"
 

@@ -2,7 +2,7 @@
 
 rcadmin sets it from a terminal of his server (``tracking set``); rcbob's job on the organization's ssh
 machine is then recorded there, not in his own store, and read back with MLflow's client against that
-server. A member may read it but not set it; a URI with a user or password in it, or of another scheme,
+server; so is the parent run of his pipeline whose step runs there. A member may read it but not set it; a URI with a user or password in it, or of another scheme,
 is refused naming the field, and nothing of the refused value is kept or echoed.
 """
 
@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import hub_fixture
 import pytest
 import sshd_fixture
 import test_organization
@@ -28,9 +27,8 @@ from ports import free_port
 from test_organization import _as_user, _service, _submitted
 from waiting import wait_for
 
-hub_bed = hub_fixture.hub_bed
 sshd_bed = sshd_fixture.sshd_bed
-org = test_organization.org  # a hub of this module's own (module scope), with the service
+org = test_organization.org  # the hub the group shares (hub_fixture.shared_organization), emptied at the end
 team_ssh = test_organization.team_ssh
 NOT_HTTP = "uri: expected the http(s) URL of an MLflow tracking server"
 PASSWORD = "tracking-pass-5d81c0a7e2"  # a tracking server's password as an admin might paste it: never kept
@@ -227,6 +225,50 @@ def test_a_uri_with_credentials_or_of_another_scheme_is_refused_naming_the_field
     assert PASSWORD not in refused.text + ran.stdout + ran.stderr
     assert _tracking_file(state).read_text() == before
     assert PASSWORD not in hub.log.read_text(errors="replace")  # the hub's log holds the service's
+
+
+_PARENT_OF = """
+import json, sys
+from mlflow import MlflowClient
+client = MlflowClient(tracking_uri=sys.argv[1])
+ids = [e.experiment_id for e in client.search_experiments()]
+runs = client.search_runs(ids, filter_string=f"tags.`remote_compute.pipeline_run_id` = '{sys.argv[2]}'")
+child = client.get_run(sys.argv[3]).data.tags.get("mlflow.parentRunId") if runs else None
+print(json.dumps({"parents": [r.info.run_id for r in runs], "child_parent": child}))
+"""
+
+
+def test_a_pipeline_on_the_organizations_machine_has_its_parent_run_on_the_tracking_server(
+    org: tuple[Hub, Path], team_ssh: str, tracking_server: str, admin_set: dict[str, Any]
+) -> None:
+    """rcbob's pipeline whose step runs on the organization's machine: the step's run and the pipeline's
+    parent run both on the organization's tracking server, the one the other's child; none in his store."""
+    hub, _ = org
+    server = hub.start_server("rcbob")
+    bob = pwd.getpwnam("rcbob")
+    word = uuid.uuid4().hex[:8]
+    step = {"command": f"echo step {word}", "machine": team_ssh}
+    document = {"version": 1, "edges": [], "nodes": [{"id": "train", "step": "train-on-remote-machine",
+                "settings": step, "position": {"x": 0, "y": 0}}]}  # fmt: skip
+    pipeline = Path(bob.pw_dir) / f"team-{word}.rcpipeline"
+    pipeline.write_text(json.dumps(document))
+    os.chown(pipeline, bob.pw_uid, bob.pw_gid)
+    piped = _as_user(server, "pipeline", "run", pipeline.name, "--json", timeout=300)
+    assert piped.returncode == 0, piped.stdout + piped.stderr
+    run = json.loads(piped.stdout)
+    job = json.loads(_as_user(server, "jobs", "show", run["nodes"]["train"]["job_id"], "--json").stdout)
+    assert job["state"] == "succeeded" and job["tracking_uri"] == tracking_server and job["mlflow_run_id"], job
+
+    def parent() -> dict[str, Any] | None:  # recorded after the run ends, by his recorder
+        found = _mlflow(hub, server, _PARENT_OF, tracking_server, run["id"], job["mlflow_run_id"])
+        return found if found["parents"] else None
+
+    found = wait_for(parent, 120, f"pipeline run {run['id']}'s parent run on the organization's tracking server")
+    assert found["child_parent"] == found["parents"][0], found
+    own = Path(bob.pw_dir) / "mlflow.db"
+    if own.exists():
+        mine = _mlflow(hub, server, _PARENT_OF, f"sqlite:///{own}", run["id"], job["mlflow_run_id"])
+        assert mine["parents"] == [], mine
 
 
 def test_cleared_the_members_runs_go_to_their_own_store_again(

@@ -33,7 +33,6 @@ from hub_fixture import (
     REPO,
     USE,
     Hub,
-    HubBed,
     Server,
     cmdline_of,
     loopback_session,
@@ -43,18 +42,32 @@ from procs import group_members
 from slurm_fixture import SlurmBed
 from sshd_fixture import TestBed, wait_for
 
-hub_bed = hub_fixture.hub_bed
 sshd_bed = sshd_fixture.sshd_bed
 slurm_bed = slurm_fixture.slurm_bed
 TOKEN = "org-token-7f3a9c2e5b1d4f60"  # a machine's token as an admin types it: never in a file or an answer
 
 
 @pytest.fixture(scope="module")
-def org(hub_bed: HubBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Path]]:
-    state = tmp_path_factory.mktemp("organization")
-    hub = hub_bed.start(**hub_fixture.organization_service(state))  # type: ignore[arg-type]
-    yield hub, state
-    hub.stop()
+def org(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Path]]:
+    """The hub with the organization service that the group's modules share (``shared_organization``);
+    at the module's end its organization is empty again (no machine, default machine, tracking server or
+    quota), so nothing of this module's binds the next."""
+    shared = hub_fixture.shared_organization(tmp_path_factory)
+    yield shared
+    emptied(shared[0])
+
+
+def emptied(hub: Hub) -> None:
+    """The organization's machines, default machine, tracking server and quotas removed, as its admin."""
+    admin = hub.user_token(ADMIN_USER)
+    for path in ("api/default-machine", "api/tracking"):
+        assert _service(hub, "DELETE", path, admin).status_code == 204, path
+    for quota in _service(hub, "GET", "api/quotas", admin).json()["quotas"]:
+        removed = _service(hub, "DELETE", f"api/quotas/{quota['who'].replace(':', '/')}", admin)
+        assert removed.status_code == 204, removed.text
+    for machine in _service(hub, "GET", "api/machines", admin).json()["machines"]:
+        removed = _service(hub, "DELETE", f"api/machines/{machine['name']}", admin)
+        assert removed.status_code == 204, removed.text
 
 
 def _service(hub: Hub, method: str, path: str, token: str | None, **kwargs: Any) -> Any:

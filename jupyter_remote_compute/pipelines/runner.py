@@ -357,19 +357,25 @@ class PipelineRunner:
 
     def _record_parent(self, run: PipelineRun) -> None:
         """Start recording the run's MLflow parent run, its nodes' job runs as children (``parent_run.py``);
-        the run's ``mlflow_run_id`` shows it once recorded."""
+        the run's ``mlflow_run_id`` shows it once recorded.
+
+        It goes where its steps' runs went: the organization's tracking server when every step's job was
+        recorded there (``Job.tracking_uri``: they all ran on the organization's machines), else the user's
+        own store with the steps' runs that are there (a run's parent is a run of its own store)."""
         from ..recording.parent_run import record_parent
         from ..recording.tracking import tracking_uri
 
-        children = {}
+        by_store: dict[str | None, dict[str, str]] = {}  # a store's URI (None: the user's own) -> its children
         for node_id, node in run.nodes.items():
             if node.job_id:
                 with contextlib.suppress(NotFound):
-                    mlflow_run_id = self.service.get(node.job_id).mlflow_run_id
-                    if mlflow_run_id:
-                        children[node_id] = mlflow_run_id
+                    job = self.service.get(node.job_id)
+                    if job.mlflow_run_id:
+                        by_store.setdefault(job.tracking_uri, {})[node_id] = job.mlflow_run_id
+        organizations = next(iter(by_store)) if len(by_store) == 1 else None
+        children = by_store.get(organizations, {})
         try:
-            uri = tracking_uri(self.workspace.root, self.service.settings.tracking)
+            uri = organizations or tracking_uri(self.workspace.root, self.service.settings.tracking)
             record_parent(RECORDER, self.workspace, uri, run.to_json(), children, self.store.parent_id_path(run.id))
         except Exception as e:  # MLflow down must not lose the run's outcome
             log.warning("pipeline run %s: its MLflow parent run was not recorded: %s", run.id, e)

@@ -50,7 +50,7 @@ async function jobsNamed(request: APIRequestContext, user: string, name: string)
   return (await answer.json()).jobs;
 }
 
-test('a member runs a job on the organization machine through the hub login and sees its quota notice; another cannot see it; the admin names the default machine and who may use it', async ({
+test('a member runs a job on the organization machine through the hub login and sees its quota notice; another cannot see it; the admin names the default machine, who may use it and the tracking server', async ({
   browser
 }) => {
   expect(HUB, 'HUB_URL: run this spec with tests/hub_ui.py').not.toBe('');
@@ -140,4 +140,24 @@ test('a member runs a job on the organization machine through the hub login and 
   expect(mine.access).toEqual({ users: [], groups: ['rcteam'] });
   await setGroups('');
   await expect(adminsRow).not.toContainText('for group');
+
+  // He names the organization's tracking server in the section, which the service then holds; a URL with
+  // a password in it is refused naming the field and echoing none of it; emptied, Clear clears it.
+  const tracking = section.getByRole('form', { name: 'Tracking server' });
+  const field = tracking.getByLabel('Tracking server', { exact: true });
+  const kept = async (): Promise<unknown> =>
+    (await (await admin.request.get(`${HUB}user/rcadmin/remote-compute/organization/tracking`)).json()).uri;
+  await field.fill('http://127.0.0.1:5000/');
+  await tracking.getByRole('button', { name: 'Save', exact: true }).click();
+  await expect.poll(kept).toBe('http://127.0.0.1:5000');
+  await expect(field).toHaveValue('http://127.0.0.1:5000');
+  await field.fill('http://admin:hub-pass-3e9d@127.0.0.1:5000');
+  await tracking.getByRole('button', { name: 'Save', exact: true }).click();
+  const refusal = section.getByRole('alert');
+  await expect(refusal).toContainText('uri: no user or password in the URL');
+  await expect(refusal).not.toContainText('hub-pass-3e9d');
+  expect(await kept()).toBe('http://127.0.0.1:5000');
+  await field.fill('');
+  await tracking.getByRole('button', { name: 'Clear', exact: true }).click();
+  await expect.poll(kept).toBeNull();
 });
