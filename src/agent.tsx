@@ -151,7 +151,7 @@ export function registerAgentCommands(
   const isAgent = (args: { name?: unknown }): boolean =>
     typeof args.name === 'string' && model.machine(args.name)?.kind === 'agent';
   commands.addCommand(ROTATE_AGENT_TOKEN, {
-    label: trans.__('Rotate agent token'),
+    label: trans.__('Rotate Agent Token'),
     isVisible: args => isAgent(args),
     execute: async args => {
       const name = String(args.name);
@@ -168,7 +168,7 @@ export function registerAgentCommands(
     }
   });
   commands.addCommand(REVOKE_AGENT_TOKEN, {
-    label: trans.__('Revoke agent token'),
+    label: trans.__('Revoke Agent Token'),
     isVisible: args => isAgent(args),
     execute: async args => {
       const name = String(args.name);

@@ -152,7 +152,7 @@ export async function showCheckFailure(
     })`,
     buttons: [
       Dialog.cancelButton({ label: trans.__('Close') }),
-      Dialog.okButton({ label: trans.__('Edit machine') })
+      Dialog.okButton({ label: trans.__('Edit Machine') })
     ]
   });
   return result.button.accept;
@@ -169,8 +169,8 @@ export function confirmCancelJob(
       'The job is stopped on %1 (TERM, then KILL after a grace period). Outputs are not brought back.',
       machine ?? trans.__('its machine')
     ),
-    trans.__('Keep running'),
-    trans.__('Cancel job')
+    trans.__('Keep Running'),
+    trans.__('Cancel Job')
   );
 }
 
@@ -195,7 +195,7 @@ export async function askPruneAge(
   trans: TranslationBundle
 ): Promise<string | null> {
   const asked = await InputDialog.getText({
-    title: trans.__('Forget old finished jobs'),
+    title: trans.__('Forget Old Finished Jobs'),
     label: trans.__(
       'Finished more than this long ago (e.g. 90d, 12h). Active jobs and MLflow runs are kept.'
     ),

@@ -1,6 +1,6 @@
 /**
  * A picker of workspace files on JupyterLab's own file dialog, for the forms that name files (the
- * New job form's requirements file, a pipeline node's files). Kept out of the pipeline's chunk,
+ * New Job form's requirements file, a pipeline node's files). Kept out of the pipeline's chunk,
  * which loads only when a pipeline is first opened.
  */
 import { FileDialog } from '@jupyterlab/filebrowser';

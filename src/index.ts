@@ -50,7 +50,7 @@ function notifyJobEnded(
   const name = job.name || job.id;
   const actions: Notification.IAction[] = [
     {
-      label: trans.__('Show log'),
+      label: trans.__('Show Log'),
       caption: trans.__('Open the job and its log'),
       callback: () => {
         void app.commands.execute(CommandIDs.showJob, { id: job.id });
@@ -60,7 +60,7 @@ function notifyJobEnded(
   const outputs = Object.keys(job.outputs ?? {});
   if (job.state === 'succeeded' && outputs.length > 0) {
     actions.push({
-      label: trans.__('Open outputs'),
+      label: trans.__('Open Outputs'),
       caption: outputs.join(', '),
       displayType: 'accent',
       callback: () => {
@@ -116,7 +116,7 @@ function notifyJobRetried(
       autoClose: 10000,
       actions: [
         {
-          label: trans.__('Show job'),
+          label: trans.__('Show Job'),
           caption: trans.__('Open the job, its attempts and its log'),
           callback: () => {
             void app.commands.execute(CommandIDs.showJob, { id: job.id });

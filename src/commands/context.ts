@@ -52,7 +52,7 @@ export interface ICommandContext {
   trans: TranslationBundle;
   palette: ICommandPalette | null;
   /**
-   * The path of the file selected in the file browser, if any (for "Run on a machine…").
+   * The path of the file selected in the file browser, if any (for "Run on a Machine…").
    */
   selectedFile?: () => string | null;
   /**

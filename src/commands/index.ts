@@ -29,7 +29,7 @@ export function registerCommands(context: ICommandContext): void {
   const openers = new Openers(context);
 
   commands.addCommand(CommandIDs.open, {
-    label: trans.__('Open Compute panel'),
+    label: trans.__('Open Compute Panel'),
     caption: trans.__('Show machines and jobs in the left sidebar'),
     icon: computeIcon,
     execute: () => {
@@ -38,7 +38,7 @@ export function registerCommands(context: ICommandContext): void {
   });
 
   commands.addCommand(CommandIDs.refresh, {
-    label: trans.__('Refresh machines and jobs'),
+    label: trans.__('Refresh Machines and Jobs'),
     icon: refreshIcon,
     execute: () => model.refresh()
   });
@@ -107,7 +107,7 @@ export function registerCommands(context: ICommandContext): void {
   });
 
   commands.addCommand(CommandIDs.showUsage, {
-    label: trans.__('Show compute usage'),
+    label: trans.__('Show Compute Usage'),
     caption: trans.__(
       'Job-hours, GPU-hours, queue time, bytes moved and cost estimates per machine and month'
     ),
@@ -117,7 +117,7 @@ export function registerCommands(context: ICommandContext): void {
   });
 
   commands.addCommand(CommandIDs.showOrgUsage, {
-    label: trans.__("Show the organization's usage per user"),
+    label: trans.__("Show the Organization's Usage per User"),
     caption: trans.__(
       "Every user's job-hours and GPU-hours on the organization's machines, per month"
     ),

@@ -40,7 +40,7 @@ export function registerJobCommands(
 
   commands.addCommand(CommandIDs.run, {
     // One name in the panel, the palette and the form's own title.
-    label: trans.__('New job'),
+    label: trans.__('New Job'),
     caption: trans.__('Start a job on one of the machines'),
     icon: args => (args.isToolbar ? runIcon : undefined),
     execute: args => {
@@ -51,7 +51,7 @@ export function registerJobCommands(
   });
 
   commands.addCommand(CommandIDs.runFile, {
-    label: trans.__('Run on a machine…'),
+    label: trans.__('Run on a Machine…'),
     caption: trans.__('Run this Python file as a job on one of the machines'),
     icon: computeIcon,
     isVisible: () => {
@@ -72,8 +72,8 @@ export function registerJobCommands(
   });
 
   commands.addCommand(CommandIDs.runAgain, {
-    label: trans.__('Run again'),
-    caption: trans.__('Open the New job form filled in with this job'),
+    label: trans.__('Run Again'),
+    caption: trans.__('Open the New Job form filled in with this job'),
     icon: runIcon,
     execute: async args => {
       const id = stringArg(args, 'id');
@@ -91,21 +91,21 @@ export function registerJobCommands(
   commands.addCommand(CommandIDs.showJob, {
     label: args =>
       args.id
-        ? trans.__('Show job %1', stringArg(args, 'id'))
-        : trans.__('Show job'),
+        ? trans.__('Show Job %1', stringArg(args, 'id'))
+        : trans.__('Show Job'),
     execute: args => {
       openers.job(stringArg(args, 'id'));
     }
   });
 
   commands.addCommand(CommandIDs.showLog, {
-    label: trans.__('Show job log…'),
+    label: trans.__('Show Job Log…'),
     caption: trans.__('Pick a job and follow its log'),
     execute: async args => {
       let id: string | null = stringArg(args, 'id');
       if (!id) {
         await model.refresh().catch(() => undefined);
-        id = await pickJob(model.jobs, trans.__('Show job log'), trans);
+        id = await pickJob(model.jobs, trans.__('Show Job Log'), trans);
       }
       if (id) {
         openers.job(id);
@@ -114,7 +114,7 @@ export function registerJobCommands(
   });
 
   commands.addCommand(CommandIDs.cancelJob, {
-    label: args => (args.id ? trans.__('Cancel job') : trans.__('Cancel job…')),
+    label: args => (args.id ? trans.__('Cancel Job') : trans.__('Cancel Job…')),
     caption: trans.__('Stop a queued or running job'),
     icon: args => (args.id ? stopIcon : undefined),
     isEnabled: args => {
@@ -134,7 +134,7 @@ export function registerJobCommands(
           showError(trans.__('Could not list the active jobs'), error, trans);
           return;
         }
-        id = await pickJob(active, trans.__('Cancel job'), trans);
+        id = await pickJob(active, trans.__('Cancel Job'), trans);
         if (!id) {
           return;
         }
@@ -152,7 +152,7 @@ export function registerJobCommands(
   });
 
   commands.addCommand(CommandIDs.deleteJob, {
-    label: trans.__('Delete job'),
+    label: trans.__('Delete Job'),
     caption: trans.__('Delete a finished job and its scratch data'),
     icon: deleteIcon,
     isEnabled: args => {
@@ -180,7 +180,7 @@ export function registerJobCommands(
   });
 
   commands.addCommand(CommandIDs.openOutputs, {
-    label: trans.__('Open outputs'),
+    label: trans.__('Open Outputs'),
     caption: trans.__("Open the job's outputs in JupyterLab"),
     execute: async args => {
       const id = stringArg(args, 'id');
@@ -197,7 +197,7 @@ export function registerJobCommands(
   });
 
   commands.addCommand(CommandIDs.pruneJobs, {
-    label: trans.__('Forget old finished jobs…'),
+    label: trans.__('Forget Old Finished Jobs…'),
     caption: trans.__(
       'Remove finished jobs older than an age from the list and their folders on the machines; MLflow runs stay'
     ),

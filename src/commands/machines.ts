@@ -44,7 +44,7 @@ export function registerMachineCommands(
   const { commands } = app;
 
   commands.addCommand(CommandIDs.addMachine, {
-    label: trans.__('Add a machine'),
+    label: trans.__('Add a Machine'),
     caption: trans.__('Add an SSH host or a Jupyter Server to run jobs on'),
     icon: args => (args.isToolbar ? addIcon : undefined),
     execute: () => {
@@ -71,7 +71,7 @@ export function registerMachineCommands(
     }
   };
   commands.addCommand(CommandIDs.addPool, {
-    label: trans.__('New pool'),
+    label: trans.__('New Pool'),
     caption: trans.__(
       'Machines a job may name as one: it runs on the first with room'
     ),
@@ -79,7 +79,7 @@ export function registerMachineCommands(
     execute: () => savePool(null)
   });
   commands.addCommand(CommandIDs.editPool, {
-    label: args => trans.__('Edit pool %1', stringArg(args, 'name')),
+    label: args => trans.__('Edit Pool %1', stringArg(args, 'name')),
     icon: editIcon,
     isEnabled: args =>
       model.pools.some(p => p.name === stringArg(args, 'name')),
@@ -89,7 +89,7 @@ export function registerMachineCommands(
       )
   });
   commands.addCommand(CommandIDs.removePool, {
-    label: args => trans.__('Remove pool %1', stringArg(args, 'name')),
+    label: args => trans.__('Remove Pool %1', stringArg(args, 'name')),
     icon: closeIcon,
     execute: async args => {
       const name = stringArg(args, 'name');
@@ -108,8 +108,8 @@ export function registerMachineCommands(
   commands.addCommand(CommandIDs.editMachine, {
     label: args =>
       args.name
-        ? trans.__('Edit machine %1', stringArg(args, 'name'))
-        : trans.__('Edit machine'),
+        ? trans.__('Edit Machine %1', stringArg(args, 'name'))
+        : trans.__('Edit Machine'),
     icon: editIcon,
     isEnabled: args => {
       const machine = model.machine(stringArg(args, 'name'));
@@ -123,8 +123,8 @@ export function registerMachineCommands(
   commands.addCommand(CommandIDs.duplicateMachine, {
     label: args =>
       args.name
-        ? trans.__('Duplicate machine %1', stringArg(args, 'name'))
-        : trans.__('Duplicate machine'),
+        ? trans.__('Duplicate Machine %1', stringArg(args, 'name'))
+        : trans.__('Duplicate Machine'),
     icon: copyIcon,
     isEnabled: args => {
       const machine = model.machine(stringArg(args, 'name'));
@@ -138,8 +138,8 @@ export function registerMachineCommands(
   commands.addCommand(CommandIDs.removeMachine, {
     label: args =>
       args.name
-        ? trans.__('Remove machine %1', stringArg(args, 'name'))
-        : trans.__('Remove machine'),
+        ? trans.__('Remove Machine %1', stringArg(args, 'name'))
+        : trans.__('Remove Machine'),
     icon: deleteIcon,
     isEnabled: args => {
       const machine = model.machine(stringArg(args, 'name'));
@@ -162,7 +162,7 @@ export function registerMachineCommands(
 
   // The organization's machines: an admin's, through the hub's service (which refuses anyone else).
   commands.addCommand(CommandIDs.addOrgMachine, {
-    label: trans.__("Add an organization's machine"),
+    label: trans.__("Add an Organization's Machine"),
     caption: trans.__(
       'Add a machine every member may run jobs on, its credentials kept by the organization'
     ),
@@ -175,7 +175,7 @@ export function registerMachineCommands(
 
   commands.addCommand(CommandIDs.editOrgMachine, {
     label: args =>
-      trans.__("Edit the organization's machine %1", stringArg(args, 'name')),
+      trans.__("Edit the Organization's Machine %1", stringArg(args, 'name')),
     icon: editIcon,
     isEnabled: () => model.isOrgAdmin,
     execute: args => {
@@ -185,7 +185,7 @@ export function registerMachineCommands(
 
   commands.addCommand(CommandIDs.removeOrgMachine, {
     label: args =>
-      trans.__("Remove the organization's machine %1", stringArg(args, 'name')),
+      trans.__("Remove the Organization's Machine %1", stringArg(args, 'name')),
     icon: deleteIcon,
     isEnabled: () => model.isOrgAdmin,
     execute: async args => {
@@ -206,8 +206,8 @@ export function registerMachineCommands(
   commands.addCommand(CommandIDs.enableMachine, {
     label: args =>
       args.enabled === false
-        ? trans.__('Disable machine %1', stringArg(args, 'name'))
-        : trans.__('Enable machine %1', stringArg(args, 'name')),
+        ? trans.__('Disable Machine %1', stringArg(args, 'name'))
+        : trans.__('Enable Machine %1', stringArg(args, 'name')),
     isEnabled: args => {
       const machine = model.machine(stringArg(args, 'name'));
       return !!machine && !machine.builtin;
@@ -236,8 +236,8 @@ export function registerMachineCommands(
   commands.addCommand(CommandIDs.checkMachine, {
     label: args =>
       args.name
-        ? trans.__('Check machine %1', stringArg(args, 'name'))
-        : trans.__('Check machine'),
+        ? trans.__('Check Machine %1', stringArg(args, 'name'))
+        : trans.__('Check Machine'),
     execute: async args => {
       const name = stringArg(args, 'name');
       // One of the organization's machines: checked by its service, with its credentials.

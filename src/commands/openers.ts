@@ -80,7 +80,7 @@ export class Openers {
   }
 
   /**
-   * The New job form: filled in with `spec` ("Run again", "Run on a machine…"), else empty; one
+   * The New Job form: filled in with `spec` ("Run Again", "Run on a Machine…"), else empty; one
    * still being filled in is brought back as it is, one a job was started from is started again.
    */
   jobForm(spec?: IJobSpec): JobFormWidget {

@@ -1,6 +1,6 @@
 /**
  * One job in the main area: its spec (env names only, never values), state, outputs with
- * links that open them, the MLflow run, Cancel / Delete / Run again, and a live log that
+ * links that open them, the MLflow run, Cancel / Delete / Run Again, and a live log that
  * follows the server's byte offsets.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
@@ -88,7 +88,7 @@ function JobInfo(props: {
             void commands.execute('remote-compute:run-again', { id: job.id })
           }
         >
-          {trans.__('Run again')}
+          {trans.__('Run Again')}
         </Button>
         {runId && (
           <Button type="button" onClick={openRun}>

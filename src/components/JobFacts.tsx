@@ -86,7 +86,7 @@ export function formatPlacement(job: IJob, trans: TranslationBundle): string {
 }
 
 /**
- * What a job's environment holds, by the New job form's labels (`Environment` in openapi.yaml,
+ * What a job's environment holds, by the New Job form's labels (`Environment` in openapi.yaml,
  * and the registry credentials its image is pulled with); none: the machine's default.
  */
 export function environmentLines(

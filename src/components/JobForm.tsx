@@ -1,11 +1,11 @@
 /**
- * The "New job" form, in the main area, drawn from the JSON Schema the server reads a job request
+ * The "New Job" form, in the main area, drawn from the JSON Schema the server reads a job request
  * with (`GET /schemas/JobRequest`) in JupyterLab's own form component, as the pipeline step's
  * settings are (`forms/uiSchema.tsx`): machine, command, files to send and to bring back, name,
  * time limit, resources, the Python environment and image, and environment variables typed or
  * picked from the stored secrets; and a Sweep section (SweepSection.tsx) that runs it once per
- * combination of parameters. "Run again" and the file browser's "Run on a machine…" open it
- * filled in; "New job" opens it empty.
+ * combination of parameters. "Run Again" and the file browser's "Run on a Machine…" open it
+ * filled in; "New Job" opens it empty.
  *
  * Settings are checked by the server only, so the form shows the server's own message beside the
  * field it names (`resources.cpus`, `env.TOKEN`): the same words as the CLI and the API.
@@ -255,9 +255,9 @@ function JobForm(props: {
     <div
       className="jp-RemoteCompute-form jp-RemoteCompute-schemaForm"
       role="form"
-      aria-label={trans.__('New job')}
+      aria-label={trans.__('New Job')}
     >
-      <h2 className="jp-RemoteCompute-formTitle">{trans.__('New job')}</h2>
+      <h2 className="jp-RemoteCompute-formTitle">{trans.__('New Job')}</h2>
       {(formError || loadError) && (
         <div className="jp-RemoteCompute-banner" role="alert">
           {formError || loadError}
@@ -335,7 +335,7 @@ function JobForm(props: {
               })
             }
           >
-            {trans.__('Show job')}
+            {trans.__('Show Job')}
           </Button>
         </div>
       )}
@@ -348,13 +348,13 @@ export class JobFormWidget extends ReactWidget {
     super();
     this._options = options;
     this.addClass('jp-RemoteCompute-formWidget');
-    this.title.label = options.trans.__('New job');
+    this.title.label = options.trans.__('New Job');
     this.title.icon = runIcon;
     this.title.closable = true;
   }
 
   /**
-   * Whether a job was started from this form: "New job" then opens a fresh one.
+   * Whether a job was started from this form: "New Job" then opens a fresh one.
    */
   get started(): boolean {
     return this._started;
@@ -386,7 +386,7 @@ export namespace JobFormWidget {
     trans: TranslationBundle;
     commands: CommandRegistry;
     /**
-     * The settings it opens with ("Run again", "Run on a machine…"); none: an empty form.
+     * The settings it opens with ("Run Again", "Run on a Machine…"); none: an empty form.
      */
     spec?: IJobSpec;
     /**

@@ -219,7 +219,7 @@ export function Jobs(props: {
         </h3>
         <ToolbarButtonComponent
           icon={runIcon}
-          label={trans.__('New job')}
+          label={trans.__('New Job')}
           tooltip={trans.__('Start a job on one of the machines')}
           onClick={() => void commands.execute('remote-compute:run')}
         />

@@ -1,7 +1,7 @@
 /**
- * The "Add a machine" / "Edit machine" form, in the main area, drawn from the JSON Schema the
+ * The "Add a Machine" / "Edit Machine" form, in the main area, drawn from the JSON Schema the
  * server reads a machine with (`GET /schemas/MachineInput`) and the options each kind declares
- * (`kinds` of GET /machines), in JupyterLab's own form component as the New job form and the
+ * (`kinds` of GET /machines), in JupyterLab's own form component as the New Job form and the
  * pipeline step's settings are (`forms/uiSchema.tsx`; `machineFormUi.tsx` says how).
  *
  * An option that names a Secret Manager entry (`token_secret`) is asked as the secret itself (a
@@ -371,8 +371,8 @@ function MachineForm(props: {
 
   const title =
     mode === 'add'
-      ? trans.__('Add a machine')
-      : trans.__('Edit machine %1', props.machine?.name ?? '');
+      ? trans.__('Add a Machine')
+      : trans.__('Edit Machine %1', props.machine?.name ?? '');
 
   return (
     <div
@@ -481,7 +481,7 @@ export class MachineFormWidget extends ReactWidget {
     } else {
       this.title.label =
         mode === 'add'
-          ? trans.__('Add a machine')
+          ? trans.__('Add a Machine')
           : trans.__('Machine %1', machine?.name ?? '');
     }
     this.title.icon = computeIcon;

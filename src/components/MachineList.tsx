@@ -235,7 +235,7 @@ export function Machines(props: {
         </h3>
         <ToolbarButtonComponent
           icon={addIcon}
-          label={trans.__('Add a machine')}
+          label={trans.__('Add a Machine')}
           tooltip={trans.__(
             'Add a machine to run jobs on: SSH, Jupyter Server, Slurm, agent or SkyPilot'
           )}
@@ -333,7 +333,7 @@ function PoolList(props: {
         </h4>
         <ToolbarButtonComponent
           icon={addIcon}
-          label={trans.__('New pool')}
+          label={trans.__('New Pool')}
           tooltip={trans.__(
             'Machines a job may name as one: it runs on the first with room, or waits in line'
           )}

@@ -486,7 +486,7 @@ export function OrganizationSection(props: {
         </h3>
         <ToolbarButtonComponent
           icon={addIcon}
-          label={trans.__('Add a machine')}
+          label={trans.__('Add a Machine')}
           tooltip={trans.__(
             "Add a machine every member may run jobs on; its credentials stay with the organization's service"
           )}

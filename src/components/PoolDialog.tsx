@@ -120,8 +120,8 @@ export async function askPool(
 ): Promise<IPool | null> {
   const result = await showDialog({
     title: initial
-      ? trans.__('Edit pool %1', initial.name)
-      : trans.__('New pool'),
+      ? trans.__('Edit Pool %1', initial.name)
+      : trans.__('New Pool'),
     body: new PoolBody(machines, initial, trans),
     buttons: [
       Dialog.cancelButton({ label: trans.__('Cancel') }),

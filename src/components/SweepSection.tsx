@@ -1,5 +1,5 @@
 /**
- * The New job form's Sweep section: the same job run once per combination of parameters (or a
+ * The New Job form's Sweep section: the same job run once per combination of parameters (or a
  * random sample), each trial a job, as `run --sweep` does. Empty, the form runs one job.
  *
  * Parameters are a line each, `lr = 0.001, 0.01, 0.1` or `lr = loguniform(1e-4, 1e-1)`; the server

@@ -299,7 +299,7 @@ export function SweepTrials(props: {
             })
           }
         >
-          {trans.__('Cancel sweep')}
+          {trans.__('Cancel Sweep')}
         </button>
       </div>
     </div>

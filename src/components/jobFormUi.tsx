@@ -1,5 +1,5 @@
 /**
- * How the New job form draws the job request's schema: which settings it offers and in what
+ * How the New Job form draws the job request's schema: which settings it offers and in what
  * order, their titles and help in a person's words (the schema's are the API's), and the two
  * pickers of its own: the machine among the panel's, the registry's credentials among the stored
  * secrets. The conventions every form shares are in `forms/uiSchema.tsx`.

@@ -1,7 +1,7 @@
 /**
  * How a node's settings form draws a field, as JupyterLab's settings editor draws one: its label,
  * its help once (its inline markdown rendered), the input, and its problem under it. Lists of
- * text are a box of lines and variables a box of NAME=VALUE lines, as in the New job form, so a
+ * text are a box of lines and variables a box of NAME=VALUE lines, as in the New Job form, so a
  * list has no per-item buttons and an added entry is never an empty item.
  */
 import {

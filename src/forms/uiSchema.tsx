@@ -1,5 +1,5 @@
 /**
- * How every form drawn from a JSON Schema looks and behaves (the New job form, the machine form, a
+ * How every form drawn from a JSON Schema looks and behaves (the New Job form, the machine form, a
  * pipeline step's settings): JupyterLab's own form component made to look like its settings
  * editor. No type pickers (a choice of scalars is one text field, `formSchema.ts`), each help text
  * once with its inline markdown rendered, lists of text as a box of lines rather than items with

@@ -53,7 +53,7 @@ export function registerPipelines(options: IPipelineOptions): void {
   });
   const factory = new PipelineFactory({
     name: PIPELINE_FACTORY,
-    label: trans.__('Pipeline canvas'),
+    label: trans.__('Pipeline Canvas'),
     fileTypes: [PIPELINE_FILE_TYPE],
     defaultFor: [PIPELINE_FILE_TYPE],
     modelName: 'text',

@@ -65,9 +65,9 @@ test('a member runs a job on the organization machine through the hub login and 
   await expect(row).toContainText('set by rcadmin');
   await expect(row.getByRole('button', { name: `Check ${MACHINE}` })).toHaveCount(0);
 
-  // She runs a job there from the New job form; it runs through the service and succeeds.
-  await panel.getByRole('button', { name: 'New job' }).click();
-  const form = alice.getByRole('form', { name: 'New job' });
+  // She runs a job there from the New Job form; it runs through the service and succeeds.
+  await panel.getByRole('button', { name: 'New Job' }).click();
+  const form = alice.getByRole('form', { name: 'New Job' });
   await expect(form).toBeVisible();
   const machine = form.getByLabel('Machine', { exact: true });
   await expect(machine.locator(`option[value="org:${MACHINE}"]`)).toContainText('organization');
@@ -108,15 +108,15 @@ test('a member runs a job on the organization machine through the hub login and 
   expect(await hers.text()).not.toContain(name);
 
   // rcadmin's panel has the Organization section: he names the machine the default for everyone, which
-  // the New job form then preselects (it is no longer listed among the machines), and clears it.
+  // the New Job form then preselects (it is no longer listed among the machines), and clears it.
   const admin = await logIn(browser, 'rcadmin');
   const adminsPanel = await openPanel(admin);
   const section = adminsPanel.getByRole('region', { name: 'Organization' });
   const choice = section.getByLabel('Default machine', { exact: true });
   await choice.selectOption(MACHINE);
   await expect(adminsPanel.getByRole('list', { name: "The organization's machines" })).toHaveCount(0);
-  await adminsPanel.getByRole('button', { name: 'New job' }).click();
-  const adminsForm = admin.getByRole('form', { name: 'New job' });
+  await adminsPanel.getByRole('button', { name: 'New Job' }).click();
+  const adminsForm = admin.getByRole('form', { name: 'New Job' });
   await expect(adminsForm.getByLabel('Machine', { exact: true })).toHaveValue(`org:${MACHINE}`);
   await choice.selectOption('');
   await expect(adminsPanel.getByRole('list', { name: "The organization's machines" })).toContainText(MACHINE);
@@ -127,8 +127,8 @@ test('a member runs a job on the organization machine through the hub login and 
   const adminsRow = adminsMachines.getByRole('listitem', { name: MACHINE });
   const setGroups = async (groups: string): Promise<void> => {
     await adminsRow.getByRole('button', { name: `More actions for ${MACHINE}` }).click();
-    await admin.getByRole('menuitem', { name: `Edit the organization's machine ${MACHINE}` }).click();
-    const edit = admin.getByRole('form', { name: `Edit machine ${MACHINE}` });
+    await admin.getByRole('menuitem', { name: `Edit the Organization's Machine ${MACHINE}` }).click();
+    const edit = admin.getByRole('form', { name: `Edit Machine ${MACHINE}` });
     await edit.getByLabel('Groups (optional)', { exact: true }).fill(groups);
     await edit.getByRole('button', { name: 'Save', exact: true }).click();
     await expect(edit).toHaveCount(0);

@@ -40,8 +40,8 @@ async function openPanel(page: IJupyterLabPageFixture): Promise<Locator> {
 
 async function openAddForm(page: IJupyterLabPageFixture): Promise<Locator> {
   const panel = await openPanel(page);
-  await panel.getByRole('button', { name: 'Add a machine' }).click();
-  const form = page.getByRole('form', { name: 'Add a machine' });
+  await panel.getByRole('button', { name: 'Add a Machine' }).click();
+  const form = page.getByRole('form', { name: 'Add a Machine' });
   await expect(form).toBeVisible();
   // The kinds come with the machine list; the select is filled once they arrived.
   await expect(form.getByLabel('Kind', { exact: true }).locator('option[value="ssh"]')).toHaveCount(1);
@@ -56,8 +56,8 @@ async function startJob(
 ): Promise<Locator> {
   await page.contents.uploadContent(SLOW_SCRIPT, 'text', `${tmpPath}/slow.py`);
   const panel = await openPanel(page);
-  await panel.getByRole('button', { name: 'New job' }).click();
-  const form = page.getByRole('form', { name: 'New job' });
+  await panel.getByRole('button', { name: 'New Job' }).click();
+  const form = page.getByRole('form', { name: 'New Job' });
   await expect(form).toBeVisible();
   await expect(form.getByLabel('Machine', { exact: true })).toHaveValue('local');
   await form.getByLabel('Command', { exact: true }).fill(`python ${tmpPath}/slow.py ${steps}`);
@@ -158,15 +158,15 @@ test.describe('Compute panel', () => {
 
     const panel = await openPanel(page);
     await panel.getByRole('button', { name: `More actions for ${name}` }).click();
-    await page.getByRole('menuitem', { name: `Duplicate machine ${name}` }).click();
-    const copy = page.getByRole('form', { name: 'Add a machine' });
+    await page.getByRole('menuitem', { name: `Duplicate Machine ${name}` }).click();
+    const copy = page.getByRole('form', { name: 'Add a Machine' });
     await expect(copy.getByLabel('Name', { exact: true })).toHaveValue(`${name}-copy`);
     await expect(copy.getByLabel('Address', { exact: true })).toHaveValue('dup.invalid');
     await copy.getByRole('button', { name: 'Cancel', exact: true }).click();
     await expect(copy).toBeHidden();
 
     await panel.getByRole('button', { name: `More actions for ${name}` }).click();
-    await page.getByRole('menuitem', { name: `Remove machine ${name}` }).click();
+    await page.getByRole('menuitem', { name: `Remove Machine ${name}` }).click();
     const dialog = page.getByRole('dialog');
     await expect(dialog).toContainText(`Remove machine ${name}?`);
     await dialog.getByRole('button', { name: 'Remove', exact: true }).click();
@@ -214,10 +214,10 @@ test.describe('Compute panel', () => {
     await expect(nameField).toHaveAttribute('aria-invalid', 'false');
   });
 
-  test("sends the New job form's Image as the environment's and shows its refusal there", async ({ page }) => {
+  test("sends the New Job form's Image as the environment's and shows its refusal there", async ({ page }) => {
     const panel = await openPanel(page);
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByLabel('Command', { exact: true }).fill('true');
     const runtime = form.getByLabel('Container runtime', { exact: true });
     await expect(runtime).toBeDisabled(); // a runtime runs an image: none is named yet
@@ -231,12 +231,12 @@ test.describe('Compute panel', () => {
     await expect(form.getByRole('alert')).toContainText('is not an image reference');
   });
 
-  test("picks the New job form's requirements file from the workspace", async ({ page, tmpPath }) => {
+  test("picks the New Job form's requirements file from the workspace", async ({ page, tmpPath }) => {
     await page.contents.uploadContent('numpy\n', 'text', `${tmpPath}/requirements.txt`);
     await page.contents.uploadContent('x = 1\n', 'text', `${tmpPath}/train.py`);
     const panel = await openPanel(page);
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByRole('button', { name: 'Choose Requirements file' }).click();
     const dialog = page.locator('.jp-Dialog');
     const listing = dialog.locator('.jp-DirListing-content');
@@ -290,20 +290,20 @@ test.describe('Compute panel', () => {
     const row = panel.getByRole('listitem', { name });
     await expect(row).toContainText('succeeded');
 
-    // "Run again" opens the New job form filled in.
+    // "Run again" opens the New Job form filled in.
     await row.click();
-    await detail.getByRole('button', { name: 'Run again' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await detail.getByRole('button', { name: 'Run Again' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await expect(form.getByLabel('Command', { exact: true })).toHaveValue(`python ${tmpPath}/slow.py 6`);
     await expect(form.getByLabel('Files to bring back', { exact: true })).toHaveValue(`${tmpPath}/out.txt`);
   });
 
-  test("offers 'Run on a machine…' for a Python file in the file browser", async ({ page, tmpPath }) => {
+  test("offers 'Run on a Machine…' for a Python file in the file browser", async ({ page, tmpPath }) => {
     await page.contents.uploadContent('print("hello")\n', 'text', `${tmpPath}/hello.py`);
     await page.filebrowser.openDirectory(tmpPath);
     await page.getByRole('listitem', { name: /hello\.py/ }).click({ button: 'right' });
-    await page.getByRole('menuitem', { name: 'Run on a machine…' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await page.getByRole('menuitem', { name: 'Run on a Machine…', exact: true }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await expect(form.getByLabel('Command', { exact: true })).toHaveValue(`python ${tmpPath}/hello.py`);
     await expect(form.getByLabel('Files to send', { exact: true })).toHaveValue(`${tmpPath}/hello.py`);
   });
@@ -316,7 +316,7 @@ test.describe('Compute panel', () => {
     await detail.getByRole('button', { name: 'Cancel', exact: true }).click();
     const dialog = page.getByRole('dialog');
     await expect(dialog).toContainText(`Cancel job ${name}?`);
-    await dialog.getByRole('button', { name: 'Cancel job' }).click();
+    await dialog.getByRole('button', { name: 'Cancel Job' }).click();
     await expect(detail.getByText('cancelled', { exact: true })).toBeVisible({ timeout: 60000 });
     await expect(detail).toContainText('cancelled by');
     await expect(detail.getByRole('button', { name: 'Cancel', exact: true })).toBeHidden();
@@ -326,8 +326,8 @@ test.describe('Compute panel', () => {
   test("a failed job's reason reads in both themes", async ({ page }) => {
     const name = unique('ui-fail');
     const panel = await openPanel(page);
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByLabel('Command', { exact: true }).fill('echo the dataset is missing >&2; exit 3');
     await form.getByLabel('Name (optional)', { exact: true }).fill(name);
     await form.getByRole('button', { name: 'Run', exact: true }).click();
@@ -343,8 +343,8 @@ test.describe('Compute panel', () => {
     const script = `for i in range(1, 20001):\n    print(f"line {i:05d} " + "x" * 60)\n`;
     await page.contents.uploadContent(script, 'text', `${tmpPath}/big.py`);
     const panel = await openPanel(page);
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByLabel('Command', { exact: true }).fill(`python ${tmpPath}/big.py`);
     await form.getByLabel('Files to send', { exact: true }).fill(`${tmpPath}/big.py`);
     await form.getByLabel('Name (optional)', { exact: true }).fill(name);

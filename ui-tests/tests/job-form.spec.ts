@@ -1,7 +1,7 @@
 /**
- * The New job form as JupyterLab draws its own (point 9 of "What a person sees"): Run is the lab's
- * accept button, a checkbox sits beside its label, "Add a variable" is a button, and "New job"
- * after a job was started opens an empty form, where "Run again" opens it filled in.
+ * The New Job form as JupyterLab draws its own (point 9 of "What a person sees"): Run is the lab's
+ * accept button, a checkbox sits beside its label, "Add a variable" is a button, and "New Job"
+ * after a job was started opens an empty form, where "Run Again" opens it filled in.
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import { Locator } from '@playwright/test';
@@ -10,8 +10,8 @@ import { unique } from './helpers';
 
 async function openForm(page: IJupyterLabPageFixture): Promise<Locator> {
   await page.sidebar.openTab('jp-remote-compute-panel');
-  await page.locator('#jp-remote-compute-panel').getByRole('button', { name: 'New job' }).click();
-  const form = page.getByRole('form', { name: 'New job' });
+  await page.locator('#jp-remote-compute-panel').getByRole('button', { name: 'New Job', exact: true }).click();
+  const form = page.getByRole('form', { name: 'New Job', exact: true });
   await expect(form.getByLabel('Command', { exact: true })).toBeVisible();
   return form;
 }
@@ -24,7 +24,7 @@ async function painted(button: Locator): Promise<{ background: string; color: st
   });
 }
 
-test.describe('New job form', () => {
+test.describe('New Job form', () => {
   test.use({ autoGoto: true, viewport: { width: 1400, height: 900 } });
 
   for (const theme of ['light', 'dark']) {
@@ -69,7 +69,7 @@ test.describe('New job form', () => {
     });
   }
 
-  test('starts empty for a new job after a run, and filled in for "Run again"', async ({ page }) => {
+  test('starts empty for a new job after a run, and filled in for "Run Again"', async ({ page }) => {
     const name = unique('fresh');
     let form = await openForm(page);
     await form.getByLabel('Command', { exact: true }).fill('echo fresh');
@@ -91,10 +91,10 @@ test.describe('New job form', () => {
     form = await openForm(page);
     await expect(form.getByLabel('Command', { exact: true })).toHaveValue('echo half-typed');
 
-    // "Run again": the job's own settings.
+    // "Run Again": the job's own settings.
     await page.getByRole('main').getByRole('tab', { name: /^Job: / }).first().click();
-    await page.getByRole('region', { name: `Job ${name}` }).getByRole('button', { name: 'Run again' }).click();
-    form = page.getByRole('form', { name: 'New job' });
+    await page.getByRole('region', { name: `Job ${name}` }).getByRole('button', { name: 'Run Again' }).click();
+    form = page.getByRole('form', { name: 'New Job' });
     await expect(form.getByLabel('Command', { exact: true })).toHaveValue('echo fresh');
     await expect(form.getByLabel('Name (optional)', { exact: true })).toHaveValue(name);
     await expect(form.getByLabel('CPUs', { exact: true })).toHaveValue('1');

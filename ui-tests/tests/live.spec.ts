@@ -109,8 +109,8 @@ test.describe('Live updates', () => {
     await openLab(page);
     await page.sidebar.openTab('jp-remote-compute-panel');
     const panel = page.locator('#jp-remote-compute-panel');
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByLabel('Command', { exact: true }).fill(`python ${tmpPath}/train.py ${go}`);
     await form.getByLabel('Files to send', { exact: true }).fill(`${tmpPath}/train.py`);
     await form.getByLabel('Name (optional)', { exact: true }).fill(name);

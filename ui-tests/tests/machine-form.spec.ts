@@ -14,8 +14,8 @@ test.describe('Machine form', () => {
         await page.theme.setDarkTheme();
       }
       await page.sidebar.openTab('jp-remote-compute-panel');
-      await page.locator('#jp-remote-compute-panel').getByRole('button', { name: 'Add a machine' }).click();
-      const form = page.getByRole('form', { name: 'Add a machine' });
+      await page.locator('#jp-remote-compute-panel').getByRole('button', { name: 'Add a Machine' }).click();
+      const form = page.getByRole('form', { name: 'Add a Machine' });
       const kind = form.getByLabel('Kind', { exact: true });
       await kind.selectOption('ssh');
       await expect(form.getByLabel('User (optional)', { exact: true })).toBeVisible();

@@ -1,7 +1,7 @@
 /**
  * Secrets in the panel: add, replace and delete through the Secrets section (delete refused while
  * a job uses the secret, naming it), the value in no DOM node once saved and in no file of the
- * workspace's .punica; and the New job form's environment rows and resources, whose errors are
+ * workspace's .punica; and the New Job form's environment rows and resources, whose errors are
  * the server's own words beside the field they name.
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
@@ -122,14 +122,14 @@ test.describe('Secrets in the panel', () => {
     expect(filesHolding(path.join(WORKSPACE, '.punica'), second)).toEqual([]);
   });
 
-  test('the New job form takes resources and environment rows, a stored secret picked by name', async ({ page }) => {
+  test('the New Job form takes resources and environment rows, a stored secret picked by name', async ({ page }) => {
     const name = `${unique('form')}/key`;
     const value = `v-${unique('s')}-8c1d7e2f`;
     await api(page, 'PUT', `secrets/${encodeURIComponent(name)}`, { value });
     const panel = page.locator('#jp-remote-compute-panel');
     await page.sidebar.openTab('jp-remote-compute-panel');
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByLabel('Command', { exact: true }).fill(`${sameAs('API_KEY', value)} && echo "mode=$MODE"`);
     const jobName = unique('env-rows');
     await form.getByLabel('Name (optional)', { exact: true }).fill(jobName);
@@ -166,14 +166,14 @@ test.describe('Secrets in the panel', () => {
     expect(job.spec.resources).toEqual({ cpus: 1 });
     expect(await page.content()).not.toContain(value);
   });
-  test("the New job form pulls its image with a stored secret's name, never its value", async ({ page }) => {
+  test("the New Job form pulls its image with a stored secret's name, never its value", async ({ page }) => {
     // A name as people write them: a random-looking one would be refused as a pasted password.
     const name = 'team-registry/pull';
     const value = `robot:${unique('t')}-5e0a9c1b`;
     await api(page, 'PUT', `secrets/${encodeURIComponent(name)}`, { value });
     await page.sidebar.openTab('jp-remote-compute-panel');
-    await page.locator('#jp-remote-compute-panel').getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await page.locator('#jp-remote-compute-panel').getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByLabel('Command', { exact: true }).fill('true');
     const credentials = form.getByLabel('Registry credentials', { exact: true });
     // Without an image (the local machine has no default one) the server refuses them beside the field.

@@ -91,9 +91,9 @@ test.describe('Compute panel in the sidebar', () => {
       expect(box.x + box.width).toBeLessThanOrEqual(rowBox.x + rowBox.width + 0.5);
     }
 
-    // The New job form's picker: the name cut by the box, whole in its title.
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    // The New Job form's picker: the name cut by the box, whole in its title.
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     const picker = form.getByLabel('Machine', { exact: true });
     await picker.selectOption(name);
     await expect(picker).toHaveAttribute('title', `${name} (ssh)`);

@@ -67,16 +67,16 @@ test.describe('A sweep in the panel', () => {
 
     fs.writeFileSync(go, '');
     await expect(run.locator('.jp-RemoteCompute-runLine')).toContainText('succeeded', { timeout: 90000 });
-    await expect(trials.getByRole('button', { name: 'Cancel sweep' })).toBeDisabled();
+    await expect(trials.getByRole('button', { name: 'Cancel Sweep' })).toBeDisabled();
     await expect(trials.getByRole('button', { name: 'Compare in MLflow' })).toBeEnabled({ timeout: 60000 });
   });
 
-  test('the New job form runs a sweep, and names a parameter it cannot read', async ({ page }) => {
+  test('the New Job form runs a sweep, and names a parameter it cannot read', async ({ page }) => {
     const name = unique('ui-form-sweep');
     await page.sidebar.openTab('jp-remote-compute-panel');
     const panel = page.locator('#jp-remote-compute-panel');
-    await panel.getByRole('button', { name: 'New job' }).click();
-    const form = page.getByRole('form', { name: 'New job' });
+    await panel.getByRole('button', { name: 'New Job' }).click();
+    const form = page.getByRole('form', { name: 'New Job' });
     await form.getByLabel('Command', { exact: true }).fill('echo trial {x}');
     await form.getByLabel('Name (optional)', { exact: true }).fill(name);
     await form.getByText('Sweep', { exact: true }).click();
