@@ -108,7 +108,9 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
   const [edges, setEdges] = React.useState<Edge[]>([]);
   const doc = model.document;
   const run = model.run;
-  const readOnly = model.formatError !== null;
+  // Until its file is read, a drop would be drawn and then replaced by what the file holds (and would
+  // have the view fitted to it): the canvas takes no edit before.
+  const readOnly = model.formatError !== null || !model.loaded;
 
   // Fit the view to the file's nodes once they are drawn; later additions keep the view still, and
   // an empty file's view never moves (a step dropped on it stays where it was dropped, and so does

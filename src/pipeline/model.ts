@@ -363,7 +363,8 @@ export class PipelineModel implements IDisposable {
   }
 
   private _edit(change: (doc: IPipelineDocument) => void): void {
-    if (this._formatError) {
+    // Not before the file is read: the read would replace the edit.
+    if (this._formatError || this._text === null) {
       return;
     }
     const before = serializePipeline(this._document);

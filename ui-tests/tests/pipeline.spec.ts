@@ -69,6 +69,8 @@ test.describe('Pipeline canvas', () => {
 
     const palette = page.getByRole('list', { name: 'Steps' });
     const canvas = page.getByLabel('Pipeline canvas');
+    // As a person sees it: the canvas takes a step once its file is read and it says so.
+    await expect(page.getByRole('note').filter({ hasText: 'Drag a step here' })).toBeVisible();
     await palette.getByRole('listitem', { name: TRAIN }).dragTo(canvas, { targetPosition: { x: 40, y: 40 } });
     const first = page.getByRole('group', { name: 'Node train', exact: true });
     await expect(first).toBeVisible();
