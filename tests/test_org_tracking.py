@@ -2,8 +2,9 @@
 
 rcadmin sets it from a terminal of his server (``tracking set``); rcbob's job on the organization's ssh
 machine is then recorded there, not in his own store, and read back with MLflow's client against that
-server; so is the parent run of his pipeline whose step runs there. A member may read it but not set it; a URI with a user or password in it, or of another scheme,
-is refused naming the field, and nothing of the refused value is kept or echoed.
+server; so is the parent run of his pipeline whose step runs there. A member may read it but not set it;
+a URI with a user or password in it, or of another scheme, is refused naming the field, and nothing of
+the refused value is kept or echoed.
 """
 
 from __future__ import annotations
