@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -17,6 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import sshd_fixture
+from far_python import venv_with
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
@@ -141,12 +141,7 @@ def far_notebook_python() -> Path:
     FAR_ROOT.mkdir(mode=0o755, exist_ok=True)
     with FileLock(str(FAR_ROOT / ".build.lock"), timeout=600):
         if not python.exists():
-            staging = home.with_name(home.name + ".building")
-            shutil.rmtree(staging, ignore_errors=True)
-            subprocess.run([DEBIAN_PYTHON, "-m", "venv", str(staging)], check=True, capture_output=True)
-            subprocess.run([str(staging / "bin/python"), "-m", "pip", "install", "-q", *pins], check=True)
-            subprocess.run(["chmod", "-R", "a+rX", str(staging)], check=True)
-            staging.rename(home)
+            venv_with(home, pins)
     return python
 
 
