@@ -38,7 +38,7 @@ from tornado.simple_httpclient import SimpleAsyncHTTPClient
 
 from .errors import RemoteComputeError
 from .fsutil import private_open, socket_folder
-from .recording.tracking import keep_store_private
+from .recording.local_store import keep_store_private
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ import pytest
 from jupyter_remote_compute.fsutil import SharedFileLock, atomic_write, private_dir, private_open
 from jupyter_remote_compute.jobs.service import JobService, ServiceSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
-from jupyter_remote_compute.recording.tracking import TrackingSettings, keep_store_private
+from jupyter_remote_compute.recording.local_store import keep_store_private
+from jupyter_remote_compute.recording.tracking import TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 
 

@@ -26,17 +26,16 @@ import dataclasses
 import json
 import logging
 import os
-import sqlite3
 import subprocess
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..environments.image import log_image
-from ..fsutil import PRIVATE_FILE, SharedFileLock, atomic_write, private_dir, tighten
+from ..fsutil import SharedFileLock
 from ..people import local_person
 from .environment import log_environment
+from .local_store import DEFAULT_EXPERIMENT_ID, prepare_local_store
 from .replay import far_runs, find_tagged_run, hide, main_run, replay
 
 log = logging.getLogger(__name__)
@@ -56,8 +55,6 @@ TAG_ATTEMPTS = "remote_compute.attempts"
 TAG_REPLAYED_ATTEMPTS = "remote_compute.replayed_attempts"
 STORE_LOCK_TIMEOUT = 300.0  # seconds to wait for another process recording into the same sqlite store
 
-#: MLflow's own default experiment (every store has it): where a run goes when nobody named one.
-DEFAULT_EXPERIMENT_ID = "0"
 DEFAULT_EXPERIMENT_NAME = "Default"
 #: Usage figures every job's run carries as metrics (``usage/ledger.py`` computes them).
 USAGE_METRICS = (
@@ -230,79 +227,6 @@ def find_job_run(client: Any, job_id: str) -> str | None:
     return None
 
 
-#: The first new sqlite store this process made, as MLflow made it: empty but for its Default experiment.
-#: MLflow makes a store by running every schema migration since its first (~2 s of CPU); a copy of one
-#: with its Default experiment pointed at the new workspace is the same store, made in milliseconds.
-_empty_store: bytes | None = None
-
-
-def _prepare_local_store(workspace: Path, uri: str) -> None:
-    """A sqlite store made here gets its Default experiment's artifacts under the workspace, and is
-    this user's only (the file 0600, ``mlartifacts/`` 0700, made so before MLflow writes in them).
-
-    MLflow puts the artifacts under the creating process's working directory otherwise (the server's,
-    wherever it was started); a store that exists already is left as it is, but for its modes
-    (``keep_store_private``). Called under the store's lock (``_store_lock``).
-    """
-    if not uri.startswith("sqlite:///"):
-        return
-    if Path(uri.removeprefix("sqlite:///")).exists():
-        keep_store_private(workspace, uri)
-        return
-    global _empty_store
-    path, artifacts = Path(uri.removeprefix("sqlite:///")), (workspace / "mlartifacts").as_uri()
-    private_dir(workspace / "mlartifacts")
-    if _empty_store is not None:
-        try:
-            _copy_empty_store(_empty_store, path, artifacts)
-            return
-        except (OSError, sqlite3.Error) as e:
-            log.warning("a copy of an empty MLflow store could not be made at %s (%s): MLflow makes it", path, e)
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))  # sqlite takes it as new
-    SqlAlchemyStore(uri, artifacts).engine.dispose()
-    with contextlib.closing(sqlite3.connect(path)) as made:
-        _empty_store = made.serialize()
-
-
-def keep_store_private(workspace: Path, uri: str) -> None:
-    """The workspace's default store (``mlflow.db``, its journal) and ``mlartifacts/`` are this user's
-    only: what MLflow or an earlier version made open to other local users is tightened. Imports no
-    MLflow (the server calls it for the UI's store)."""
-    default = workspace / "mlflow.db"
-    if uri != f"sqlite:///{default}":
-        return
-    for path in (default, *(default.with_name(default.name + end) for end in ("-journal", "-wal", "-shm"))):
-        with contextlib.suppress(FileNotFoundError):
-            mode = os.stat(path).st_mode
-            if mode & 0o077:
-                os.chmod(path, mode & 0o700)
-    artifacts = workspace / "mlartifacts"
-    if not artifacts.exists():
-        private_dir(artifacts)  # before MLflow makes it with the umask's mode
-    elif os.stat(artifacts).st_mode & 0o077:
-        tighten(artifacts)
-
-
-def _copy_empty_store(empty: bytes, path: Path, artifacts: str) -> None:
-    """Write ``empty`` at ``path`` with its Default experiment's artifacts under ``artifacts`` and its
-    times now, as MLflow would have made it; all or nothing (a half-made store would be used)."""
-    with contextlib.closing(sqlite3.connect(":memory:")) as store:
-        store.deserialize(empty)
-        now = int(time.time() * 1000)
-        changed = store.execute(
-            "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?"
-            " WHERE experiment_id = 0",
-            (f"{artifacts}/{DEFAULT_EXPERIMENT_ID}", now, now),
-        ).rowcount
-        if changed != 1:
-            raise sqlite3.DatabaseError("its Default experiment is not where MLflow kept it")
-        store.commit()
-        atomic_write(path, store.serialize())
-
-
 def _store_lock(uri: str) -> contextlib.AbstractContextManager[object]:
     """For a sqlite store, a lock beside it: MLflow creates and migrates a new database without one,
     and two processes doing it at once (two servers, a CLI) leave it half made for everyone after."""
@@ -368,7 +292,7 @@ def _default_uri(uri: str) -> contextlib.AbstractContextManager[object]:
 def _record_job(workspace: Path, uri: str, settings: TrackingSettings, job: JobRecord) -> str:
     from mlflow.tracking import MlflowClient
 
-    _prepare_local_store(workspace, uri)
+    prepare_local_store(workspace, uri)
     client = MlflowClient(tracking_uri=uri)
     far = far_runs(job.far_store) if job.far_store is not None and job.far_store.is_dir() else []
     main = main_run(far)
