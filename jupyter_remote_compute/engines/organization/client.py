@@ -17,13 +17,14 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
-
-import requests
+from typing import TYPE_CHECKING, Any
 
 from ...errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
 from ...people import local_person
 from ...schema.machine import Machine
+
+if TYPE_CHECKING:
+    import requests  # imported where used: every face imports this module, and most never reach a hub
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class OrganizationUnavailable(MachineError):
 
 class OrganizationClient:
     def __init__(self, url: str, token: str) -> None:
+        import requests
+
         self.url = url.rstrip("/") + "/"
         self._session = requests.Session()
         self._session.headers["Authorization"] = f"token {token}"
@@ -62,6 +65,8 @@ class OrganizationClient:
         if not api:
             return None
         name = env.get("REMOTE_COMPUTE_ORG_SERVICE") or DEFAULT_SERVICE
+        import requests
+
         try:
             answer = requests.get(
                 f"{api.rstrip('/')}/services/{name}", headers={"Authorization": f"token {token}"}, timeout=TIMEOUT
@@ -112,6 +117,8 @@ class OrganizationClient:
         self, method: str, path: str, timeout: float | tuple[float, float] = TIMEOUT, **kw: Any
     ) -> requests.Response:
         """An answer of the service as it came (the organization engine reads its job routes so)."""
+        import requests
+
         try:
             return self._session.request(method, self.url + path, timeout=timeout, allow_redirects=False, **kw)
         except requests.RequestException as e:
@@ -155,6 +162,8 @@ class OrganizationClient:
         params: Mapping[str, str] | None = None,
         timeout: float = TIMEOUT,
     ) -> Any:
+        import requests
+
         try:
             answer = self._session.request(
                 method, self.url + path, json=body, params=params, timeout=timeout, allow_redirects=False
