@@ -69,12 +69,13 @@ def venv_with(home: Path, pins: list[str]) -> None:
     staging = home.with_name(home.name + ".building")
     shutil.rmtree(staging, ignore_errors=True)
     # The venv as Debian's python makes it (pip and setuptools from its ensurepip: a model MLflow logs
-    # there pins pip); the packages by uv: 3 s of CPU where pip took 21 s.
+    # there pins pip); the packages by uv, with their bytecode, as pip writes it: the test users who run
+    # it cannot write it, and would compile MLflow, pandas and scikit-learn at every import.
     subprocess.run([DEBIAN_PYTHON, "-m", "venv", str(staging)], check=True, capture_output=True)
     installed = subprocess.run(
         # The system's certificates, as pip here uses them: a TLS-inspecting proxy's CA is among them.
-        [find_uv_bin(), "pip", "install", "--quiet", "--system-certs", "--python", str(staging / "bin" / "python"),
-         *pins],
+        [find_uv_bin(), "pip", "install", "--quiet", "--system-certs", "--compile-bytecode",
+         "--python", str(staging / "bin" / "python"), *pins],
         capture_output=True,
         text=True,
     )  # fmt: skip
