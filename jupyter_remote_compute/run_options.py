@@ -203,7 +203,8 @@ def add_retry_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MACHINE",
-        help="a machine a lost, preempted or unreachable attempt continues on (repeated: in order)",
+        help="a machine (or a pool, whose queue it joins) a lost, preempted or unreachable attempt continues "
+        "on (repeated: in order)",
     )
     told = parser.add_argument_group("webhooks", "who is told of each change of the job's state")
     told.add_argument(

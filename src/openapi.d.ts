@@ -2595,7 +2595,7 @@ export interface components {
              */
             retry?: (components["schemas"]["RetryPolicy"] | number) | null;
             /**
-             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it); a pool's name: the attempt joins its queue
              * @default []
              */
             fallback?: string[] | null;
@@ -2665,7 +2665,7 @@ export interface components {
              */
             retry?: (components["schemas"]["RetryPolicy"] | number) | null;
             /**
-             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it); a pool's name: the attempt joins its queue
              * @default []
              */
             fallback?: string[] | null;
@@ -3029,7 +3029,7 @@ export interface components {
              */
             retry?: components["schemas"]["StoredRetryPolicy"] | null;
             /**
-             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it); a pool's name: the attempt joins its queue
              * @default []
              */
             fallback?: string[];

@@ -314,15 +314,26 @@ class JobService:
                 "fallback out, or name a machine",
                 field="fallback",
             )
+        self._admit_members(pool, members, spec, inputs, "")
+        never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
+        if never is not None:
+            raise InvalidSettings(f"resources: no machine of pool {pool.name} can give it: {never}", field="resources")
+
+    def _admit_members(
+        self, pool: Pool, members: Mapping[str, Machine], spec: JobSpec, inputs: list[str], field: str
+    ) -> None:
+        """Each machine of ``pool`` could run the job (any may be the one with room); ``field``: the setting
+        that named the pool when it is not the job's machine (``fallback[1]``), else ""."""
         for machine in members.values():
             features = engine_class(machine.kind).features
             check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
             refuse_distributed(spec.resources, features, machine.name, machine.kind)
             if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
-                    f"checkpoints: pool {pool.name}'s machine {machine.name} is a {machine.kind} machine, whose "
-                    "checkpoints do not come home yet; take it out of the pool, or leave checkpoints out",
-                    field="checkpoints",
+                    f"{field or 'checkpoints'}: pool {pool.name}'s machine {machine.name} is a {machine.kind} "
+                    "machine, whose checkpoints do not come home yet; take it out of the pool, or leave "
+                    "checkpoints out",
+                    field=field or "checkpoints",
                 )
         if spec.image:
             # Any machine may be the one with room: each must run the image (its kind, its runtimes).
@@ -334,19 +345,30 @@ class JobService:
                     cannot.append(e.message.split(": ", 1)[-1])
             if cannot:
                 raise InvalidSettings(
-                    f"{images.FIELD}: not every machine of pool {pool.name} can run {spec.image.ref}: "
+                    f"{field or images.FIELD}: not every machine of pool {pool.name} can run {spec.image.ref}: "
                     + "; ".join(cannot)
                     + "; take those out of the pool, or name a machine",
-                    field=images.FIELD,
+                    field=field or images.FIELD,
                 )
-        never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
-        if never is not None:
-            raise InvalidSettings(f"resources: no machine of pool {pool.name} can give it: {never}", field="resources")
 
     def _admit_fallback(self, spec: JobSpec, machine: Machine, inputs: list[str]) -> None:
-        """Each fallback machine exists, is enabled, may receive the inputs and can bring checkpoints home."""
+        """Each fallback machine exists, is enabled, may receive the inputs and can bring checkpoints home;
+        each fallback pool's machines could run the job."""
+        pools: dict[str, Pool] = {}
+        machines: dict[str, Machine] = {}
+        if spec.fallback:
+            listed, known = self.machines.machines_and_pools()
+            pools, machines = {p.name: p for p in known}, {m.name: m for m in listed}
         for i, name in enumerate(spec.fallback):
             field = f"fallback[{i}]"
+            pool = pools.get(name)
+            if pool is not None:
+                members = {m: machines[m] for m in pool.machines if m in machines}
+                self._admit_members(pool, members, spec, inputs, field)
+                never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
+                if never is not None:
+                    raise InvalidSettings(f"{field}: no machine of pool {pool.name} can give it: {never}", field=field)
+                continue
             try:
                 other = self.admin.resolve(name)
             except NotFound as e:
