@@ -399,6 +399,10 @@ class Engine(abc.ABC):
         self.machine_options = dict(options)
         self.context = context
 
+    @classmethod  # noqa: B027 - optional: most kinds' settings are each checked on their own
+    def check_settings(cls, address: str, options: Mapping[str, Any]) -> None:
+        """Refuse, when a machine is saved, settings that do not go together (InvalidSettings naming the field)."""
+
     @classmethod
     def validate_address(cls, address: str) -> str:
         """Return the normalised address or raise ValueError saying what is wrong."""
