@@ -125,6 +125,7 @@ class Handle(TypedDict, total=False):
     cluster_ready: bool  #: skypilot: the launch finished
     exec_request: str  #: skypilot: the SDK request of the job's exec
     resources: dict[str, Any]  #: skypilot: what the launch asked for
+    nodes: list[dict[str, Any]]  #: ssh host list: each host's own handle (its folder, its launcher's pid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,7 +284,7 @@ def refuse_distributed(resources: Resources, features: Features, name: str, kind
     if nodes > 1 and not ("nodes" in features.resources and features.launchers):
         raise InvalidSettings(
             f"resources.nodes: {name} is a {kind} machine, which runs a job on one node, not {nodes}; "
-            "leave nodes out or use a Slurm machine",
+            "leave nodes out, or use a Slurm machine or an ssh machine with hosts",
             field="resources.nodes",
         )
     if per_node > 1 and not features.launchers:
@@ -398,6 +399,12 @@ class Engine(abc.ABC):
         self.address = address
         self.machine_options = dict(options)
         self.context = context
+
+    @classmethod
+    def features_for(cls, options: Mapping[str, Any]) -> Features:
+        """What a machine of this kind with these options can do: ``features``, unless an option changes it
+        (an ssh machine's ``hosts`` make it run jobs of several nodes)."""
+        return cls.features
 
     @classmethod  # noqa: B027 - optional: most kinds' settings are each checked on their own
     def check_settings(cls, address: str, options: Mapping[str, Any]) -> None:

@@ -88,15 +88,19 @@ printf '%s\\n' "$!" > "$jobdir/pid.tmp" && mv -f "$jobdir/pid.tmp" "$jobdir/pid"
 printf '%s\\n' "$!"
 """
 
-# Runs the command and writes its exit code atomically, so a reader sees
-# either no file or the whole number.
-RUN_SH = """\
-#!/bin/sh
+
+def run_script(entry: str = "command.sh") -> str:
+    """run.sh: runs ``entry`` (the job's command, or a node's start on an ssh host list) and writes its
+    exit code atomically, so a reader sees either no file or the whole number."""
+    return f"""#!/bin/sh
 jobdir=$1
-sh "$jobdir/command.sh"
+sh "$jobdir/{entry}"
 code=$?
 printf '%s\\n' "$code" > "$jobdir/exit_code.tmp" && mv -f "$jobdir/exit_code.tmp" "$jobdir/exit_code"
 """
+
+
+RUN_SH = run_script()
 
 
 def rank_env_sh(per_node: int, *, master_addr: str, master_port: str, nnodes: str, node_rank: str = "0") -> str:

@@ -76,6 +76,16 @@ class SSHEngine(ShellEngine):
         ),
     }
 
+    def __new__(cls, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> Any:
+        # A machine with hosts is a host list: an engine per host inside one (ssh_hosts.py).
+        if cls is SSHEngine and options.get(ssh_hosts.HOSTS):
+            return ssh_hosts.HostListEngine(name, address, options, context)
+        return super().__new__(cls)
+
+    @classmethod
+    def features_for(cls, options: Mapping[str, Any]) -> Features:
+        return ssh_hosts.FEATURES if cls is SSHEngine and options.get(ssh_hosts.HOSTS) else cls.features
+
     @classmethod
     def check_settings(cls, address: str, options: Mapping[str, Any]) -> None:
         if options.get(ssh_hosts.HOSTS) is not None:

@@ -1,7 +1,11 @@
 #!/bin/sh
 # One process of a job of several, or one node's torchrun: rank.sh JOBDIR MODE [GPUS [JOIN]].
-#   plain     an srun task: its rank from Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID)
-#   torchrun  an srun task, one per node: torchrun starts this node's processes, each as "worker";
+#   plain     an srun task: its rank from Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID); without
+#             Slurm (a host of an ssh host list) RANK and LOCAL_RANK from "node", NODE_RANK given
+#   node      without Slurm, one per node: starts this node's LOCAL_WORLD_SIZE processes as "plain",
+#             waits for all of them, and ends with the first failing one's code
+#   torchrun  one per node (an srun task, or a host of an ssh host list, NODE_RANK given): torchrun
+#             starts this node's processes, each as "worker";
 #             it waits JOIN seconds (600) for every node at the rendezvous, and when it gives up
 #             leaves this node's name in ranks/node<N>.waited (the nodes without one never joined)
 #   worker    a process torchrun started: RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK and the
@@ -85,7 +89,7 @@ gpu_share() {
 mkdir -p "$jobdir/ranks" || exit 97
 case $mode in
   torchrun)
-    NODE_RANK=${SLURM_NODEID:-0}
+    NODE_RANK=${SLURM_NODEID:-${NODE_RANK:-0}}
     export NODE_RANK
     code_file="$jobdir/ranks/node$NODE_RANK.exit_code"
     waited="$jobdir/ranks/node$NODE_RANK.waited"
@@ -98,7 +102,7 @@ case $mode in
     # c10d rendezvous at the first node; this node's rank is the one rendezvous gives (GROUP_RANK).
     {
       torchrun --nnodes="$NNODES" --nproc-per-node="$LOCAL_WORLD_SIZE" --rdzv-backend=c10d \
-        --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="jrc-${SLURM_JOB_ID:-0}" \
+        --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="jrc-${SLURM_JOB_ID:-$MASTER_PORT}" \
         --rdzv-conf="join_timeout=$join" \
         --no-python sh "$jobdir/rank.sh" "$jobdir" worker "$gpus" 2>&1
       echo $? > "$code_file"
@@ -113,10 +117,28 @@ case $mode in
     NODE_RANK=${GROUP_RANK:-$NODE_RANK}
     visible=$(node_gpus)
     ;;
+  node)
+    # This node's processes, each a "plain" rank.sh; the node's code is the first failing one's.
+    n=${LOCAL_WORLD_SIZE:-1}
+    i=0
+    pids=
+    while [ "$i" -lt "$n" ]; do
+      RANK=$((NODE_RANK * n + i)) LOCAL_RANK=$i sh "$jobdir/rank.sh" "$jobdir" plain "$gpus" &
+      pids="$pids $!"
+      i=$((i + 1))
+    done
+    code=0
+    for p in $pids; do
+      wait "$p"
+      c=$?
+      if [ "$code" = 0 ]; then code=$c; fi
+    done
+    exit "$code"
+    ;;
   plain)
-    RANK=$SLURM_PROCID
-    LOCAL_RANK=$SLURM_LOCALID
-    NODE_RANK=$SLURM_NODEID
+    RANK=${SLURM_PROCID:-$RANK}
+    LOCAL_RANK=${SLURM_LOCALID:-$LOCAL_RANK}
+    NODE_RANK=${SLURM_NODEID:-$NODE_RANK}
     visible=$(gpu_share "$(node_gpus)" "$LOCAL_RANK" "${LOCAL_WORLD_SIZE:-1}")
     ;;
   *)
