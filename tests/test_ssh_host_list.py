@@ -1,7 +1,7 @@
 """A job across an ssh host list: two real sshd's, each in a network namespace of its own with its own address
 and hostname (the two-node Slurm bed's network, tests/slurm_nodes.py), reached through ssh config aliases and
 the agent. torchrun on both hosts, two processes on each all-reducing over gloo; the log prefixed per node; one
-MLflow run, rank 0's."""
+MLflow run, rank 0's; a host whose processes die, and one that never reaches the rendezvous, named."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from filelock import FileLock
 from required import require
 from slurm_nodes import LOCK, NodeNetwork
 from test_slurm_ranks import ALL_REDUCE_SCRIPT
+from test_slurm_two_nodes import stuck_torchrun
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
@@ -138,6 +139,9 @@ def test_torchrun_on_an_ssh_host_list_of_two_hosts_two_processes_each(
     runs = job_runs(tracking_uri, job.id)
     assert len(runs) == 1 and runs[0].data.params["rank"] == "0", [r.data.params for r in runs]
     assert runs[0].data.params["host"] in hosts.names and runs[0].data.metrics["world"] == 4
+    # Usage counts both hosts.
+    (attempt,) = [a for a in service.usage_record.attempts() if a.job == job.id]
+    assert attempt.nodes == 2
 
 
 def test_more_nodes_than_hosts_are_refused_naming_nodes_and_hosts(host_list) -> None:
@@ -185,3 +189,18 @@ def test_plain_processes_know_their_ranks_and_a_host_whose_processes_die_ends_th
     ended = service.wait(job.id, timeout=60)
     assert ended.state == "lost", (ended.state, ended.reason)
     assert ended.reason.startswith(f"lost: node 1 ({hosts.aliases[1]}): process vanished;"), ended.reason
+
+
+def test_a_rendezvous_a_host_never_joins_fails_in_the_machines_limit_naming_that_host(
+    host_list, quickstart: Path
+) -> None:
+    service, hosts = host_list
+    options = {**hosts.options, "hosts": hosts.aliases, "rendezvous_timeout": 10}
+    service.machines.add("pair-10s", "ssh", hosts.aliases[0], options)
+    spec = stuck_torchrun(quickstart, "pair-10s")
+    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
+    log = service.read_log(job.id).data.decode()
+    assert (job.state, job.exit_code) == ("failed", 1), (job.state, job.exit_code, job.reason, log)  # torchrun's
+    assert job.reason.startswith(f"exit code 1: the rendezvous at {hosts.addresses[0]}:"), job.reason
+    assert f"did not complete within 10s: {hosts.aliases[1]} never joined;" in job.reason, (job.reason, log)
+    assert f"[{hosts.names[0]}] torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError" in log, log

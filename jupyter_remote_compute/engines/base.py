@@ -126,6 +126,7 @@ class Handle(TypedDict, total=False):
     exec_request: str  #: skypilot: the SDK request of the job's exec
     resources: dict[str, Any]  #: skypilot: what the launch asked for
     nodes: list[dict[str, Any]]  #: ssh host list: each host's own handle (its folder, its launcher's pid)
+    rendezvous: str  #: ssh host list: a torchrun job's rendezvous, host:port
 
 
 @dataclasses.dataclass(frozen=True)

@@ -186,7 +186,7 @@ class HostListEngine(Engine):
         port = master_port(job.job_id)
         gpus = resources.gpus or 0
         mode = "torchrun" if resources.launcher == "torchrun" else "node"
-        join = int(self.machine_options.get("rendezvous_timeout") or RENDEZVOUS_TIMEOUT)
+        join = self._join()
         for i in range(nodes):
             sub = self._sub(job, i)
             d = self.nodes[i].job_dir(sub)
@@ -203,7 +203,10 @@ class HostListEngine(Engine):
                 self._stop(job, entries, range(i), STOP_GRACE)  # no node runs without the others
                 raise
             entries[i] = dict(started.handle)
-        return dataclasses.replace(job, handle={**job.handle, "pid": entries[0]["pid"], "nodes": entries})
+        handle = {**job.handle, "pid": entries[0]["pid"], "nodes": entries}
+        if mode == "torchrun":
+            handle["rendezvous"] = f"{addr}:{port}"
+        return dataclasses.replace(job, handle=handle)  # type: ignore[arg-type]
 
     def poll(self, jobs: Sequence[RemoteJob]) -> dict[str, RemoteStatus]:
         return self.poll_watched(jobs, {})[0]
@@ -270,6 +273,14 @@ class HostListEngine(Engine):
             if s.state == "exited":
                 code = s.exit_code
                 why = f"exit code {code}: {where} exited with {code}; the job's other nodes were stopped"
+                rendezvous = job.handle.get("rendezvous")
+                if rendezvous and (waited := self._waited(job, sorted(ended))):
+                    # torchrun gave up at the rendezvous there (rank.sh left node<N>.waited): name who never came.
+                    never = ", ".join(self.hosts[j] for j in started if j not in waited) or "a node"
+                    why = (
+                        f"exit code {code}: the rendezvous at {rendezvous} did not complete within "
+                        f"{self._join()}s: {never} never joined; the job's other nodes were stopped"
+                    )
                 return RemoteStatus("failed", exit_code=code, detail=why, log_size=size)
             what = s.detail.split(" on ")[0] if s.detail else s.state
             why = f"{where}: {what}; the job's other nodes were stopped"
@@ -278,6 +289,18 @@ class HostListEngine(Engine):
             return RemoteStatus("exited", exit_code=0, log_size=self._merge_logs(job, statuses, whole=True))
         assert first is not None
         return dataclasses.replace(first, state="running", log_size=self._merge_logs(job, statuses, whole=False))
+
+    def _waited(self, job: RemoteJob, which: Sequence[int]) -> list[int]:
+        """Of the nodes ``which``, those whose torchrun gave up waiting at the rendezvous."""
+        waited = []
+        for i in which:
+            d = self.nodes[i].job_dir(self._sub(job, i))
+            if self.nodes[i].transport.run(f"test -f {quote(f'{d}/ranks/node{i}.waited')}", timeout=60).code == 0:
+                waited.append(i)
+        return waited
+
+    def _join(self) -> int:
+        return int(self.machine_options.get("rendezvous_timeout") or RENDEZVOUS_TIMEOUT)
 
     def _stop(
         self, job: RemoteJob, entries: Sequence[Mapping[str, Any]], which: Sequence[int] | range, grace: float
