@@ -153,17 +153,18 @@ def test_more_nodes_than_hosts_are_refused_naming_nodes_and_hosts(host_list) -> 
     assert "3 nodes asked, but pair lists 2 hosts" in str(refused.value) and "hosts" in str(refused.value)
 
 
+def two_by_two_plain(command: str) -> JobSpec:
+    """``command`` as two plain processes on each of the two hosts."""
+    resources = {"nodes": 2, "processes_per_node": 2, "launcher": "plain"}
+    return JobSpec.from_json({"machine": "pair", "command": command, "resources": resources})
+
+
 def test_plain_processes_know_their_ranks_and_a_host_whose_processes_die_ends_the_job_naming_it(
     host_list, sshd_bed: sshd_fixture.TestBed
 ) -> None:
     service, hosts = host_list
     command = 'echo "up $RANK $LOCAL_RANK $NODE_RANK $NNODES $WORLD_SIZE $MASTER_ADDR $MASTER_PORT"; sleep 300'
-    spec = {
-        "machine": "pair",
-        "command": command,
-        "resources": {"nodes": 2, "processes_per_node": 2, "launcher": "plain"},
-    }
-    job = service.submit(JobSpec.from_json(spec)).job
+    job = service.submit(two_by_two_plain(command)).job
 
     def ups() -> list[str]:
         service.driver.poll_active()
@@ -204,3 +205,13 @@ def test_a_rendezvous_a_host_never_joins_fails_in_the_machines_limit_naming_that
     assert job.reason.startswith(f"exit code 1: the rendezvous at {hosts.addresses[0]}:"), job.reason
     assert f"did not complete within 10s: {hosts.aliases[1]} never joined;" in job.reason, (job.reason, log)
     assert f"[{hosts.names[0]}] torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError" in log, log
+
+
+def test_a_failing_plain_process_stops_its_host_and_the_others_and_fails_the_job_with_its_code(host_list) -> None:
+    service, hosts = host_list
+    command = 'if [ "$RANK" = 1 ]; then echo rank one fails; exit 5; fi; sleep 120'
+    # Well within the others' sleep: they were stopped, on its host and on the other.
+    job = service.wait(service.submit(two_by_two_plain(command)).job.id, timeout=60)
+    assert (job.state, job.exit_code) == ("failed", 5), (job.state, job.exit_code, job.reason)
+    assert job.reason == f"exit code 5: node 0 ({hosts.aliases[0]}) exited with 5; the job's other nodes were stopped"
+    assert f"[{hosts.names[0]} rank 1] rank one fails" in service.read_log(job.id).data.decode()

@@ -2,8 +2,8 @@
 # One process of a job of several, or one node's torchrun: rank.sh JOBDIR MODE [GPUS [JOIN]].
 #   plain     an srun task: its rank from Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID); without
 #             Slurm (a host of an ssh host list) RANK and LOCAL_RANK from "node", NODE_RANK given
-#   node      without Slurm, one per node: starts this node's LOCAL_WORLD_SIZE processes as "plain",
-#             waits for all of them, and ends with the first failing one's code
+#   node      without Slurm, one per node: starts this node's LOCAL_WORLD_SIZE processes as "plain";
+#             one failing stops the others, and the node ends with its code
 #   torchrun  one per node (an srun task, or a host of an ssh host list, NODE_RANK given): torchrun
 #             starts this node's processes, each as "worker";
 #             it waits JOIN seconds (600) for every node at the rendezvous, and when it gives up
@@ -86,6 +86,19 @@ gpu_share() {
   printf '%s' "$out"
 }
 
+# The processes below $1 (its children, theirs, ...), one pid a line.
+descendants() {
+  ps -A -o pid= -o ppid= | awk -v root="$1" '
+    { parent[$1] = $2 }
+    END {
+      for (p in parent) {
+        q = parent[p]
+        while (q != root && (q in parent) && q > 1) q = parent[q]
+        if (q == root) print p
+      }
+    }'
+}
+
 mkdir -p "$jobdir/ranks" || exit 97
 case $mode in
   torchrun)
@@ -118,21 +131,42 @@ case $mode in
     visible=$(node_gpus)
     ;;
   node)
-    # This node's processes, each a "plain" rank.sh; the node's code is the first failing one's.
+    # This node's processes, each a "plain" rank.sh. When one fails (its ranks/R/exit_code says so)
+    # the others' commands are stopped, as srun's --kill-on-bad-exit does; the node's code is the
+    # failing one's.
     n=${LOCAL_WORLD_SIZE:-1}
     i=0
     pids=
+    ranks=
     while [ "$i" -lt "$n" ]; do
-      RANK=$((NODE_RANK * n + i)) LOCAL_RANK=$i sh "$jobdir/rank.sh" "$jobdir" plain "$gpus" &
+      r=$((NODE_RANK * n + i))
+      rm -f "$jobdir/ranks/$r/exit_code"
+      RANK=$r LOCAL_RANK=$i sh "$jobdir/rank.sh" "$jobdir" plain "$gpus" &
       pids="$pids $!"
+      ranks="$ranks $r"
       i=$((i + 1))
     done
     code=0
-    for p in $pids; do
-      wait "$p"
-      c=$?
-      if [ "$code" = 0 ]; then code=$c; fi
+    while [ "$code" = 0 ]; do
+      left=
+      for r in $ranks; do
+        if [ -f "$jobdir/ranks/$r/exit_code" ]; then
+          c=$(cat "$jobdir/ranks/$r/exit_code")
+          [ "${c:-0}" = 0 ] || code=$c
+        else
+          left=1
+        fi
+      done
+      [ -n "$left" ] || break
+      [ "$code" != 0 ] || sleep 1
     done
+    if [ "$code" != 0 ]; then
+      for p in $pids; do
+        # shellcheck disable=SC2046 # one pid a word
+        kill -TERM $(descendants "$p") 2>/dev/null
+      done
+    fi
+    for p in $pids; do wait "$p"; done
     exit "$code"
     ;;
   plain)
