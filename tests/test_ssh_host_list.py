@@ -144,8 +144,10 @@ def test_torchrun_on_an_ssh_host_list_of_two_hosts_two_processes_each(
     assert attempt.nodes == 2
 
 
-def test_more_nodes_than_hosts_are_refused_naming_nodes_and_hosts(host_list) -> None:
-    service, _ = host_list
+def test_a_check_reaches_every_host_and_more_nodes_than_hosts_are_refused(host_list) -> None:
+    service, hosts = host_list
+    facts = service.admin.check("pair")
+    assert [h["host"] for h in facts["hosts"]] == hosts.aliases and all(h["cpus"] >= 1 for h in facts["hosts"])
     spec = {"machine": "pair", "command": "true", "resources": {"nodes": 3, "launcher": "plain"}}
     with pytest.raises(InvalidSettings) as refused:
         service.submit(JobSpec.from_json(spec))
