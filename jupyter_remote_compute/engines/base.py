@@ -291,15 +291,15 @@ def refuse_distributed(resources: Resources, features: Features, name: str, kind
     if per_node > 1 and not features.launchers:
         raise InvalidSettings(
             f"resources.processes_per_node: {name} is a {kind} machine, which starts the command as one "
-            f"process, not {per_node}; leave processes_per_node out (the command may start its own) or use a "
-            "Slurm machine",
+            f"process, not {per_node}; leave processes_per_node out (the command may start its own), or use a "
+            "Slurm machine or an ssh machine with hosts",
             field="resources.processes_per_node",
         )
     if resources.launcher is not None and resources.launcher not in features.launchers:
         can = f"it starts with {' or '.join(features.launchers)}" if features.launchers else "it has no launcher"
         raise InvalidSettings(
             f"resources.launcher: {name} is a {kind} machine, which cannot start {resources.launcher} ({can}); "
-            "leave launcher out or use a Slurm machine",
+            "leave launcher out, or use a Slurm machine or an ssh machine with hosts",
             field="resources.launcher",
         )
 
