@@ -67,7 +67,7 @@ SERIAL_GROUPS = {
     # that starts the hub bed (it holds the users for its process: one outside the group would wait on it)
     "hub": ("test_hub_bed.py::*", "test_organization.py::*", "test_org_*.py::*"),
     # the Slurm cluster of two namespaced nodes: one fixed subnet and bridge (slurm_nodes.LOCK)
-    "slurm_nodes": ("test_slurm_two_nodes.py::*",),
+    "slurm_nodes": ("test_slurm_two_nodes.py::*", "test_ssh_host_list.py::*"),
 }  # fmt: skip
 
 

@@ -111,11 +111,30 @@ def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(clus
 
 
 #: torchrun on every node but the first never starts: as a node stuck before the rendezvous would be.
+#: rank.sh has set the node's NODE_RANK (Slurm's, or an ssh host list's) before it runs torchrun.
 STUCK_TORCHRUN = """\
 #!/bin/sh
-if [ "${{SLURM_NODEID:-0}}" != 0 ]; then exec sleep 300; fi
+if [ "${{NODE_RANK:-0}}" != 0 ]; then exec sleep 300; fi
 exec {torchrun} "$@"
 """
+
+
+def stuck_torchrun(workspace: Path, machine: str) -> dict:
+    """A job on ``machine`` of one torchrun process on each of two nodes, ``reduce.py``, with STUCK_TORCHRUN
+    (``stuck/torchrun`` in the workspace, sent with the job) first on its PATH."""
+    wrapper = workspace / "stuck" / "torchrun"
+    wrapper.parent.mkdir()
+    wrapper.write_text(STUCK_TORCHRUN.format(torchrun=far_torch_bin() / "torchrun"))
+    wrapper.chmod(0o755)
+    return {
+        "machine": machine,
+        "command": "python reduce.py",
+        "send": ["reduce.py", "stuck"],
+        # "stuck" is found from the job's work folder, where rank.sh runs on every node.
+        "env": {"PATH": f"stuck:{far_torch_bin()}:{far_python_bin()}:/usr/local/bin:/usr/bin:/bin"},
+        "resources": {"nodes": 2, "processes_per_node": 1, "launcher": "torchrun"},
+        "timeout": "10m",
+    }
 
 
 def test_a_rendezvous_a_node_never_joins_fails_in_the_machines_limit_naming_that_node(
@@ -123,19 +142,8 @@ def test_a_rendezvous_a_node_never_joins_fails_in_the_machines_limit_naming_that
 ) -> None:
     service, bed = cluster
     service.machines.add("pair-10s", "slurm", "127.0.0.1", bed.machine_options(rendezvous_timeout=10))
-    wrapper = quickstart / "stuck" / "torchrun"
-    wrapper.parent.mkdir()
-    wrapper.write_text(STUCK_TORCHRUN.format(torchrun=far_torch_bin() / "torchrun"))
-    wrapper.chmod(0o755)
-    spec = {
-        "machine": "pair-10s",
-        "command": "python reduce.py",
-        "send": ["reduce.py", "stuck"],
-        # "stuck" is found from the job's work folder, where srun starts rank.sh on both nodes.
-        "env": {"PATH": f"stuck:{far_torch_bin()}:{far_python_bin()}:/usr/local/bin:/usr/bin:/bin"},
-        "resources": {"nodes": 2, "processes_per_node": 1, "launcher": "torchrun", "memory": "2G"},
-        "timeout": "10m",
-    }
+    spec = stuck_torchrun(quickstart, "pair-10s")
+    spec["resources"]["memory"] = "2G"
     job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
     log = service.read_log(job.id).data.decode()
     first, second = bed.nodes

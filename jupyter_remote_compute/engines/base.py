@@ -125,6 +125,8 @@ class Handle(TypedDict, total=False):
     cluster_ready: bool  #: skypilot: the launch finished
     exec_request: str  #: skypilot: the SDK request of the job's exec
     resources: dict[str, Any]  #: skypilot: what the launch asked for
+    nodes: list[dict[str, Any]]  #: ssh host list: each host's own handle (its folder, its launcher's pid)
+    rendezvous: str  #: ssh host list: a torchrun job's rendezvous, host:port
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,21 +285,21 @@ def refuse_distributed(resources: Resources, features: Features, name: str, kind
     if nodes > 1 and not ("nodes" in features.resources and features.launchers):
         raise InvalidSettings(
             f"resources.nodes: {name} is a {kind} machine, which runs a job on one node, not {nodes}; "
-            "leave nodes out or use a Slurm machine",
+            "leave nodes out, or use a Slurm machine or an ssh machine with hosts",
             field="resources.nodes",
         )
     if per_node > 1 and not features.launchers:
         raise InvalidSettings(
             f"resources.processes_per_node: {name} is a {kind} machine, which starts the command as one "
-            f"process, not {per_node}; leave processes_per_node out (the command may start its own) or use a "
-            "Slurm machine",
+            f"process, not {per_node}; leave processes_per_node out (the command may start its own), or use a "
+            "Slurm machine or an ssh machine with hosts",
             field="resources.processes_per_node",
         )
     if resources.launcher is not None and resources.launcher not in features.launchers:
         can = f"it starts with {' or '.join(features.launchers)}" if features.launchers else "it has no launcher"
         raise InvalidSettings(
             f"resources.launcher: {name} is a {kind} machine, which cannot start {resources.launcher} ({can}); "
-            "leave launcher out or use a Slurm machine",
+            "leave launcher out, or use a Slurm machine or an ssh machine with hosts",
             field="resources.launcher",
         )
 
@@ -398,6 +400,16 @@ class Engine(abc.ABC):
         self.address = address
         self.machine_options = dict(options)
         self.context = context
+
+    @classmethod
+    def features_for(cls, options: Mapping[str, Any]) -> Features:
+        """What a machine of this kind with these options can do: ``features``, unless an option changes it
+        (an ssh machine's ``hosts`` make it run jobs of several nodes)."""
+        return cls.features
+
+    @classmethod  # noqa: B027 - optional: most kinds' settings are each checked on their own
+    def check_settings(cls, address: str, options: Mapping[str, Any]) -> None:
+        """Refuse, when a machine is saved, settings that do not go together (InvalidSettings naming the field)."""
 
     @classmethod
     def validate_address(cls, address: str) -> str:

@@ -73,6 +73,7 @@ from .slurm_commands import (
     squeue_argv,
 )
 from .ssh import SSHEngine
+from .ssh_hosts import HOSTS
 from .transport import quote
 
 log = logging.getLogger(__name__)
@@ -316,7 +317,7 @@ class SlurmEngine(SSHEngine):
         launchers=("plain", "torchrun"),
     )
     options = {
-        **SSHEngine.options,
+        **{key: field for key, field in SSHEngine.options.items() if key != HOSTS},
         "base_dir": OptionField(
             str, "Directory for jobs and the input cache on the cluster's shared filesystem (~/.jupyter-remote-compute)"
         ),

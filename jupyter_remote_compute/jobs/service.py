@@ -240,10 +240,11 @@ class JobService:
         else:
             assert machine is not None
             cls = engine_class(machine.kind)
-            check_egress(self.workspace.policy_yaml, machine.name, cls.features.remote, inputs)
+            features = cls.features_for(machine.options)
+            check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
             if spec.resources.to_json():
                 self._admit(machine, spec)
-            if spec.checkpoints and not cls.features.checkpoints:
+            if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
                     f"checkpoints: {machine.name} is a {machine.kind} machine, whose checkpoints do not come home "
                     "yet; run on a local, ssh or Slurm machine, or leave checkpoints out",
@@ -325,7 +326,7 @@ class JobService:
         """Each machine of ``pool`` could run the job (any may be the one with room); ``field``: the setting
         that named the pool when it is not the job's machine (``fallback[1]``), else ""."""
         for machine in members.values():
-            features = engine_class(machine.kind).features
+            features = engine_class(machine.kind).features_for(machine.options)
             check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
             refuse_distributed(spec.resources, features, machine.name, machine.kind)
             if spec.checkpoints and not features.checkpoints:
@@ -377,7 +378,7 @@ class JobService:
                 raise InvalidSettings(f"{field}: {name!r} is the job's own machine", field=field)
             if not other.enabled:
                 raise InvalidSettings(f"{field}: {other.name!r} is disabled; enable it first", field=field)
-            features = engine_class(other.kind).features
+            features = engine_class(other.kind).features_for(other.options)
             refuse_distributed(spec.resources, features, other.name, other.kind)
             if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
@@ -389,7 +390,8 @@ class JobService:
     def _admit(self, machine: Machine, spec: JobSpec) -> None:
         """The machine refuses, before anything is stored, resources it cannot give."""
         # Every kind, whatever its own admit does: several processes need a kind that starts them.
-        refuse_distributed(spec.resources, engine_class(machine.kind).features, machine.name, machine.kind)
+        features = engine_class(machine.kind).features_for(machine.options)
+        refuse_distributed(spec.resources, features, machine.name, machine.kind)
         try:
             self.engine(machine.name).admit(spec.resources)
         except EngineError as e:

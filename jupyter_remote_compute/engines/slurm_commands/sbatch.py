@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import InvalidSettings
 from ..base import WORK_DIR
-from ..launcher import JOB_ENV_SH, READ_ENV_SH
+from ..launcher import JOB_ENV_SH, READ_ENV_SH, rank_env_sh
 from ..resources import NO_RESOURCES, Resources, format_memory, scheduler_name
 
 #: How long before its time limit a job is warned (sbatch --signal), unless the limit is shorter.
@@ -291,11 +291,10 @@ def batch_script(
 ) -> str:
     """The POSIX sh script sbatch runs: the command in ``work/``, its exit code written atomically.
 
-    Every job gets the variables torchrun and ``torch.distributed`` read, the same way on every
-    node: ``MASTER_ADDR`` (the address Slurm has for the allocation's first node), ``MASTER_PORT``
-    (from the job id, so two jobs sharing a node differ), ``NNODES``, ``LOCAL_WORLD_SIZE``
-    (processes per node), ``WORLD_SIZE``, and ``NODE_RANK``, ``RANK``, ``LOCAL_RANK`` (0 here; each
-    process's own where there are several). A job of one process runs its command here; a
+    Every job gets the variables torchrun and ``torch.distributed`` read (``launcher.rank_env_sh``),
+    the same way on every node: ``MASTER_ADDR`` (the address Slurm has for the allocation's first
+    node), ``MASTER_PORT`` (from the job id, so two jobs sharing a node differ), ``NNODES`` (the
+    allocation's). A job of one process runs its command here; a
     ``distributed`` one starts through ``srun`` and ``farside/rank.sh``: ``plain``, one task per
     process, ranks from Slurm, each with its share of the node's GPUs in ``CUDA_VISIBLE_DEVICES``;
     ``torchrun``, one task per node, each a torchrun whose c10d rendezvous is at the first node,
@@ -310,6 +309,12 @@ def batch_script(
     if not job_dir.startswith("/"):
         raise ValueError(f"job_dir must be absolute, got {job_dir!r}")
     per_node = resources.processes_per_node or 1
+    rank_env = rank_env_sh(
+        per_node,
+        master_addr='"$addr"',
+        master_port="$((20000 + ${SLURM_JOB_ID:-0} % 20000))",
+        nnodes="${SLURM_JOB_NUM_NODES:-1}",
+    )
     after = ""
     if not resources.distributed:
         start = 'sh "$jobdir/command.sh" &'
@@ -350,17 +355,9 @@ fi
 rm -f "$jobdir/exit_code" "$jobdir/exit_code.tmp" "$jobdir/{WARNING_FILE}"
 {JOB_ENV_SH}# The first node's address as Slurm reaches it (NodeAddr), else its name.
 first=$(scontrol show hostnames "${{SLURM_JOB_NODELIST:-}}" 2>/dev/null | head -n 1)
-MASTER_ADDR=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)
-[ -n "$MASTER_ADDR" ] || MASTER_ADDR=${{first:-$(hostname)}}
-MASTER_PORT=$((20000 + ${{SLURM_JOB_ID:-0}} % 20000))
-NNODES=${{SLURM_JOB_NUM_NODES:-1}}
-LOCAL_WORLD_SIZE={per_node}
-WORLD_SIZE=$((NNODES * LOCAL_WORLD_SIZE))
-NODE_RANK=0
-RANK=0
-LOCAL_RANK=0
-export MASTER_ADDR MASTER_PORT NNODES LOCAL_WORLD_SIZE WORLD_SIZE NODE_RANK RANK LOCAL_RANK
-attempt=$((${{SLURM_RESTART_COUNT:-0}} + 1))
+addr=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)
+[ -n "$addr" ] || addr=${{first:-$(hostname)}}
+{rank_env}attempt=$((${{SLURM_RESTART_COUNT:-0}} + 1))
 echo "jupyter-remote-compute: Slurm job ${{SLURM_JOB_ID:-?}} on ${{SLURM_JOB_NODELIST:-?}}, attempt $attempt"
 warned() {{
   echo "jupyter-remote-compute: Slurm's time limit is near; the job will be stopped soon"
