@@ -2155,6 +2155,8 @@ export interface components {
             mlflow_run_id?: string | null;
             /** @description the parent run's experiment */
             mlflow_experiment_id?: string | null;
+            /** @description who started it (their login), the submitter of its nodes' jobs; null on a run recorded before runs kept it */
+            user?: string | null;
             /** @description node id → its state in this run */
             nodes: {
                 [key: string]: components["schemas"]["PipelineNodeRun"];
