@@ -940,7 +940,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The JSON Schema (2020-12) of a type a form draws, as the server reads it: JobRequest (the New job form), MachineInput (the machine form) */
+        /** The JSON Schema (2020-12) of a type a form draws, as the server reads it: JobRequest (the New Job form), MachineInput (the machine form) */
         get: {
             parameters: {
                 query?: never;
