@@ -940,7 +940,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The JSON Schema (2020-12) of a type a form draws, as the server reads it: JobRequest (the New job form), MachineInput (the machine form) */
+        /** The JSON Schema (2020-12) of a type a form draws, as the server reads it: JobRequest (the New Job form), MachineInput (the machine form) */
         get: {
             parameters: {
                 query?: never;
@@ -2155,6 +2155,8 @@ export interface components {
             mlflow_run_id?: string | null;
             /** @description the parent run's experiment */
             mlflow_experiment_id?: string | null;
+            /** @description who started it (their login), the submitter of its nodes' jobs; null on a run recorded before runs kept it */
+            user?: string | null;
             /** @description node id → its state in this run */
             nodes: {
                 [key: string]: components["schemas"]["PipelineNodeRun"];

@@ -955,7 +955,7 @@ def test_the_default_machine_is_preselected_unlisted_and_metered(
     org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed
 ) -> None:
     """rcadmin names team-ssh the default: rcalice's server lists it apart, as the default; a job she
-    submits naming no machine (the CLI's run, the REST API the New job form calls, a pipeline's step) runs
+    submits naming no machine (the CLI's run, the REST API the New Job form calls, a pipeline's step) runs
     there through the service and is metered as hers on it. Cleared, a job naming none runs on local again."""
     hub, _ = org
     admin = hub.start_server(ADMIN_USER)

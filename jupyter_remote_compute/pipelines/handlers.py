@@ -29,7 +29,7 @@ class PipelineRunsHandler(PipelineHandler):
         unknown = sorted(set(body) - {"file"})
         if unknown:
             raise InvalidSettings(f"{unknown[0]}: unknown setting; give only file", field=unknown[0])
-        run, attached = await self.call(self.runner.start, body.get("file"))
+        run, attached = await self.call(self.runner.start, body.get("file"), user=self.person())
         self.reply({"run": run.public_json(), "attached": attached}, 200 if attached else 201)
 
 
@@ -38,7 +38,7 @@ class PipelineSweepsHandler(PipelineHandler):
     async def post(self) -> None:
         """A sweep: its trials checked and drawn (``sweep.plan_from_json``), then driven by the server."""
         plan = await self.call(plan_from_json, self.body())
-        run, attached = await self.call(self.runner.start_sweep, plan, background=True)
+        run, attached = await self.call(self.runner.start_sweep, plan, background=True, user=self.person())
         self.reply(
             {"run": run.public_json(), "attached": attached, "warnings": list(plan.warnings)}, 200 if attached else 201
         )

@@ -58,6 +58,8 @@ class PipelineRun:
     nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
     #: A sweep's run (``sweep.py``): its name, ``max_parallel`` and each trial's ``parameters`` by node.
     sweep: dict[str, Any] | None = None
+    #: Who started it (``people.py``), the submitter of its nodes' jobs; None in a record from before.
+    user: str | None = None
 
     @property
     def label(self) -> str:

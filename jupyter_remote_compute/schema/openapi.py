@@ -48,7 +48,7 @@ COMPONENTS: dict[str, tuple[Any, str]] = {
     "Error": (Error, "serialization"),
 }
 _REF = "#/components/schemas/"
-#: The types a person fills in a form (the front end's New job and machine forms draw these).
+#: The types a person fills in a form (the front end's New Job and machine forms draw these).
 FORMS: dict[str, Any] = {"JobRequest": JobRequest, "MachineInput": MachineInput}
 
 
