@@ -308,12 +308,16 @@ def _mlflow_run(hub: Hub, server: Server, run_id: str) -> dict[str, Any]:
 def team_slurm(org: tuple[Hub, Path], slurm_bed: SlurmBed) -> Iterator[str]:
     """rcadmin adds the Slurm bed's login node as the organization's Slurm machine: its key and
     known_hosts are the service's, as for the ssh machine."""
-    hub, _ = org
-    body = {"name": "team-slurm", "kind": "slurm", "address": "127.0.0.1", "options": slurm_bed.machine_options()}
+    yield add_slurm_machine(org[0], "team-slurm", slurm_bed)
+    slurm_bed.cancel_all()
+
+
+def add_slurm_machine(hub: Hub, name: str, bed: SlurmBed) -> str:
+    """rcadmin adds ``bed``'s login node as the organization's Slurm machine ``name``."""
+    body = {"name": name, "kind": "slurm", "address": "127.0.0.1", "options": bed.machine_options()}
     added = _service(hub, "POST", "api/machines", hub.user_token(ADMIN_USER), json=body)
     assert added.status_code == 201, added.text
-    yield "team-slurm"
-    slurm_bed.cancel_all()
+    return name
 
 
 # Logs a metric to MLflow on the cluster's node, then writes its output and says which Slurm job it was.

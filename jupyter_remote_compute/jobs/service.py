@@ -366,10 +366,12 @@ class JobService:
 
     def _admit(self, machine: Machine, spec: JobSpec) -> None:
         """The machine refuses, before anything is stored, resources it cannot give."""
-        # Every kind, whatever its own admit does: several processes need a kind that starts them.
-        refuse_distributed(spec.resources, engine_class(machine.kind).features, machine.name, machine.kind)
+        # Every kind, whatever its own admit does: several processes need a kind that starts them. The
+        # engine's own features: the organization's machine has those of the kind it really is.
+        engine = self.engine(machine.name)
+        refuse_distributed(spec.resources, engine.features, machine.name, machine.kind)
         try:
-            self.engine(machine.name).admit(spec.resources)
+            engine.admit(spec.resources)
         except EngineError as e:
             raise InvalidSettings(
                 f"resources: could not learn what {machine.name} can give ({e}); try again", field="resources"

@@ -115,6 +115,7 @@ class OrgJob:
     # The metering: when it started here, what it held, when the service saw it end.
     started: float | None = None
     gpus: int = 0
+    nodes: int = 1  # the nodes it asked for: its hours count on each (node-hours)
     ended: float | None = None
     #: Why the service stopped it (a quota): the reason its user's server is told.
     stopped: str | None = None
@@ -158,6 +159,7 @@ class OrgJob:
             ended=ended,
             state=state,
             gpus=self.gpus,
+            nodes=self.nodes,
             source="engine",
             running=ended is None,
             groups=tuple(self.groups),
@@ -468,6 +470,7 @@ class OrgJobs:
             job.handle = dict(remote.handle)  # type: ignore[assignment]
             if job.started is None:
                 job.started, job.gpus = time.time(), gpus
+                job.nodes = (spec.resources.nodes if spec.resources else None) or 1
             self._save(job)
         return job
 
