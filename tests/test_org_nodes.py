@@ -4,7 +4,7 @@ rcadmin adds the two-node Slurm bed (``slurm_nodes.py``, each node a network nam
 organization's ``team-pair``; rcbob submits a job asking for both nodes to his own server, which runs it
 through the service. The organization's ledger counts its hours on each node: its line says two nodes,
 and the admin's usage (the service's API, his terminal's table and CSV) shows node-hours twice its
-job-hours.
+job-hours. The same job on the organization's ssh machine is refused at submit, naming its kind.
 """
 
 from __future__ import annotations
@@ -14,20 +14,19 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sshd_fixture
 import test_organization
 import test_slurm_two_nodes
-from hub_fixture import ADMIN_USER, Hub, loopback_session
+from hub_fixture import ADMIN_USER, Hub
 from slurm_fixture import SlurmBed
-from test_organization import _as_user, _service, add_slurm_machine
-from waiting import wait_for
+from test_organization import _as_user, _service, _through, add_slurm_machine, run_through_server
 
 sshd_bed = sshd_fixture.sshd_bed
 org = test_organization.org  # the hub the group shares (hub_fixture.shared_organization), emptied at the end
 two_nodes = test_slurm_two_nodes.two_nodes
+team_ssh = test_organization.team_ssh
 
 
 @pytest.fixture(scope="module")
@@ -42,24 +41,13 @@ def test_a_job_of_two_nodes_counts_its_hours_on_each_in_the_organizations_usage(
 ) -> None:
     hub, state = org
     server = hub.start_server("rcbob")
-    session = loopback_session()
-    session.headers["Authorization"] = f"token {server.token}"
     spec = {
         "machine": team_pair,
         "command": "echo on $(hostname); sleep 2",
         "resources": {"nodes": 2, "launcher": "plain"},
     }
-    submitted = session.post(f"{server.url}remote-compute/jobs", json=spec, timeout=120)
-    assert submitted.status_code == 201, submitted.text
-    job_id = submitted.json()["job"]["id"]
-    jobs = f"{server.url}remote-compute/jobs/{job_id}"
-
-    def ended() -> dict[str, Any] | None:
-        job = session.get(jobs, timeout=30).json()
-        return job if job["state"] in ("succeeded", "failed", "cancelled", "lost") else None
-
-    job = wait_for(ended, 300, "rcbob's job of two nodes to end")
-    log = session.get(f"{jobs}/log", timeout=30).json()["data"]
+    job, log = run_through_server(server, spec)
+    job_id = job["id"]
     assert job["state"] == "succeeded" and job["machine"] == f"org:{team_pair}", (job, log)
     assert log.count("on ") >= 2, log  # the command ran on each node
 
@@ -81,3 +69,14 @@ def test_a_job_of_two_nodes_counts_its_hours_on_each_in_the_organizations_usage(
     assert float(from_csv["node_hours"]) == pytest.approx(2 * float(from_csv["job_hours"]), abs=2e-6), from_csv
     as_table = _as_user(terminal, "usage", "--all-users", "--by", "user,machine")
     assert as_table.returncode == 0 and "NODE-H" in as_table.stdout.splitlines()[0].split(), as_table
+
+
+def test_several_nodes_on_the_organizations_ssh_machine_are_refused_naming_its_own_kind(
+    org: tuple[Hub, Path], team_ssh: str
+) -> None:
+    """The user's server admits a job from the kind the organization's machine really is."""
+    server = org[0].start_server("rcbob")
+    spec = {"machine": team_ssh, "command": "true", "resources": {"nodes": 2, "launcher": "plain"}}
+    refused = _through(server, "POST", "jobs", json=spec)
+    assert refused.status_code == 400 and refused.json()["field"] == "resources.nodes", refused.text
+    assert f"org:{team_ssh} is a ssh machine, which runs a job on one node, not 2" in refused.json()["message"]

@@ -279,6 +279,26 @@ def test_a_member_runs_a_job_on_an_organization_machine_and_gets_its_output_and_
     assert key not in seen and str(sshd_bed.user_key) not in json.dumps(job)
 
 
+def run_through_server(
+    server: Server, spec: dict[str, Any], timeout: float = 300, recorded: bool = False
+) -> tuple[dict[str, Any], str]:
+    """``spec`` submitted to the user's own server (``POST /remote-compute/jobs``, as their panel does),
+    waited for to its end (``recorded``: and its MLflow run): the job as the server shows it, and its log."""
+    session = loopback_session()
+    session.headers["Authorization"] = f"token {server.token}"
+    submitted = session.post(f"{server.url}remote-compute/jobs", json=spec, timeout=120)
+    assert submitted.status_code == 201, submitted.text
+    jobs = f"{server.url}remote-compute/jobs/{submitted.json()['job']['id']}"
+
+    def ended() -> dict[str, Any] | None:
+        job = session.get(jobs, timeout=30).json()
+        done = job["state"] in ("succeeded", "failed", "cancelled", "lost")
+        return job if done and (job["mlflow_run_id"] or not recorded or job["state"] != "succeeded") else None
+
+    job = wait_for(ended, timeout, f"{server.user}'s job to end")
+    return job, session.get(f"{jobs}/log", timeout=30).json()["data"]
+
+
 def _far_users(sshd_bed: TestBed) -> Path:
     """The folder of every hub user's jobs on the organization's ssh machine, seen from here."""
     return sshd_bed.far_path(sshd_bed.base_dir.removeprefix("~/")) / "users"

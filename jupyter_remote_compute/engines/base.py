@@ -393,6 +393,12 @@ class Engine(abc.ABC):
     #: asking for any: the agent's --gpus-per-job. A job's container gets those (environments/image.py).
     gpus_chosen_per_job: ClassVar[bool] = False
 
+    @property
+    def machine_kind(self) -> str:
+        """The kind of the machine the jobs run on, as refusals name it: this engine's, but for one that
+        reaches a machine of another kind (the organization's, through its service)."""
+        return self.kind
+
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
         self.name = name
         self.address = address

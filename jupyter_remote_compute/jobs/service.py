@@ -369,7 +369,7 @@ class JobService:
         # Every kind, whatever its own admit does: several processes need a kind that starts them. The
         # engine's own features: the organization's machine has those of the kind it really is.
         engine = self.engine(machine.name)
-        refuse_distributed(spec.resources, engine.features, machine.name, machine.kind)
+        refuse_distributed(spec.resources, engine.features, machine.name, engine.machine_kind)
         try:
             engine.admit(spec.resources)
         except EngineError as e:
@@ -396,9 +396,10 @@ class JobService:
                 f"{images.FIELD}: could not learn whether {machine.name} runs images ({e}); try again",
                 field=images.FIELD,
             ) from None
-        images.admit(image, machine.name, machine.kind, runtimes, facts)
+        kind = engine.machine_kind  # a Slurm machine of the organization's is one, as to its GPUs' facts
+        images.admit(image, machine.name, kind, runtimes, facts)
         gpus = images.gpu_request(resources, machine.options, engine)
-        images.admit_gpus(image, gpus, machine.name, machine.kind, runtimes, facts)
+        images.admit_gpus(image, gpus, machine.name, kind, runtimes, facts)
 
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
         """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""
