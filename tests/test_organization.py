@@ -590,6 +590,20 @@ def test_the_admin_lists_every_users_jobs_with_their_user(org: tuple[Hub, Path],
     assert listed.status_code == 200, listed.text
     (found,) = [j for j in listed.json()["jobs"] if j["id"] == bobs_job["job"]["id"]]
     assert found["user"] == "rcbob" and found["machine"] == "team-ssh"
+    # The same from rcadmin's terminal, and a member refused it naming the admin scope.
+    terminal = hub.start_server(ADMIN_USER)
+    as_json = _as_user(terminal, "jobs", "list", "--all-users", "--machine", "org:team-ssh", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    (again,) = [j for j in json.loads(as_json.stdout) if j["id"] == bobs_job["job"]["id"]]
+    assert (again["user"], again["machine"], again["running"]) == ("rcbob", "team-ssh", False), again
+    as_table = _as_user(terminal, "jobs", "list", "--all-users", "--all")
+    assert as_table.returncode == 0 and as_table.stdout.split()[:3] == ["USER", "ID", "MACHINE"], as_table
+    row = next(line.split() for line in as_table.stdout.splitlines() if bobs_job["job"]["id"] in line)
+    assert row[:3] == ["rcbob", bobs_job["job"]["id"], "org:team-ssh"], as_table.stdout
+    refused = _as_user(bobs_job["server"], "jobs", "list", "--all-users")
+    assert refused.returncode != 0 and ADMIN in refused.stderr, refused.stderr
+    mixed = _as_user(terminal, "jobs", "list", "--all-users", "--state", "failed")
+    assert mixed.returncode != 0 and "--state: not with --all-users" in mixed.stderr, mixed.stderr
 
 
 # Logs three points, waits until the test says go, then writes its output.
