@@ -4,7 +4,8 @@ rcbob's job names an image (the marked Debian image of ``test_containers.py``, i
 rootless store) and the organization's ``team-ssh``; his server builds the same container command as for
 a machine of his own, the service starts it there with the organization's key, and the image's pin is
 kept in his own folder on the machine, beside his jobs. Its output, the log line naming the image's
-digest and the MLflow run's image tags land as for his own machine.
+digest and the MLflow run's image tags land as for his own machine. The machine's own image options
+(a default image, the containers' network) are his jobs' defaults there too.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from pathlib import Path
 import sshd_fixture
 import test_containers
 import test_organization
-from hub_fixture import Hub
+from hub_fixture import ADMIN_USER, Hub
 from sshd_fixture import TestBed
 from test_containers import MARKER, BuiltImage
-from test_organization import _far_users, _mlflow_run, run_through_server
+from test_organization import _far_users, _mlflow_run, _service, run_through_server
 
 from jupyter_remote_compute.environments import image as images
 
@@ -58,3 +59,29 @@ def test_a_members_job_runs_in_its_image_on_the_organizations_machine(
     assert not test_containers._containers(job["id"], user=rootless_user)
     run = _mlflow_run(hub, server, job["mlflow_run_id"])
     assert run["tags"][images.TAG_IMAGE] == test_image.ref and run["tags"][images.TAG_DIGEST] == digest, run
+
+
+def test_the_organization_machines_image_options_are_its_jobs_defaults(
+    org: tuple[Hub, Path], team_ssh: str, test_image: BuiltImage, rootless_user: str
+) -> None:
+    """rcadmin gives the machine a default image and no network for its containers: rcbob's job naming no
+    image runs in it, without a network, as on a machine of his own with those options."""
+    hub, _ = org
+    options = {"image": test_image.ref, "container_runtime": "podman", "container_network": "none"}
+    admin = hub.user_token(ADMIN_USER)
+    edited = _service(hub, "PATCH", f"api/machines/{team_ssh}", admin, json={"options": options})
+    assert edited.status_code == 200, edited.text
+    try:
+        server = hub.start_server("rcbob")
+        home = Path(pwd.getpwnam("rcbob").pw_dir)
+        out = f"seen-{uuid.uuid4().hex[:8]}.txt"
+        command = f"cat {MARKER} > {out}; ls /sys/class/net >> {out}"
+        job, log = run_through_server(server, {"machine": team_ssh, "command": command, "bring_back": [out]})
+        assert job["state"] == "succeeded", (job, log)
+        marker, *interfaces = (home / out).read_text().split()
+        os.unlink(home / out)
+        assert marker == test_image.marker and interfaces == ["lo"], (marker, interfaces)
+        assert f"image {test_image.ref} " in log, log
+    finally:
+        cleared = {k: None for k in options}
+        assert _service(hub, "PATCH", f"api/machines/{team_ssh}", admin, json={"options": cleared}).status_code == 200
