@@ -53,7 +53,7 @@ def test_a_job_of_two_nodes_counts_its_hours_on_each_in_the_organizations_usage(
 
     # The organization's ledger: one line of this job, holding both nodes.
     lines = [json.loads(line) for line in (state / ".punica" / "usage.jsonl").read_text().splitlines() if line]
-    (line,) = [entry for entry in lines if entry["job"] == job_id]
+    (line,) = [entry for entry in lines if entry["job"] == f"rcbob/{job_id}"]
     assert (line["user"], line["machine"], line["nodes"], line["gpus"]) == ("rcbob", team_pair, 2, 0), line
 
     # The admin's usage: the service's sums, his terminal's CSV and table.

@@ -790,7 +790,7 @@ def test_a_service_stopped_while_its_job_ends_follows_it_once_started_again(
     run = _mlflow_run(hub, server, shown["mlflow_run_id"])
     assert run["status"] == "FINISHED" and run["tags"]["remote_compute.job_id"] == job_id, run
     ledger = (state / ".punica" / "usage.jsonl").read_text().splitlines()
-    assert len([line for line in ledger if json.loads(line).get("job") == job_id]) == 1, ledger
+    assert len([line for line in ledger if json.loads(line).get("job") == f"rcbob/{job_id}"]) == 1, ledger
     (listed,) = [j for j in _service(hub, "GET", "api/jobs", server.token).json()["jobs"] if j["id"] == job_id]
     assert listed["running"] is False, listed
 
@@ -892,6 +892,47 @@ def test_an_admins_panel_is_told_so_and_reaches_the_organizations_admin_routes(
     ):
         refused = _through(bob, method, path, json=json_body)
         assert refused.status_code == 403 and ADMIN in refused.json()["message"], (path, refused.text)
+
+
+def _ledger(state: Path, user: str, job_id: str) -> list[dict[str, Any]]:
+    """The organization's ledger lines of one user's job."""
+    lines = [json.loads(line) for line in (state / ".punica" / "usage.jsonl").read_text().splitlines() if line]
+    return [line for line in lines if line["job"] == f"{user}/{job_id}"]
+
+
+def test_every_attempt_of_a_retried_job_is_metered_and_one_users_id_is_not_anothers_job(
+    org: tuple[Hub, Path], team_ssh: str, bobs_job: dict[str, Any]
+) -> None:
+    """A retry prepares the same job id on the service again: each attempt is a line of the ledger. And a
+    job id is the user's own: rcalice's job under rcbob's id is metered as hers, beside his."""
+    hub, state = org
+    flag = f"/tmp/jrc-retried-{uuid.uuid4().hex[:8]}"  # outlives the first attempt's folder, removed for the retry
+    spec = {
+        "machine": team_ssh,
+        "command": f"if [ -e {flag} ]; then rm {flag}; echo second; else touch {flag}; exit 3; fi",
+        "retry": {"max": 1, "on": ["failed"]},
+    }
+    job, log = run_through_server(bobs_job["server"], spec)
+    assert job["state"] == "succeeded" and "second" in log, (job, log)
+    lines = sorted(_ledger(state, "rcbob", job["id"]), key=lambda line: line["attempt"])
+    assert [(line["attempt"], line["state"]) for line in lines] == [(1, "failed"), (2, "succeeded")], lines
+
+    # rcalice prepares and runs a job of hers under the id of rcbob's first job, through the service.
+    alice, theirs = hub.user_token("rcalice"), bobs_job["job"]["id"]
+    before = _usage_row(hub, "rcalice", team_ssh)["attempts"]
+    assert _service(hub, "PUT", f"api/jobs/{theirs}", alice, json={"machine": team_ssh, "key": "hers"}).ok
+    started = _service(hub, "POST", f"api/jobs/{theirs}/start", alice, json={"command": "true"})
+    assert started.status_code == 204, started.text
+
+    def ended() -> bool:
+        polled = _service(hub, "POST", "api/poll", alice, json={"jobs": [theirs]}).json()
+        return polled["statuses"][theirs]["state"] == "exited"
+
+    wait_for(ended, 60, "rcalice's job under rcbob's id to end")
+    assert [line["user"] for line in _ledger(state, "rcalice", theirs)] == ["rcalice"]
+    assert len(_ledger(state, "rcbob", theirs)) == 1
+    assert _usage_row(hub, "rcalice", team_ssh)["attempts"] == before + 1
+    assert _service(hub, "DELETE", f"api/jobs/{theirs}", alice).ok
 
 
 def test_a_member_may_not_set_a_quota(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
