@@ -659,6 +659,34 @@ def test_a_job_submitted_to_a_users_server_runs_on_the_organizations_machine(
     assert (home / output).read_text() == "hers\n"
 
 
+# %remote_train in an IPython shell of the user's, as a notebook of their server runs it.
+_MAGIC = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "jupyter_remote_compute")
+job = shell.run_line_magic("remote_train", sys.argv[1])
+print("job", job.job.id if hasattr(job, "job") else job)
+"""
+
+
+def test_remote_train_in_a_users_shell_runs_on_the_organizations_machine(
+    org: tuple[Hub, Path], team_ssh: str, bobs_job: dict[str, Any]
+) -> None:
+    hub, _ = org
+    server, home = bobs_job["server"], bobs_job["home"]
+    word = uuid.uuid4().hex[:8]
+    ran = subprocess.run(
+        [str(hub.build.python), "-c", _MAGIC, f"--machine {team_ssh} -- echo magic-{word}"],
+        env=server.environment, user=server.user, group=server.user, cwd=home,
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert ran.returncode == 0 and f"magic-{word}" in ran.stdout, ran.stdout + ran.stderr
+    listed = json.loads(_as_user(server, "jobs", "list", "--machine", f"org:{team_ssh}", "--json").stdout)
+    logged = [j for j in listed if f"magic-{word}" in json.dumps(j)]
+    assert [(j["machine"], j["state"]) for j in logged] == [(f"org:{team_ssh}", "succeeded")], listed
+
+
 def test_a_users_own_machine_wins_over_the_organizations_of_its_name(team_ssh: str, bobs_job: dict[str, Any]) -> None:
     server = bobs_job["server"]
     added = _as_user(server, "machines", "add", team_ssh, "--kind", "ssh", "--address", "own.lab")
