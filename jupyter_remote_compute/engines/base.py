@@ -390,16 +390,24 @@ class Engine(abc.ABC):
     kind: ClassVar[str]
     label: ClassVar[str]
     options: ClassVar[Mapping[str, OptionField]] = {}
-    features: ClassVar[Features] = Features()
+    #: What the kind can do; an engine's own are its machine's (``features_for`` its options).
+    features: Features = Features()
     #: The machine gives each job GPUs of its own choosing (CUDA_VISIBLE_DEVICES) without the job
     #: asking for any: the agent's --gpus-per-job. A job's container gets those (environments/image.py).
     gpus_chosen_per_job: ClassVar[bool] = False
+
+    @property
+    def machine_kind(self) -> str:
+        """The kind of the machine the jobs run on, as refusals name it: this engine's, but for one that
+        reaches a machine of another kind (the organization's, through its service)."""
+        return self.kind
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
         self.name = name
         self.address = address
         self.machine_options = dict(options)
         self.context = context
+        self.features = self.features_for(options)
 
     @classmethod
     def features_for(cls, options: Mapping[str, Any]) -> Features:

@@ -389,11 +389,13 @@ class JobService:
 
     def _admit(self, machine: Machine, spec: JobSpec) -> None:
         """The machine refuses, before anything is stored, resources it cannot give."""
-        # Every kind, whatever its own admit does: several processes need a kind that starts them.
-        features = engine_class(machine.kind).features_for(machine.options)
-        refuse_distributed(spec.resources, features, machine.name, machine.kind)
+        # Every kind, whatever its own admit does: several processes need a kind that starts them. The
+        # engine's own features: its machine's options' (an ssh host list), the organization's machine
+        # those of the kind it really is.
+        engine = self.engine(machine.name)
+        refuse_distributed(spec.resources, engine.features, machine.name, engine.machine_kind)
         try:
-            self.engine(machine.name).admit(spec.resources)
+            engine.admit(spec.resources)
         except EngineError as e:
             raise InvalidSettings(
                 f"resources: could not learn what {machine.name} can give ({e}); try again", field="resources"
@@ -418,9 +420,10 @@ class JobService:
                 f"{images.FIELD}: could not learn whether {machine.name} runs images ({e}); try again",
                 field=images.FIELD,
             ) from None
-        images.admit(image, machine.name, machine.kind, runtimes, facts)
+        kind = engine.machine_kind  # a Slurm machine of the organization's is one, as to its GPUs' facts
+        images.admit(image, machine.name, kind, runtimes, facts)
         gpus = images.gpu_request(resources, machine.options, engine)
-        images.admit_gpus(image, gpus, machine.name, machine.kind, runtimes, facts)
+        images.admit_gpus(image, gpus, machine.name, kind, runtimes, facts)
 
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
         """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""
