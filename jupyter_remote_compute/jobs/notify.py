@@ -3,8 +3,10 @@
 The process that changed a job's state tells its webhooks: ``Notifier`` is one of the service's
 listeners, so it sees every job this process changes, from whatever thread changed it, and hands a
 notice to one thread of its own; nothing waits on a webhook, and a webhook that fails never fails the
-job. Each POST has a timeout (``TIMEOUT``) and is tried ``TRIES`` times with a growing pause between; a
-notice that still fails is logged, naming the webhook's host only (a URL's path may hold a token).
+job. Each POST (``requests``) has a timeout (``CONNECT_TIMEOUT``, ``TIMEOUT``) and is tried ``TRIES`` times
+with a growing pause between; a notice that still fails is logged, naming the webhook's host only (a URL's
+path may hold a token). A redirect is not followed: it would carry the signed body to a place the job did
+not name, so it counts as the receiver's refusal.
 
 A change is told once by the process that made it, named by ``DELIVERY_HEADER`` (the job, its attempt,
 the state it left and the one it is in): a process that starts after another made the last change
@@ -25,9 +27,9 @@ import logging
 import queue
 import threading
 import time
-import urllib.error
-import urllib.request
 from urllib.parse import urlsplit
+
+import requests
 
 from ..schema.job import StateNotice
 from ..schema.notify import DELIVERY_HEADER, SIGNATURE_HEADER, Webhook
@@ -38,7 +40,8 @@ from .transitions import TERMINAL_STATES
 
 log = logging.getLogger(__name__)
 
-#: Seconds one POST may take.
+#: Seconds to connect, and then to wait for the answer, of one POST.
+CONNECT_TIMEOUT = 5.0
 TIMEOUT = 10.0
 #: Tries of one POST, and the pause before the second (doubled for each after).
 TRIES = 3
@@ -155,22 +158,51 @@ class Notifier:
             return
         pause = FIRST_PAUSE
         for attempt in range(1, TRIES + 1):
-            request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
-                    answer.read(1024)
+            problem, final = _posted(url, body, headers)
+            if problem is None:
                 return
-            except urllib.error.HTTPError as e:
-                problem = f"HTTP {e.code}"
-                if 400 <= e.code < 500 and e.code not in (408, 429):
-                    attempt = TRIES  # the receiver refused it: asking again would not change its mind
-            except (OSError, ValueError) as e:
-                problem = type(e).__name__ if not str(e) else str(e).replace(url, where)
-            if attempt >= TRIES or self._closed:  # a process ending tries each notice left once
+            # A refusal (final) is the receiver's last word: asking again would not change its mind.
+            if final or attempt >= TRIES or self._closed:  # a process ending tries each notice left once
                 log.warning("webhook to %s for %s failed %d time(s): %s", where, delivery, attempt, problem)
                 return
             time.sleep(pause)
             pause *= 2
+
+
+def _posted(url: str, body: bytes, headers: dict[str, str]) -> tuple[str | None, bool]:
+    """POST ``body`` once: None when the receiver took it, else why not (naming no URL, whose path or query
+    may hold a token), and whether that is its final word (a 4xx but 408 and 429, a redirect)."""
+    try:
+        with requests.post(
+            url, data=body, headers=headers, timeout=(CONNECT_TIMEOUT, TIMEOUT), allow_redirects=False, stream=True
+        ) as answer:
+            code = answer.status_code
+            location = answer.headers.get("Location", "")
+    except requests.Timeout as e:
+        phase = "connect" if isinstance(e, requests.ConnectTimeout) else "answer"
+        return f"no {phase} within {CONNECT_TIMEOUT if phase == 'connect' else TIMEOUT:g} s", False
+    except (requests.RequestException, OSError, ValueError) as e:
+        return _cause(e), False
+    if 200 <= code < 300:
+        return None, False
+    if 300 <= code < 400:
+        elsewhere = urlsplit(location).hostname or "the same host"
+        return f"HTTP {code}: a redirect (to {elsewhere}), not followed", True
+    return f"HTTP {code}", 400 <= code < 500 and code not in (408, 429)
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost reason of a failed request, as a few words (requests' own text repeats the URL)."""
+    seen: set[int] = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.strerror and not isinstance(error, requests.RequestException):
+            return error.strerror.lower()
+        inner = getattr(error, "reason", None) or error.__cause__ or error.__context__
+        if not isinstance(inner, BaseException):
+            break
+        error = inner
+    return type(error).__name__
 
 
 class _Lane:
