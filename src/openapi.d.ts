@@ -2743,7 +2743,7 @@ export interface components {
             kind: string;
             address: string;
             /**
-             * @description the kind's options, by name (GET /kinds)
+             * @description the kind's options, by name (GET /kinds), and those every kind takes: price_per_hour, max_jobs, ...; notify, a webhook URL every job on the machine POSTs its state changes to, beside its own; notify_secret, the NAME of the Secret Manager entry that signs them (never the key); notify_events, the job states it is told of (default: every change)
              * @default null
              */
             options?: {
@@ -2772,7 +2772,7 @@ export interface components {
             /** @default null */
             address?: string | null;
             /**
-             * @description the kind's options, by name (GET /kinds)
+             * @description the kind's options, by name (GET /kinds), and those every kind takes: price_per_hour, max_jobs, ...; notify, a webhook URL every job on the machine POSTs its state changes to, beside its own; notify_secret, the NAME of the Secret Manager entry that signs them (never the key); notify_events, the job states it is told of (default: every change)
              * @default null
              */
             options?: {

@@ -13,6 +13,11 @@ the state it left and the one it is in): a process that starts after another mad
 and writes the job again (a lease taken, a log grown) may tell that change once more, under the same
 name, for a receiver to drop.
 
+A job's machine may name a webhook of its own (compute.yaml's ``notify``, ``notify_secret``,
+``notify_events``; ``machine_webhooks``): every job on it tells that one too, of the states it lists, as the
+machine was when the job was placed there (its ``machine_snapshot``). Submit refuses a machine whose
+webhook names a secret the Secret Manager lacks (``admit_machine_webhook``), before anything is sent.
+
 The body holds no secret: a URL kept in the Secret Manager (``secret:NAME``) is read when it is used,
 and the signing key (``secret``) only signs: ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of the body>``.
 """
@@ -31,8 +36,10 @@ from urllib.parse import urlsplit
 
 import requests
 
+from ..errors import InvalidSettings
 from ..schema.job import StateNotice
-from ..schema.notify import DELIVERY_HEADER, SIGNATURE_HEADER, Webhook
+from ..schema.machine import Machine
+from ..schema.notify import DELIVERY_HEADER, SIGNATURE_HEADER, Webhook, machine_webhook
 from ..schema.retry import CAUSES
 from ..secrets import REFERENCE_PREFIX, SecretStore
 from .job import Job, utcnow
@@ -76,6 +83,35 @@ def notice_of(job: Job) -> StateNotice:
     )
 
 
+def webhooks_of(job: Job) -> list[Webhook]:
+    """Who is told of ``job``'s state now: its own webhooks, and its machine's where that one hears of it."""
+    hooks = list(job.spec.notify)
+    try:
+        machine = machine_webhook(job.machine_snapshot.get("options") or {})
+    except InvalidSettings:  # a hand-written compute.yaml; its submit was refused, this job's was before
+        machine = None
+    if machine is not None and (machine[1] is None or job.state in machine[1]) and machine[0] not in hooks:
+        hooks.append(machine[0])
+    return hooks
+
+
+def admit_machine_webhook(machine: Machine, secrets: SecretStore) -> None:
+    """Refuse, at submit, a machine whose webhook is not well written or names a secret that is not stored."""
+    where = f"machine {machine.name}"
+    try:
+        found = machine_webhook(machine.options)
+    except InvalidSettings as e:
+        raise InvalidSettings(f"{where}: {e.message} (compute.yaml)", field="machine") from None
+    for setting, name in (found[0].secret_names() if found else {}).items():
+        option = "notify_secret" if setting == "secret" else "notify"
+        if secrets.get(name) is None:
+            raise InvalidSettings(
+                f"{where}: its {option} names the secret {name!r}, which is not in the Secret Manager; store it "
+                f"with `jupyter remote-compute secrets set {name}`, or change {option} in compute.yaml",
+                field="machine",
+            )
+
+
 def signature(key: str, body: bytes) -> str:
     """The value of ``X-Hub-Signature-256`` for ``body`` signed with ``key``."""
     return "sha256=" + hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
@@ -95,7 +131,7 @@ class Notifier:
 
     def __call__(self, job: Job) -> None:
         """A service listener: queue a notice when ``job`` is in a state this process has not told yet."""
-        if not job.spec.notify or job.state == job.previous_state:
+        if job.state == job.previous_state or not (hooks := webhooks_of(job)):
             return
         notice = notice_of(job)
         delivery = f"{job.id}.{notice['attempt']}.{job.previous_state or 'submitted'}.{job.state}"
@@ -106,7 +142,7 @@ class Notifier:
             self._told[delivery] = None
             if len(self._told) > REMEMBERED:
                 del self._told[next(iter(self._told))]
-            for hook in job.spec.notify:
+            for hook in hooks:
                 lane = self._lanes.get(hook)
                 if lane is None:
                     if not self._registered:  # a face that exits without closing its service (the CLI's run)

@@ -62,7 +62,7 @@ from .lifecycle import Driver
 from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
 from .metrics import MetricsPage
-from .notify import Notifier
+from .notify import Notifier, admit_machine_webhook
 from .placement import POOL_KIND, never_fits, place_in
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
@@ -208,6 +208,8 @@ class JobService:
         machine, pool, members = self._target(spec.machine)
         if machine is not None and not machine.enabled:
             raise InvalidSettings(f"machine: {machine.name!r} is disabled; enable it first", field="machine")
+        for each in [machine] if machine is not None else members.values():  # what each job on it tells
+            admit_machine_webhook(each, self.secrets)
 
         # Stored values are read only if some setting is long enough to hold one (see screen_settings).
         screen_settings(spec.screened_settings(), self._stored_secret_values)
@@ -353,6 +355,7 @@ class JobService:
                 raise InvalidSettings(f"{field}: {e.message}", field=field) from None
             if other.name == machine.name:
                 raise InvalidSettings(f"{field}: {name!r} is the job's own machine", field=field)
+            admit_machine_webhook(other, self.secrets)
             if not other.enabled:
                 raise InvalidSettings(f"{field}: {other.name!r} is disabled; enable it first", field=field)
             features = engine_class(other.kind).features
