@@ -2524,6 +2524,8 @@ export interface components {
              * @enum {string|null}
              */
             previous_state?: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost" | null;
+            /** @description how the last notice to each of its webhooks went (its own and its machine's): landed, or why not; absent until one was told */
+            deliveries?: components["schemas"]["WebhookDelivery"][];
             name: string;
             progress?: components["schemas"]["Progress"];
         };
@@ -3139,6 +3141,20 @@ export interface components {
              * @default null
              */
             secret?: string | null;
+        };
+        /**
+         * @description How the last notice to one of a job's webhooks went (``Job.deliveries``): kept per webhook, replaced by
+         *     the next notice's, once the notice landed or its tries were given up.
+         */
+        WebhookDelivery: {
+            url: string;
+            /** @enum {string} */
+            source: "job" | "machine";
+            /** @enum {string} */
+            state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+            status: number | null;
+            error: string | null;
+            at: string;
         };
     };
     responses: {

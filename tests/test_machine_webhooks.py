@@ -1,15 +1,22 @@
 """A machine's own webhook (compute.yaml's ``notify``, ``notify_secret``, ``notify_events``): every job on the real
 ssh bed tells it, beside the job's own, of the states it lists, signed with the Secret Manager entry it names; a
-machine naming a secret that is not stored is refused at submit, before anything is sent."""
+machine naming a secret that is not stored is refused at submit, before anything is sent. Each job keeps how
+the last notice to each webhook went (``deliveries``), shown by the REST job and ``jobs show``: real receivers
+on 127.0.0.1 answer 200, 500 and a redirect."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import json
+import time
 from pathlib import Path
 
 import pytest
 import sshd_fixture
+from test_api import _json
+from test_cli import cli  # noqa: F401 (the CLI in a subprocess on a quickstart copy)
 from test_webhooks import Receiver
 from waiting import wait_for
 
@@ -81,3 +88,50 @@ def test_a_machine_webhook_badly_written_is_refused_naming_its_option(workspace:
         service.machines.add("box", "ssh", "127.0.0.1", options)
     assert refused.value.field == field, refused.value
     assert str(refused.value).startswith(field), refused.value
+
+
+async def test_the_rest_job_keeps_the_last_delivery_to_each_webhook(jp_fetch):  # type: ignore[no-untyped-def]
+    taken, broken, elsewhere = Receiver(then=200), Receiver(then=500), Receiver()
+    moved = Receiver(redirect=elsewhere.url)
+    try:
+        hooks = [taken.url + "?token=not-shown", broken.url, moved.url]
+        _, submitted = await _json(jp_fetch, "jobs", method="POST", body={"command": "true", "notify": hooks})
+        job_id = submitted["job"]["id"]
+        deadline = time.monotonic() + 90
+        while True:  # the 500's notices are each tried 3 times, 1 s and 2 s apart
+            _, job = await _json(jp_fetch, "jobs", job_id)
+            told = {d["url"]: d for d in job.get("deliveries", [])}
+            if len(told) == 3 and all(d["state"] == "succeeded" for d in told.values()):
+                break
+            assert time.monotonic() < deadline, job.get("deliveries")
+            await asyncio.sleep(0.2)
+        assert job["state"] == "succeeded"
+        assert set(told) == {taken.url, broken.url, moved.url}, told  # no query: it may hold a token
+        assert (told[taken.url]["status"], told[taken.url]["error"]) == (200, None)
+        assert (told[broken.url]["status"], told[broken.url]["error"]) == (500, "HTTP 500")
+        assert told[moved.url]["status"] == 307 and "not followed" in told[moved.url]["error"]
+        assert all(d["source"] == "job" and d["at"] for d in told.values())
+        assert len(broken.posts) == 3 * 5 and not elsewhere.posts  # every change tried 3 times; none moved
+    finally:
+        for receiver in (taken, broken, moved, elsewhere):
+            receiver.close()
+
+
+def test_jobs_show_tells_how_each_webhook_last_went(cli):  # type: ignore[no-untyped-def]  # noqa: F811
+    taken, broken = Receiver(then=200), Receiver(then=500)
+    try:
+        done = cli("run", "--notify", taken.url, "--notify", broken.url, "--name", "told", "--", "true")
+        job_id = done.stderr.split("job ", 1)[1].split()[0].rstrip(":")
+        shown = json.loads(cli("jobs", "show", job_id, "--json").stdout)
+        told = {d["url"]: (d["state"], d["status"], d["error"]) for d in shown["deliveries"]}
+        # The run's process told every change before it exited, the last one's outcome kept.
+        assert told == {taken.url: ("succeeded", 200, None), broken.url: ("succeeded", 500, "HTTP 500")}, told
+        lines = cli("jobs", "show", job_id).stdout.splitlines()
+        at = lines.index("webhooks:")
+        assert lines[at + 1].startswith(f"  {taken.url} (the job's): told succeeded at ")
+        assert lines[at + 1].endswith(": landed (HTTP 200)")
+        assert lines[at + 2].startswith(f"  {broken.url} (the job's): told succeeded at ")
+        assert lines[at + 2].endswith(": failed: HTTP 500"), lines
+    finally:
+        taken.close()
+        broken.close()

@@ -25,6 +25,7 @@ and the signing key (``secret``) only signs: ``X-Hub-Signature-256: sha256=<hex 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -32,17 +33,20 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
+from typing import Literal
 from urllib.parse import urlsplit
 
 import requests
 
 from ..errors import InvalidSettings
-from ..schema.job import StateNotice
+from ..schema.job import State, StateNotice, WebhookDelivery
 from ..schema.machine import Machine
-from ..schema.notify import DELIVERY_HEADER, SIGNATURE_HEADER, Webhook, machine_webhook
+from ..schema.notify import DELIVERY_HEADER, SIGNATURE_HEADER, Webhook, machine_webhook, shown_url
 from ..schema.retry import CAUSES
 from ..secrets import REFERENCE_PREFIX, SecretStore
 from .job import Job, utcnow
+from .store import JobStore
 from .transitions import TERMINAL_STATES
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,8 @@ FIRST_PAUSE = 1.0
 CLOSE_WAIT = 5.0
 #: Seconds a webhook's thread waits for more before it ends.
 IDLE = 30.0
+#: Whose webhook it is: the job's own (``notify``), or its machine's.
+Source = Literal["job", "machine"]
 #: The most state changes seen that this process remembers having told (oldest forgotten first).
 REMEMBERED = 10_000
 
@@ -83,15 +89,16 @@ def notice_of(job: Job) -> StateNotice:
     )
 
 
-def webhooks_of(job: Job) -> list[Webhook]:
-    """Who is told of ``job``'s state now: its own webhooks, and its machine's where that one hears of it."""
-    hooks = list(job.spec.notify)
+def webhooks_of(job: Job) -> dict[Webhook, Source]:
+    """Who is told of ``job``'s state now, and whose webhook each is: its own, and its machine's where that
+    one hears of this state."""
+    hooks: dict[Webhook, Source] = dict.fromkeys(job.spec.notify, "job")
     try:
         machine = machine_webhook(job.machine_snapshot.get("options") or {})
     except InvalidSettings:  # a hand-written compute.yaml; its submit was refused, this job's was before
         machine = None
-    if machine is not None and (machine[1] is None or job.state in machine[1]) and machine[0] not in hooks:
-        hooks.append(machine[0])
+    if machine is not None and (machine[1] is None or job.state in machine[1]):
+        hooks.setdefault(machine[0], "machine")
     return hooks
 
 
@@ -121,8 +128,12 @@ class Notifier:
     """Tells each job's webhooks of the state changes this process makes: a thread per webhook URL, in
     the order the changes were made, so a webhook that does not answer holds up no other."""
 
-    def __init__(self, secrets: SecretStore) -> None:
+    def __init__(
+        self, secrets: SecretStore, store: JobStore | None = None, emit: Callable[[Job], None] | None = None
+    ) -> None:
         self.secrets = secrets
+        self.store = store  # where each notice's outcome is kept on its job (Job.deliveries), and told
+        self.emit = emit
         self._told: dict[str, None] = {}  # delivery names, oldest first
         self._guard = threading.Lock()
         self._lanes: dict[Webhook, _Lane] = {}
@@ -142,14 +153,14 @@ class Notifier:
             self._told[delivery] = None
             if len(self._told) > REMEMBERED:
                 del self._told[next(iter(self._told))]
-            for hook in hooks:
+            for hook, source in hooks.items():
                 lane = self._lanes.get(hook)
                 if lane is None:
                     if not self._registered:  # a face that exits without closing its service (the CLI's run)
                         atexit.register(self.close)
                         self._registered = True
                     lane = self._lanes[hook] = _Lane(self, hook)
-                lane.queue.put((delivery, body))
+                lane.queue.put(_Notice(job.id, source, job.state, delivery, body))
 
     def close(self, wait: float = CLOSE_WAIT) -> None:
         """Tell what is queued, for at most ``wait`` seconds in all (a CLI that exits when its job ended): each
@@ -172,8 +183,9 @@ class Notifier:
                 del self._lanes[lane.hook]
             return True
 
-    def post(self, hook: Webhook, delivery: str, body: bytes) -> None:
-        """One notice to one webhook, tried ``TRIES`` times; a failure is logged, naming its host only."""
+    def post(self, hook: Webhook, delivery: str, body: bytes) -> tuple[int | None, str | None]:
+        """One notice to one webhook, tried ``TRIES`` times: the receiver's last status, and why it did not land
+        (None: it did). A failure is logged, naming its host only."""
         url = hook.url
         if url.startswith(REFERENCE_PREFIX):
             url = self.secrets.get(url[len(REFERENCE_PREFIX) :]) or ""
@@ -187,27 +199,51 @@ class Notifier:
             key = self.secrets.get(hook.secret)
             if key is None:
                 log.warning("webhook to %s: no secret named %r in the Secret Manager; not sent", where, hook.secret)
-                return
+                return None, f"not sent: no secret named {hook.secret!r} in the Secret Manager signs it"
             headers[SIGNATURE_HEADER] = signature(key, body)
         if not url:
-            log.warning("webhook: no secret named %r holds its URL; not sent", hook.url[len(REFERENCE_PREFIX) :])
-            return
-        pause = FIRST_PAUSE
-        for attempt in range(1, TRIES + 1):
-            problem, final = _posted(url, body, headers)
+            name = hook.url[len(REFERENCE_PREFIX) :]
+            log.warning("webhook: no secret named %r holds its URL; not sent", name)
+            return None, f"not sent: no secret named {name!r} in the Secret Manager holds its URL"
+        pause, attempt = FIRST_PAUSE, 0
+        while True:
+            attempt += 1
+            status, problem, final = _posted(url, body, headers)
             if problem is None:
-                return
+                return status, None
             # A refusal (final) is the receiver's last word: asking again would not change its mind.
             if final or attempt >= TRIES or self._closed:  # a process ending tries each notice left once
                 log.warning("webhook to %s for %s failed %d time(s): %s", where, delivery, attempt, problem)
-                return
+                return status, problem
             time.sleep(pause)
             pause *= 2
 
+    def record(self, hook: Webhook, notice: _Notice, status: int | None, problem: str | None) -> None:
+        """Keep how a notice went on its job, in place of that webhook's last (``Job.deliveries``)."""
+        if self.store is None:
+            return
+        url = shown_url(hook.url)
+        outcome = WebhookDelivery(
+            url=url, source=notice.source, state=notice.state, status=status, error=problem, at=utcnow()
+        )
+        with self.store.transaction() as jobs:
+            if notice.job_id not in jobs:  # forgotten (pruned) meanwhile
+                return
+            job = jobs[notice.job_id]
+            same = [i for i, d in enumerate(job.deliveries) if (d["url"], d["source"]) == (url, notice.source)]
+            if same:  # in its place: each webhook keeps where it was first told
+                job.deliveries = [*job.deliveries[: same[0]], outcome, *job.deliveries[same[0] + 1 :]]
+            else:
+                job.deliveries = [*job.deliveries, outcome]
+            job.updated = outcome["at"]  # the record changed: a face showing the ended job reads it again
+        if self.emit is not None:
+            self.emit(job)
 
-def _posted(url: str, body: bytes, headers: dict[str, str]) -> tuple[str | None, bool]:
-    """POST ``body`` once: None when the receiver took it, else why not (naming no URL, whose path or query
-    may hold a token), and whether that is its final word (a 4xx but 408 and 429, a redirect)."""
+
+def _posted(url: str, body: bytes, headers: dict[str, str]) -> tuple[int | None, str | None, bool]:
+    """POST ``body`` once: the receiver's status (None: no answer); None when it took it, else why not
+    (naming no URL, whose path or query may hold a token); and whether that is its final word (a 4xx but
+    408 and 429, a redirect)."""
     try:
         with requests.post(
             url, data=body, headers=headers, timeout=(CONNECT_TIMEOUT, TIMEOUT), allow_redirects=False, stream=True
@@ -216,15 +252,15 @@ def _posted(url: str, body: bytes, headers: dict[str, str]) -> tuple[str | None,
             location = answer.headers.get("Location", "")
     except requests.Timeout as e:
         phase = "connect" if isinstance(e, requests.ConnectTimeout) else "answer"
-        return f"no {phase} within {CONNECT_TIMEOUT if phase == 'connect' else TIMEOUT:g} s", False
+        return None, f"no {phase} within {CONNECT_TIMEOUT if phase == 'connect' else TIMEOUT:g} s", False
     except (requests.RequestException, OSError, ValueError) as e:
-        return _cause(e), False
+        return None, _cause(e), False
     if 200 <= code < 300:
-        return None, False
+        return code, None, False
     if 300 <= code < 400:
         elsewhere = urlsplit(location).hostname or "the same host"
-        return f"HTTP {code}: a redirect (to {elsewhere}), not followed", True
-    return f"HTTP {code}", 400 <= code < 500 and code not in (408, 429)
+        return code, f"HTTP {code}: a redirect (to {elsewhere}), not followed", True
+    return code, f"HTTP {code}", 400 <= code < 500 and code not in (408, 429)
 
 
 def _cause(error: BaseException) -> str:
@@ -241,13 +277,24 @@ def _cause(error: BaseException) -> str:
     return type(error).__name__
 
 
+@dataclasses.dataclass(frozen=True)
+class _Notice:
+    """One state change queued for one webhook."""
+
+    job_id: str
+    source: Source
+    state: State
+    delivery: str  # its name (DELIVERY_HEADER)
+    body: bytes
+
+
 class _Lane:
     """One webhook's notices, POSTed in order by a thread of its own that ends once idle a while."""
 
     def __init__(self, notifier: Notifier, hook: Webhook) -> None:
         self.notifier = notifier
         self.hook = hook
-        self.queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
+        self.queue: queue.Queue[_Notice | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="webhook", daemon=True)
         self.thread.start()
 
@@ -262,6 +309,7 @@ class _Lane:
             if item is None:
                 return
             try:
-                self.notifier.post(self.hook, *item)
+                status, problem = self.notifier.post(self.hook, item.delivery, item.body)
+                self.notifier.record(self.hook, item, status, problem)
             except Exception:  # a webhook's fault is never the job's
                 log.exception("webhook failed")

@@ -118,7 +118,7 @@ class JobService:
         self.checkpoints = Checkpoints(self.ctx, self.leases)
         self.collector = Collector(self.ctx, self.leases, self.checkpoints)
         self.driver = Driver(self.ctx, self.leases, self.collector, self.digests, self.checkpoints)
-        self.notifier = Notifier(self.secrets)  # a job's webhooks, told of what this process changes
+        self.notifier = Notifier(self.secrets, self.store, self._emit)  # webhooks, told what this process changes
         self.add_listener(self.notifier)
 
     @property

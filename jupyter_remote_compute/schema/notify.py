@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from typing import Annotated, Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BeforeValidator, Field, with_config
 from pydantic_core import core_schema
@@ -46,6 +46,17 @@ def url_problem(value: Any) -> str | None:
     if parts.username or parts.password:
         return "a URL with a user or password in it: keep the URL in the Secret Manager and write secret:NAME"
     return None
+
+
+def shown_url(url: str) -> str:
+    """A webhook's URL as a job's record and its faces show it: no query, fragment or credentials (which
+    may hold a token); ``secret:NAME`` as written."""
+    if url.startswith(REFERENCE_PREFIX):
+        return url
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme, host + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
 
 
 def _url(value: Any) -> str:
