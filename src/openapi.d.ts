@@ -2526,6 +2526,8 @@ export interface components {
              * @enum {string|null}
              */
             previous_state?: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost" | null;
+            /** @description how the last notice to each of its webhooks went (its own and its machine's): landed, or why not; absent until one was told */
+            deliveries?: components["schemas"]["WebhookDelivery"][];
             name: string;
             progress?: components["schemas"]["Progress"];
         };
@@ -2745,7 +2747,7 @@ export interface components {
             kind: string;
             address: string;
             /**
-             * @description the kind's options, by name (GET /kinds)
+             * @description the kind's options, by name (GET /kinds), and those every kind takes: price_per_hour, max_jobs, ...; notify, a webhook URL every job on the machine POSTs its state changes to, beside its own; notify_secret, the NAME of the Secret Manager entry that signs them (never the key); notify_events, the job states it is told of (default: every change)
              * @default null
              */
             options?: {
@@ -2774,7 +2776,7 @@ export interface components {
             /** @default null */
             address?: string | null;
             /**
-             * @description the kind's options, by name (GET /kinds)
+             * @description the kind's options, by name (GET /kinds), and those every kind takes: price_per_hour, max_jobs, ...; notify, a webhook URL every job on the machine POSTs its state changes to, beside its own; notify_secret, the NAME of the Secret Manager entry that signs them (never the key); notify_events, the job states it is told of (default: every change)
              * @default null
              */
             options?: {
@@ -3141,6 +3143,20 @@ export interface components {
              * @default null
              */
             secret?: string | null;
+        };
+        /**
+         * @description How the last notice to one of a job's webhooks went (``Job.deliveries``): kept per webhook, replaced by
+         *     the next notice's, once the notice landed or its tries were given up.
+         */
+        WebhookDelivery: {
+            url: string;
+            /** @enum {string} */
+            source: "job" | "machine";
+            /** @enum {string} */
+            state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+            status: number | null;
+            error: string | null;
+            at: string;
         };
     };
     responses: {

@@ -12,7 +12,7 @@ from ..jobs.reasons import shorten
 from ..jobs.service import JobService
 from ..jobs.spec import format_duration
 from ..jobs.transitions import TERMINAL_STATES
-from ..jobview import attempt_lines
+from ..jobview import attempt_lines, delivery_lines
 from ..people import local_person
 from .console import Subcommands, done, job_service, organization_or_refuse, print_json, table
 from .run import follow, job_summary, write_log
@@ -140,7 +140,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                     f"checkpoints: {c['files']} files, {c['bytes']} bytes, landed {c['at']} in "
                     f".punica/checkpoints/{job.id}/ ({c['fetched_bytes']} bytes brought home in all)"
                 )
-            for line in attempt_lines(job):
+            for line in [*attempt_lines(job), *delivery_lines(job)]:
                 print(line)
             if job.started and job.ended:
                 from ..jobs.job import parse_time

@@ -62,7 +62,7 @@ from .lifecycle import Driver
 from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
 from .metrics import MetricsPage
-from .notify import Notifier
+from .notify import Notifier, admit_machine_webhook
 from .placement import POOL_KIND, never_fits, place_in
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
@@ -118,7 +118,7 @@ class JobService:
         self.checkpoints = Checkpoints(self.ctx, self.leases)
         self.collector = Collector(self.ctx, self.leases, self.checkpoints)
         self.driver = Driver(self.ctx, self.leases, self.collector, self.digests, self.checkpoints)
-        self.notifier = Notifier(self.secrets)  # a job's webhooks, told of what this process changes
+        self.notifier = Notifier(self.secrets, self.store, self._emit)  # webhooks, told what this process changes
         self.add_listener(self.notifier)
 
     @property
@@ -208,6 +208,8 @@ class JobService:
         machine, pool, members = self._target(spec.machine)
         if machine is not None and not machine.enabled:
             raise InvalidSettings(f"machine: {machine.name!r} is disabled; enable it first", field="machine")
+        for each in [machine] if machine is not None else members.values():  # what each job on it tells
+            admit_machine_webhook(each, self.secrets)
 
         # Stored values are read only if some setting is long enough to hold one (see screen_settings).
         screen_settings(spec.screened_settings(), self._stored_secret_values)
@@ -376,6 +378,7 @@ class JobService:
                 raise InvalidSettings(f"{field}: {e.message}", field=field) from None
             if other.name == machine.name:
                 raise InvalidSettings(f"{field}: {name!r} is the job's own machine", field=field)
+            admit_machine_webhook(other, self.secrets)
             if not other.enabled:
                 raise InvalidSettings(f"{field}: {other.name!r} is disabled; enable it first", field=field)
             features = engine_class(other.kind).features_for(other.options)
