@@ -1,6 +1,6 @@
 """A job across two nodes of a real Slurm cluster on this machine, each node a network namespace with its
 own address and hostname (tests/slurm_nodes.py): torchrun on both, two processes on each all-reducing over gloo;
-and one node going down ending the job, that node named."""
+one node going down ending the job, that node named; Slurm's warning before the time limit reaching both."""
 
 from __future__ import annotations
 
@@ -108,6 +108,31 @@ def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(clus
         ended.reason,
         log,
     )
+
+
+#: A rank that says it is up, and ends when warned of the time limit (its sleep ends of the signal too).
+WARNED_RANK = "trap 'echo warned; exit 0' USR1; echo up; while :; do sleep 1; done"
+
+
+def test_the_time_limits_warning_reaches_the_process_on_each_node(cluster) -> None:
+    service, bed = cluster
+    spec = {"machine": "pair", "command": WARNED_RANK, "resources": {"nodes": 2, "launcher": "plain"}}
+    job = service.submit(JobSpec.from_json(spec)).job
+
+    def both_up() -> bool:
+        service.driver.poll_active()
+        return service.read_log(job.id).data.decode().count("] up") == 2
+
+    wait_for(both_up, 60, "a process on each node")
+    slurm_id = service.get(job.id).handle["slurm_job_id"]
+    bed.run(["scancel", "--signal=USR1", "--batch", slurm_id])  # what --signal=B:USR1@N sends before the limit
+    ended = service.wait(job.id, timeout=60)
+    log = service.read_log(job.id).data.decode()
+    assert ended.state == "succeeded", (ended.state, ended.reason, log)
+    assert "time limit is near; the job will be stopped soon (sent USR1 to every process of the job)" in log, log
+    assert sorted(line.split(" rank ")[0] for line in log.splitlines() if line.endswith("] warned")) == [
+        f"[{node}" for node in bed.nodes
+    ], log
 
 
 #: torchrun on every node but the first never starts: as a node stuck before the rendezvous would be.

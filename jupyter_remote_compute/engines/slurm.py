@@ -335,8 +335,8 @@ class SlurmEngine(SSHEngine):
         ),
         "warn_command": OptionField(
             bool,
-            "Pass Slurm's warning before the time limit (USR1) on to the command's process group, so it can "
-            "checkpoint (default true; a program without a USR1 handler ends on it)",
+            "Pass Slurm's warning before the time limit (USR1) on to the command's process group (every rank's, "
+            "torchrun jobs' aside), so it can checkpoint (default true; a program without a USR1 handler ends on it)",
         ),
     }
 

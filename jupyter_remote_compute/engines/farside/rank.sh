@@ -28,6 +28,7 @@ node=${SLURMD_NODENAME:-$(hostname)}
 # non-empty $2 (a worker's, prefixed already) pass as they are. With $3, torchrun's word that it gave
 # up waiting at the rendezvous writes this node's name to the file $3.
 prefixed() {
+  trap '' USR1 # a signal a trap catches would end read, and the log with it
   while IFS= read -r line || [ -n "$line" ]; do
     if [ -n "$2" ]; then
       case $line in "$2"*)
@@ -193,7 +194,11 @@ if [ "$RANK" != 0 ]; then
 fi
 rm -f "$dir/exit_code"
 printf '%s\n' "$node" > "$dir/node"
+# Slurm's warning before the time limit (srun passes it on to every process of the step) is for the
+# command: these shells note it and wait on, while the command's own programs get it as they started.
+trap : USR1
 {
+  trap : USR1
   sh "$jobdir/command.sh" 2>&1
   echo $? > "$dir/exit_code"
 } | prefixed "[$node rank $RANK] " ""

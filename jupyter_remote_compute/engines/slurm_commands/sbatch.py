@@ -321,7 +321,10 @@ def batch_script(
     a file and, with ``warn_command``, passed on to a job of one process: its command runs in a session
     of its own (``setsid``), in a shell that only notes USR1 itself, so the signal sent to that process
     group reaches the user's programs (which may checkpoint on it; one without a handler ends) and not
-    the shell that waits for them. A job of several processes (srun) is not sent it.
+    the shell that waits for them. A job of several processes started ``plain`` gets it through
+    ``srun``, which passes it on to every process of its step; ``rank.sh``'s own shells note it (or
+    ignore it, the one copying the log), so each rank's command gets it. A ``torchrun`` job is not sent
+    it: torchrun ends on it, or, told to handle it, stops its workers.
     """
     if not job_dir.startswith("/"):
         raise ValueError(f"job_dir must be absolute, got {job_dir!r}")
@@ -334,6 +337,9 @@ def batch_script(
     )
     after = ""
     passed_on = warn_command and not resources.distributed
+    # A plain job's ranks (rank.sh traps USR1 in its own shells) get it through srun, which passes a
+    # signal on to its step's processes; torchrun ends on it (or, told to handle it, stops its workers).
+    to_ranks = warn_command and resources.distributed and resources.launcher != "torchrun"
     if passed_on:
         # The sourcing shell outlives a USR1 and a TERM, waiting for what it started (whose actions are the
         # defaults again): a program that checkpoints on either has until Slurm's KillWait.
@@ -361,7 +367,9 @@ def batch_script(
     # The command's process group where it has one of its own (a pid alone else).
     group = '-- "-$child"' if passed_on else '"$child"'
     tell = f" (sent {WARN_SIGNAL} to the command)" if passed_on else ""
-    forward = f"kill -s {WARN_SIGNAL} {group} 2>/dev/null" if passed_on else ":"
+    forward = f"kill -s {WARN_SIGNAL} {group} 2>/dev/null" if passed_on or to_ranks else ":"
+    if to_ranks:
+        tell = f" (sent {WARN_SIGNAL} to every process of the job)"
     stop = f"kill -s TERM {group} 2>/dev/null"
     return f"""#!/bin/sh
 # Written by jupyter-remote-compute: the batch script Slurm runs for this job folder.
