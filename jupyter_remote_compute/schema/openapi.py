@@ -88,6 +88,8 @@ def _openapi_30(node: Any) -> Any:
             node["allOf"] = rest  # a $ref takes no sibling keywords in 3.0
         elif len(rest) == 1:
             node = {**rest[0], **node}
+            if "enum" in node and None not in node["enum"]:  # 3.0: nullable admits null only if enum lists it
+                node["enum"] = [*node["enum"], None]
         else:
             node["anyOf"] = rest
     return node
