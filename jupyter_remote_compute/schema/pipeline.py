@@ -124,10 +124,7 @@ class PipelineRun:
 
     def public_json(self) -> dict[str, Any]:
         """What the API and the CLI show: no driver bookkeeping."""
-        data = self.to_json()
-        for name in HIDDEN:
-            data.pop(name)
-        return data
+        return to_json(PipelineRun, self, exclude=set(HIDDEN))
 
     @classmethod
     def from_json(cls, data: Any) -> PipelineRun:
@@ -149,6 +146,17 @@ class SweepStarted(TypedDict):
     run: PipelineRun
     attached: Annotated[bool, Field(description="true: the same sweep was already under way")]
     warnings: Annotated[list[str], Field(description="e.g. a parameter the command never mentions")]
+
+
+def run_started(run: PipelineRun, attached: bool) -> dict[str, Any]:
+    """``PipelineRunStarted`` as the API writes it."""
+    return to_json(PipelineRunStarted, {"run": run, "attached": attached}, exclude={"run": set(HIDDEN)})
+
+
+def sweep_started(run: PipelineRun, attached: bool, warnings: list[str]) -> dict[str, Any]:
+    """``SweepStarted`` as the API writes it."""
+    answer = {"run": run, "attached": attached, "warnings": warnings}
+    return to_json(SweepStarted, answer, exclude={"run": set(HIDDEN)})
 
 
 @with_config(STRICT)
