@@ -40,7 +40,10 @@ export function applyRunEvent(
       id: emission.id as string,
       file: (emission.file as string | undefined) ?? '',
       pipeline: {},
-      created: updated
+      created: updated,
+      cancel_requested: null,
+      mlflow_run_id: null,
+      mlflow_experiment_id: null
     }),
     state: emission.state as IPipelineRun['state'],
     reason: (emission.reason as string | null | undefined) ?? null,

@@ -31,6 +31,7 @@ from ..jobs.recording import PROGRAM as RECORDER
 from ..jobs.service import JobService
 from ..jobs.spec import JobSpec, check_relative_path
 from ..people import local_person
+from ..schema.pipeline import Sweep
 from ..steps import describe_steps, parse_settings
 from ..steps.executor import StepContext, run_spec, with_machine
 from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs, load_pipeline, order, validate
@@ -172,7 +173,7 @@ class PipelineRunner:
         problems = self.problems(pipeline)
         if problems:
             raise PipelineInvalid(problems, source)
-        sweep: dict[str, Any] = {
+        sweep: Sweep = {
             "name": name,
             "max_parallel": plan.max_parallel,
             "parameters": plan.parameters,
