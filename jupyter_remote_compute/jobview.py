@@ -91,6 +91,15 @@ def attempt_lines(job: Job) -> list[str]:
     return ["attempts:", *lines] if lines else []
 
 
+def delivery_lines(job: Job) -> list[str]:
+    """How the last notice to each of a job's webhooks went, as ``jobs show`` prints them."""
+    lines = []
+    for d in job.deliveries:
+        answer = f"landed (HTTP {d['status']})" if d["error"] is None else f"failed: {d['error']}"
+        lines.append(f"  {d['url']} (the {d['source']}'s): told {d['state']} at {d['at']}: {answer}")
+    return ["webhooks:", *lines] if lines else []
+
+
 def detach_hint(job_id: str) -> str:
     return (
         f"re-attach: run the cell again (or `%remote_jobs {job_id}` then `.wait()`); "

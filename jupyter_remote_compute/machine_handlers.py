@@ -9,6 +9,11 @@ from .engines import engine_class, engine_kinds
 from .engines.organization.client import with_organization
 from .errors import InvalidSettings, MachineUnreachable
 from .handlers import MACHINE, PREFIX, RemoteComputeHandler, api
+from .machines.options import COMMON_OPTIONS
+
+#: Options every kind takes that the machine form offers beside the kind's own: its webhook. Its key's name
+#: is typed as a name (``secret_name`` false here: the form asks no secret for it; ``secrets set`` stores it).
+FORM_COMMON = {name: COMMON_OPTIONS[name] for name in ("notify", "notify_secret", "notify_events")}
 
 
 def kinds_json() -> list[dict[str, Any]]:
@@ -28,9 +33,9 @@ def kinds_json() -> list[dict[str, Any]]:
                         "type": field.type.__name__,
                         "description": field.description,
                         "required": field.required,
-                        "secret_name": field.secret_name,
+                        "secret_name": field.secret_name and name not in FORM_COMMON,
                     }
-                    for name, field in cls.options.items()
+                    for name, field in {**cls.options, **FORM_COMMON}.items()
                 },
             }
         )

@@ -38,7 +38,7 @@ CELLS_DIR = ".remote-compute-cells"
 
 TRAIN_EXAMPLES = """\
 The command after -- is one line for the machine's shell (sh), run in the job's
-folder as written (&&, pipes and quotes work there), as in the New job form and a
+folder as written (&&, pipes and quotes work there), as in the New Job form and a
 pipeline step; IPython fills in {name} and $name from the notebook first, as in any
 magic. Paths are relative to the workspace (the folder holding .punica/, else the
 notebook's folder). Running the same cell again attaches to its job while it

@@ -11,7 +11,7 @@ from .pipelines.sweep import CONFIRM_ABOVE
 
 RESOURCE_OPTIONS = ("gpus", "cpus", "memory", "nodes", "partition", "processes_per_node", "launcher")
 
-#: How every face's command runs (the CLI, %remote_train, the New job form, a pipeline step, the REST API).
+#: How every face's command runs (the CLI, %remote_train, the New Job form, a pipeline step, the REST API).
 COMMAND_RULE = (
     "one line for the machine's shell (sh), run in the job's folder as written, so &&, pipes and $VARS work; "
     "words given apart (the CLI's several arguments after --, a list in the REST API) are quoted one by one"
@@ -203,7 +203,8 @@ def add_retry_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MACHINE",
-        help="a machine a lost, preempted or unreachable attempt continues on (repeated: in order)",
+        help="a machine (or a pool, whose queue it joins) a lost, preempted or unreachable attempt continues "
+        "on (repeated: in order)",
     )
     told = parser.add_argument_group("webhooks", "who is told of each change of the job's state")
     told.add_argument(

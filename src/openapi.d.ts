@@ -940,7 +940,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The JSON Schema (2020-12) of a type a form draws, as the server reads it: JobRequest (the New job form), MachineInput (the machine form) */
+        /** The JSON Schema (2020-12) of a type a form draws, as the server reads it: JobRequest (the New Job form), MachineInput (the machine form) */
         get: {
             parameters: {
                 query?: never;
@@ -2124,91 +2124,6 @@ export interface components {
             /** @description why the machine could not be reached, when it was not */
             reason?: string;
         };
-        SweepStarted: {
-            run: components["schemas"]["PipelineRun"];
-            /** @description true: the same sweep was already under way */
-            attached: boolean;
-            /** @description e.g. a parameter the command never mentions */
-            warnings: string[];
-        };
-        PipelineRunStarted: {
-            run: components["schemas"]["PipelineRun"];
-            /** @description true: a run of this file was already under way */
-            attached: boolean;
-        };
-        PipelineRun: {
-            id: string;
-            /** @description workspace-relative path of the .rcpipeline; empty for a sweep */
-            file: string;
-            /** @description the document as it was when the run started */
-            pipeline: {
-                [key: string]: unknown;
-            };
-            /** @enum {string} */
-            state: "running" | "succeeded" | "failed" | "cancelled";
-            reason?: string | null;
-            created: string;
-            updated: string;
-            /** @description who asked to cancel it */
-            cancel_requested?: string | null;
-            /** @description its MLflow parent run; the nodes' job runs are its children */
-            mlflow_run_id?: string | null;
-            /** @description the parent run's experiment */
-            mlflow_experiment_id?: string | null;
-            /** @description node id → its state in this run */
-            nodes: {
-                [key: string]: components["schemas"]["PipelineNodeRun"];
-            };
-            /** @description a sweep's run (run --sweep): its trials are the nodes, at most max_parallel at once */
-            sweep?: {
-                name: string;
-                max_parallel: number;
-                /** @description node id → the trial's parameters, name → value */
-                parameters: {
-                    [key: string]: {
-                        [key: string]: string;
-                    };
-                };
-                /** @description the MLflow metric the trials are judged by */
-                metric?: string | null;
-                /** @enum {string|null} */
-                goal?: "min" | "max" | null;
-                /** @enum {string|null} */
-                early_stop?: "median" | null;
-                /** @description node id → [step, value]: the metric's last point each trial logged */
-                latest?: {
-                    [key: string]: number[];
-                };
-                /** @description node id → why early stopping stopped it */
-                stopped?: {
-                    [key: string]: string;
-                };
-            } | null;
-        };
-        PipelineProblem: {
-            /** @description cycle, missing_setting, invalid_setting, missing_input, outside_workspace, unknown_step; or a job's own check: invalid, secret_in_settings */
-            kind: string;
-            /** @description the node at fault; null for the whole pipeline */
-            node: string | null;
-            /** @description the setting at fault, e.g. command or send */
-            field: string | null;
-            message: string;
-        };
-        PipelineNodeRun: {
-            /**
-             * @description reused: unchanged since its job succeeded, outputs taken as they are; not_run: a node it needs did not succeed; stopped_early: a sweep's trial its early stopping ended
-             * @enum {string}
-             */
-            state: "waiting" | "running" | "succeeded" | "reused" | "failed" | "cancelled" | "not_run" | "stopped_early";
-            job_id?: string | null;
-            reason?: string | null;
-            /** @description workspace-relative path → sha256, size, path */
-            outputs?: {
-                [key: string]: unknown;
-            };
-            started?: string | null;
-            ended?: string | null;
-        };
         Kind: {
             kind: string;
             label: string;
@@ -2524,6 +2439,8 @@ export interface components {
              * @enum {string|null}
              */
             previous_state?: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost" | null;
+            /** @description how the last notice to each of its webhooks went (its own and its machine's): landed, or why not; absent until one was told */
+            deliveries?: components["schemas"]["WebhookDelivery"][];
             name: string;
             progress?: components["schemas"]["Progress"];
         };
@@ -2537,7 +2454,7 @@ export interface components {
             ended: string;
             end: string;
             reason: string | null;
-            lost_s: number;
+            lost_s?: number;
         };
         /** @description What submits a job (``POST /jobs``): its spec, and whether to start new work when the same is under way. */
         JobRequest: {
@@ -2595,7 +2512,7 @@ export interface components {
              */
             retry?: (components["schemas"]["RetryPolicy"] | number) | null;
             /**
-             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it); a pool's name: the attempt joins its queue
              * @default []
              */
             fallback?: string[] | null;
@@ -2665,7 +2582,7 @@ export interface components {
              */
             retry?: (components["schemas"]["RetryPolicy"] | number) | null;
             /**
-             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it); a pool's name: the attempt joins its queue
              * @default []
              */
             fallback?: string[] | null;
@@ -2743,7 +2660,7 @@ export interface components {
             kind: string;
             address: string;
             /**
-             * @description the kind's options, by name (GET /kinds)
+             * @description the kind's options, by name (GET /kinds), and those every kind takes: price_per_hour, max_jobs, ...; notify, a webhook URL every job on the machine POSTs its state changes to, beside its own; notify_secret, the NAME of the Secret Manager entry that signs them (never the key); notify_events, the job states it is told of (default: every change)
              * @default null
              */
             options?: {
@@ -2772,7 +2689,7 @@ export interface components {
             /** @default null */
             address?: string | null;
             /**
-             * @description the kind's options, by name (GET /kinds)
+             * @description the kind's options, by name (GET /kinds), and those every kind takes: price_per_hour, max_jobs, ...; notify, a webhook URL every job on the machine POSTs its state changes to, beside its own; notify_secret, the NAME of the Secret Manager entry that signs them (never the key); notify_events, the job states it is told of (default: every change)
              * @default null
              */
             options?: {
@@ -2814,8 +2731,111 @@ export interface components {
         };
         /** @description An output brought back: its content's digest and size. */
         OutputFile: {
-            sha256: string;
-            size: number;
+            sha256?: string;
+            size?: number;
+        };
+        /** @description A node's state in a run, its job, why it is so and what it brought back. */
+        PipelineNodeRun: {
+            /**
+             * @description reused: unchanged since its job succeeded, outputs taken as they are; not_run: a node it needs did not succeed; stopped_early: a sweep's trial its early stopping ended
+             * @default waiting
+             * @enum {string}
+             */
+            state: "waiting" | "running" | "succeeded" | "reused" | "failed" | "cancelled" | "not_run" | "stopped_early";
+            /**
+             * @description the node's job, once submitted
+             * @default null
+             */
+            job_id: string | null;
+            /**
+             * @description why the node is in its state
+             * @default null
+             */
+            reason: string | null;
+            /** @description workspace-relative path → sha256, size, path */
+            outputs: {
+                [key: string]: unknown;
+            };
+            /**
+             * @description when (ISO 8601, UTC); null until then
+             * @default null
+             */
+            started: string | null;
+            /**
+             * @description when (ISO 8601, UTC); null until then
+             * @default null
+             */
+            ended: string | null;
+        };
+        /** @description One thing wrong with a pipeline, at a node (or the document when ``node`` is None). */
+        PipelineProblem: {
+            /** @description cycle, missing_setting, invalid_setting, missing_input, outside_workspace, unknown_step; or a job's own check: invalid, secret_in_settings */
+            kind: string;
+            message: string;
+            /**
+             * @description the node at fault; null for the whole pipeline
+             * @default null
+             */
+            node: string | null;
+            /**
+             * @description the setting at fault, e.g. command or send
+             * @default null
+             */
+            field: string | null;
+        };
+        /** @description A run of a pipeline (or a sweep): the document as it started, each node's state, the run's own. */
+        PipelineRun: {
+            id: string;
+            /** @description workspace-relative path of the .rcpipeline; empty for a sweep */
+            file: string;
+            /** @description the document as it was when the run started */
+            pipeline: {
+                [key: string]: unknown;
+            };
+            /**
+             * @default running
+             * @enum {string}
+             */
+            state: "running" | "succeeded" | "failed" | "cancelled";
+            /**
+             * @description why the run ended so, once it has
+             * @default null
+             */
+            reason: string | null;
+            created: string;
+            updated: string;
+            /**
+             * @description who asked to cancel it
+             * @default null
+             */
+            cancel_requested: string | null;
+            /**
+             * @description its MLflow parent run; the nodes' job runs are its children
+             * @default null
+             */
+            mlflow_run_id: string | null;
+            /**
+             * @description the parent run's experiment (MLflow's run comparison needs it)
+             * @default null
+             */
+            mlflow_experiment_id: string | null;
+            /** @description node id → its state in this run */
+            nodes: {
+                [key: string]: components["schemas"]["PipelineNodeRun"];
+            };
+            /** @default null */
+            sweep: components["schemas"]["Sweep"] | null;
+            /**
+             * @description who started it (their login), the submitter of its nodes' jobs; null on a run recorded before runs kept it
+             * @default null
+             */
+            user: string | null;
+        };
+        /** @description ``POST /pipelines/runs``'s answer: the run, and whether a run of this file was already under way. */
+        PipelineRunStarted: {
+            run: components["schemas"]["PipelineRun"];
+            /** @description true: a run of this file was already under way */
+            attached: boolean;
         };
         /** @description One pool of compute.yaml: its name, its machines in order, its placement rule. */
         Pool: {
@@ -2920,9 +2940,9 @@ export interface components {
         };
         /** @description What the machine's scheduler said (epoch seconds), only those it reported. */
         SchedulerTimes: {
-            queued_at: number;
-            started_at: number;
-            ended_at: number;
+            queued_at?: number;
+            started_at?: number;
+            ended_at?: number;
         };
         /** @enum {string} */
         State: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
@@ -3029,7 +3049,7 @@ export interface components {
              */
             retry?: components["schemas"]["StoredRetryPolicy"] | null;
             /**
-             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it)
+             * @description machines an attempt that ended lost, preempted or machine_unreachable continues on, in order (the checkpoint set following it); a pool's name: the attempt joins its queue
              * @default []
              */
             fallback?: string[];
@@ -3130,6 +3150,42 @@ export interface components {
             job: components["schemas"]["Job"];
             attached: boolean;
         };
+        /**
+         * @description A sweep's run (run --sweep): its definition, and what its trials found so far. Its trials are the
+         *     run's nodes, at most ``max_parallel`` at once.
+         */
+        Sweep: {
+            name: string;
+            max_parallel: number;
+            /** @description node id → the trial's parameters, name → value */
+            parameters: {
+                [key: string]: {
+                    [key: string]: string;
+                };
+            };
+            /** @description the MLflow metric the trials are judged by */
+            metric?: string | null;
+            /** @enum {string|null} */
+            goal?: "min" | "max" | null;
+            /** @enum {string|null} */
+            early_stop?: "median" | null;
+            /** @description node id → [step, value]: the metric's last point each trial logged */
+            latest?: {
+                [key: string]: (number)[];
+            };
+            /** @description node id → why early stopping stopped it */
+            stopped?: {
+                [key: string]: string;
+            };
+        };
+        /** @description ``POST /pipelines/sweeps``'s answer: the sweep's run, whether it was already under way, and warnings. */
+        SweepStarted: {
+            run: components["schemas"]["PipelineRun"];
+            /** @description true: the same sweep was already under way */
+            attached: boolean;
+            /** @description e.g. a parameter the command never mentions */
+            warnings: string[];
+        };
         /** @description A URL a job's state changes are POSTed to, and the secret that signs them. */
         Webhook: {
             /** @description where each state change is POSTed (JSON); secret:NAME: the URL kept in the Secret Manager */
@@ -3139,6 +3195,20 @@ export interface components {
              * @default null
              */
             secret?: string | null;
+        };
+        /**
+         * @description How the last notice to one of a job's webhooks went (``Job.deliveries``): kept per webhook, replaced by
+         *     the next notice's, once the notice landed or its tries were given up.
+         */
+        WebhookDelivery: {
+            url: string;
+            /** @enum {string} */
+            source: "job" | "machine";
+            /** @enum {string} */
+            state: "queued" | "sending" | "pending" | "running" | "collecting" | "succeeded" | "failed" | "cancelled" | "lost";
+            status: number | null;
+            error: string | null;
+            at: string;
         };
     };
     responses: {

@@ -22,8 +22,8 @@ export const PIPELINE_EVENT_SCHEMA =
 export const RUNS_LISTED = 10;
 
 /**
- * `run` with what one `pipeline_run` event says of it (the run's state, and each node's state,
- * job and reason); `known` is what was known of it before, if anything.
+ * `run` with what one `pipeline_run` event says of it (the run's state, who started it, and each
+ * node's state, job and reason); `known` is what was known of it before, if anything.
  */
 export function applyRunEvent(
   known: IPipelineRun | null,
@@ -40,11 +40,15 @@ export function applyRunEvent(
       id: emission.id as string,
       file: (emission.file as string | undefined) ?? '',
       pipeline: {},
-      created: updated
+      created: updated,
+      cancel_requested: null,
+      mlflow_run_id: null,
+      mlflow_experiment_id: null
     }),
     state: emission.state as IPipelineRun['state'],
     reason: (emission.reason as string | null | undefined) ?? null,
     updated: updated || known?.updated || '',
+    user: (emission.user as string | null | undefined) ?? known?.user ?? null,
     nodes: merged,
     sweep:
       (emission.sweep as IPipelineRun['sweep'] | undefined) ??

@@ -66,8 +66,9 @@ SERIAL_GROUPS = {
     # the hub's Linux users (rcadmin, rcalice, rcbob, rceve), their homes and their servers: every module
     # that starts the hub bed (it holds the users for its process: one outside the group would wait on it)
     "hub": ("test_hub_bed.py::*", "test_organization.py::*", "test_org_*.py::*"),
-    # the Slurm cluster of two namespaced nodes: one fixed subnet and bridge (slurm_nodes.LOCK)
-    "slurm_nodes": ("test_slurm_two_nodes.py::*",),
+    # the Slurm cluster of two namespaced nodes: one fixed subnet and bridge (slurm_nodes.LOCK, which
+    # test_org_nodes.py, in the group hub, waits on too)
+    "slurm_nodes": ("test_slurm_two_nodes.py::*", "test_ssh_host_list.py::*"),
 }  # fmt: skip
 
 

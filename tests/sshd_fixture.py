@@ -22,7 +22,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -78,7 +78,7 @@ def terminate(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
 
 @dataclasses.dataclass
 class SSHServer:
-    """One running sshd on 127.0.0.1."""
+    """One running sshd, on 127.0.0.1 unless it was started elsewhere (a network namespace's address)."""
 
     port: int
     host_key: Path
@@ -86,10 +86,11 @@ class SSHServer:
     config: Path
     log: Path
     proc: subprocess.Popen
+    address: str = "127.0.0.1"
 
     @property
     def known_hosts_line(self) -> str:
-        return f"[127.0.0.1]:{self.port} {self.host_pub}\n"
+        return f"[{self.address}]:{self.port} {self.host_pub}\n"
 
     def session_pids(self) -> list[int]:
         """Per-connection sshd processes: the listener's children and theirs (not detached jobs)."""
@@ -124,26 +125,36 @@ class SSHServer:
                 os.kill(pid, signal.SIGTERM)
 
 
-def _banner(port: int) -> bool:
+def _banner(port: int, address: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        with socket.create_connection((address, port), timeout=1) as s:
             return s.recv(64).startswith(b"SSH-2.0-")
     except OSError:
         return False
 
 
-def start_sshd(workdir: Path, name: str, authorized_keys: Path, extra: str = "") -> SSHServer:
-    """Start ``sshd -D`` on a free loopback port and wait until it answers with its banner."""
+def start_sshd(
+    workdir: Path,
+    name: str,
+    authorized_keys: Path,
+    extra: str = "",
+    *,
+    address: str = "127.0.0.1",
+    port: int | None = None,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+) -> SSHServer:
+    """Start ``sshd -D`` on a free loopback port and wait until it answers with its banner; elsewhere with
+    ``address`` and ``port``, run as ``wrap`` makes its argv (inside a network namespace, say)."""
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
     host_key = workdir / f"{name}_host_ed25519"
     host_pub = keygen(host_key, f"{name}-host")
     host_pub = " ".join(host_pub.split()[:2])
-    port = free_port()
+    port = port or free_port()
     config = workdir / f"{name}_sshd_config"
     log = workdir / f"{name}_sshd.log"
     config.write_text(
         f"""Port {port}
-ListenAddress 127.0.0.1
+ListenAddress {address}
 HostKey {host_key}
 PidFile {workdir / f"{name}_sshd.pid"}
 UsePAM no
@@ -160,13 +171,14 @@ LogLevel DEBUG1
 {extra}
 """
     )
-    proc = subprocess.Popen([SSHD, "-D", "-f", str(config), "-E", str(log)], stdin=subprocess.DEVNULL)
-    server = SSHServer(port, host_key, host_pub, config, log, proc)
+    argv = [SSHD, "-D", "-f", str(config), "-E", str(log)]
+    proc = subprocess.Popen(wrap(argv) if wrap else argv, stdin=subprocess.DEVNULL)
+    server = SSHServer(port, host_key, host_pub, config, log, proc, address)
 
     def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited with {proc.returncode}: {log.read_text() if log.exists() else ''}")
-        return _banner(port)
+        return _banner(port, address)
 
     try:
         wait_for(ready, 20, f"sshd {name} on port {port}")

@@ -86,11 +86,14 @@ def test_the_organizations_kind_loads_but_is_no_kind_a_machine_is_added_as(tmp_p
         ({"launcher": "plain"}, "resources.launcher"),
     ],
 )
-def test_only_slurm_starts_a_job_of_several_processes(asked: dict, field: str) -> None:
+def test_only_slurm_and_an_ssh_host_list_start_a_job_of_several_processes(asked: dict, field: str) -> None:
     from jupyter_remote_compute.engines.base import refuse_distributed
     from jupyter_remote_compute.engines.resources import Resources
 
     resources = Resources.from_json(asked)
+    host_list = engine_class("ssh").features_for({"hosts": ["gpu1", "gpu2"]})
+    assert host_list.launchers == ("plain", "torchrun") and "nodes" in host_list.resources
+    refuse_distributed(resources, host_list, "pair", "ssh")
     for kind in BUILT_IN_KINDS:
         features = engine_class(kind).features
         if kind == "slurm":

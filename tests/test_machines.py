@@ -344,6 +344,33 @@ def test_options_are_checked_against_the_kind(
     assert words in caught.value.message
 
 
+@pytest.mark.parametrize(
+    ("hosts", "words"),
+    [
+        (["gpu1"], "expected a list of two or more ssh hosts"),
+        (["gpu2", "gpu1"], "options.hosts[0]: the first host is the rendezvous and must be the machine's address"),
+        (["gpu1", "gpu1"], "options.hosts[1]: gpu1 is listed twice"),
+        (["gpu1", "-oProxyCommand=x"], "options.hosts[1]: use a host name"),
+        (["gpu1", 2], "options.hosts[1]: expected an ssh host (text)"),
+        ("gpu1,gpu2", "options.hosts must be list"),
+    ],
+)
+def test_an_ssh_host_list_names_its_hosts_the_first_the_address(
+    registry: MachineRegistry, path: Path, hosts: Any, words: str
+) -> None:
+    with pytest.raises(InvalidSettings) as caught:
+        registry.add("pair", "ssh", "gpu1", {"hosts": hosts})
+    assert caught.value.field == "options.hosts" and words in caught.value.message, caught.value.message
+    added = registry.add("pair", "ssh", "gpu1", {"hosts": ["gpu1", "gpu2"]})
+    assert added.options["hosts"] == ["gpu1", "gpu2"]
+    with pytest.raises(InvalidSettings) as caught:
+        registry.update("pair", address="gpu2")
+    assert caught.value.field == "options.hosts", caught.value.message
+    with pytest.raises(InvalidSettings) as caught:
+        registry.add("hpc", "slurm", "login", {"hosts": ["login", "other"]})
+    assert caught.value.field == "options.hosts" and "unknown option" in caught.value.message
+
+
 def test_required_option(registry: MachineRegistry) -> None:
     with pytest.raises(InvalidSettings) as caught:
         registry.add("a", "strict", "a.lab")

@@ -232,7 +232,7 @@ def test_a_failing_command_raises_not_trained_with_its_reason(kernel) -> None:
 
 
 def test_the_command_after_dashes_runs_in_the_machines_shell_as_written(kernel, make_service, quickstart) -> None:
-    """One rule with the New job form and a pipeline step: the line after -- is the shell's, && and quotes
+    """One rule with the New Job form and a pipeline step: the line after -- is the shell's, && and quotes
     included, and the job's spec holds it as written (what its detail shows)."""
     line = """%remote_train -- echo "a  b" && echo 'second' | tr a-z A-Z"""
     cell = kernel.run(line)
@@ -305,6 +305,7 @@ def test_help_shows_the_options_with_examples(kernel) -> None:
     pages = [p for p in cell.reply.get("payload", []) if p.get("source") == "page"]
     text = pages[0]["data"]["text/plain"]
     assert "--bring-back" in text and "--wait" in text and "examples:" in text and "%%remote_train" in text
+    assert "as in the New Job form" in text and "New job" not in text  # the panel's name for it
 
 
 def test_bad_options_are_a_usage_error(kernel) -> None:

@@ -62,7 +62,7 @@ def test_the_job_request_schema_reads_what_the_server_reads() -> None:
 
 
 async def test_the_forms_are_served_the_schemas_the_server_reads(jp_fetch) -> None:
-    """The New job and machine forms draw the very schema a request is validated against."""
+    """The New Job and machine forms draw the very schema a request is validated against."""
     import json
 
     from pydantic import TypeAdapter
@@ -98,3 +98,9 @@ def test_every_operation_documents_its_errors_and_the_token_is_required() -> Non
             statuses = set(op["responses"])
             assert {"400", "403", "default"} <= statuses, (path, verb)
             assert ("{" in path) == ("404" in statuses), (path, verb)
+
+
+def test_the_api_names_the_new_job_form_as_the_panel_does() -> None:
+    """One name on every face: the panel's button and form say "New Job", and so does the API's text."""
+    assert "New Job form" in SPEC.read_text(encoding="utf-8")
+    assert not re.search(r"New job\b", SPEC.read_text(encoding="utf-8"))

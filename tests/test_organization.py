@@ -279,6 +279,26 @@ def test_a_member_runs_a_job_on_an_organization_machine_and_gets_its_output_and_
     assert key not in seen and str(sshd_bed.user_key) not in json.dumps(job)
 
 
+def run_through_server(
+    server: Server, spec: dict[str, Any], timeout: float = 300, recorded: bool = False
+) -> tuple[dict[str, Any], str]:
+    """``spec`` submitted to the user's own server (``POST /remote-compute/jobs``, as their panel does),
+    waited for to its end (``recorded``: and its MLflow run): the job as the server shows it, and its log."""
+    session = loopback_session()
+    session.headers["Authorization"] = f"token {server.token}"
+    submitted = session.post(f"{server.url}remote-compute/jobs", json=spec, timeout=120)
+    assert submitted.status_code == 201, submitted.text
+    jobs = f"{server.url}remote-compute/jobs/{submitted.json()['job']['id']}"
+
+    def ended() -> dict[str, Any] | None:
+        job = session.get(jobs, timeout=30).json()
+        done = job["state"] in ("succeeded", "failed", "cancelled", "lost")
+        return job if done and (job["mlflow_run_id"] or not recorded or job["state"] != "succeeded") else None
+
+    job = wait_for(ended, timeout, f"{server.user}'s job to end")
+    return job, session.get(f"{jobs}/log", timeout=30).json()["data"]
+
+
 def _far_users(sshd_bed: TestBed) -> Path:
     """The folder of every hub user's jobs on the organization's ssh machine, seen from here."""
     return sshd_bed.far_path(sshd_bed.base_dir.removeprefix("~/")) / "users"
@@ -308,12 +328,16 @@ def _mlflow_run(hub: Hub, server: Server, run_id: str) -> dict[str, Any]:
 def team_slurm(org: tuple[Hub, Path], slurm_bed: SlurmBed) -> Iterator[str]:
     """rcadmin adds the Slurm bed's login node as the organization's Slurm machine: its key and
     known_hosts are the service's, as for the ssh machine."""
-    hub, _ = org
-    body = {"name": "team-slurm", "kind": "slurm", "address": "127.0.0.1", "options": slurm_bed.machine_options()}
+    yield add_slurm_machine(org[0], "team-slurm", slurm_bed)
+    slurm_bed.cancel_all()
+
+
+def add_slurm_machine(hub: Hub, name: str, bed: SlurmBed) -> str:
+    """rcadmin adds ``bed``'s login node as the organization's Slurm machine ``name``."""
+    body = {"name": name, "kind": "slurm", "address": "127.0.0.1", "options": bed.machine_options()}
     added = _service(hub, "POST", "api/machines", hub.user_token(ADMIN_USER), json=body)
     assert added.status_code == 201, added.text
-    yield "team-slurm"
-    slurm_bed.cancel_all()
+    return name
 
 
 # Logs a metric to MLflow on the cluster's node, then writes its output and says which Slurm job it was.
@@ -566,6 +590,20 @@ def test_the_admin_lists_every_users_jobs_with_their_user(org: tuple[Hub, Path],
     assert listed.status_code == 200, listed.text
     (found,) = [j for j in listed.json()["jobs"] if j["id"] == bobs_job["job"]["id"]]
     assert found["user"] == "rcbob" and found["machine"] == "team-ssh"
+    # The same from rcadmin's terminal, and a member refused it naming the admin scope.
+    terminal = hub.start_server(ADMIN_USER)
+    as_json = _as_user(terminal, "jobs", "list", "--all-users", "--machine", "org:team-ssh", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    (again,) = [j for j in json.loads(as_json.stdout) if j["id"] == bobs_job["job"]["id"]]
+    assert (again["user"], again["machine"], again["running"]) == ("rcbob", "team-ssh", False), again
+    as_table = _as_user(terminal, "jobs", "list", "--all-users", "--all")
+    assert as_table.returncode == 0 and as_table.stdout.split()[:3] == ["USER", "ID", "MACHINE"], as_table
+    row = next(line.split() for line in as_table.stdout.splitlines() if bobs_job["job"]["id"] in line)
+    assert row[:3] == ["rcbob", bobs_job["job"]["id"], "org:team-ssh"], as_table.stdout
+    refused = _as_user(bobs_job["server"], "jobs", "list", "--all-users")
+    assert refused.returncode != 0 and ADMIN in refused.stderr, refused.stderr
+    mixed = _as_user(terminal, "jobs", "list", "--all-users", "--state", "failed")
+    assert mixed.returncode != 0 and "--state: not with --all-users" in mixed.stderr, mixed.stderr
 
 
 # Logs three points, waits until the test says go, then writes its output.
@@ -619,6 +657,34 @@ def test_a_job_submitted_to_a_users_server_runs_on_the_organizations_machine(
     job = wait_for(ended, 120, "rcalice's job to end and be recorded")
     assert job["state"] == "succeeded" and job["machine"] == "org:team-ssh", job
     assert (home / output).read_text() == "hers\n"
+
+
+# %remote_train in an IPython shell of the user's, as a notebook of their server runs it.
+_MAGIC = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "jupyter_remote_compute")
+job = shell.run_line_magic("remote_train", sys.argv[1])
+print("job", job.job.id if hasattr(job, "job") else job)
+"""
+
+
+def test_remote_train_in_a_users_shell_runs_on_the_organizations_machine(
+    org: tuple[Hub, Path], team_ssh: str, bobs_job: dict[str, Any]
+) -> None:
+    hub, _ = org
+    server, home = bobs_job["server"], bobs_job["home"]
+    word = uuid.uuid4().hex[:8]
+    ran = subprocess.run(
+        [str(hub.build.python), "-c", _MAGIC, f"--machine {team_ssh} -- echo magic-{word}"],
+        env=server.environment, user=server.user, group=server.user, cwd=home,
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert ran.returncode == 0 and f"magic-{word}" in ran.stdout, ran.stdout + ran.stderr
+    listed = json.loads(_as_user(server, "jobs", "list", "--machine", f"org:{team_ssh}", "--json").stdout)
+    logged = [j for j in listed if f"magic-{word}" in json.dumps(j)]
+    assert [(j["machine"], j["state"]) for j in logged] == [(f"org:{team_ssh}", "succeeded")], listed
 
 
 def test_a_users_own_machine_wins_over_the_organizations_of_its_name(team_ssh: str, bobs_job: dict[str, Any]) -> None:
@@ -752,7 +818,7 @@ def test_a_service_stopped_while_its_job_ends_follows_it_once_started_again(
     run = _mlflow_run(hub, server, shown["mlflow_run_id"])
     assert run["status"] == "FINISHED" and run["tags"]["remote_compute.job_id"] == job_id, run
     ledger = (state / ".punica" / "usage.jsonl").read_text().splitlines()
-    assert len([line for line in ledger if json.loads(line).get("job") == job_id]) == 1, ledger
+    assert len([line for line in ledger if json.loads(line).get("job") == f"rcbob/{job_id}"]) == 1, ledger
     (listed,) = [j for j in _service(hub, "GET", "api/jobs", server.token).json()["jobs"] if j["id"] == job_id]
     assert listed["running"] is False, listed
 
@@ -856,6 +922,47 @@ def test_an_admins_panel_is_told_so_and_reaches_the_organizations_admin_routes(
         assert refused.status_code == 403 and ADMIN in refused.json()["message"], (path, refused.text)
 
 
+def _ledger(state: Path, user: str, job_id: str) -> list[dict[str, Any]]:
+    """The organization's ledger lines of one user's job."""
+    lines = [json.loads(line) for line in (state / ".punica" / "usage.jsonl").read_text().splitlines() if line]
+    return [line for line in lines if line["job"] == f"{user}/{job_id}"]
+
+
+def test_every_attempt_of_a_retried_job_is_metered_and_one_users_id_is_not_anothers_job(
+    org: tuple[Hub, Path], team_ssh: str, bobs_job: dict[str, Any]
+) -> None:
+    """A retry prepares the same job id on the service again: each attempt is a line of the ledger. And a
+    job id is the user's own: rcalice's job under rcbob's id is metered as hers, beside his."""
+    hub, state = org
+    flag = f"/tmp/jrc-retried-{uuid.uuid4().hex[:8]}"  # outlives the first attempt's folder, removed for the retry
+    spec = {
+        "machine": team_ssh,
+        "command": f"if [ -e {flag} ]; then rm {flag}; echo second; else touch {flag}; exit 3; fi",
+        "retry": {"max": 1, "on": ["failed"]},
+    }
+    job, log = run_through_server(bobs_job["server"], spec)
+    assert job["state"] == "succeeded" and "second" in log, (job, log)
+    lines = sorted(_ledger(state, "rcbob", job["id"]), key=lambda line: line["attempt"])
+    assert [(line["attempt"], line["state"]) for line in lines] == [(1, "failed"), (2, "succeeded")], lines
+
+    # rcalice prepares and runs a job of hers under the id of rcbob's first job, through the service.
+    alice, theirs = hub.user_token("rcalice"), bobs_job["job"]["id"]
+    before = _usage_row(hub, "rcalice", team_ssh)["attempts"]
+    assert _service(hub, "PUT", f"api/jobs/{theirs}", alice, json={"machine": team_ssh, "key": "hers"}).ok
+    started = _service(hub, "POST", f"api/jobs/{theirs}/start", alice, json={"command": "true"})
+    assert started.status_code == 204, started.text
+
+    def ended() -> bool:
+        polled = _service(hub, "POST", "api/poll", alice, json={"jobs": [theirs]}).json()
+        return polled["statuses"][theirs]["state"] == "exited"
+
+    wait_for(ended, 60, "rcalice's job under rcbob's id to end")
+    assert [line["user"] for line in _ledger(state, "rcalice", theirs)] == ["rcalice"]
+    assert len(_ledger(state, "rcbob", theirs)) == 1
+    assert _usage_row(hub, "rcalice", team_ssh)["attempts"] == before + 1
+    assert _service(hub, "DELETE", f"api/jobs/{theirs}", alice).ok
+
+
 def test_a_member_may_not_set_a_quota(org: tuple[Hub, Path], bobs_job: dict[str, Any]) -> None:
     _, state = org
     refused = _as_user(bobs_job["server"], "quota", "set", "--user", "rcbob", "--jobs", "9")
@@ -955,7 +1062,7 @@ def test_the_default_machine_is_preselected_unlisted_and_metered(
     org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed
 ) -> None:
     """rcadmin names team-ssh the default: rcalice's server lists it apart, as the default; a job she
-    submits naming no machine (the CLI's run, the REST API the New job form calls, a pipeline's step) runs
+    submits naming no machine (the CLI's run, the REST API the New Job form calls, a pipeline's step) runs
     there through the service and is metered as hers on it. Cleared, a job naming none runs on local again."""
     hub, _ = org
     admin = hub.start_server(ADMIN_USER)

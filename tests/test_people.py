@@ -34,6 +34,17 @@ async def _until(fetch, done, what: str, timeout: float = 90.0):
         await asyncio.sleep(0.1)
 
 
+def _one_step(folder: Path, step: str, command: str) -> None:
+    """``<step>.rcpipeline``: one node, ``step``, whose job runs ``command``."""
+    node = {
+        "id": step,
+        "step": "train-on-remote-machine",
+        "position": {"x": 0, "y": 0},
+        "settings": {"command": command},
+    }
+    (folder / f"{step}.rcpipeline").write_text(json.dumps({"version": 1, "nodes": [node], "edges": []}))
+
+
 class NamedIdentity(IdentityProvider):
     """An identity provider that knows who the visitor is, as a hub's or an OAuth login's does: a
     username, and the display name its profile gives."""
@@ -53,14 +64,9 @@ async def test_an_anonymous_visitor_cancelling_a_pipeline_run_is_whoever_runs_th
 ):
     """JupyterLab alone (a token): jupyter_server names each browser with a uuid4's hex; the run, its
     step's job and the panel's detail say the person instead."""
-    document = {
-        "version": 1,
-        "nodes": [{"id": "wait", "step": "train-on-remote-machine", "position": {"x": 0, "y": 0},
-                   "settings": {"command": "echo up; sleep 120"}}],
-        "edges": [],
-    }  # fmt: skip
-    (server_workspace / "wait.rcpipeline").write_text(json.dumps(document))
+    _one_step(server_workspace, "wait", "echo up; sleep 120")
     run = (await _json(jp_fetch, "pipelines", "runs", method="POST", body={"file": "wait.rcpipeline"}))["run"]
+    assert run["user"] == getpass.getuser()
 
     async def step_job():
         job_id = (await _json(jp_fetch, "pipelines", "runs", run["id"]))["nodes"]["wait"]["job_id"]
@@ -99,3 +105,38 @@ class TestAVisitorJupyterNames:
         assert job["reason"] == "cancelled by Ada Lovelace"
         [run] = wait_for(lambda: job_runs(tracking_uri, job["id"]) or None, timeout=120, message="the job's MLflow run")
         assert run.data.tags["mlflow.user"] == "ada"
+
+    async def test_a_pipeline_run_they_start_is_theirs_its_jobs_and_its_mlflow_parent_run_too(
+        self, jp_fetch, server_workspace: Path, tracking_uri: str
+    ):
+        """The panel and the canvas start a run through the REST API: the run, its step's job and MLflow's
+        Created by of its parent run name the visitor's login, not whoever runs the server."""
+        _one_step(server_workspace, "hello", "echo hello")
+        run = (await _json(jp_fetch, "pipelines", "runs", method="POST", body={"file": "hello.rcpipeline"}))["run"]
+        assert run["user"] == "ada"
+        ended = await _until(
+            lambda: _json(jp_fetch, "pipelines", "runs", run["id"]), lambda r: r["state"] != "running", "the run to end"
+        )
+        assert ended["state"] == "succeeded" and ended["user"] == "ada", ended
+        job = await _json(jp_fetch, "jobs", ended["nodes"]["hello"]["job_id"])
+        assert job["user"] == "ada"
+        listed = (await _json(jp_fetch, "pipelines", "runs"))["runs"]
+        assert [r["user"] for r in listed if r["id"] == run["id"]] == ["ada"]
+        parent = wait_for(
+            lambda: _parent_run(tracking_uri, run["id"]),
+            timeout=120,
+            message="the pipeline's MLflow parent run",
+        )
+        assert parent.data.tags["mlflow.user"] == "ada" and parent.info.user_id == "ada"
+
+
+def _parent_run(tracking_uri: str, pipeline_run_id: str):  # type: ignore[no-untyped-def]
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    found = client.search_runs(
+        experiments, filter_string=f"tags.`remote_compute.pipeline_run_id` = '{pipeline_run_id}'"
+    )
+    return found[0] if found else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import sys
 import time
@@ -131,6 +132,7 @@ async def test_each_node_change_is_an_event_on_the_server_bus(jp_fetch, jp_serve
     train_states = [e["nodes"]["train"]["state"] for e in mine]
     assert train_states[0] == "waiting" and "running" in train_states and train_states[-1] == "succeeded"
     assert mine[-1]["nodes"]["prepare"]["job_id"] and mine[-1]["file"] == file
+    assert {e["user"] for e in mine} == {getpass.getuser()}  # who started it, for a panel that heard only events
 
 
 async def test_the_validate_route_names_each_problem_of_an_unsaved_document_and_writes_nothing(

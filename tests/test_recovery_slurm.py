@@ -4,7 +4,8 @@ A job requeued (``scontrol requeue``, as an administrator or a preemption does) 
 (``scontrol update state=down``) ends its attempt, ``preempted`` or ``lost``, with Slurm's own line from its
 log in the reason; what Slurm holds to run again is cancelled. With a retry policy the next attempt is a new
 Slurm job that starts from the last checkpoint set that came home while the first ran, and the job's webhook
-hears each change. Slurm's warning before a job's time limit brings its newest checkpoints home at once.
+hears each change. Slurm's warning before a job's time limit brings its newest checkpoints home at once, and is
+passed on to the job's command, which may checkpoint on it (and on the TERM at the limit): those come home too.
 """
 
 from __future__ import annotations
@@ -160,8 +161,9 @@ def test_without_a_retry_policy_a_requeued_job_ends_and_slurm_does_not_run_it_ag
 
 # Training that writes a checkpoint of each step under a name of its own, two a second, until told to stop.
 TICK = """\
-import os, time
+import os, signal, time
 d = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
+signal.signal(signal.SIGUSR1, lambda *_: print("warned", flush=True))  # passed on by the batch script
 given_up = time.monotonic() + 240
 step = 0
 while not os.path.exists("stop") and time.monotonic() < given_up:
@@ -174,14 +176,20 @@ while not os.path.exists("stop") and time.monotonic() < given_up:
 """
 
 
+def script_job(service: JobService, workspace: Path, script: str, text: str, **settings: object) -> tuple[Job, Path]:
+    """A job on the cluster running ``script`` (written as ``text``) with a checkpoint folder looked at every ten
+    minutes, and where its checkpoints land."""
+    (workspace / script).write_text(text)
+    spec = {"machine": "hpc", "command": f"python3 {script}", "send": [script], "checkpoints": "ckpt"}
+    job = service.submit(JobSpec.from_json({**spec, "checkpoint_every": "10m", **settings})).job
+    return job, workspace / ".punica/checkpoints" / job.id
+
+
 def test_slurms_warning_before_the_time_limit_brings_the_newest_checkpoints_home_at_once(
     cluster, quickstart: Path
 ) -> None:
     service, bed = cluster
-    (quickstart / "tick.py").write_text(TICK)
-    spec = {"machine": "hpc", "command": "python3 tick.py", "send": ["tick.py"], "checkpoints": "ckpt"}
-    job = service.submit(JobSpec.from_json({**spec, "checkpoint_every": "10m"})).job
-    home = quickstart / ".punica/checkpoints" / job.id
+    job, home = script_job(service, quickstart, "tick.py", TICK)
 
     def stepped(at_least: int) -> int | None:
         """The newest step the job's log shows, once it is ``at_least``."""
@@ -209,8 +217,61 @@ def test_slurms_warning_before_the_time_limit_brings_the_newest_checkpoints_home
     current = service.get(job.id)
     assert current.state == "running", current.public_json()  # the set came before the job's end, not from it
     assert (home / f"step-{newest}.pt").read_text() == str(newest)
-    assert "time limit is near" in service.read_log(job.id).data.decode()
+    log = service.read_log(job.id).data.decode()
+    assert "time limit is near" in log and "\nwarned\n" in log  # noted, and passed on to the command
     assert WARNED_FILE == WARNING_FILE  # what the batch script makes is what status.sh looks for
 
     service.cancel(job.id)
     assert service.wait(job.id, timeout=120).state == "cancelled"
+
+
+# Training that checkpoints when Slurm warns it (USR1) and when its time is up (TERM), and otherwise waits.
+TRAPS = """\
+import os, signal, sys, time
+d = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
+
+def save(name, why):
+    with open(os.path.join(d, name + ".tmp"), "w") as f:
+        f.write(why)
+    os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
+    print("checkpointed on", why, flush=True)
+
+signal.signal(signal.SIGUSR1, lambda *_: save("warned.pt", "USR1"))
+
+def stopped(*_):
+    save("last.pt", "TERM")
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stopped)
+print("started", flush=True)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_slurms_warning_and_its_time_limit_reach_the_command_which_checkpoints_on_them(
+    cluster, quickstart: Path
+) -> None:
+    service, _ = cluster
+    # A one-minute limit: --signal=B:USR1@60 warns at Slurm's first look (it looks every ~30 s), the limit
+    # ends it 60-100 s in.
+    job, home = script_job(service, quickstart, "traps.py", TRAPS, timeout=60)
+    started = time.monotonic()
+
+    def warned_home() -> Job | None:
+        current = service.advance(job.id)
+        return current if (home / "warned.pt").is_file() else None
+
+    # The warning reached the script in its own process group; what it wrote came home while it ran.
+    running = wait_for(warned_home, 90, "the checkpoint written on Slurm's warning to come home")
+    print(f"\nwarned checkpoint home {time.monotonic() - started:.0f} s after submit")
+    assert running.state == "running", running.public_json()
+    assert (home / "warned.pt").read_text() == "USR1"
+
+    done = service.wait(job.id, timeout=180)
+    print(f"ended {done.state} {time.monotonic() - started:.0f} s after submit: {done.reason}")
+    assert done.state == "failed" and (done.reason or "").startswith("timed out"), done.public_json()
+    # The TERM at the limit reached it too, and the shell around it waited while it saved: that set came home.
+    assert (home / "last.pt").read_text() == "TERM" and (home / "warned.pt").read_text() == "USR1"
+    log = service.read_log(job.id).data.decode()
+    assert "sent USR1 to the command" in log and "checkpointed on USR1" in log and "checkpointed on TERM" in log

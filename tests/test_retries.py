@@ -1,6 +1,7 @@
 """A job whose attempt ends for a cause its retry policy names goes back to the queue as its next attempt:
-on the next machine of its ``fallback`` after a machine's fault, from the last checkpoint set that came
-home; a failing command is retried ``max`` times; a bad policy is refused at submit, naming the field."""
+on the next machine of its ``fallback`` after a machine's fault (or in a pool's queue, placed on another
+of its machines), from the last checkpoint set that came home; a failing command is retried ``max``
+times; a bad policy is refused at submit, naming the field."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import pytest
 import sshd_fixture
+from pool_bed import add_pair, remove_b_folder
 from procs import group_members
 from waiting import wait_for
 
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.job import parse_time
 from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.schema.pool import PoolInput
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -373,3 +376,62 @@ def test_the_cli_and_the_magic_take_the_retry_policy_and_the_fallback_machines()
     assert "retry" not in spec_settings(plain, command_of(plain)) and "fallback" not in spec_settings(
         plain, command_of(plain)
     )
+
+
+@pytest.fixture
+def pair(workspace, make_service, ssh_agent_env):  # type: ignore[no-untyped-def]
+    """A service with the pool ``pair`` of ssh machines ``a`` and ``b`` (pool_bed.py)."""
+    service = make_service(workspace)
+    add_pair(service, ssh_agent_env)
+    yield service
+    remove_b_folder(ssh_agent_env)
+
+
+@pytest.mark.parametrize(
+    "named",
+    [{"machine": "pair"}, {"machine": "a", "fallback": ["pair"]}],
+    ids=["a pool's job", "a fallback pool"],
+)
+def test_a_lost_attempt_joins_the_pools_queue_and_resumes_on_another_of_its_machines(workspace, pair, named):
+    service = pair
+    (workspace / "train.py").write_text(TRAIN)
+    spec = {
+        "command": "python3 train.py",
+        "send": ["train.py"],
+        "bring_back": ["trained.txt"],
+        "checkpoints": "ckpt",
+        "checkpoint_every": 0.2,
+        "retry": {"max": 1, "on": ["lost"]},
+        **named,
+    }
+    job = service.submit(JobSpec.from_json(spec)).job
+    home = workspace / ".punica/checkpoints" / job.id
+
+    def second_step_home() -> object:
+        current = service.advance(job.id)
+        return (home / "step-2.pt").is_file() and current.state == "running" and current
+
+    running = wait_for(second_step_home, timeout=120, message="step 2's checkpoint to come home")
+    assert running.machine == "a"  # the pool's first machine with room, or the machine named
+    kill_far_group(running)
+    # The machine that lost it has room again, and is the pool's first: the next attempt goes to b.
+    done = wait_for(
+        lambda: (current := service.advance(job.id)).state in ("succeeded", "failed") and current,
+        timeout=120,
+        message="the next attempt to end",
+    )
+    assert done.state == "succeeded", done.reason
+    assert [(a["machine"], a["end"]) for a in done.attempts] == [("a", "lost"), ("b", "succeeded")]
+    assert done.pool == "pair" and done.placement.startswith("placed on b: ")
+    assert (workspace / "trained.txt").read_text() == "from 2: 1,2,3,4,5,"
+
+
+def test_a_fallback_pool_whose_machine_cannot_take_the_job_is_refused_at_submit(workspace, make_service):
+    service = make_service(workspace)
+    service.machines.add("nb", "jupyter", "http://127.0.0.1:9", {"token_secret": "nb-token"})
+    service.machines.put_pool("mixed", PoolInput.from_json({"machines": ["local", "nb"]}))
+    spec = {"command": "true", "checkpoints": "ckpt", "retry": 1, "fallback": ["mixed"], "machine": "local"}
+    with pytest.raises(InvalidSettings) as info:
+        service.submit(JobSpec.from_json(spec))
+    assert info.value.field == "fallback[0]" and "pool mixed's machine nb" in str(info.value), info.value
+    assert service.list_jobs() == []

@@ -27,12 +27,15 @@ sshd_bed = sshd_fixture.sshd_bed
 slurm_bed = slurm_fixture.slurm_bed
 
 
-def make_job_dir(bed: SlurmBed, name: str, command: str, resources: Resources | None = None) -> str:
+def make_job_dir(
+    bed: SlurmBed, name: str, command: str, resources: Resources | None = None, warn_command: bool = True
+) -> str:
     """A job folder as the engine lays it out (written here: the test bed shares this filesystem)."""
     job_dir = bed.far_path(bed.base_dir) / name
     (job_dir / "work").mkdir(parents=True)
     (job_dir / "command.sh").write_text(command_script(command))
-    (job_dir / sc.BATCH_SCRIPT).write_text(sc.batch_script(str(job_dir), resources or Resources()))
+    script = sc.batch_script(str(job_dir), resources or Resources(), warn_command=warn_command)
+    (job_dir / sc.BATCH_SCRIPT).write_text(script)
     (job_dir / "rank.sh").write_text(farside.script("rank"))
     (job_dir / "submit.sh").write_text(sc.SUBMIT_SH)
     owner = pwd.getpwnam(bed.user)
@@ -244,8 +247,9 @@ def test_a_login_node_without_slurm_is_a_clear_error(slurm_bed: SlurmBed) -> Non
 
 
 def test_time_limit_warns_then_ends_the_job_as_timeout(slurm_bed: SlurmBed) -> None:
-    # Slurm checks time limits about every 30 s: a one-minute limit ends the job 60-100 s in.
-    job_dir = make_job_dir(slurm_bed, "slow", "sleep 600")
+    # Slurm checks time limits about every 30 s: a one-minute limit ends the job 60-100 s in. The machine's
+    # warn_command is off: the warning is noted, not passed on to the command (sleep would end of it).
+    job_dir = make_job_dir(slurm_bed, "slow", "sleep 600", warn_command=False)
     job_id = submit(slurm_bed, job_dir, timeout=20)
     started = time.monotonic()
     job = wait_state(slurm_bed, job_id, {"TIMEOUT"}, timeout=180)

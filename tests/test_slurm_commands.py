@@ -270,6 +270,11 @@ def test_batch_script_of_several_processes_starts_them_through_srun() -> None:
     assert '--ntasks="$NNODES" --ntasks-per-node=1 sh "$jobdir/rank.sh" "$jobdir" torchrun 4 "$join" &' in torchrun
     assert "\njoin=600\n" in torchrun and "never joined" in torchrun and "never joined" not in plain
     assert "srun" not in sc.batch_script("/j", Resources(nodes=1))
+    # The warning goes to srun (which passes it on to every rank) for plain ranks only; torchrun would stop
+    # its workers on it, and warn_command false keeps it from them all.
+    forward = '\n  kill -s USR1 "$child" 2>/dev/null\n'
+    assert forward in plain and forward not in torchrun
+    assert forward not in sc.batch_script("/j", Resources(nodes=4, processes_per_node=2), warn_command=False)
 
 
 def test_sbatch_asks_one_task_per_process_or_per_node_for_torchrun() -> None:

@@ -1,6 +1,6 @@
 """A job across two nodes of a real Slurm cluster on this machine, each node a network namespace with its
 own address and hostname (tests/slurm_nodes.py): torchrun on both, two processes on each all-reducing over gloo;
-and one node going down ending the job, that node named."""
+one node going down ending the job, that node named; Slurm's warning before the time limit reaching both."""
 
 from __future__ import annotations
 
@@ -110,12 +110,56 @@ def test_a_node_going_down_ends_the_job_on_both_nodes_lost_naming_that_node(clus
     )
 
 
+#: A rank that says it is up, and ends when warned of the time limit (its sleep ends of the signal too).
+WARNED_RANK = "trap 'echo warned; exit 0' USR1; echo up; while :; do sleep 1; done"
+
+
+def test_the_time_limits_warning_reaches_the_process_on_each_node(cluster) -> None:
+    service, bed = cluster
+    spec = {"machine": "pair", "command": WARNED_RANK, "resources": {"nodes": 2, "launcher": "plain"}}
+    job = service.submit(JobSpec.from_json(spec)).job
+
+    def both_up() -> bool:
+        service.driver.poll_active()
+        return service.read_log(job.id).data.decode().count("] up") == 2
+
+    wait_for(both_up, 60, "a process on each node")
+    slurm_id = service.get(job.id).handle["slurm_job_id"]
+    bed.run(["scancel", "--signal=USR1", "--batch", slurm_id])  # what --signal=B:USR1@N sends before the limit
+    ended = service.wait(job.id, timeout=60)
+    log = service.read_log(job.id).data.decode()
+    assert ended.state == "succeeded", (ended.state, ended.reason, log)
+    assert "time limit is near; the job will be stopped soon (sent USR1 to every process of the job)" in log, log
+    assert sorted(line.split(" rank ")[0] for line in log.splitlines() if line.endswith("] warned")) == [
+        f"[{node}" for node in bed.nodes
+    ], log
+
+
 #: torchrun on every node but the first never starts: as a node stuck before the rendezvous would be.
+#: rank.sh has set the node's NODE_RANK (Slurm's, or an ssh host list's) before it runs torchrun.
 STUCK_TORCHRUN = """\
 #!/bin/sh
-if [ "${{SLURM_NODEID:-0}}" != 0 ]; then exec sleep 300; fi
+if [ "${{NODE_RANK:-0}}" != 0 ]; then exec sleep 300; fi
 exec {torchrun} "$@"
 """
+
+
+def stuck_torchrun(workspace: Path, machine: str) -> dict:
+    """A job on ``machine`` of one torchrun process on each of two nodes, ``reduce.py``, with STUCK_TORCHRUN
+    (``stuck/torchrun`` in the workspace, sent with the job) first on its PATH."""
+    wrapper = workspace / "stuck" / "torchrun"
+    wrapper.parent.mkdir()
+    wrapper.write_text(STUCK_TORCHRUN.format(torchrun=far_torch_bin() / "torchrun"))
+    wrapper.chmod(0o755)
+    return {
+        "machine": machine,
+        "command": "python reduce.py",
+        "send": ["reduce.py", "stuck"],
+        # "stuck" is found from the job's work folder, where rank.sh runs on every node.
+        "env": {"PATH": f"stuck:{far_torch_bin()}:{far_python_bin()}:/usr/local/bin:/usr/bin:/bin"},
+        "resources": {"nodes": 2, "processes_per_node": 1, "launcher": "torchrun"},
+        "timeout": "10m",
+    }
 
 
 def test_a_rendezvous_a_node_never_joins_fails_in_the_machines_limit_naming_that_node(
@@ -123,19 +167,8 @@ def test_a_rendezvous_a_node_never_joins_fails_in_the_machines_limit_naming_that
 ) -> None:
     service, bed = cluster
     service.machines.add("pair-10s", "slurm", "127.0.0.1", bed.machine_options(rendezvous_timeout=10))
-    wrapper = quickstart / "stuck" / "torchrun"
-    wrapper.parent.mkdir()
-    wrapper.write_text(STUCK_TORCHRUN.format(torchrun=far_torch_bin() / "torchrun"))
-    wrapper.chmod(0o755)
-    spec = {
-        "machine": "pair-10s",
-        "command": "python reduce.py",
-        "send": ["reduce.py", "stuck"],
-        # "stuck" is found from the job's work folder, where srun starts rank.sh on both nodes.
-        "env": {"PATH": f"stuck:{far_torch_bin()}:{far_python_bin()}:/usr/local/bin:/usr/bin:/bin"},
-        "resources": {"nodes": 2, "processes_per_node": 1, "launcher": "torchrun", "memory": "2G"},
-        "timeout": "10m",
-    }
+    spec = stuck_torchrun(quickstart, "pair-10s")
+    spec["resources"]["memory"] = "2G"
     job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
     log = service.read_log(job.id).data.decode()
     first, second = bed.nodes

@@ -25,10 +25,12 @@ KEY = "a-signing-key-4f1c9e2b7d"
 
 
 class Receiver:
-    """An HTTP server that keeps every POST; it answers each with the next of ``answers`` (then 204), after
-    ``delay`` seconds."""
+    """An HTTP server that keeps every POST; it answers each with the next of ``answers`` (then ``then``),
+    after ``delay`` seconds. A ``redirect`` answers each with a 307 to that URL."""
 
-    def __init__(self, answers: list[int] | None = None, delay: float = 0.0) -> None:
+    def __init__(
+        self, answers: list[int] | None = None, delay: float = 0.0, then: int = 204, redirect: str | None = None
+    ) -> None:
         self.posts: list[tuple[dict[str, str], bytes]] = []
         self.answers = list(answers or [])
         received = self
@@ -38,7 +40,9 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 time.sleep(delay)  # a receiver slow to answer, as one far away is
                 received.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                self.send_response(received.answers.pop(0) if received.answers else 204)
+                self.send_response(received.answers.pop(0) if received.answers else 307 if redirect else then)
+                if redirect:
+                    self.send_header("Location", redirect)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -133,6 +137,31 @@ def test_a_failing_webhook_is_tried_again_and_never_fails_the_job(workspace: Pat
         assert all("/hook" not in w and "failed 3 time(s)" in w for w in warnings), warnings  # its host, not path
     finally:
         flaky.close()
+
+
+def test_a_redirect_is_not_followed_so_the_signed_body_goes_nowhere_else(workspace: Path, make_service, caplog):  # type: ignore[no-untyped-def]
+    elsewhere = Receiver()
+    moved = Receiver(redirect=elsewhere.url + "?stolen=1")
+    try:
+        service = make_service(workspace)
+        service.secrets.set(KEY_NAME, KEY)
+        spec = JobSpec.from_json({"command": "true", "notify": [{"url": moved.url, "secret": KEY_NAME}]})
+        job = service.wait(service.submit(spec).job.id, timeout=60)
+        assert job.state == "succeeded", job.public_json()
+
+        def given_up() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "not followed" in r.getMessage()]
+
+        warnings = wait_for(given_up, timeout=30, message="the redirected notices to be given up, logged")
+        # Each notice was POSTed once (a redirect is the receiver's last word), and none reached elsewhere.
+        wait_for(lambda: len(moved.posts) >= 5, timeout=30, message="every state change POSTed")
+        assert len(moved.posts) == len(set(h["x-remote-compute-delivery"] for h, _ in moved.posts))
+        assert elsewhere.posts == [], elsewhere.posts
+        assert "failed 1 time(s): HTTP 307: a redirect (to 127.0.0.1), not followed" in warnings[0], warnings
+        assert all("stolen" not in w and "/hook" not in w for w in warnings), warnings
+    finally:
+        moved.close()
+        elsewhere.close()
 
 
 def test_a_url_holding_a_token_is_kept_in_the_secret_manager_and_named(workspace: Path, make_service, receiver):  # type: ignore[no-untyped-def]

@@ -5,6 +5,11 @@ tests recorded are kept. Used by jupyter_server_test_config.py (before the serve
 the job list spec (while it runs):
 
     python ui-tests/seed_jobs.py <state file> <count> [<id prefix> [<name>]]
+
+and one job waiting in a Slurm queue, as the engine leaves it when Slurm says PENDING, for the sidebar
+spec (its machine a slurm one whose login node does not answer: polls fail, which is not an end):
+
+    python ui-tests/seed_jobs.py <state file> pending <id> <machine> <name> <reason>
 """
 
 from __future__ import annotations
@@ -41,5 +46,29 @@ def seed_jobs(state_file: Path, count: int, prefix: str = "ui", name: str = "see
             )
 
 
+def seed_pending(state_file: Path, job_id: str, machine: str, name: str, reason: str) -> None:
+    """One job of ``machine`` (kind slurm) pending with ``reason``, started a minute ago."""
+    at = (datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat(timespec="milliseconds")
+    at = at.replace("+00:00", "Z")
+    with JobStore(state_file).transaction() as jobs:
+        jobs[job_id] = Job(
+            id=job_id,
+            key=f"seed{job_id}",
+            machine=machine,
+            kind="slurm",
+            spec={"machine": machine, "command": "python train.py", "name": name},
+            state="pending",
+            reason=reason,
+            created=at,
+            updated=at,
+            started=at,
+            machine_snapshot={"kind": "slurm", "address": "127.0.0.1", "options": {"port": 9}},
+            handle={"dir": f"/tmp/{job_id}", "slurm_job_id": "48213"},
+        )
+
+
 if __name__ == "__main__":
-    seed_jobs(Path(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:5])
+    if sys.argv[2] == "pending":
+        seed_pending(Path(sys.argv[1]), *sys.argv[3:7])
+    else:
+        seed_jobs(Path(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:5])

@@ -6,14 +6,15 @@ import argparse
 import json
 import sys
 
+from ..errors import InvalidSettings
 from ..jobs.listing import add_list_arguments, iter_jobs, list_arguments, summary
 from ..jobs.reasons import shorten
 from ..jobs.service import JobService
 from ..jobs.spec import format_duration
 from ..jobs.transitions import TERMINAL_STATES
-from ..jobview import attempt_lines
+from ..jobview import attempt_lines, delivery_lines
 from ..people import local_person
-from .console import Subcommands, done, job_service, print_json, table
+from .console import Subcommands, done, job_service, organization_or_refuse, print_json, table
 from .run import follow, job_summary, write_log
 
 LIST_DEFAULT = 50
@@ -26,6 +27,13 @@ def add_parser(sub: Subcommands) -> None:
     p = jsub.add_parser("list", help=f"the newest {LIST_DEFAULT} jobs, or those matching filters")
     add_list_arguments(p, LIST_DEFAULT)
     p.add_argument("--json", action="store_true", help="every matching job (unless --limit) as a JSON array")
+    p.add_argument(
+        "--all-users",
+        dest="all_users",
+        action="store_true",
+        help="every user's jobs on the organization's machines (on a hub, with the admin scope); --machine and "
+        "--limit apply",
+    )
     p = jsub.add_parser("prune", help="forget old finished jobs (never an active one); MLflow runs stay")
     p.add_argument("--older-than", dest="older_than", help="finished more than this long ago, e.g. 90d, 12h")
     p.add_argument("--state", help="only these finished states, comma-separated (default: every finished state)")
@@ -65,9 +73,43 @@ def _list_jobs(service: JobService, args: argparse.Namespace) -> int:
     return 0
 
 
+def _list_all_users(args: argparse.Namespace) -> int:
+    """Every user's jobs on the organization's machines, as its service keeps them, newest first."""
+    for flag in ("state", "name", "since", "until"):
+        if getattr(args, flag) is not None:
+            raise InvalidSettings(
+                f"--{flag}: not with --all-users (the organization's record of a job has its user, machine, "
+                "creation and whether it runs); use --machine or --limit",
+                field=flag,
+            )
+    if args.limit is not None and args.limit < 1:
+        raise InvalidSettings("--limit: expected a whole number of at least 1", field="limit")
+    jobs = organization_or_refuse("--all-users").jobs(all_users=True)
+    if args.machine:
+        jobs = [j for j in jobs if j["machine"] == args.machine.removeprefix("org:")]
+    total = None if args.all or (args.json and args.limit is None) else (args.limit or LIST_DEFAULT)
+    shown = jobs[:total]
+    if args.json:
+        print_json(shown)
+        return 0
+    table(
+        [
+            [j["user"], j["id"], f"org:{j['machine']}", j["created"], "yes" if j["running"] else "no",
+             shorten(j.get("stopped") or "", 100)]
+            for j in shown
+        ],
+        ["USER", "ID", "MACHINE", "CREATED", "RUNNING", "STOPPED BY THE ORGANIZATION"],
+    )  # fmt: skip
+    if len(jobs) > len(shown):
+        print(f"(the newest {len(shown)} of {len(jobs)} shown; --all or --limit N for more)", file=sys.stderr)
+    return 0
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
-    service = job_service(args)
     action = args.action
+    if action == "list" and args.all_users:
+        return _list_all_users(args)
+    service = job_service(args)
     if action == "list":
         status = _list_jobs(service, args)  # reading the list is what moves a damaged file aside
         for aside in service.store.set_aside():
@@ -98,7 +140,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                     f"checkpoints: {c['files']} files, {c['bytes']} bytes, landed {c['at']} in "
                     f".punica/checkpoints/{job.id}/ ({c['fetched_bytes']} bytes brought home in all)"
                 )
-            for line in attempt_lines(job):
+            for line in [*attempt_lines(job), *delivery_lines(job)]:
                 print(line)
             if job.started and job.ended:
                 from ..jobs.job import parse_time

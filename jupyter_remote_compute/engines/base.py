@@ -125,6 +125,8 @@ class Handle(TypedDict, total=False):
     cluster_ready: bool  #: skypilot: the launch finished
     exec_request: str  #: skypilot: the SDK request of the job's exec
     resources: dict[str, Any]  #: skypilot: what the launch asked for
+    nodes: list[dict[str, Any]]  #: ssh host list: each host's own handle (its folder, its launcher's pid)
+    rendezvous: str  #: ssh host list: a torchrun job's rendezvous, host:port
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,21 +285,21 @@ def refuse_distributed(resources: Resources, features: Features, name: str, kind
     if nodes > 1 and not ("nodes" in features.resources and features.launchers):
         raise InvalidSettings(
             f"resources.nodes: {name} is a {kind} machine, which runs a job on one node, not {nodes}; "
-            "leave nodes out or use a Slurm machine",
+            "leave nodes out, or use a Slurm machine or an ssh machine with hosts",
             field="resources.nodes",
         )
     if per_node > 1 and not features.launchers:
         raise InvalidSettings(
             f"resources.processes_per_node: {name} is a {kind} machine, which starts the command as one "
-            f"process, not {per_node}; leave processes_per_node out (the command may start its own) or use a "
-            "Slurm machine",
+            f"process, not {per_node}; leave processes_per_node out (the command may start its own), or use a "
+            "Slurm machine or an ssh machine with hosts",
             field="resources.processes_per_node",
         )
     if resources.launcher is not None and resources.launcher not in features.launchers:
         can = f"it starts with {' or '.join(features.launchers)}" if features.launchers else "it has no launcher"
         raise InvalidSettings(
             f"resources.launcher: {name} is a {kind} machine, which cannot start {resources.launcher} ({can}); "
-            "leave launcher out or use a Slurm machine",
+            "leave launcher out, or use a Slurm machine or an ssh machine with hosts",
             field="resources.launcher",
         )
 
@@ -388,16 +390,34 @@ class Engine(abc.ABC):
     kind: ClassVar[str]
     label: ClassVar[str]
     options: ClassVar[Mapping[str, OptionField]] = {}
-    features: ClassVar[Features] = Features()
+    #: What the kind can do; an engine's own are its machine's (``features_for`` its options).
+    features: Features = Features()
     #: The machine gives each job GPUs of its own choosing (CUDA_VISIBLE_DEVICES) without the job
     #: asking for any: the agent's --gpus-per-job. A job's container gets those (environments/image.py).
     gpus_chosen_per_job: ClassVar[bool] = False
+
+    @property
+    def machine_kind(self) -> str:
+        """The kind of the machine the jobs run on, as refusals name it: this engine's, but for one that
+        reaches a machine of another kind (the organization's, through its service)."""
+        return self.kind
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
         self.name = name
         self.address = address
         self.machine_options = dict(options)
         self.context = context
+        self.features = self.features_for(options)
+
+    @classmethod
+    def features_for(cls, options: Mapping[str, Any]) -> Features:
+        """What a machine of this kind with these options can do: ``features``, unless an option changes it
+        (an ssh machine's ``hosts`` make it run jobs of several nodes)."""
+        return cls.features
+
+    @classmethod  # noqa: B027 - optional: most kinds' settings are each checked on their own
+    def check_settings(cls, address: str, options: Mapping[str, Any]) -> None:
+        """Refuse, when a machine is saved, settings that do not go together (InvalidSettings naming the field)."""
 
     @classmethod
     def validate_address(cls, address: str) -> str:

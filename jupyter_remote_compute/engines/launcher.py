@@ -88,14 +88,39 @@ printf '%s\\n' "$!" > "$jobdir/pid.tmp" && mv -f "$jobdir/pid.tmp" "$jobdir/pid"
 printf '%s\\n' "$!"
 """
 
-# Runs the command and writes its exit code atomically, so a reader sees
-# either no file or the whole number.
-RUN_SH = """\
-#!/bin/sh
+
+def run_script(entry: str = "command.sh") -> str:
+    """run.sh: runs ``entry`` (the job's command, or a node's start on an ssh host list) and writes its
+    exit code atomically, so a reader sees either no file or the whole number."""
+    return f"""#!/bin/sh
 jobdir=$1
-sh "$jobdir/command.sh"
+sh "$jobdir/{entry}"
 code=$?
 printf '%s\\n' "$code" > "$jobdir/exit_code.tmp" && mv -f "$jobdir/exit_code.tmp" "$jobdir/exit_code"
+"""
+
+
+RUN_SH = run_script()
+
+
+def rank_env_sh(per_node: int, *, master_addr: str, master_port: str, nnodes: str, node_rank: str = "0") -> str:
+    """The variables torchrun and ``torch.distributed`` read, set the same way on every kind that runs a
+    job of several processes (Slurm's batch script, each host of an ssh host list), as sh lines.
+
+    ``master_addr``, ``master_port``, ``nnodes`` and ``node_rank`` are sh words (the rendezvous at the
+    first node, how many nodes, this node's place); ``LOCAL_WORLD_SIZE`` is ``per_node`` processes,
+    ``WORLD_SIZE`` all of them; ``RANK`` and ``LOCAL_RANK`` are 0 until ``farside/rank.sh`` gives each
+    process its own.
+    """
+    return f"""MASTER_ADDR={master_addr}
+MASTER_PORT={master_port}
+NNODES={nnodes}
+LOCAL_WORLD_SIZE={int(per_node)}
+WORLD_SIZE=$((NNODES * LOCAL_WORLD_SIZE))
+NODE_RANK={node_rank}
+RANK=0
+LOCAL_RANK=0
+export MASTER_ADDR MASTER_PORT NNODES LOCAL_WORLD_SIZE WORLD_SIZE NODE_RANK RANK LOCAL_RANK
 """
 
 

@@ -98,6 +98,10 @@ class DetachedLauncher(Launcher):
     image_runtimes = ("podman", "docker")
 
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
+        return self.start_with(job, launch, {})
+
+    def start_with(self, job: RemoteJob, launch: LaunchSpec, files: Mapping[str, str]) -> RemoteJob:
+        """``start``, with ``files`` (name -> text) written into the job folder first, in the same call."""
         engine = self.engine
         d = engine.job_dir(job)
         payload = launch_input(launch.env, launch.secret_env)  # secrets: stdin only
@@ -110,6 +114,8 @@ class DetachedLauncher(Launcher):
             write = ":"
         else:
             write = f"printf '%s' {quote(script)} > command.sh"
+        for name, text in files.items():
+            write += f"\nprintf '%s' {quote(text)} > {quote(name)}"
         body = f"""cd -- {quote(d)} || exit 97
 if [ -f pid ]; then read -r p < pid; echo "already $p"; exit 0; fi
 {write}

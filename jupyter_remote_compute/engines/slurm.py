@@ -73,6 +73,7 @@ from .slurm_commands import (
     squeue_argv,
 )
 from .ssh import SSHEngine
+from .ssh_hosts import HOSTS
 from .transport import quote
 
 log = logging.getLogger(__name__)
@@ -153,9 +154,9 @@ class SlurmLauncher(Launcher):
             raise InvalidSettings(f"resources.{e}", field=field) from None
 
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
-        d = self.engine.job_dir(job)
-        resources = (launch.resources or Resources()).over(self.settings.defaults)
-        argv = sbatch_argv(job.job_id, d, launch.resources or Resources(), self.settings, launch.timeout)
+        d, settings = self.engine.job_dir(job), self.settings
+        resources = (launch.resources or Resources()).over(settings.defaults)
+        argv = sbatch_argv(job.job_id, d, launch.resources or Resources(), settings, launch.timeout)
         # stdin: the plain environment (for sbatch's --export=ALL), a marker, then the secrets,
         # which this script splits off into a file only the user can read (farside/envfile.sh). Without
         # the secrets' end line the stream was cut short (this side died writing it): nothing is submitted.
@@ -164,7 +165,7 @@ class SlurmLauncher(Launcher):
 umask 077
 if [ -s {SLURM_JOB_ID_FILE} ]; then cat {SLURM_JOB_ID_FILE}; exit 0; fi
 printf '%s' {quote(command_script(launch.command))} > command.sh
-printf '%s' {quote(batch_script(d, resources, self.settings.rendezvous_timeout))} > {BATCH_SCRIPT}
+printf '%s' {quote(batch_script(d, resources, settings.rendezvous_timeout, settings.warn_command))} > {BATCH_SCRIPT}
 printf '%s' {quote(farside.script("rank"))} > rank.sh
 printf '%s' {quote(SUBMIT_SH)} > submit.sh
 plain=
@@ -316,7 +317,7 @@ class SlurmEngine(SSHEngine):
         launchers=("plain", "torchrun"),
     )
     options = {
-        **SSHEngine.options,
+        **{key: field for key, field in SSHEngine.options.items() if key != HOSTS},
         "base_dir": OptionField(
             str, "Directory for jobs and the input cache on the cluster's shared filesystem (~/.jupyter-remote-compute)"
         ),
@@ -331,6 +332,11 @@ class SlurmEngine(SSHEngine):
             int,
             "Seconds a torchrun job's nodes have to meet at its rendezvous before it fails naming the nodes that "
             "never joined (default 600)",
+        ),
+        "warn_command": OptionField(
+            bool,
+            "Pass Slurm's warning before the time limit (USR1) on to the command's process group (every rank's, "
+            "torchrun jobs' aside), so it can checkpoint (default true; a program without a USR1 handler ends on it)",
         ),
     }
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import paramiko
 
-from . import farside, ssh_config, ssh_openssh
+from . import farside, ssh_config, ssh_hosts, ssh_openssh
 from .base import EngineContext, EngineError, Features, OptionField
 from .cache_send import input_set_digest
 from .shell import ShellEngine
@@ -65,7 +65,31 @@ class SSHEngine(ShellEngine):
         "ssh_transport": OptionField(
             str, "auto (your ssh client where installed, else built-in), openssh or paramiko (built-in)"
         ),
+        ssh_hosts.HOSTS: OptionField(
+            list,
+            "Several ssh hosts for jobs of several nodes, the first the address and the rendezvous, "
+            "e.g. [node1, node2]: each reached as this machine is",
+        ),
+        "rendezvous_timeout": OptionField(
+            int,
+            "With hosts: seconds a torchrun job's nodes have to meet at the first host before it fails (default 600)",
+        ),
     }
+
+    def __new__(cls, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> Any:
+        # A machine with hosts is a host list: an engine per host inside one (ssh_hosts.py).
+        if cls is SSHEngine and options.get(ssh_hosts.HOSTS):
+            return ssh_hosts.HostListEngine(name, address, options, context)
+        return super().__new__(cls)
+
+    @classmethod
+    def features_for(cls, options: Mapping[str, Any]) -> Features:
+        return ssh_hosts.FEATURES if cls is SSHEngine and options.get(ssh_hosts.HOSTS) else cls.features
+
+    @classmethod
+    def check_settings(cls, address: str, options: Mapping[str, Any]) -> None:
+        if options.get(ssh_hosts.HOSTS) is not None:
+            ssh_hosts.check_hosts(address, options[ssh_hosts.HOSTS], cls.validate_address)
 
     def __init__(self, name: str, address: str, options: Mapping[str, Any], context: EngineContext) -> None:
         # Checked before the transport is made from them.

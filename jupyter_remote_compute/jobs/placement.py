@@ -19,6 +19,10 @@ A machine's room: its ``max_jobs`` option, and the GPUs, CPUs and memory its las
 (``.punica/machine-facts.json``), less what the jobs on it asked (those queued there, sending, pending
 or running; a collecting job's process has ended). A scheduler's machine (Slurm: ``Features.pending``)
 queues on its own, so only its ``max_jobs`` counts here.
+
+A pool's job whose attempt its machine's fault ended (lost, preempted, unreachable: jobs/retries.py)
+joins the pool's queue again, as does a job whose ``fallback`` names the pool; it is placed on any
+machine of the pool but the one that failed it, while the pool has another.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ..machines.admin import snapshot_of
 from ..machines.facts import recorded_facts
 from ..machines.registry import Machine
 from ..schema.pool import Pool
+from ..schema.retry import MACHINE_FAULTS
 from .context import JobContext
 from .job import Job, utcnow
 from .snapshot import JobMap
@@ -175,6 +180,16 @@ def choose(pool: Pool, rooms: Sequence[Room], asked: Resources) -> tuple[Room | 
     return fitting[0], f"first with {fitting[0].free(asked)}"
 
 
+def rooms_for(job: Job, rooms: Sequence[Room]) -> Sequence[Room]:
+    """The rooms a job may be placed in: after its machine's fault (its last attempt ended lost,
+    preempted or unreachable), every machine of the pool but that one, while the pool has another."""
+    last = job.attempts[-1] if job.attempts else None
+    if last is None or last["end"] not in MACHINE_FAULTS:
+        return rooms
+    others = [room for room in rooms if room.machine.name != last["machine"]]
+    return others or rooms
+
+
 def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -204,7 +219,7 @@ def place_in(
                 changed.append(waiting.id)
             continue
         asked = waiting.spec.resources
-        room, why = choose(pool, rooms, asked)
+        room, why = choose(pool, rooms_for(waiting, rooms), asked)
         if position or room is None:
             # First in, first out: behind a job that fits nowhere, one that would fit waits its turn.
             position += 1

@@ -33,18 +33,19 @@ from ..errors import RemoteComputeError
 from ..machines.admin import snapshot_of
 from ..machines.registry import Machine
 from ..schema.job import JobAttempt
+from ..schema.pool import Pool
+from ..schema.retry import MACHINE_FAULTS
 from ..transfer.manifest import DigestCache
 from ..usage.ledger import REQUEUED, meter
 from .checkpoints import home_of
 from .context import JobContext
 from .job import Job, Outcome, parse_time, utcnow
 from .leases import Leases
+from .placement import POOL_KIND
 from .transitions import move
 
 log = logging.getLogger(__name__)
 
-#: The causes after which the next attempt goes to the next machine; after others it stays.
-MOVES_ON = frozenset({"lost", "preempted", "machine_unreachable"})
 #: How long a machine may not answer before a job that retries ``machine_unreachable`` gives up on it,
 #: when the machine does not say (its ``unreachable_after`` option; seconds).
 DEFAULT_UNREACHABLE_AFTER = 600.0
@@ -142,10 +143,17 @@ class Retries:
         return len(job.attempts) < policy.max and policy.retries(outcome.cause, job.exit_code)
 
     def requeue(
-        self, job: Job, outcome: Outcome, engine: Engine, remote: RemoteJob, log_path: Path | None, machine: Machine
+        self,
+        job: Job,
+        outcome: Outcome,
+        engine: Engine,
+        remote: RemoteJob,
+        log_path: Path | None,
+        machine: Machine | Pool,
     ) -> bool:
-        """collecting → queued as the next attempt on ``machine`` (``next_machine``; compare-and-set, under
-        this process's lease); False when the job was no longer this process's to move."""
+        """collecting → queued as the next attempt on ``machine``, or in a pool's queue, where placement
+        gives it a machine (``next_machine``; compare-and-set, under this process's lease); False when the
+        job was no longer this process's to move."""
         cause = outcome.cause or outcome.state
         number = len(job.attempts) + 1
         # Metered first, before the requeue commits: after a crash anywhere from here on (the far
@@ -166,6 +174,8 @@ class Retries:
             os.replace(log_path, log_path.with_name(f"attempt-{number}.log"))
         total = (job.spec.retry.max if job.spec.retry else 0) + 1
         where = f" on {machine.name}" if machine.name != job.machine else ""
+        if isinstance(machine, Pool):
+            where = f" in pool {machine.name}"
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state != "collecting" or not (current.lease and self.leases.holds(current.lease)):
@@ -173,8 +183,13 @@ class Retries:
             move(current, "queued")
             record = attempt_record(current, cause, outcome.reason)  # with the checkpoint its last look brought
             current.attempts = [*current.attempts, record]
-            current.machine, current.kind = machine.name, machine.kind
-            current.machine_snapshot = snapshot_of(machine)
+            if isinstance(machine, Pool):
+                # Waiting in the pool's queue (Job.waiting) until a placement pass gives it a machine.
+                current.machine, current.kind, current.pool = machine.name, POOL_KIND, machine.name
+                current.machine_snapshot, current.placement = {}, None
+            else:
+                current.machine, current.kind = machine.name, machine.kind
+                current.machine_snapshot = snapshot_of(machine)
             current.handle = handle
             current.reason = f"attempt {number + 1} of at most {total}{where}: attempt {number} {cause}" + (
                 f" ({outcome.reason})" if outcome.reason else ""
@@ -185,15 +200,23 @@ class Retries:
         log.info("job %s: %s", job.id, current.reason)
         return True
 
-    def next_machine(self, job: Job, outcome: Outcome) -> Machine | None:
-        """The machine the attempt after the one that ended with ``outcome`` runs on: the next usable one of
-        the job's list after a machine's fault, else (and when no other can take it) the one it ran on;
-        None: not even that one."""
+    def next_machine(self, job: Job, outcome: Outcome) -> Machine | Pool | None:
+        """Where the attempt after the one that ended with ``outcome`` runs: after a machine's fault, a job
+        of a pool goes back to its pool's queue, and another job to the next usable entry of its list (a
+        machine, or a pool whose queue it joins); else (and when no other can take it) the machine it ran
+        on; None: not even that one."""
         cause = outcome.cause or outcome.state
+        if cause in MACHINE_FAULTS and job.pool is not None and job.spec.machine == job.pool:
+            pool = self._pool(job.pool)
+            if pool is not None:
+                return pool
         order = [job.attempts[0]["machine"] if job.attempts else job.machine, *job.spec.fallback]
-        if cause in MOVES_ON and len(order) > 1:
+        if cause in MACHINE_FAULTS and len(order) > 1:
             at = order.index(job.machine) if job.machine in order else 0
             for name in order[at + 1 :] + order[:at]:
+                pool = self._pool(name)
+                if pool is not None:
+                    return pool
                 try:
                     machine = self.ctx.admin.resolve(name)
                 except RemoteComputeError as e:
@@ -207,3 +230,12 @@ class Retries:
             log.warning("job %s: its machine %s is not usable for another attempt: %s", job.id, job.machine, e)
             return None
         return current if current.enabled else None
+
+    def _pool(self, name: str) -> Pool | None:
+        """compute.yaml's pool of that name, if there is one (pools and machines never share a name)."""
+        try:
+            _machines, pools = self.ctx.admin.registry.machines_and_pools()
+        except RemoteComputeError as e:
+            log.warning("could not read the pools: %s", e)
+            return None
+        return next((pool for pool in pools if pool.name == name), None)

@@ -62,7 +62,7 @@ from .lifecycle import Driver
 from .listing import JobPage, JobQuery, list_page
 from .logs import LOG_CHUNK, LogChunk
 from .metrics import MetricsPage
-from .notify import Notifier
+from .notify import Notifier, admit_machine_webhook
 from .placement import POOL_KIND, never_fits, place_in
 from .prune import PruneResult, prune_jobs
 from .spec import JobSpec
@@ -118,7 +118,7 @@ class JobService:
         self.checkpoints = Checkpoints(self.ctx, self.leases)
         self.collector = Collector(self.ctx, self.leases, self.checkpoints)
         self.driver = Driver(self.ctx, self.leases, self.collector, self.digests, self.checkpoints)
-        self.notifier = Notifier(self.secrets)  # a job's webhooks, told of what this process changes
+        self.notifier = Notifier(self.secrets, self.store, self._emit)  # webhooks, told what this process changes
         self.add_listener(self.notifier)
 
     @property
@@ -208,6 +208,8 @@ class JobService:
         machine, pool, members = self._target(spec.machine)
         if machine is not None and not machine.enabled:
             raise InvalidSettings(f"machine: {machine.name!r} is disabled; enable it first", field="machine")
+        for each in [machine] if machine is not None else members.values():  # what each job on it tells
+            admit_machine_webhook(each, self.secrets)
 
         # Stored values are read only if some setting is long enough to hold one (see screen_settings).
         screen_settings(spec.screened_settings(), self._stored_secret_values)
@@ -240,10 +242,11 @@ class JobService:
         else:
             assert machine is not None
             cls = engine_class(machine.kind)
-            check_egress(self.workspace.policy_yaml, machine.name, cls.features.remote, inputs)
+            features = cls.features_for(machine.options)
+            check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
             if spec.resources.to_json():
                 self._admit(machine, spec)
-            if spec.checkpoints and not cls.features.checkpoints:
+            if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
                     f"checkpoints: {machine.name} is a {machine.kind} machine, whose checkpoints do not come home "
                     "yet; run on a local, ssh or Slurm machine, or leave checkpoints out",
@@ -314,15 +317,26 @@ class JobService:
                 "fallback out, or name a machine",
                 field="fallback",
             )
+        self._admit_members(pool, members, spec, inputs, "")
+        never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
+        if never is not None:
+            raise InvalidSettings(f"resources: no machine of pool {pool.name} can give it: {never}", field="resources")
+
+    def _admit_members(
+        self, pool: Pool, members: Mapping[str, Machine], spec: JobSpec, inputs: list[str], field: str
+    ) -> None:
+        """Each machine of ``pool`` could run the job (any may be the one with room); ``field``: the setting
+        that named the pool when it is not the job's machine (``fallback[1]``), else ""."""
         for machine in members.values():
-            features = engine_class(machine.kind).features
+            features = engine_class(machine.kind).features_for(machine.options)
             check_egress(self.workspace.policy_yaml, machine.name, features.remote, inputs)
             refuse_distributed(spec.resources, features, machine.name, machine.kind)
             if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
-                    f"checkpoints: pool {pool.name}'s machine {machine.name} is a {machine.kind} machine, whose "
-                    "checkpoints do not come home yet; take it out of the pool, or leave checkpoints out",
-                    field="checkpoints",
+                    f"{field or 'checkpoints'}: pool {pool.name}'s machine {machine.name} is a {machine.kind} "
+                    "machine, whose checkpoints do not come home yet; take it out of the pool, or leave "
+                    "checkpoints out",
+                    field=field or "checkpoints",
                 )
         if spec.image:
             # Any machine may be the one with room: each must run the image (its kind, its runtimes).
@@ -334,28 +348,40 @@ class JobService:
                     cannot.append(e.message.split(": ", 1)[-1])
             if cannot:
                 raise InvalidSettings(
-                    f"{images.FIELD}: not every machine of pool {pool.name} can run {spec.image.ref}: "
+                    f"{field or images.FIELD}: not every machine of pool {pool.name} can run {spec.image.ref}: "
                     + "; ".join(cannot)
                     + "; take those out of the pool, or name a machine",
-                    field=images.FIELD,
+                    field=field or images.FIELD,
                 )
-        never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
-        if never is not None:
-            raise InvalidSettings(f"resources: no machine of pool {pool.name} can give it: {never}", field="resources")
 
     def _admit_fallback(self, spec: JobSpec, machine: Machine, inputs: list[str]) -> None:
-        """Each fallback machine exists, is enabled, may receive the inputs and can bring checkpoints home."""
+        """Each fallback machine exists, is enabled, may receive the inputs and can bring checkpoints home;
+        each fallback pool's machines could run the job."""
+        pools: dict[str, Pool] = {}
+        machines: dict[str, Machine] = {}
+        if spec.fallback:
+            listed, known = self.machines.machines_and_pools()
+            pools, machines = {p.name: p for p in known}, {m.name: m for m in listed}
         for i, name in enumerate(spec.fallback):
             field = f"fallback[{i}]"
+            pool = pools.get(name)
+            if pool is not None:
+                members = {m: machines[m] for m in pool.machines if m in machines}
+                self._admit_members(pool, members, spec, inputs, field)
+                never = never_fits(pool, members, spec.resources, recorded_facts(self.workspace.punica_dir))
+                if never is not None:
+                    raise InvalidSettings(f"{field}: no machine of pool {pool.name} can give it: {never}", field=field)
+                continue
             try:
                 other = self.admin.resolve(name)
             except NotFound as e:
                 raise InvalidSettings(f"{field}: {e.message}", field=field) from None
             if other.name == machine.name:
                 raise InvalidSettings(f"{field}: {name!r} is the job's own machine", field=field)
+            admit_machine_webhook(other, self.secrets)
             if not other.enabled:
                 raise InvalidSettings(f"{field}: {other.name!r} is disabled; enable it first", field=field)
-            features = engine_class(other.kind).features
+            features = engine_class(other.kind).features_for(other.options)
             refuse_distributed(spec.resources, features, other.name, other.kind)
             if spec.checkpoints and not features.checkpoints:
                 raise InvalidSettings(
@@ -366,10 +392,13 @@ class JobService:
 
     def _admit(self, machine: Machine, spec: JobSpec) -> None:
         """The machine refuses, before anything is stored, resources it cannot give."""
-        # Every kind, whatever its own admit does: several processes need a kind that starts them.
-        refuse_distributed(spec.resources, engine_class(machine.kind).features, machine.name, machine.kind)
+        # Every kind, whatever its own admit does: several processes need a kind that starts them. The
+        # engine's own features: its machine's options' (an ssh host list), the organization's machine
+        # those of the kind it really is.
+        engine = self.engine(machine.name)
+        refuse_distributed(spec.resources, engine.features, machine.name, engine.machine_kind)
         try:
-            self.engine(machine.name).admit(spec.resources)
+            engine.admit(spec.resources)
         except EngineError as e:
             raise InvalidSettings(
                 f"resources: could not learn what {machine.name} can give ({e}); try again", field="resources"
@@ -394,9 +423,10 @@ class JobService:
                 f"{images.FIELD}: could not learn whether {machine.name} runs images ({e}); try again",
                 field=images.FIELD,
             ) from None
-        images.admit(image, machine.name, machine.kind, runtimes, facts)
+        kind = engine.machine_kind  # a Slurm machine of the organization's is one, as to its GPUs' facts
+        images.admit(image, machine.name, kind, runtimes, facts)
         gpus = images.gpu_request(resources, machine.options, engine)
-        images.admit_gpus(image, gpus, machine.name, machine.kind, runtimes, facts)
+        images.admit_gpus(image, gpus, machine.name, kind, runtimes, facts)
 
     def _inputs_and_key(self, spec: JobSpec) -> tuple[list[InputFile], str, environments.ResolvedEnvironment | None]:
         """The inputs, hashed, the environment as content, and the idempotency key: the one place all are derived."""

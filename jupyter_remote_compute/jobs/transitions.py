@@ -69,7 +69,8 @@ def move(job: Job, to: State, *, now: str | None = None) -> None:
     """Move ``job`` (read inside a store transaction) to ``to``, or raise ``IllegalTransition``."""
     if to not in EDGES.get(job.state, frozenset()):
         raise IllegalTransition(f"job {job.id}: {job.state} → {to} is not an edge of a job's life")
-    if job.spec.notify:  # what its webhooks are told it left (jobs/notify.py); others' records stay as small
+    # What its webhooks, or its machine's, are told it left (jobs/notify.py); others' records stay as small.
+    if job.spec.notify or (job.machine_snapshot.get("options") or {}).get("notify"):
         job.previous_state = job.state
     job.__dict__[_SLOT] = to
     job.updated = now or utcnow()

@@ -18,6 +18,7 @@ from ruamel.yaml.scalarbool import ScalarBoolean
 from ..engines import ROUTED_KINDS, engine_class, engine_kinds
 from ..engines.base import Engine, OptionField
 from ..errors import Conflict, InvalidSettings
+from ..schema.notify import machine_webhook
 from ..secrets import NAME_RULE as SECRET_NAME_RULE
 from ..secrets import URL_CREDENTIALS, is_secret_name
 from .yaml_document import YamlDocument
@@ -67,6 +68,14 @@ COMMON_OPTIONS: Mapping[str, OptionField] = {
     "max_jobs": OptionField(
         int, "The most jobs that run on the machine at once when a pool places jobs (default: no limit)"
     ),
+    # Its own webhook, told of its jobs' state changes beside each job's own (jobs/notify.py).
+    "notify": OptionField(
+        str, "A URL every job on this machine POSTs its state changes to (secret:NAME: the URL kept as a secret)"
+    ),
+    "notify_secret": OptionField(
+        str, "Name of the Secret Manager entry whose value signs the notify webhook's body", secret_name=True
+    ),
+    "notify_events": OptionField(list, "The job states the notify webhook is told of (default: every change)"),
     # A running job's machine that does not answer (jobs/retries.py).
     "unreachable_after": OptionField(
         int,
@@ -226,6 +235,8 @@ def check_options(
                 "(env UV_INDEX_<NAME>_PASSWORD=secret:NAME, or PIP_INDEX_URL=secret:NAME), not in compute.yaml",
                 field=where,
             )
+    if any(key.startswith("notify") for key in incoming):
+        machine_webhook(merged)  # a URL, a secret's name, job states
     for key, field in declared.items():
         if field.required and key not in merged:
             raise InvalidSettings(f"options.{key} is required for {cls.kind} machines", field=f"options.{key}")

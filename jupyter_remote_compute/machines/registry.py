@@ -193,6 +193,7 @@ class MachineRegistry:
         cls = engine_of_kind(kind)
         address = check_address(cls, address)
         clean = check_options(cls, options or {}, changing=None)
+        cls.check_settings(address, clean)
         check_enabled(enabled)
 
         def change(doc: YamlDocument) -> Machine:
@@ -244,6 +245,7 @@ class MachineRegistry:
                     new_address = check_address(cls, address)
                 current = {k: v for k, v in entry.items() if k not in FIELDS}
                 new_options = check_options(cls, current, changing=options or {})
+                cls.check_settings(new_address, new_options)
             with keeping_tail(machines, name):
                 if new_address != entry["address"]:
                     entry["address"] = new_address

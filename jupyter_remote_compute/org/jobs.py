@@ -88,6 +88,10 @@ def user_folder(user: str) -> str:
     return "u-" + hashlib.sha256(user.encode()).hexdigest()[:24]
 
 
+def ledger_job(user: str, job_id: str) -> str:
+    return f"{user_folder(user)}/{job_id}"
+
+
 def check_job_id(job_id: str) -> str:
     if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
         raise InvalidSettings("id: expected a job id (letters, digits, '.', '_', '-')", field="id")
@@ -115,12 +119,22 @@ class OrgJob:
     # The metering: when it started here, what it held, when the service saw it end.
     started: float | None = None
     gpus: int = 0
+    nodes: int = 1  # the nodes it asked for: its hours count on each (node-hours)
     ended: float | None = None
     #: Why the service stopped it (a quota): the reason its user's server is told.
     stopped: str | None = None
     #: When a hard quota it counts against was first seen used up (its grace runs from then).
     over_since: float | None = None
     notices: QuotaNotices = dataclasses.field(default_factory=list)
+    #: Which attempt of the user's job this record is: a retry removes the record and prepares the same id
+    #: again, and the ledger keeps one line per (job, attempt).
+    number: int = 1
+
+    @property
+    def ledger_job(self) -> str:
+        """The job as the ledger names it: the user's id under their folder, since ids are the users' own
+        (another user's same id is another job, never a line the ledger takes for one it has)."""
+        return ledger_job(self.user, self.id)
 
     @property
     def active(self) -> bool:
@@ -145,10 +159,10 @@ class OrgJob:
         }
 
     def attempt(self, state: str, ended: float | None) -> Attempt:
-        """The job's one attempt, as the organization's ledger keeps it (``usage/ledger.py``'s line)."""
+        """The job's attempt, as the organization's ledger keeps it (``usage/ledger.py``'s line)."""
         return Attempt(
-            job=self.id,
-            attempt=1,
+            job=self.ledger_job,
+            attempt=self.number,
             name=self.id,
             machine=self.machine,
             kind=str(self.snapshot.get("kind") or ""),
@@ -158,6 +172,7 @@ class OrgJob:
             ended=ended,
             state=state,
             gpus=self.gpus,
+            nodes=self.nodes,
             source="engine",
             running=ended is None,
             groups=tuple(self.groups),
@@ -382,6 +397,8 @@ class OrgJobs:
                 snapshot = self._user_snapshot(machine, user)
                 self.admit(user, groups, None)
                 job = OrgJob(job_id, user, machine.name, key, snapshot, {}, utcnow(), groups=sorted(groups))
+                # A retry prepares the id again: its attempt is the next of those the ledger has.
+                job.number = 1 + sum(1 for a in self.usage.attempts() if a.job == job.ledger_job)
                 self._save(job)
             if job.machine != machine_name or job.key != key:
                 raise Conflict(f"job {job_id} was prepared on {job.machine} for other work")
@@ -468,6 +485,7 @@ class OrgJobs:
             job.handle = dict(remote.handle)  # type: ignore[assignment]
             if job.started is None:
                 job.started, job.gpus = time.time(), gpus
+                job.nodes = (spec.resources.nodes if spec.resources else None) or 1
             self._save(job)
         return job
 

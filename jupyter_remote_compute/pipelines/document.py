@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import ConfigFileError, RemoteComputeError
+from ..schema.pipeline import Problem
 
 VERSION = 1
 SUFFIX = ".rcpipeline"
@@ -44,27 +45,6 @@ class PipelineInvalid(RemoteComputeError):
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "details": {"problems": [p.to_json() for p in self.problems]}}
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a pipeline, at a node (or the document when ``node`` is None)."""
-
-    # cycle | missing_setting | invalid_setting | missing_input | outside_workspace | unknown_step;
-    # from a job's own checks: invalid | secret_in_settings
-    kind: str
-    message: str
-    node: str | None = None
-    field: str | None = None
-
-    def text(self) -> str:
-        where = f"node {self.node}" if self.node else "pipeline"
-        if self.field:
-            where += f", {self.field}"
-        return f"{where}: {self.message}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "node": self.node, "field": self.field, "message": self.message}
 
 
 @dataclasses.dataclass(frozen=True)

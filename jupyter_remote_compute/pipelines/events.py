@@ -21,6 +21,7 @@ def run_event(run: PipelineRun) -> dict[str, Any]:
         "state": run.state,
         "reason": run.reason,
         "updated": run.updated,
+        "user": run.user,
         "nodes": {k: {"state": n.state, "job_id": n.job_id, "reason": n.reason} for k, n in run.nodes.items()},
         "sweep": run.sweep,
     }

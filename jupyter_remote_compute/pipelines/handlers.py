@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..errors import InvalidSettings
 from ..handlers import PREFIX, RemoteComputeHandler, api
+from ..schema.pipeline import run_started, sweep_started
 from .runner import PipelineRunner
 from .sweep import plan_from_json
 
@@ -29,8 +30,8 @@ class PipelineRunsHandler(PipelineHandler):
         unknown = sorted(set(body) - {"file"})
         if unknown:
             raise InvalidSettings(f"{unknown[0]}: unknown setting; give only file", field=unknown[0])
-        run, attached = await self.call(self.runner.start, body.get("file"))
-        self.reply({"run": run.public_json(), "attached": attached}, 200 if attached else 201)
+        run, attached = await self.call(self.runner.start, body.get("file"), user=self.person())
+        self.reply(run_started(run, attached), 200 if attached else 201)
 
 
 class PipelineSweepsHandler(PipelineHandler):
@@ -38,10 +39,8 @@ class PipelineSweepsHandler(PipelineHandler):
     async def post(self) -> None:
         """A sweep: its trials checked and drawn (``sweep.plan_from_json``), then driven by the server."""
         plan = await self.call(plan_from_json, self.body())
-        run, attached = await self.call(self.runner.start_sweep, plan, background=True)
-        self.reply(
-            {"run": run.public_json(), "attached": attached, "warnings": list(plan.warnings)}, 200 if attached else 201
-        )
+        run, attached = await self.call(self.runner.start_sweep, plan, background=True, user=self.person())
+        self.reply(sweep_started(run, attached, list(plan.warnings)), 200 if attached else 201)
 
 
 class PipelineValidateHandler(PipelineHandler):

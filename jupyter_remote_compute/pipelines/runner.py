@@ -30,6 +30,8 @@ from ..jobs.liveness import holder_alive, process_identity
 from ..jobs.recording import PROGRAM as RECORDER
 from ..jobs.service import JobService
 from ..jobs.spec import JobSpec, check_relative_path
+from ..people import local_person
+from ..schema.pipeline import Sweep
 from ..steps import describe_steps, parse_settings
 from ..steps.executor import StepContext, run_spec, with_machine
 from .document import Node, Pipeline, PipelineInvalid, Problem, declared_outputs, load_pipeline, order, validate
@@ -138,10 +140,11 @@ class PipelineRunner:
             return []
 
     # -- running ---------------------------------------------------------------------------------
-    def start(self, file: Any, *, background: bool = True) -> tuple[PipelineRun, bool]:
+    def start(self, file: Any, *, background: bool = True, user: str | None = None) -> tuple[PipelineRun, bool]:
         """Start a run of the file (or attach to the one of it under way); returns (run, attached).
 
-        With ``background`` the run is driven in the runner's threads; else call ``drive``.
+        With ``background`` the run is driven in the runner's threads; else call ``drive``. ``user`` (a
+        login, ``people.py``) submits its nodes' jobs; by default whoever runs this process.
         """
         rel, _ = self.resolve(file)
         pipeline = self.validate(rel)
@@ -154,10 +157,13 @@ class PipelineRunner:
             pipeline=pipeline.to_json(),
             driver=self.identity,
             nodes={n.id: NodeRun() for n in pipeline.nodes},
+            user=user or local_person(),
         )
         return self._begin(run, background), False
 
-    def start_sweep(self, plan: SweepPlan, *, background: bool = False) -> tuple[PipelineRun, bool]:
+    def start_sweep(
+        self, plan: SweepPlan, *, background: bool = False, user: str | None = None
+    ) -> tuple[PipelineRun, bool]:
         """Start a sweep's run (``sweep.plan`` checked it and made its trials), or attach to the same sweep
         under way; without ``background``, call ``drive``. With an objective its trials' latest values are
         followed; with ``early_stop`` the ones that fall behind are stopped."""
@@ -167,7 +173,7 @@ class PipelineRunner:
         problems = self.problems(pipeline)
         if problems:
             raise PipelineInvalid(problems, source)
-        sweep: dict[str, Any] = {
+        sweep: Sweep = {
             "name": name,
             "max_parallel": plan.max_parallel,
             "parameters": plan.parameters,
@@ -186,6 +192,7 @@ class PipelineRunner:
             driver=self.identity,
             nodes={n.id: NodeRun() for n in pipeline.nodes},
             sweep=sweep,
+            user=user or local_person(),
         )
         return self._begin(run, background), False
 
@@ -295,7 +302,9 @@ class PipelineRunner:
                         elif len(running) >= at_once:
                             continue
                         elif all(s.state in ("succeeded", "reused") for s in needs):
-                            future = nodes.submit(self._run_node, run_id, pipeline, pipeline.node(node_id), stop)
+                            future = nodes.submit(
+                                self._run_node, run_id, pipeline, pipeline.node(node_id), stop, run.user
+                            )
                             running[future] = node_id
                     if not running:
                         after = self.store.get(run_id)
@@ -430,7 +439,7 @@ class PipelineRunner:
             return notebook_spec(settings)
         return parse_settings(settings)
 
-    def _run_node(self, run_id: str, pipeline: Pipeline, node: Node, stop: threading.Event) -> None:
+    def _run_node(self, run_id: str, pipeline: Pipeline, node: Node, stop: threading.Event, user: str | None) -> None:
         self._set_node(run_id, node.id, state="running", reason=None, started=utcnow())
         try:
             if node.step in BUILT_IN_STEPS:
@@ -444,7 +453,7 @@ class PipelineRunner:
                     if run.sweep and run.sweep.get("metric"):
                         self.service.ctx.metrics.watch(job.id)  # from its first poll: a short trial's points too
 
-                result = run_spec(self.service, spec, wait_for, on_job=heard, stop=stop)
+                result = run_spec(self.service, spec, wait_for, on_job=heard, stop=stop, user=user)
                 state = "reused" if reused else "succeeded"
                 reason = f"unchanged since job {result.job_id} succeeded: its outputs are reused" if reused else None
                 if not reused and result.attached:

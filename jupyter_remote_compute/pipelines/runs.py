@@ -2,22 +2,24 @@
 
 The record keeps the document as it was when the run started, each node's state, job, reason and
 outputs, the driving process's identity (so a run whose driver died is taken up again), and for a
-sweep its definition and what its trials found.
+sweep its definition and what its trials found: a ``PipelineRun`` (``schema/pipeline.py``, one schema for
+the file, the API and the CLI's JSON), read through its model.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..errors import NotFound, RemoteComputeError
 from ..fsutil import SharedFileLock, atomic_write, private_dir
 from ..jobs.job import utcnow
+from ..schema.pipeline import NodeRun, PipelineRun
+
+__all__ = ["LOCK_TIMEOUT", "NODE_DONE", "NODE_FINE", "NodeRun", "PipelineRun", "RunStore"]
 
 log = logging.getLogger(__name__)
 
@@ -27,63 +29,6 @@ NODE_DONE = ("succeeded", "reused", "failed", "cancelled", "not_run", "stopped_e
 #: How a node may end and its run still succeed.
 NODE_FINE = ("succeeded", "reused", "stopped_early")
 LOCK_TIMEOUT = 30.0
-
-
-@dataclasses.dataclass
-class NodeRun:
-    state: str = "waiting"
-    job_id: str | None = None
-    reason: str | None = None
-    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    started: str | None = None
-    ended: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class PipelineRun:
-    id: str
-    file: str  # workspace-relative path of the .rcpipeline
-    pipeline: dict[str, Any]  # the document as it was when the run started
-    state: str = "running"
-    reason: str | None = None
-    created: str = dataclasses.field(default_factory=utcnow)
-    updated: str = dataclasses.field(default_factory=utcnow)
-    cancel_requested: str | None = None
-    mlflow_run_id: str | None = None  # the parent run of the nodes' job runs, once recorded
-    mlflow_experiment_id: str | None = None  # the parent run's experiment (MLflow's run comparison needs it)
-    driver: dict[str, Any] | None = None
-    nodes: dict[str, NodeRun] = dataclasses.field(default_factory=dict)
-    #: A sweep's run (``sweep.py``): its name, ``max_parallel`` and each trial's ``parameters`` by node.
-    sweep: dict[str, Any] | None = None
-
-    @property
-    def label(self) -> str:
-        """What a person calls the run: its file, or the sweep's name."""
-        return f"sweep {self.sweep['name']}" if self.sweep else self.file
-
-    @property
-    def active(self) -> bool:
-        return self.state == "running"
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["nodes"] = {k: v.to_json() for k, v in self.nodes.items()}
-        return data
-
-    def public_json(self) -> dict[str, Any]:
-        data = self.to_json()
-        data.pop("driver")
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PipelineRun:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in fields}
-        values["nodes"] = {k: NodeRun(**v) for k, v in (data.get("nodes") or {}).items()}
-        return cls(**values)
 
 
 class RunStore:
@@ -106,12 +51,13 @@ class RunStore:
         return self.folder / f"{run_id}.mlflow-run"
 
     def get(self, run_id: str) -> PipelineRun:
+        path = self.path(run_id)
         try:
-            run = PipelineRun.from_json(json.loads(self.path(run_id).read_text(encoding="utf-8")))
+            run = PipelineRun.from_json(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise NotFound(f"no pipeline run {run_id!r}") from None
-        except (ValueError, TypeError) as e:
-            raise RemoteComputeError(f"{self.path(run_id)}: the run's record cannot be read ({e})") from None
+        except (ValueError, RemoteComputeError) as e:  # not JSON, or not a run's record
+            raise RemoteComputeError(f"{path}: the run's record cannot be read ({e})") from None
         if run.mlflow_run_id is None:
             with contextlib.suppress(FileNotFoundError):
                 # "<parent run id>" or "<parent run id> <experiment id>" (recording/parent_run.py)

@@ -60,13 +60,14 @@ def _record(uri: str, run: Mapping[str, Any], children: Mapping[str, str]) -> tu
         [experiment], filter_string=f"tags.`{TAG_PIPELINE_RUN}` = '{run['id']}'", run_view_type=ViewType.ALL
     )
     sweep = run.get("sweep")
+    who = {"mlflow.user": run["user"]} if run.get("user") else {}  # MLflow's Created by: who started it
     if found:
         parent = found[0].info.run_id
     elif sweep:
-        tags = {TAG_PIPELINE_RUN: run["id"], TAG_SWEEP: sweep["name"]}
+        tags = {TAG_PIPELINE_RUN: run["id"], TAG_SWEEP: sweep["name"], **who}
         parent = client.create_run(experiment, run_name=f"sweep {sweep['name']}", tags=tags).info.run_id
     else:
-        tags = {TAG_PIPELINE_RUN: run["id"], "remote_compute.pipeline_file": run["file"]}
+        tags = {TAG_PIPELINE_RUN: run["id"], "remote_compute.pipeline_file": run["file"], **who}
         parent = client.create_run(experiment, run_name=f"pipeline {run['file']}", tags=tags).info.run_id
     node_tags = []
     for node_id, child in children.items():

@@ -133,10 +133,11 @@ def validate(type_: type[T], data: Any, prefix: str = "") -> T:
         raise invalid(e, prefix, type_) from None
 
 
-def to_json(type_: Any, value: Any) -> Any:
-    """``value`` as JSON data, in the shape its type writes (the state file's and the API's)."""
+def to_json(type_: Any, value: Any, exclude: Any = None) -> Any:
+    """``value`` as JSON data, in the shape its type writes (the state file's and the API's); ``exclude``:
+    fields left out, as pydantic's ``exclude`` names them (``{"run": {"driver"}}``)."""
     # The serializer itself: TypeAdapter.dump_python's own checks cost as much again (Job.to_json, per job).
-    return adapter(type_).serializer.to_python(value, mode="json", by_alias=True)
+    return adapter(type_).serializer.to_python(value, mode="json", by_alias=True, exclude=exclude)
 
 
 def checked(check: Callable[[Any], T], value: Any, field: str) -> T:

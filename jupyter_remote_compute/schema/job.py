@@ -185,6 +185,18 @@ class StateNotice(TypedDict):
     at: str  # when the state changed (ISO 8601, UTC)
 
 
+class WebhookDelivery(TypedDict):
+    """How the last notice to one of a job's webhooks went (``Job.deliveries``): kept per webhook, replaced by
+    the next notice's, once the notice landed or its tries were given up."""
+
+    url: str  # without its query or any credentials; secret:NAME for one kept in the Secret Manager
+    source: Literal["job", "machine"]  # the job's own webhook (notify), or its machine's (compute.yaml)
+    state: State  # the change it told: the state the job went to
+    status: int | None  # the HTTP status the receiver answered last; None: no answer (refused, timed out)
+    error: str | None  # why it did not land (HTTP 500, a redirect not followed, connection refused); None: it did
+    at: str  # when (ISO 8601, UTC)
+
+
 #: A job's fields the API does not show: who drives it now is bookkeeping between processes.
 HIDDEN = ("lease",)
 
@@ -198,7 +210,7 @@ QuotaNotices = Annotated[
 
 
 # Written whole but for ``times``, ``user``, ``checkpoint``, ``attempts``, ``pool``, ``placement``,
-# ``notices`` and ``tracking_uri`` (left out when unset, as before they existed).
+# ``notices``, ``tracking_uri`` and ``deliveries`` (left out when unset, as before they existed).
 @with_config(ConfigDict(json_schema_serialization_defaults_required=True))
 @dataclasses.dataclass
 class Job:
@@ -299,6 +311,16 @@ class Job:
         ),
     ] = None
 
+    # Its webhooks' last deliveries (jobs/notify.py), one per webhook.
+    deliveries: Annotated[
+        list[WebhookDelivery],
+        Field(
+            description="how the last notice to each of its webhooks went (its own and its machine's): landed, "
+            "or why not; absent until one was told",
+            exclude_if=lambda v: not v,
+        ),
+    ] = dataclasses.field(default_factory=list)
+
     def __post_init__(self) -> None:
         if not isinstance(self.spec, JobSpec):
             self.spec = JobSpec.from_stored(self.spec)
@@ -380,4 +402,5 @@ _ADDED_FIELDS: tuple[tuple[str, Any], ...] = (
     ("previous_state", None),
     ("notices", []),
     ("tracking_uri", None),
+    ("deliveries", []),
 )

@@ -24,7 +24,12 @@ def _options(value: Any) -> Any:
 Options = Annotated[
     dict[str, Any] | None,
     BeforeValidator(_options, json_schema_input_type=dict[str, Any] | None),
-    Field(description="the kind's options, by name (GET /kinds)"),
+    Field(
+        description="the kind's options, by name (GET /kinds), and those every kind takes: price_per_hour, "
+        "max_jobs, ...; notify, a webhook URL every job on the machine POSTs its state changes to, beside its "
+        "own; notify_secret, the NAME of the Secret Manager entry that signs them (never the key); notify_events, "
+        "the job states it is told of (default: every change)"
+    ),
 ]
 
 

@@ -22,6 +22,8 @@ from pydantic import TypeAdapter
 from .error import Error
 from .job import HIDDEN, Job, JobSummary, Shown, State, StateNotice, SubmitResult
 from .machine import Machine, MachineInput, MachinePatch
+from .pipeline import HIDDEN as RUN_HIDDEN
+from .pipeline import NodeRun, PipelineRun, PipelineRunStarted, Problem, SweepStarted
 from .pool import Pool, PoolInput
 from .spec import JobRequest, JobSpec
 
@@ -45,10 +47,15 @@ COMPONENTS: dict[str, tuple[Any, str]] = {
     "MachinePatch": (MachinePatch, "validation"),
     "Pool": (Pool, "serialization"),
     "PoolInput": (PoolInput, "validation"),
+    "PipelineRun": (PipelineRun, "serialization"),
+    "PipelineNodeRun": (NodeRun, "serialization"),
+    "PipelineRunStarted": (PipelineRunStarted, "serialization"),
+    "SweepStarted": (SweepStarted, "serialization"),
+    "PipelineProblem": (Problem, "serialization"),
     "Error": (Error, "serialization"),
 }
 _REF = "#/components/schemas/"
-#: The types a person fills in a form (the front end's New job and machine forms draw these).
+#: The types a person fills in a form (the front end's New Job and machine forms draw these).
 FORMS: dict[str, Any] = {"JobRequest": JobRequest, "MachineInput": MachineInput}
 
 
@@ -81,21 +88,31 @@ def _openapi_30(node: Any) -> Any:
             node["allOf"] = rest  # a $ref takes no sibling keywords in 3.0
         elif len(rest) == 1:
             node = {**rest[0], **node}
+            if "enum" in node and None not in node["enum"]:  # 3.0: nullable admits null only if enum lists it
+                node["enum"] = [*node["enum"], None]
         else:
             node["anyOf"] = rest
     return node
 
 
+def _without(record: dict[str, Any], hidden: tuple[str, ...]) -> dict[str, Any]:
+    """A record's schema as the API shows it: without the fields it keeps to itself."""
+    return {
+        **record,
+        "properties": {k: v for k, v in record["properties"].items() if k not in hidden},
+        "required": [k for k in record["required"] if k not in hidden],
+    }
+
+
 def _public_job(job: dict[str, Any], shown: dict[str, Any]) -> dict[str, Any]:
     """The API's ``Job``: the record but for ``HIDDEN``, with what ``Shown`` adds."""
-    properties = {k: v for k, v in job["properties"].items() if k not in HIDDEN}
-    required = [k for k in job["required"] if k not in HIDDEN]
+    job = _without(job, HIDDEN)
     return {
         **job,
         "description": "a job as the API shows it: its record (the state file's), its display name and, while "
         "it is sent, its progress",
-        "properties": {**properties, **shown["properties"]},
-        "required": [*required, *shown["required"]],
+        "properties": {**job["properties"], **shown["properties"]},
+        "required": [*job["required"], *shown["required"]],
     }
 
 
@@ -105,6 +122,8 @@ def schemas() -> dict[str, Any]:
     inputs = [(name, mode, TypeAdapter(type_)) for name, (type_, mode) in asked.items()]
     keys, definitions = TypeAdapter.json_schemas(inputs, ref_template=_REF + "{model}")  # type: ignore[arg-type]
     found = {_name(name): _openapi_30(schema) for name, schema in definitions.get("$defs", {}).items()}
+    for adapter in (a for _, _, a in inputs):
+        _keep_optional(found, adapter.core_schema)
     for (name, _mode), schema in keys.items():
         schema = _openapi_30(schema)
         if "$ref" in schema:  # a class: its definition is in $defs, under its own name
@@ -115,7 +134,26 @@ def schemas() -> dict[str, Any]:
         else:
             found[name] = schema
     found["Job"] = _public_job(found["Job"], found.pop("Shown"))
+    found["PipelineRun"] = _without(found["PipelineRun"], RUN_HIDDEN)
     return dict(sorted(_used(found).items()))
+
+
+def _keep_optional(found: dict[str, Any], core: Any) -> None:
+    """A TypedDict's ``NotRequired`` keys out of its ``required``: pydantic reckons them by the config of
+    the type holding it, whose ``json_schema_serialization_defaults_required`` makes every key required."""
+    if isinstance(core, dict):
+        cls = core.get("cls") if core.get("type") == "typed-dict" else None
+        schema = found.get(getattr(cls, "__name__", ""))
+        if schema is not None and "required" in schema:
+            optional = {k for k, field in core["fields"].items() if not field.get("required", True)}
+            schema["required"] = [k for k in schema["required"] if k not in optional]
+            if not schema["required"]:  # OpenAPI 3.0: a list of at least one
+                del schema["required"]
+        for value in core.values():
+            _keep_optional(found, value)
+    elif isinstance(core, list):
+        for value in core:
+            _keep_optional(found, value)
 
 
 def form_schema(name: str) -> dict[str, Any] | None:

@@ -23,6 +23,8 @@ Cause = Literal["lost", "preempted", "machine_unreachable", "failed"]
 CAUSES: tuple[Cause, ...] = get_args(Cause)
 #: What a policy retries when it does not say: the machine's faults, not the command's.
 DEFAULT_ON: tuple[Cause, ...] = ("lost", "preempted", "machine_unreachable")
+#: The causes after which the next attempt leaves the machine (jobs/retries.py, jobs/placement.py).
+MACHINE_FAULTS: frozenset[str] = frozenset(DEFAULT_ON)
 #: The most attempts after the first a job may ask for.
 MAX_RETRIES = 100
 #: The longest wait between two attempts, however the backoff doubles (seconds).

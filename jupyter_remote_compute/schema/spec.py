@@ -231,7 +231,7 @@ class JobSpec:
         BeforeValidator(_fallback, json_schema_input_type=list[str] | None),
         Field(
             description="machines an attempt that ended lost, preempted or machine_unreachable continues on, in "
-            "order (the checkpoint set following it)",
+            "order (the checkpoint set following it); a pool's name: the attempt joins its queue",
             exclude_if=lambda v: not v,
         ),
     ] = ()

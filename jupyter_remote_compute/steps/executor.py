@@ -131,10 +131,12 @@ def run_spec(
     on_log: Callable[[bytes], None] | None = None,
     on_job: Callable[[Job, bool], None] | None = None,
     stop: threading.Event | None = None,
+    user: str | None = None,
 ) -> StepResult:
     """The step's rule on a given service: take the same work's trained result, else attach or submit
     and wait; return the job only once trained. ``on_job`` hears the job (and whether it was already
-    there) as soon as it is known; ``stop`` ends the wait early (the job keeps running)."""
+    there) as soon as it is known; ``stop`` ends the wait early (the job keeps running); ``user`` submits
+    a new job (by default whoever runs this process)."""
     from ..jobs.service import require_trained
 
     previous = service.latest_same_work(spec)
@@ -145,7 +147,7 @@ def run_spec(
         if not job.mlflow_run_id:
             job = service.wait(job.id, timeout=wait, stop=stop)  # its run is still being recorded
     else:
-        submitted = service.submit(spec)
+        submitted = service.submit(spec, user=user)
         job, attached = submitted.job, submitted.attached
         if on_job is not None:
             on_job(job, attached)

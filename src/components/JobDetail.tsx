@@ -22,7 +22,8 @@ import {
   MlflowRun,
   Muted,
   Outputs,
-  SpecFacts
+  SpecFacts,
+  Webhooks
 } from './JobFacts';
 import { JobMetrics, MetricsFollower } from './JobMetrics';
 
@@ -177,6 +178,7 @@ function JobInfo(props: {
           </>
         )}
         <Attempts job={job} trans={trans} />
+        <Webhooks job={job} trans={trans} />
         {spec ? (
           <SpecFacts job={job} spec={spec} trans={trans} />
         ) : (

@@ -334,6 +334,48 @@ export function Attempts(props: {
 }
 
 /**
+ * How the last notice to each of the job's webhooks went (its own and its machine's): landed, or why
+ * not. URLs as the server keeps them: no query, no credentials.
+ */
+export function Webhooks(props: {
+  job: IJob;
+  trans: TranslationBundle;
+}): JSX.Element | null {
+  const { job, trans } = props;
+  const deliveries = job.deliveries ?? [];
+  if (deliveries.length === 0) {
+    return null;
+  }
+  return (
+    <>
+      <dt>{trans.__('Webhooks')}</dt>
+      <dd>
+        <ul
+          className="jp-RemoteCompute-plainList"
+          aria-label={trans.__('Webhooks')}
+        >
+          {deliveries.map(d => (
+            <li
+              key={`${d.source} ${d.url}`}
+              data-landed={d.error === null ? 'true' : 'false'}
+              title={trans.__('told at %1', d.at)}
+            >
+              {d.source === 'machine'
+                ? trans.__('%1 (the machine’s)', d.url)
+                : d.url}
+              {': '}
+              {d.error === null
+                ? trans.__('told %1, HTTP %2', d.state, String(d.status))
+                : trans.__('telling %1 failed: %2', d.state, d.error)}
+            </li>
+          ))}
+        </ul>
+      </dd>
+    </>
+  );
+}
+
+/**
  * What the job was asked to do: its command, files, environment, variables, resources, timeout.
  */
 export function SpecFacts(props: {

@@ -65,25 +65,28 @@ export function JobRow(props: {
         <span className="jp-RemoteCompute-jobName">{job.name || job.id}</span>
         <StateBadge job={job} trans={trans} />
       </div>
-      <div className="jp-RemoteCompute-jobLine jp-RemoteCompute-itemDetail">
-        <span className="jp-RemoteCompute-jobMeta" title={job.machine}>
+      {/* The machine is cut first, the reason takes what is left: the time always shows whole. */}
+      <div className="jp-RemoteCompute-jobLine jp-RemoteCompute-jobFacts jp-RemoteCompute-itemDetail">
+        <span className="jp-RemoteCompute-jobMachine" title={job.machine}>
           {job.machine}
-          {job.started || job.created ? (
-            <>
-              {' · '}
-              <RelativeTime when={job.started ?? job.created} trans={trans} />
-            </>
-          ) : null}
-          {job.started ? (
-            <>
-              {' · '}
-              <JobDuration job={job} />
-            </>
-          ) : null}
         </span>
+        {job.started || job.created ? (
+          <span className="jp-RemoteCompute-jobTime">
+            {' · '}
+            <RelativeTime when={job.started ?? job.created} trans={trans} />
+            {job.started ? (
+              <>
+                {' · '}
+                <JobDuration job={job} />
+              </>
+            ) : null}
+          </span>
+        ) : null}
         {/* Why it failed, or why the scheduler keeps it waiting (Slurm's reason in words). */}
         {(failed || job.state === 'pending') && job.reason && (
-          <span className="jp-RemoteCompute-jobReason">{job.reason}</span>
+          <span className="jp-RemoteCompute-jobReason" data-state={job.state}>
+            {job.reason}
+          </span>
         )}
       </div>
     </li>

@@ -1,7 +1,7 @@
 /**
- * The Compute panel's pipeline runs: each run's file, state and age, expandable to its nodes,
- * each with its state and its job (which opens the job's detail, as a job row does); a sweep's
- * run expands to its trials (SweepTrials).
+ * The Compute panel's pipeline runs: each run's file, state, who started it and when, expandable
+ * to its nodes, each with its state and its job (which opens the job's detail, as a job row does);
+ * a sweep's run expands to its trials (SweepTrials).
  */
 import { PathExt } from '@jupyterlab/coreutils';
 import { TranslationBundle } from '@jupyterlab/translation';
@@ -112,6 +112,14 @@ function RunRow(props: {
           ? trans.__('%1 of %2 trials done', done, nodes.length)
           : trans.__('%1 of %2 nodes done', done, nodes.length)}
         {' · '}
+        {run.user ? (
+          <>
+            <span className="jp-RemoteCompute-runUser">
+              {trans.__('by %1', run.user)}
+            </span>
+            {' · '}
+          </>
+        ) : null}
         <RelativeTime when={run.created} trans={trans} />
         {run.reason && run.state !== 'succeeded' ? ` · ${run.reason}` : ''}
       </div>

@@ -6,6 +6,8 @@
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import * as fs from 'fs';
+import * as http from 'http';
+import { AddressInfo } from 'net';
 import * as path from 'path';
 
 import { api, unique } from './helpers';
@@ -33,6 +35,27 @@ async function openDetail(page: IJupyterLabPageFixture, name: string) {
 /** The value beside a label of the detail's facts. */
 function fact(detail: ReturnType<IJupyterLabPageFixture['locator']>, label: string) {
   return detail.locator(`dt:text-is("${label}") + dd`);
+}
+
+/** A webhook receiver on 127.0.0.1 (a port from the OS) that answers every POST with `status`. */
+async function receiver(status: number): Promise<{ url: string; close: () => Promise<void> }> {
+  const server = http.createServer((request, response) => {
+    request.resume();
+    request.on('end', () => {
+      response.writeHead(status, { 'Content-Length': '0' });
+      response.end();
+    });
+  });
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}/hook`,
+    close: () =>
+      new Promise<void>(resolve => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      })
+  };
 }
 
 test.use({ autoGoto: true });
@@ -137,6 +160,24 @@ test.describe('Job detail', () => {
     const jobTabs = page.getByRole('tab', { name: /^Job: / });
     await expect(jobTabs).toHaveCount(1);
     await expect(jobTabs).toHaveText(new RegExp(first));
+  });
+
+  test('lists how the last notice to each of its webhooks went', async ({ page }) => {
+    const taken = await receiver(200);
+    const broken = await receiver(500);
+    const name = unique('ui-hooks');
+    try {
+      await api(page, 'POST', 'jobs', { machine: 'local', command: 'true', name, notify: [taken.url, broken.url] });
+      const detail = await openDetail(page, name);
+      // The 500's notices are each tried 3 times, 1 s and 2 s apart: its last outcome comes ~15 s after the end.
+      await expect(fact(detail, 'Webhooks').getByRole('listitem')).toHaveText(
+        [`${taken.url}: told succeeded, HTTP 200`, `${broken.url}: telling succeeded failed: HTTP 500`],
+        { timeout: 60_000 }
+      );
+    } finally {
+      await taken.close();
+      await broken.close();
+    }
   });
 
   test('a retried job says so in a notification, and lists its attempts with how each ended', async ({ page, tmpPath }) => {

@@ -26,6 +26,9 @@ test.describe('Machine form', () => {
       await expect(identity).toBeHidden();
       await form.getByText('More settings', { exact: true }).click();
       await expect(identity).toBeVisible();
+      // The machine's own webhook, every kind's: its signing key asked by name, not as a token.
+      await expect(form.getByLabel('Notify secret (optional)', { exact: true })).toHaveAttribute('type', 'text');
+      await expect(form.getByLabel('Notify (optional)', { exact: true })).toBeVisible();
 
       // A Jupyter server's options: its token, as a password; no SSH port.
       await kind.selectOption('jupyter');

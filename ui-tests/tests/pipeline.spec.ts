@@ -336,7 +336,7 @@ test.describe('Pipeline canvas', () => {
     await expect(page.getByRole('log', { name: /Log of job/ })).toContainText('made it');
   });
 
-  test('a run cancelled from the canvas says who cancelled it, on the run and its job, never a random id', async ({
+  test('a run cancelled from the canvas says who started and who cancelled it, on the run and its job, never a random id', async ({
     page,
     tmpPath
   }) => {
@@ -374,6 +374,9 @@ test.describe('Pipeline canvas', () => {
     const randomId = /[0-9a-f]{32}/;
     await expect(row).toContainText(/cancelled by \S+/);
     await expect(row).not.toContainText(randomId);
+    // Started by the same person: the run's own line names them, as the job's submitter.
+    const who = /cancelled by (\S+)/.exec(await row.innerText())![1];
+    await expect(row.locator('.jp-RemoteCompute-runUser')).toHaveText(`by ${who}`);
     await node.getByRole('button', { name: /^Show job .* of wait$/ }).click();
     const detail = page.getByRole('region', { name: /^Job / });
     await expect(detail.getByText('cancelled', { exact: true })).toBeVisible({ timeout: 60000 });

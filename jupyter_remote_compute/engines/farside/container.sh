@@ -17,6 +17,9 @@
 # gets of the machine's GPUs: none, all, a count, or visible (those the machine chose, else none);
 # where CUDA_VISIBLE_DEVICES is set (an agent's per-job choice, Slurm's allocation) it names the devices.
 set -u
+# Slurm's warning before the time limit, sent to the job's process group (a batch job's warn_command), is
+# for the command in the container: this shell ignores it, and its wait for the run goes on.
+trap '' USR1
 jobdir=$1 pins=$2 image=$3 runtime=$4 network=$5 names=$6 entry=$7 gpus=$8
 shift 8
 # From the run's start on (stopping set), whatever ends this script takes the job's files with it.

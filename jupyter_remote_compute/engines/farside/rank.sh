@@ -1,7 +1,11 @@
 #!/bin/sh
 # One process of a job of several, or one node's torchrun: rank.sh JOBDIR MODE [GPUS [JOIN]].
-#   plain     an srun task: its rank from Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID)
-#   torchrun  an srun task, one per node: torchrun starts this node's processes, each as "worker";
+#   plain     an srun task: its rank from Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID); without
+#             Slurm (a host of an ssh host list) RANK and LOCAL_RANK from "node", NODE_RANK given
+#   node      without Slurm, one per node: starts this node's LOCAL_WORLD_SIZE processes as "plain";
+#             one failing stops the others, and the node ends with its code
+#   torchrun  one per node (an srun task, or a host of an ssh host list, NODE_RANK given): torchrun
+#             starts this node's processes, each as "worker";
 #             it waits JOIN seconds (600) for every node at the rendezvous, and when it gives up
 #             leaves this node's name in ranks/node<N>.waited (the nodes without one never joined)
 #   worker    a process torchrun started: RANK, LOCAL_RANK, WORLD_SIZE, GROUP_RANK and the
@@ -24,6 +28,7 @@ node=${SLURMD_NODENAME:-$(hostname)}
 # non-empty $2 (a worker's, prefixed already) pass as they are. With $3, torchrun's word that it gave
 # up waiting at the rendezvous writes this node's name to the file $3.
 prefixed() {
+  trap '' USR1 # a signal a trap catches would end read, and the log with it
   while IFS= read -r line || [ -n "$line" ]; do
     if [ -n "$2" ]; then
       case $line in "$2"*)
@@ -82,10 +87,23 @@ gpu_share() {
   printf '%s' "$out"
 }
 
+# The processes below $1 (its children, theirs, ...), one pid a line.
+descendants() {
+  ps -A -o pid= -o ppid= | awk -v root="$1" '
+    { parent[$1] = $2 }
+    END {
+      for (p in parent) {
+        q = parent[p]
+        while (q != root && (q in parent) && q > 1) q = parent[q]
+        if (q == root) print p
+      }
+    }'
+}
+
 mkdir -p "$jobdir/ranks" || exit 97
 case $mode in
   torchrun)
-    NODE_RANK=${SLURM_NODEID:-0}
+    NODE_RANK=${SLURM_NODEID:-${NODE_RANK:-0}}
     export NODE_RANK
     code_file="$jobdir/ranks/node$NODE_RANK.exit_code"
     waited="$jobdir/ranks/node$NODE_RANK.waited"
@@ -98,7 +116,7 @@ case $mode in
     # c10d rendezvous at the first node; this node's rank is the one rendezvous gives (GROUP_RANK).
     {
       torchrun --nnodes="$NNODES" --nproc-per-node="$LOCAL_WORLD_SIZE" --rdzv-backend=c10d \
-        --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="jrc-${SLURM_JOB_ID:-0}" \
+        --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="jrc-${SLURM_JOB_ID:-$MASTER_PORT}" \
         --rdzv-conf="join_timeout=$join" \
         --no-python sh "$jobdir/rank.sh" "$jobdir" worker "$gpus" 2>&1
       echo $? > "$code_file"
@@ -113,10 +131,49 @@ case $mode in
     NODE_RANK=${GROUP_RANK:-$NODE_RANK}
     visible=$(node_gpus)
     ;;
+  node)
+    # This node's processes, each a "plain" rank.sh. When one fails (its ranks/R/exit_code says so)
+    # the others' commands are stopped, as srun's --kill-on-bad-exit does; the node's code is the
+    # failing one's.
+    n=${LOCAL_WORLD_SIZE:-1}
+    i=0
+    pids=
+    ranks=
+    while [ "$i" -lt "$n" ]; do
+      r=$((NODE_RANK * n + i))
+      rm -f "$jobdir/ranks/$r/exit_code"
+      RANK=$r LOCAL_RANK=$i sh "$jobdir/rank.sh" "$jobdir" plain "$gpus" &
+      pids="$pids $!"
+      ranks="$ranks $r"
+      i=$((i + 1))
+    done
+    code=0
+    while [ "$code" = 0 ]; do
+      left=
+      for r in $ranks; do
+        if [ -f "$jobdir/ranks/$r/exit_code" ]; then
+          c=$(cat "$jobdir/ranks/$r/exit_code")
+          [ "${c:-0}" = 0 ] || code=$c
+        else
+          left=1
+        fi
+      done
+      [ -n "$left" ] || break
+      [ "$code" != 0 ] || sleep 1
+    done
+    if [ "$code" != 0 ]; then
+      for p in $pids; do
+        # shellcheck disable=SC2046 # one pid a word
+        kill -TERM $(descendants "$p") 2>/dev/null
+      done
+    fi
+    for p in $pids; do wait "$p"; done
+    exit "$code"
+    ;;
   plain)
-    RANK=$SLURM_PROCID
-    LOCAL_RANK=$SLURM_LOCALID
-    NODE_RANK=$SLURM_NODEID
+    RANK=${SLURM_PROCID:-$RANK}
+    LOCAL_RANK=${SLURM_LOCALID:-$LOCAL_RANK}
+    NODE_RANK=${SLURM_NODEID:-$NODE_RANK}
     visible=$(gpu_share "$(node_gpus)" "$LOCAL_RANK" "${LOCAL_WORLD_SIZE:-1}")
     ;;
   *)
@@ -137,7 +194,11 @@ if [ "$RANK" != 0 ]; then
 fi
 rm -f "$dir/exit_code"
 printf '%s\n' "$node" > "$dir/node"
+# Slurm's warning before the time limit (srun passes it on to every process of the step) is for the
+# command: these shells note it and wait on, while the command's own programs get it as they started.
+trap : USR1
 {
+  trap : USR1
   sh "$jobdir/command.sh" 2>&1
   echo $? > "$dir/exit_code"
 } | prefixed "[$node rank $RANK] " ""

@@ -38,6 +38,17 @@ ORG_PREFIX = "org:"
 ORG_KIND = "organization"
 #: The service's errors, by their ``code``, raised here as the same errors (the field named stays named).
 ERRORS = {cls.code: cls for cls in (InvalidSettings, Conflict, NotFound, Forbidden)}
+#: The options of an organization's machine its jobs take on the user's side, where their container
+#: command is built: the default image and how containers run there. Not its ``registry_secret``: that
+#: names an entry of the service's Secret Manager, which no user reads.
+IMAGE_OPTIONS = (
+    "image",
+    "container_runtime",
+    "container_network",
+    "container_gpus",
+    "pull_timeout",
+    "image_max_age_days",
+)
 
 
 class OrganizationUnavailable(MachineError):
@@ -218,7 +229,11 @@ def shared_machine(name: str) -> Machine | None:
         address=str(data.get("address") or plain),
         enabled=bool(data.get("enabled", True)),
         created=data.get("created"),
-        options={"machine": plain, "kind": str(data.get("kind"))},
+        options={
+            "machine": plain,
+            "kind": str(data.get("kind")),
+            **{k: v for k, v in (data.get("options") or {}).items() if k in IMAGE_OPTIONS},
+        },
     )
 
 

@@ -59,11 +59,13 @@ class OrganizationEngine(Engine):
         super().__init__(name, address, options, context)
         self.machine = str(options.get("machine") or name.removeprefix("org:"))
         real = options.get("kind")
+        #: The container runtimes the machine's own kind runs a job's image in (its launcher's).
+        self._image_runtimes: tuple[str, ...] = ()
         if real in BUILT_IN_KINDS:
-            own = engine_class(str(real)).features
-            self.features = dataclasses.replace(  # type: ignore[misc]
-                own, remote=True, host_keys=False, unavailable=None
-            )
+            own = engine_class(str(real))
+            self.features = dataclasses.replace(own.features, remote=True, host_keys=False, unavailable=None)
+            launcher = getattr(own, "launcher_class", None)
+            self._image_runtimes = tuple(getattr(launcher, "image_runtimes", ()))
 
     @classmethod
     def validate_address(cls, address: str) -> str:
@@ -112,6 +114,19 @@ class OrganizationEngine(Engine):
         return f"api/jobs/{job.job_id}" + (f"/{action}" if action else "")
 
     # -- the machine -----------------------------------------------------------------
+    @property
+    def machine_kind(self) -> str:
+        return str(self.machine_options.get("kind") or self.kind)
+
+    def image_runtimes(self) -> tuple[str, ...]:
+        return self._image_runtimes
+
+    def image_pins(self) -> str:
+        # The service gives each user a base of their own on the machine (``<base>/users/<user>``), which
+        # this side does not know; the job's folder is ``jobs/<id>`` under it, and container.sh is
+        # started with ``$jobdir`` set: the user's pins are beside their jobs, as on their own machine.
+        return '"${jobdir%/jobs/*}/images"'
+
     def check(self) -> dict[str, Any]:
         return dict(self._ask("POST", f"api/machines/{self.machine}/check", timeout=LONG).json())
 

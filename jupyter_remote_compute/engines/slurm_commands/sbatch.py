@@ -12,12 +12,13 @@ from typing import Any
 
 from ...errors import InvalidSettings
 from ..base import WORK_DIR
-from ..launcher import JOB_ENV_SH, READ_ENV_SH
+from ..launcher import JOB_ENV_SH, READ_ENV_SH, rank_env_sh
 from ..resources import NO_RESOURCES, Resources, format_memory, scheduler_name
 
 #: How long before its time limit a job is warned (sbatch --signal), unless the limit is shorter.
 WARN_BEFORE_SECONDS = 300
-#: The signal that warns the batch script; it notes the warning and does not stop the command.
+#: The signal that warns the batch script; it notes the warning and passes it on to the command's process
+#: group (unless the machine's ``warn_command`` is false), so a script may checkpoint on it.
 WARN_SIGNAL = "USR1"
 BATCH_SCRIPT = "batch.sh"
 SLURM_JOB_ID_FILE = "slurm_job_id"
@@ -122,6 +123,7 @@ class SlurmSettings:
     sbatch_args: tuple[str, ...] = ()
     defaults: Resources = dataclasses.field(default_factory=Resources)
     rendezvous_timeout: int = RENDEZVOUS_TIMEOUT
+    warn_command: bool = True  # the time limit's warning passed on to the command (batch_script)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SlurmSettings:
@@ -136,7 +138,16 @@ class SlurmSettings:
             sbatch_args=validate_sbatch_args(options.get("sbatch_args") or [], "sbatch_args"),
             defaults=Resources.from_json(options.get("resources"), "resources."),
             rendezvous_timeout=_seconds(options.get("rendezvous_timeout"), "rendezvous_timeout", RENDEZVOUS_TIMEOUT),
+            warn_command=_flag(options.get("warn_command"), "warn_command", True),
         )
+
+
+def _flag(value: Any, field: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidSettings(f"{field}: expected true or false, got {value!r}", field=field)
+    return value
 
 
 def _seconds(value: Any, field: str, default: int) -> int:
@@ -287,15 +298,17 @@ fi
 
 
 def batch_script(
-    job_dir: str, resources: Resources = NO_RESOURCES, rendezvous_timeout: int = RENDEZVOUS_TIMEOUT
+    job_dir: str,
+    resources: Resources = NO_RESOURCES,
+    rendezvous_timeout: int = RENDEZVOUS_TIMEOUT,
+    warn_command: bool = True,
 ) -> str:
     """The POSIX sh script sbatch runs: the command in ``work/``, its exit code written atomically.
 
-    Every job gets the variables torchrun and ``torch.distributed`` read, the same way on every
-    node: ``MASTER_ADDR`` (the address Slurm has for the allocation's first node), ``MASTER_PORT``
-    (from the job id, so two jobs sharing a node differ), ``NNODES``, ``LOCAL_WORLD_SIZE``
-    (processes per node), ``WORLD_SIZE``, and ``NODE_RANK``, ``RANK``, ``LOCAL_RANK`` (0 here; each
-    process's own where there are several). A job of one process runs its command here; a
+    Every job gets the variables torchrun and ``torch.distributed`` read (``launcher.rank_env_sh``),
+    the same way on every node: ``MASTER_ADDR`` (the address Slurm has for the allocation's first
+    node), ``MASTER_PORT`` (from the job id, so two jobs sharing a node differ), ``NNODES`` (the
+    allocation's). A job of one process runs its command here; a
     ``distributed`` one starts through ``srun`` and ``farside/rank.sh``: ``plain``, one task per
     process, ranks from Slurm, each with its share of the node's GPUs in ``CUDA_VISIBLE_DEVICES``;
     ``torchrun``, one task per node, each a torchrun whose c10d rendezvous is at the first node,
@@ -303,15 +316,35 @@ def batch_script(
     seconds fails the job naming the nodes that never joined. ``--kill-on-bad-exit`` ends every
     process when one fails.
 
-    TERM (scancel, the time limit) reaches the command from Slurm itself; the script outlives it
-    long enough to record its exit code. The warning signal is noted in the log and a file, and is
-    not passed on: a program without a handler would die of it.
+    TERM (scancel, the time limit) reaches the command from Slurm itself, and from the script; the
+    script outlives it long enough to record its exit code. The warning signal is noted in the log and
+    a file and, with ``warn_command``, passed on to a job of one process: its command runs in a session
+    of its own (``setsid``), in a shell that only notes USR1 itself, so the signal sent to that process
+    group reaches the user's programs (which may checkpoint on it; one without a handler ends) and not
+    the shell that waits for them. A job of several processes started ``plain`` gets it through
+    ``srun``, which passes it on to every process of its step; ``rank.sh``'s own shells note it (or
+    ignore it, the one copying the log), so each rank's command gets it. A ``torchrun`` job is not sent
+    it: torchrun ends on it, or, told to handle it, stops its workers.
     """
     if not job_dir.startswith("/"):
         raise ValueError(f"job_dir must be absolute, got {job_dir!r}")
     per_node = resources.processes_per_node or 1
+    rank_env = rank_env_sh(
+        per_node,
+        master_addr='"$addr"',
+        master_port="$((20000 + ${SLURM_JOB_ID:-0} % 20000))",
+        nnodes="${SLURM_JOB_NUM_NODES:-1}",
+    )
     after = ""
-    if not resources.distributed:
+    passed_on = warn_command and not resources.distributed
+    # A plain job's ranks (rank.sh traps USR1 in its own shells) get it through srun, which passes a
+    # signal on to its step's processes; torchrun ends on it (or, told to handle it, stops its workers).
+    to_ranks = warn_command and resources.distributed and resources.launcher != "torchrun"
+    if passed_on:
+        # The sourcing shell outlives a USR1 and a TERM, waiting for what it started (whose actions are the
+        # defaults again): a program that checkpoints on either has until Slurm's KillWait.
+        start = f'setsid sh -c \'trap : {WARN_SIGNAL} TERM; . "$0"\' "$jobdir/command.sh" &'
+    elif not resources.distributed:
         start = 'sh "$jobdir/command.sh" &'
     else:
         # rank.sh sets each process's CUDA_VISIBLE_DEVICES from the GPUs asked per node.
@@ -331,6 +364,13 @@ def batch_script(
         # srun answers for the ranks it stopped (143) when one failed: the job's code is the one that
         # failed, named with its node (rank.sh leaves each rank's code and node in ranks/R/).
         after = FIRST_FAILED_RANK_SH + (RENDEZVOUS_TIMED_OUT_SH if resources.launcher == "torchrun" else "")
+    # The command's process group where it has one of its own (a pid alone else).
+    group = '-- "-$child"' if passed_on else '"$child"'
+    tell = f" (sent {WARN_SIGNAL} to the command)" if passed_on else ""
+    forward = f"kill -s {WARN_SIGNAL} {group} 2>/dev/null" if passed_on or to_ranks else ":"
+    if to_ranks:
+        tell = f" (sent {WARN_SIGNAL} to every process of the job)"
+    stop = f"kill -s TERM {group} 2>/dev/null"
     return f"""#!/bin/sh
 # Written by jupyter-remote-compute: the batch script Slurm runs for this job folder.
 jobdir={shlex.quote(job_dir)}
@@ -350,24 +390,17 @@ fi
 rm -f "$jobdir/exit_code" "$jobdir/exit_code.tmp" "$jobdir/{WARNING_FILE}"
 {JOB_ENV_SH}# The first node's address as Slurm reaches it (NodeAddr), else its name.
 first=$(scontrol show hostnames "${{SLURM_JOB_NODELIST:-}}" 2>/dev/null | head -n 1)
-MASTER_ADDR=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)
-[ -n "$MASTER_ADDR" ] || MASTER_ADDR=${{first:-$(hostname)}}
-MASTER_PORT=$((20000 + ${{SLURM_JOB_ID:-0}} % 20000))
-NNODES=${{SLURM_JOB_NUM_NODES:-1}}
-LOCAL_WORLD_SIZE={per_node}
-WORLD_SIZE=$((NNODES * LOCAL_WORLD_SIZE))
-NODE_RANK=0
-RANK=0
-LOCAL_RANK=0
-export MASTER_ADDR MASTER_PORT NNODES LOCAL_WORLD_SIZE WORLD_SIZE NODE_RANK RANK LOCAL_RANK
-attempt=$((${{SLURM_RESTART_COUNT:-0}} + 1))
+addr=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)
+[ -n "$addr" ] || addr=${{first:-$(hostname)}}
+{rank_env}attempt=$((${{SLURM_RESTART_COUNT:-0}} + 1))
 echo "jupyter-remote-compute: Slurm job ${{SLURM_JOB_ID:-?}} on ${{SLURM_JOB_NODELIST:-?}}, attempt $attempt"
 warned() {{
-  echo "jupyter-remote-compute: Slurm's time limit is near; the job will be stopped soon"
+  echo "jupyter-remote-compute: Slurm's time limit is near; the job will be stopped soon{tell}"
   : > "$jobdir/{WARNING_FILE}"
+  {forward}
 }}
 trap warned {WARN_SIGNAL}
-trap 'kill -TERM "$child" 2>/dev/null' TERM
+trap '{stop}' TERM
 {start}
 child=$!
 # A trapped signal interrupts wait; wait again until the command itself has ended.
