@@ -37,8 +37,6 @@ from collections.abc import Callable
 from typing import Literal
 from urllib.parse import urlsplit
 
-import requests
-
 from ..errors import InvalidSettings
 from ..schema.job import State, StateNotice, WebhookDelivery
 from ..schema.machine import Machine
@@ -244,6 +242,8 @@ def _posted(url: str, body: bytes, headers: dict[str, str]) -> tuple[int | None,
     """POST ``body`` once: the receiver's status (None: no answer); None when it took it, else why not
     (naming no URL, whose path or query may hold a token); and whether that is its final word (a 4xx but
     408 and 429, a redirect)."""
+    import requests  # here: every face imports this module, and most of their jobs name no webhook
+
     try:
         with requests.post(
             url, data=body, headers=headers, timeout=(CONNECT_TIMEOUT, TIMEOUT), allow_redirects=False, stream=True
@@ -265,6 +265,8 @@ def _posted(url: str, body: bytes, headers: dict[str, str]) -> tuple[int | None,
 
 def _cause(error: BaseException) -> str:
     """The innermost reason of a failed request, as a few words (requests' own text repeats the URL)."""
+    import requests
+
     seen: set[int] = set()
     while id(error) not in seen:
         seen.add(id(error))
