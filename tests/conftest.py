@@ -43,12 +43,38 @@ def _release_shared_hub() -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """After the group ``hub``'s last test (the next is outside it, or none), its shared hub stops and
-    the users are free for the Galata hub run, once that test's own fixtures are torn down."""
+    the users are free for the Galata hub run, once that test's own fixtures are torn down. After the
+    group ``skypilot``'s last, its cluster goes down and its API server stops (idle, they cost CPU)."""
     try:
         return (yield)
     finally:
-        if serial_group(item.nodeid) == "hub" and (nextitem is None or serial_group(nextitem.nodeid) != "hub"):
+        group = serial_group(item.nodeid)
+        if group == "hub" and (nextitem is None or serial_group(nextitem.nodeid) != "hub"):
             _release_shared_hub()
+        if group == "skypilot" and _last_of_group(item, group):
+            _release_skypilot()
+
+
+#: The tests of a serial group this process runs (its session's items in the group), and those done.
+_GROUP_TESTS: dict[str, set[str]] = {}
+_GROUP_DONE: dict[str, set[str]] = {}
+
+
+def _last_of_group(item: pytest.Item, group: str) -> bool:
+    """Whether ``item`` was the last test of ``group`` to run in this process (they need not run in a row:
+    with ``-n 0`` the module test_mlflow_every_kind's [skypilot] cases sit between its other kinds')."""
+    if group not in _GROUP_TESTS:
+        _GROUP_TESTS[group] = {i.nodeid for i in item.session.items if serial_group(i.nodeid) == group}
+    done = _GROUP_DONE.setdefault(group, set())
+    done.add(item.nodeid)
+    return done >= _GROUP_TESTS[group]
+
+
+def _release_skypilot() -> None:
+    """The session's SkyPilot cluster torn down and its API server stopped (``skypilot_fixture.release``)."""
+    skypilot_fixture = sys.modules.get("skypilot_fixture")  # imported by a SkyPilot test module, if one ran
+    if skypilot_fixture is not None:
+        skypilot_fixture.release()
 
 
 #: Tests that share one thing on this machine with room for one user at a time, by group (fnmatch patterns of

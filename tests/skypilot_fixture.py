@@ -234,7 +234,21 @@ def client_home(home: Path) -> Iterator[Path]:
 #: The one SkyPilot home and bed of this test process. pytest gives every module that names these
 #: fixtures a session fixture of its own; a second home would talk to the API server the first one
 #: started (one port), which knows only the first Slurm bed. Shared here: one server, one launch.
+#: ``release_bed`` and ``release_home`` stop them, once (``release``).
 _SHARED: dict[str, Any] = {}
+
+
+def release() -> None:
+    """The session's cluster torn down (``sky down``), then its API server stopped; nothing when none runs.
+
+    Called after the serial group ``skypilot``'s last test (conftest), not at the session's end: until then
+    the idle cluster would cost CPU for the rest of the run, its Slurm allocation's skylet and the API
+    server's status check of it every minute (ssh, srun and SkyPilot's Python on the node each time).
+    """
+    for key in ("release_bed", "release_home"):
+        stop = _SHARED.pop(key, None)
+        if stop is not None:
+            stop()
 
 
 @pytest.fixture(scope="session")
@@ -246,6 +260,16 @@ def sky_home() -> Iterator[Path]:
         return
     home = Path(tempfile.mkdtemp(prefix="jrc-sky-home-"))
     _SHARED["home"] = home
+
+    def stop() -> None:
+        _SHARED.pop("home", None)
+        with client_home(home), contextlib.suppress(Exception):
+            from sky.client import sdk
+
+            sdk.api_stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+    _SHARED["release_home"] = stop
     try:
         with client_home(home):
             # SkyPilot reads paths under HOME when it is imported: import it under the private one.
@@ -255,17 +279,14 @@ def sky_home() -> Iterator[Path]:
             sky.server.common.WAIT_APISERVER_START_TIMEOUT_SEC = 600
         yield home
     finally:
-        _SHARED.pop("home", None)
-        with client_home(home), contextlib.suppress(Exception):
-            from sky.client import sdk
-
-            sdk.api_stop()
-        shutil.rmtree(home, ignore_errors=True)
+        release()
 
 
 @pytest.fixture
 def sky_client(sky_home: Path) -> Iterator[Path]:
     """HOME is SkyPilot's private one for this test."""
+    if "home" not in _SHARED:
+        raise RuntimeError("SkyPilot's test bed was released before this test: is it in the serial group skypilot?")
     with client_home(sky_home):
         yield sky_home
 
@@ -289,12 +310,13 @@ def skypilot_bed(slurm_bed: SlurmBed, sky_home: Path) -> Iterator[SkyBed]:
 """
     )
     bed = SkyBed(slurm_bed, sky_home, f"slurm/{slurm_bed.cluster}", user, node_home, f"jrc-t{uuid.uuid4().hex[:6]}")
-    with node_name_resolves(slurm_bed.node):  # until after `sky down`, which also runs on the node
-        _SHARED["bed"] = bed
-        try:
-            yield bed
-        finally:
-            _SHARED.pop("bed", None)
+    resolving = contextlib.ExitStack()
+    resolving.enter_context(node_name_resolves(slurm_bed.node))  # until after `sky down`, which also runs on the node
+    _SHARED["bed"] = bed
+
+    def down() -> None:
+        _SHARED.pop("bed", None)
+        with resolving:
             with client_home(sky_home), contextlib.suppress(Exception):
                 from sky.client import sdk
 
@@ -304,6 +326,14 @@ def skypilot_bed(slurm_bed: SlurmBed, sky_home: Path) -> Iterator[SkyBed]:
             _close_sky_ssh_masters(sky_home)
             # The node keeps SkyPilot's runtime between sessions, as a real cluster's home would.
             shutil.rmtree(node_home / ".jupyter-remote-compute", ignore_errors=True)
+
+    _SHARED["release_bed"] = down
+    try:
+        yield bed
+    finally:
+        stop = _SHARED.pop("release_bed", None)
+        if stop is not None:
+            stop()
 
 
 def _close_sky_ssh_masters(home: Path) -> None:

@@ -81,6 +81,11 @@ RECORD_TTL = 10.0
 #: How long SkyPilot's word on a job not started yet is kept: each asking runs Python on the head node
 #: (through the API server's executor), while the head's own poll, every poll, sees the start at once.
 JOB_STATE_TTL = 10.0
+#: How long after its exec request is done a job not started yet is simply pending, SkyPilot not asked:
+#: its job normally starts the launcher within seconds, and each asking (``job_status``) costs a status
+#: check of the cluster and Python on the head node, seconds of CPU there. A job SkyPilot ended before
+#: the command started is reported this much later, as it is by the asking after it.
+START_GRACE = 30.0
 #: How long one quick SDK request (status, api_status, check) may take before we give up on it.
 QUICK_TIMEOUT = 120.0
 #: The file start writes the job's environment to, read and removed by the SkyPilot job (``farside/skypilot-start.sh``).
@@ -123,6 +128,7 @@ class SkyPilotEngine(Engine):
         self._record: tuple[float, Any] | None = None
         self._head: tuple[tuple[Any, ...], SSHEngine] | None = None
         self._job_states: dict[str, tuple[float, str]] = {}  # exec request -> (when asked, SkyPilot's state)
+        self._exec_done: dict[str, tuple[float, Any]] = {}  # exec request -> (first seen done, SkyPilot job id)
 
     @classmethod
     def validate_address(cls, address: str) -> str:
@@ -135,6 +141,7 @@ class SkyPilotEngine(Engine):
         """The result of a short request (status, check); a slow API server is a transient fault."""
         sdk = load_sdk()
         deadline = time.monotonic() + QUICK_TIMEOUT
+        pause = 0.05
         while True:
             [payload] = sdk.api_status([request_id]) or [None]
             if payload is None or payload.status in _FINISHED:
@@ -143,7 +150,10 @@ class SkyPilotEngine(Engine):
                 raise EngineError(
                     f"{self.name}: SkyPilot's API server did not answer in time; try again", transient=True
                 )
-            time.sleep(0.2)
+            # A status is read in a tenth of a second, a check or a job's state can take ten: each look is
+            # a request the API server answers, so the looks thin out (at most one a second).
+            time.sleep(pause)
+            pause = min(pause * 1.5, 1.0)
 
     def cluster_record(self, fresh: bool = False) -> Any | None:
         """SkyPilot's record of the cluster (status, handle, credentials), or None when it does not exist."""
@@ -447,7 +457,10 @@ echo written
             return RemoteStatus("failed", detail=f"SkyPilot could not start the job: {self._request_failure(payload)}")
         if payload is None:
             return status
-        # The exec request only queued a SkyPilot job: ask that job how it is doing.
+        # The exec request only queued a SkyPilot job: ask that job how it is doing, once it had time to start.
+        sky_job_id, since = self._queued_job(request_id)
+        if time.monotonic() - since < START_GRACE:
+            return RemoteStatus("pending", detail=f"SkyPilot job {sky_job_id} is starting")
         sky_job_id, words = self._job_state(request_id)
         if words in ("INIT", "PENDING", "SETTING_UP", "RUNNING"):
             return RemoteStatus("pending", detail=f"SkyPilot job {sky_job_id} is {words.lower().replace('_', ' ')}")
@@ -461,10 +474,24 @@ echo written
             f"{self.settings.cluster} {sky_job_id}`",
         )
 
+    def _queued_job(self, request_id: str) -> tuple[Any, float]:
+        """(SkyPilot's job id, when this side first saw it queued) for a finished exec request; asked once."""
+        with self._lock:
+            known = self._exec_done.get(request_id)
+        if known is not None:
+            return known[1], known[0]
+        sky_job_id = load_sdk().get(request_id)[0]
+        with self._lock:
+            since, _ = self._exec_done.setdefault(request_id, (time.monotonic(), sky_job_id))
+            # Kept while the job could still be waiting for its start; an hour covers any queue ahead of it.
+            now = time.monotonic()
+            self._exec_done = {k: v for k, v in self._exec_done.items() if now - v[0] < 3600}
+        return sky_job_id, since
+
     def _job_state(self, request_id: str) -> tuple[Any, str]:
         """(SkyPilot's job id, its state) for the job an exec request queued, asked at most every JOB_STATE_TTL."""
         sdk = load_sdk()
-        sky_job_id = sdk.get(request_id)[0]
+        sky_job_id, _ = self._queued_job(request_id)
         with self._lock:
             cached = self._job_states.get(request_id)
         if cached is not None and time.monotonic() - cached[0] < JOB_STATE_TTL:
