@@ -20,7 +20,8 @@ import {
   applyEdgeChanges,
   applyNodeChanges,
   useNodesInitialized,
-  useReactFlow
+  useReactFlow,
+  useUpdateNodeInternals
 } from '@xyflow/react';
 import * as React from 'react';
 
@@ -204,6 +205,21 @@ function CanvasBody(props: IPipelineCanvasProps): JSX.Element {
     trans,
     showJob
   ]);
+
+  // React Flow forgets a node's handles when it is given the node without its measured size (as the
+  // rebuild above can give it, from a state the size has not reached yet) and measures them again
+  // only when the node resizes: until then no edge can be drawn from it. Measured again at once.
+  const updateNodeInternals = useUpdateNodeInternals();
+  React.useEffect(() => {
+    const lost = nodes
+      .filter(
+        n => n.measured && !flow.getInternalNode(n.id)?.internals.handleBounds
+      )
+      .map(n => n.id);
+    if (lost.length > 0) {
+      updateNodeInternals(lost);
+    }
+  }, [nodes, flow, updateNodeInternals]);
 
   const onNodesChange = React.useCallback(
     (changes: NodeChange<StepCardNode>[]) =>
