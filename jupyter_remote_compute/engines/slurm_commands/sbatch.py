@@ -370,7 +370,10 @@ def batch_script(
     forward = f"kill -s {WARN_SIGNAL} {group} 2>/dev/null" if passed_on or to_ranks else ":"
     if to_ranks:
         tell = f" (sent {WARN_SIGNAL} to every process of the job)"
-    stop = f"kill -s TERM {group} 2>/dev/null"
+    # TERM goes to the command's first process only: Slurm sends its own to every process of the job, and a
+    # second to the whole group would reach what that process runs to stop cleanly (container.sh's
+    # `podman stop`), leaving the container behind.
+    stop = 'kill -s TERM "$child" 2>/dev/null'
     return f"""#!/bin/sh
 # Written by jupyter-remote-compute: the batch script Slurm runs for this job folder.
 jobdir={shlex.quote(job_dir)}
