@@ -94,10 +94,17 @@ class BuiltImage:
     def remove(self) -> None:
         """Out of every store it was imported into; the rootless users' pause processes ended."""
         _podman("rmi", "-f", self.ref, check=False)
-        for user in self.users:
-            _podman("rmi", "-f", self.ref, user=user, check=False)
-            _stop_pause_process(user)
+        with FileLock(ROOTLESS_LOCK, timeout=900):
+            for user in self.users:
+                _podman("rmi", "-f", self.ref, user=user, check=False)
+                _stop_pause_process(user)
 
+
+#: The ssh test user's rootless store and pause process are one per machine, used by the group "containers"
+#: and by test_org_images.py (group "hub") on the other worker: a test holds this lock while it uses them,
+#: and so does an image's removal, which ends the pause process (a job's podman stop then failed, and a
+#: cancelled Slurm job's container was left behind).
+ROOTLESS_LOCK = "/tmp/jrc-rootless-store.lock"
 
 #: The image's rootfs, made once per machine and kept by a digest of what made it (mmdebstrap, the suite,
 #: the package sources): every worker and every later run imports the same file, under a ref of its own.
@@ -652,13 +659,15 @@ def configure_rootless(user: str) -> Path | None:
 
 @pytest.fixture
 def rootless_user(test_image, sshd_bed) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """The ssh test user with podman's settings for this machine in its own config, and the image."""
+    """The ssh test user with podman's settings for this machine in its own config, and the image; the
+    user's store is this test's alone while it runs (``ROOTLESS_LOCK``)."""
     user = sshd_bed.user
-    made = configure_rootless(user)
-    test_image.import_for(user)
-    yield user
-    if made:
-        made.unlink(missing_ok=True)
+    with FileLock(ROOTLESS_LOCK, timeout=900):
+        made = configure_rootless(user)
+        test_image.import_for(user)
+        yield user
+        if made:
+            made.unlink(missing_ok=True)
 
 
 def test_an_ssh_job_runs_rootless_and_its_files_are_the_users(
