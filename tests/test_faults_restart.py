@@ -39,7 +39,7 @@ from waiting import wait_for
 from jupyter_remote_compute.jobs.store import JobStore
 
 BIG_INPUT = 150 << 20  # sparse: cheap to make, slow enough to hash and copy to be seen doing it
-# Landed (verified, then moved into the workspace) within about 0.1 s at 32 MiB: a test process starved of
+# At 32 MiB it was verified and moved into the workspace within a fraction of a second: a test process starved of
 # CPU looked too late to see it in incoming/, and waited for a fetch that was over.
 BIG_OUTPUT = 128 << 20
 TERMINAL = ("succeeded", "failed", "cancelled", "lost")
