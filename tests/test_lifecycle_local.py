@@ -210,6 +210,25 @@ def test_a_vanished_process_makes_the_job_lost(workspace, make_service):
     assert job.reason.startswith("lost: the process vanished on local")
 
 
+def test_a_poll_that_read_the_job_before_another_process_cancelled_it_says_who_cancelled_it(workspace, make_service):
+    """The CLI cancels in its own process: it records the request, then stops the process. A server's poll
+    that read the job before the request and asks the machine after the stop sees it gone as cancelled."""
+    from jupyter_remote_compute.jobs.context import remote_of
+
+    service = make_service(workspace, cancel_grace=0.5)
+    job = service.submit(JobSpec.from_json({"command": "echo up; sleep 300"})).job
+    service.advance(job.id)
+    wait_for(lambda: b"up" in service.read_log(job.id).data, message="the job to start")
+    read_before = service.get(job.id)
+    # The other process's cancel: the request recorded, the process stopped, nothing moved yet.
+    with service.store.transaction() as jobs:
+        jobs[job.id].cancel_requested = "grace"
+    service.ctx.engine_of(read_before).cancel(remote_of(read_before), 0.5)
+    service.driver._watch(read_before)  # this process's poll, with the job as it read it
+    job = service.wait(job.id, timeout=30)
+    assert (job.state, job.reason) == ("cancelled", "cancelled by grace")
+
+
 def test_log_reads_from_an_offset(workspace, make_service):
     service = make_service(workspace)
     job = service.wait(service.submit(JobSpec.from_json({"command": "seq 1 2000"})).job.id, timeout=60)

@@ -355,7 +355,7 @@ class Driver:
             else:
                 reason = f"lost: the process vanished on {job.machine} ({status.detail})"
                 cause = "lost" if status.detail != "cancelled" else None
-            self._to_collecting(job, "lost", reason, times=times, cause=cause)
+            self._to_collecting(job, "lost", reason, times=times, cause=cause, cancelled=status.detail == "cancelled")
         else:
             if status.log_size is not None and status.log_size != job.log_size:
                 changes["log_size"] = status.log_size
@@ -427,14 +427,20 @@ class Driver:
         *,
         cause: Cause | None = None,
         reach_machine: bool = True,
+        cancelled: bool = False,
     ) -> None:
-        """running → collecting, once (compare-and-set); collection is the next step's work."""
+        """running → collecting, once (compare-and-set); collection is the next step's work.
+
+        ``cancelled``: the machine says a cancel stopped it. Whoever asked for it (another process, the
+        CLI, after this poll read the job) is the reason, not a vanished process."""
         # ``at``: when it stopped, the end of its metered time; ``cause``: what a retry policy reads.
         outcome = Outcome(state, reason, reach_machine, at=time.time(), cause=cause)
         with self.ctx.store.transaction() as jobs:
             current = jobs[job.id]
             if current.state not in ON_MACHINE_STATES:
                 return
+            if cancelled and current.cancel_requested:
+                outcome = Outcome("cancelled", f"cancelled by {current.cancel_requested}", reach_machine, at=outcome.at)
             move(current, "collecting")
             current.outcome, current.exit_code, current.failing_since = outcome, exit_code, None
             if times is not None:
