@@ -220,6 +220,10 @@ def job_runs(tracking_uri: str, job_id: str) -> list:  # type: ignore[type-arg]
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
+        # Nothing recorded yet. A client opened now would make the store and migrate it while the recorder
+        # writes its own (sqlite3: "duplicate column name", CI of 2026-12-07 00:43).
+        return []
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
     if not experiments:
