@@ -229,6 +229,23 @@ def test_a_poll_that_read_the_job_before_another_process_cancelled_it_says_who_c
     assert (job.state, job.reason) == ("cancelled", "cancelled by grace")
 
 
+def test_a_job_cancelled_by_another_process_while_it_is_sent_never_starts_and_says_who(workspace, make_service):
+    """The request lands in the store while this process sends the job's files: the job is not started,
+    and its reason names who asked (the store's, not the job as this process read it before)."""
+    service = make_service(workspace)
+    (workspace / "data.txt").write_text("x\n")
+    job = service.submit(JobSpec.from_json({"command": "touch started", "send": ["data.txt"]})).job
+
+    def another_process_cancels(done: int, total: int) -> None:
+        with service.store.transaction() as jobs:
+            jobs[job.id].cancel_requested = "grace"
+
+    service.advance(job.id, progress=another_process_cancels)
+    job = service.wait(job.id, timeout=30)
+    assert (job.state, job.reason) == ("cancelled", "cancelled by grace before it started")
+    assert not (workspace / "started").exists() and job.handle.get("pid") is None
+
+
 def test_log_reads_from_an_offset(workspace, make_service):
     service = make_service(workspace)
     job = service.wait(service.submit(JobSpec.from_json({"command": "seq 1 2000"})).job.id, timeout=60)

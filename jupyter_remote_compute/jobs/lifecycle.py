@@ -187,7 +187,7 @@ class Driver:
             return
         job = claimed
         if job.cancel_requested:
-            self.leases.finish_later(job.id, "cancelled", f"cancelled by {job.cancel_requested} before it started")
+            self.leases.finish_later(job.id, "cancelled", cancelled_by(job.cancel_requested, before_start=True))
             return
         engine = self.ctx.engine_of(job)
         remote = remote_of(job)
@@ -241,8 +241,9 @@ class Driver:
                 resources=job.spec.resources,
                 timeout=job.spec.timeout,
             )
-            if self.ctx.store.get(job.id).cancel_requested:
-                self.leases.finish_later(job.id, "cancelled", f"cancelled by {job.cancel_requested} before it started")
+            # Asked while it was sent: by whom is the store's (``job`` is from before).
+            if who := self.ctx.store.get(job.id).cancel_requested:
+                self.leases.finish_later(job.id, "cancelled", cancelled_by(who, before_start=True))
                 return
             remote = engine.start(remote, launch)
             self.leases.update(
@@ -297,7 +298,7 @@ class Driver:
         remote = remote_of(job)
         stop: tuple[str, str] | None = None
         if job.cancel_requested:
-            stop = ("cancelled", f"cancelled by {job.cancel_requested}")
+            stop = ("cancelled", cancelled_by(job.cancel_requested))
         elif (
             job.state == "running"
             and job.spec.timeout
@@ -440,7 +441,7 @@ class Driver:
             if current.state not in ON_MACHINE_STATES:
                 return
             if cancelled and current.cancel_requested:
-                outcome = Outcome("cancelled", f"cancelled by {current.cancel_requested}", reach_machine, at=outcome.at)
+                outcome = Outcome("cancelled", cancelled_by(current.cancel_requested), reach_machine, at=outcome.at)
             move(current, "collecting")
             current.outcome, current.exit_code, current.failing_since = outcome, exit_code, None
             if times is not None:
@@ -450,6 +451,11 @@ class Driver:
 
 #: RemoteStatus fields a scheduler may fill, kept on the job under the same names.
 SCHEDULER_TIMES = ("queued_at", "started_at", "ended_at")
+
+
+def cancelled_by(person: str, *, before_start: bool = False) -> str:
+    """A cancelled job's reason: who asked (``people.shown``), and whether it never started."""
+    return f"cancelled by {person} before it started" if before_start else f"cancelled by {person}"
 
 
 def scheduler_times(job: Job, status: RemoteStatus) -> dict[str, float] | None:
