@@ -297,7 +297,7 @@ class OutputsHandler(BodyToFile, AgentHandler):
 
     @agent_api
     async def put(self, name: str, job_id: str) -> None:
-        assert self._file is not None and self._tmp is not None
+        self.body_came()
         await self.call(self._file.close)
         self._file = None
         try:

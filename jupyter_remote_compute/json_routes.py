@@ -37,12 +37,27 @@ class JsonRoute(tornado.web.RequestHandler):
         self.finish(json.dumps(data, default=str))
 
 
-class BodyToFile:
+class BodyToFile(tornado.web.RequestHandler):
     """For a ``stream_request_body`` route: the body is written to a temporary file as it comes (``_file``,
-    at ``_tmp``), which is removed however the request ends unless the route took it (set ``_tmp`` to None)."""
+    at ``_tmp``), which is removed however the request ends unless the route took it (set ``_tmp`` to None).
+    The route's method (which tornado calls once the whole body came) starts with ``body_came()``."""
 
     _file: Any = None
     _tmp: Path | None = None
+    _body_read = False
+
+    def finish(self, chunk: str | bytes | dict[str, Any] | None = None) -> Any:
+        if not self._body_read:
+            # Answered before its body was read (refused in ``prepare``): tornado closes the connection after
+            # the answer, as it cannot find the next request in it. Saying so keeps a proxy that reuses
+            # connections (the hub's) from sending the next request into the closing one, which it answers 503.
+            self.set_header("Connection", "close")
+        return super().finish(chunk)
+
+    def body_came(self) -> None:
+        """Called first by the route's method: the whole body is in ``_file`` (open, for the route to close)."""
+        self._body_read = True
+        assert self._file is not None and self._tmp is not None
 
     def on_finish(self) -> None:
         self._discard()

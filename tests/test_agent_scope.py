@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -90,6 +92,25 @@ def test_an_agent_token_opens_only_its_own_machine_and_jobs(module_bed: agent_fi
     _, answer = Server(module_bed.url, "scope-a", token_a).request("POST", "claim", {"hold": 0.5})
     assert answer is None
     assert state_of(server, job_b)["state"] == "pending"
+
+
+def test_an_upload_refused_before_its_body_came_says_its_connection_closes(
+    module_bed: agent_fixture.AgentBed, two_machines
+) -> None:
+    """tornado closes a connection whose request body it did not read. The refusal says so: a proxy that reuses
+    connections (the hub's, in front of the organization's uploads) would send its next request into the
+    closing one and answer that request 503 itself."""
+    token_a, _ = two_machines
+    url = urllib.parse.urlsplit(module_bed.url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        path = "/remote-compute/agent/scope-b/jobs/j-1/outputs?attempt=1&manifest=.fetch-x"
+        connection.request("PUT", path, body=b"not yours", headers={"Authorization": f"Bearer {token_a}"})
+        answer = connection.getresponse()
+        answer.read()
+        assert (answer.status, answer.getheader("Connection")) == (403, "close")
+    finally:
+        connection.close()
 
 
 def test_revoking_and_rotating_a_token(module_bed: agent_fixture.AgentBed) -> None:

@@ -183,7 +183,7 @@ class InputHandler(BodyToFile, OrgHandler):
 
     @route
     async def put(self, sha: str) -> None:
-        assert self._file is not None and self._tmp is not None
+        self.body_came()
         await self.call(self._file.close)
         self._file = None
         if self.hasher.hexdigest() != sha:
