@@ -155,6 +155,31 @@ def test_a_check_reaches_every_host_and_more_nodes_than_hosts_are_refused(host_l
     assert "3 nodes asked, but pair lists 2 hosts" in str(refused.value) and "hosts" in str(refused.value)
 
 
+def test_a_job_of_fewer_nodes_than_hosts_is_prepared_and_sent_only_where_it_runs(
+    host_list, sshd_bed: sshd_fixture.TestBed
+) -> None:
+    service, _ = host_list
+    jobs = sshd_bed.far_path(sshd_bed.base_dir.removeprefix("~/")) / "jobs"
+    spec = {"machine": "pair", "command": "echo up; sleep 300", "send": ["reduce.py"]}
+    one = service.submit(JobSpec.from_json(spec)).job
+    service.advance(one.id)
+    wait_for(lambda: b"up\n" in service.read_log(one.id).data, 60, "the one-node job to start")
+    assert (jobs / one.id / "work" / "reduce.py").exists()
+    assert not (jobs / f"{one.id}-n1").exists()  # the second host was never touched
+    # Two nodes: the second host gets its own folder and the inputs as the job starts there.
+    two = service.submit(JobSpec.from_json({**spec, "resources": {"nodes": 2, "launcher": "plain"}})).job
+    service.advance(two.id)
+
+    def hosts_up() -> int:
+        service.driver.poll_active()  # brings the second host's lines into the one log
+        return sum(line.endswith("] up") for line in service.read_log(two.id).data.decode().splitlines())
+
+    wait_for(lambda: hosts_up() == 2, 60, "a process on each host")
+    assert (jobs / f"{two.id}-n1" / "work" / "reduce.py").exists()
+    for job in (one, two):
+        assert service.cancel(job.id).state == "cancelled"
+
+
 def two_by_two_plain(command: str) -> JobSpec:
     """``command`` as two plain processes on each of the two hosts."""
     resources = {"nodes": 2, "processes_per_node": 2, "launcher": "plain"}

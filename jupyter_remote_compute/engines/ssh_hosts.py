@@ -2,8 +2,9 @@
 
 Each host is reached as an ssh machine is (its own ``SSHEngine``: the ssh config, the agent, known_hosts),
 with the machine's options. The first host is the machine's address and the rendezvous. A job is
-prepared on every host and its inputs sent to each once; it starts on the first ``nodes`` hosts, one
-detached launcher each (``launcher.py``), whose ``node.sh`` sets the rank environment
+prepared and its inputs sent on the first host; a job of several nodes is prepared and sent on the other
+hosts it runs on as it starts (each once, and never on a host beyond its ``nodes``); one detached launcher
+each (``launcher.py``), whose ``node.sh`` sets the rank environment
 (``launcher.rank_env_sh``: the first host's address, a port from the job id, this host's ``NODE_RANK``)
 and runs ``farside/rank.sh`` as Slurm's batch script does: ``torchrun`` per node, or (``plain``) the
 node's processes. Lines are prefixed per node and rank there; each poll copies the other hosts' new
@@ -116,6 +117,9 @@ class HostListEngine(Engine):
         self._lock = threading.Lock()
         self._log_offsets: dict[tuple[str, int], int] = {}
         self._rank0: dict[str, int] = {}
+        # What ``send`` sent to the first host, for ``start`` to send to the other hosts a job runs on (the
+        # lifecycle sends and starts in one pass; a job whose sender died is sent again whole).
+        self._inputs: dict[str, tuple[Sequence[InputFile], ProgressCallback | None]] = {}
 
     def close(self) -> None:
         for node in self.nodes:
@@ -158,20 +162,36 @@ class HostListEngine(Engine):
     # -- the job's life ---------------------------------------------------------------
 
     def prepare(self, job: RemoteJob) -> RemoteJob:
-        entries = []
-        for i, node in enumerate(self.nodes):
-            done = node.prepare(self._sub(job, i))
-            entries.append({**self._sub(job, i).handle, "dir": done.handle["dir"]})
+        # The first host only: how many nodes the job runs on is known at start.
+        done = self.nodes[0].prepare(self._sub(job, 0))
+        entries = [{**self._sub(job, 0).handle, "dir": done.handle["dir"]}]
         return dataclasses.replace(job, handle={**job.handle, "dir": entries[0]["dir"], "nodes": entries})
 
     def send(self, job: RemoteJob, files: Sequence[InputFile], progress: ProgressCallback | None = None) -> SendStats:
-        total = SendStats()
-        for i, node in enumerate(self.nodes):
-            stats = node.send(self._sub(job, i), files, progress if i == 0 else None)
-            total.files_sent += stats.files_sent
-            total.bytes_sent += stats.bytes_sent
-            total.files_reused += stats.files_reused
-        return total
+        with self._lock:
+            self._inputs[job.job_id] = (files, progress)
+        return self.nodes[0].send(self._sub(job, 0), files, progress)
+
+    def _send_to(self, job: RemoteJob, nodes: int, entries: list[dict[str, Any]]) -> None:
+        """Prepare the job and send its inputs on hosts 1 … ``nodes``-1 (those not prepared yet)."""
+        with self._lock:
+            inputs = self._inputs.get(job.job_id)
+        if inputs is None:
+            raise EngineError(f"{self.name}: the inputs of {job.job_id} were not sent from this process; send it again")
+        files, progress = inputs
+        # The first host's transfer was the job's progress; each other host's keeps it whole (and its lease).
+        whole = (lambda done, total: progress(total, total)) if progress else None
+        for i in range(1, nodes):
+            if i < len(entries) and entries[i].get("dir"):
+                continue
+            sub = self._sub(job, i)
+            done = self.nodes[i].prepare(sub)
+            entry = {**sub.handle, "dir": done.handle["dir"]}
+            if i < len(entries):
+                entries[i] = entry
+            else:
+                entries.append(entry)
+            self.nodes[i].send(dataclasses.replace(sub, handle=done.handle), files, whole)
 
     def start(self, job: RemoteJob, launch: LaunchSpec) -> RemoteJob:
         resources = launch.resources or Resources()
@@ -179,8 +199,14 @@ class HostListEngine(Engine):
         if not resources.distributed:
             started = self.nodes[0].start(self._sub(job, 0), launch)
             entries[0] = dict(started.handle)
+            with self._lock:
+                self._inputs.pop(job.job_id, None)
             return dataclasses.replace(job, handle={**job.handle, "pid": started.handle["pid"], "nodes": entries})
         nodes = resources.nodes or 1
+        self._send_to(job, nodes, entries)
+        with self._lock:
+            self._inputs.pop(job.job_id, None)
+        job = dataclasses.replace(job, handle={**job.handle, "nodes": entries})
         per_node = resources.processes_per_node or 1
         addr = self.nodes[0].hop().hostname  # the first host as the others reach it
         port = master_port(job.job_id)
