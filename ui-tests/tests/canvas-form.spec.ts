@@ -28,6 +28,13 @@ async function onTop(locator: Locator): Promise<boolean> {
   });
 }
 
+/** How far a button's background is from grey: the spread of its red, green and blue. */
+async function tint(button: Locator): Promise<number> {
+  const rgb = await button.evaluate(el => getComputedStyle(el).backgroundColor);
+  const [r, g, b] = (rgb.match(/\d+(\.\d+)?/g) ?? []).slice(0, 3).map(Number);
+  return Math.max(r, g, b) - Math.min(r, g, b);
+}
+
 test.describe('Pipeline canvas, as a person meets it', () => {
   test.use({ viewport: { width: 1400, height: 900 } });
 
@@ -137,8 +144,13 @@ test.describe('Pipeline canvas, as a person meets it', () => {
     await expect(field(page, 'train', 'send')).toHaveValue('model.pkl\nmetrics.json\nfeatures.parquet');
     const main = page.locator('#jp-main-dock-panel');
     await main.screenshot({ path: test.info().outputPath('canvas-light.png') });
+    // Disabled (nothing runs), Cancel is the theme's grey in both themes, not a faint red that reads as armed.
+    const cancel = page.getByRole('toolbar', { name: 'Pipeline' }).getByRole('button', { name: 'Cancel', exact: true });
+    await expect(cancel).toBeDisabled();
+    await expect.poll(() => tint(cancel)).toBeLessThan(16);
     await page.theme.setDarkTheme();
     await expect(form).toBeVisible();
+    await expect.poll(() => tint(cancel)).toBeLessThan(16);
     await main.screenshot({ path: test.info().outputPath('canvas-dark.png') });
     await page.theme.setLightTheme();
   });
