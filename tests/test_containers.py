@@ -76,6 +76,13 @@ def _podman(
     return done
 
 
+#: The ssh test user's rootless store and pause process are one per machine, used by the group "containers"
+#: and by test_org_images.py (group "hub") on the other worker: a test holds this lock while it uses them,
+#: and so does an image's removal, which ends the pause process (a job's podman stop then failed, and a
+#: cancelled Slurm job's container was left behind).
+ROOTLESS_LOCK = "/tmp/jrc-rootless-store.lock"
+
+
 class BuiltImage:
     def __init__(self, ref: str, marker: str, rootfs: Path) -> None:
         self.ref, self.marker, self.rootfs = ref, marker, rootfs
@@ -99,12 +106,6 @@ class BuiltImage:
                 _podman("rmi", "-f", self.ref, user=user, check=False)
                 _stop_pause_process(user)
 
-
-#: The ssh test user's rootless store and pause process are one per machine, used by the group "containers"
-#: and by test_org_images.py (group "hub") on the other worker: a test holds this lock while it uses them,
-#: and so does an image's removal, which ends the pause process (a job's podman stop then failed, and a
-#: cancelled Slurm job's container was left behind).
-ROOTLESS_LOCK = "/tmp/jrc-rootless-store.lock"
 
 #: The image's rootfs, made once per machine and kept by a digest of what made it (mmdebstrap, the suite,
 #: the package sources): every worker and every later run imports the same file, under a ref of its own.
