@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 from required import require
 from waiting import wait_for
 
+from jupyter_remote_compute.engines.launcher import STORE_PLUGIN_DIR
 from jupyter_remote_compute.environments import image as images
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.spec import JobSpec
@@ -226,6 +227,31 @@ def test_a_local_job_runs_in_its_image_and_records_the_digest(test_image, worksp
     # the local machine's base is its scratch folder; beside each pin, its last use (<pin>.used)
     pins = [p for p in (_far_dir(again).parent / "images").iterdir() if p.suffix != ".used"]
     assert len(pins) == 1 and pins[0].read_text().split()[0] in (digest, digest.removeprefix("sha256:"))
+
+
+def test_an_images_own_pythonpath_stays_behind_the_job_stores_plugin(test_image, workspace, make_service):
+    """The store here is sqlite: the job's store has the launcher's scheme, whose plugin's folder goes ahead
+    of the image's own PYTHONPATH inside the container (the outer one is never passed in), and Python there
+    finds the plugin's entry points."""
+    ref = f"localhost/jrc-test-pythonpath-{uuid.uuid4().hex[:8]}:1"
+    _podman("import", "--change", "ENV PYTHONPATH=/opt/image-lib", str(test_image.rootfs), ref)
+    try:
+        (workspace / "job.sh").write_text(
+            'echo "pythonpath: $PYTHONPATH"; echo "uri: $MLFLOW_TRACKING_URI"\n'
+            "exec python3 -c 'import importlib.metadata as m; "
+            'print("stores:", sorted(e.name for e in m.entry_points(group="mlflow.tracking_store")))\'\n'
+        )
+        service = make_service(workspace)
+        spec = JobSpec.from_json({"command": "sh job.sh", "send": ["job.sh"], "environment": {"image": ref}})
+        job = service.wait(service.submit(spec).job.id, timeout=180)
+        assert job.state == "succeeded", job.reason
+        log = service.read_log(job.id).data.decode()
+        far = _far_dir(job)
+        assert f"pythonpath: {far}/{STORE_PLUGIN_DIR}:/opt/image-lib\n" in log, log
+        assert f"uri: remote-compute://{far}/mlruns\n" in log, log
+        assert "stores: ['remote-compute']" in log, log
+    finally:
+        _podman("rmi", "-f", ref, check=False)
 
 
 def test_a_python_environment_is_built_inside_the_image_once_and_is_the_images_own(

@@ -19,8 +19,9 @@ import base64
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from ..schema.spec import CHECKPOINT_DIR_VAR, CHECKPOINTS_VAR
+from ..schema.spec import CHECKPOINT_DIR_VAR, CHECKPOINTS_VAR, STORE_SCHEME_VAR
 from .base import TRACKING_DIR, WORK_DIR
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -42,6 +43,28 @@ while IFS= read -r line; do
 done
 """
 
+#: The scheme of the job's store when the user's own store is not a folder (``remote-compute:///<job
+#: folder>/mlruns``): MLflow's folder store still, opened through the plugin ``farside/mlflow_store.py``.
+STORE_SCHEME = "remote-compute"
+#: The job folder's folder of that plugin (the module and its dist-info), put on the job's PYTHONPATH.
+STORE_PLUGIN_DIR = "mlflow-store"
+_PLUGIN_MODULE = "remote_compute_mlflow_store"
+_PLUGIN_DIST = f"{_PLUGIN_MODULE}-1.0.dist-info"
+# The dist-info has no RECORD and no top_level.txt: nothing maps the module to a distribution, so MLflow
+# never lists it among a logged model's requirements.
+_PLUGIN_FILES = {
+    f"{_PLUGIN_MODULE}.py": (Path(__file__).parent / "farside" / "mlflow_store.py").read_text(encoding="utf-8"),
+    f"{_PLUGIN_DIST}/METADATA": f"Metadata-Version: 2.1\nName: {_PLUGIN_MODULE}\nVersion: 1.0\n",
+    f"{_PLUGIN_DIST}/entry_points.txt": (
+        f"[mlflow.tracking_store]\n{STORE_SCHEME} = {_PLUGIN_MODULE}:tracking_store\n\n"
+        f"[mlflow.model_registry_store]\n{STORE_SCHEME} = {_PLUGIN_MODULE}:registry_store\n"
+    ),
+}
+_WRITE_PLUGIN_SH = "".join(
+    f"  printf '%s' {shlex.quote(text)} > \"$jobdir/{STORE_PLUGIN_DIR}/{name}\" &&\n"
+    for name, text in _PLUGIN_FILES.items()
+)
+
 # The job's environment as every far-side script leaves it, after the job's own variables were read:
 # the job-local MLflow store (names a spec may not set, see spec.RESERVED_ENV), then defaults that the
 # job's env or the far machine's own environment may override. Python's fault handler puts where a
@@ -49,10 +72,23 @@ done
 # usage telemetry would have the job-local store start network threads on machines that often have no
 # way out, and those threads outlive the script (MLflow documents MLFLOW_DISABLE_TELEMETRY). A job with
 # checkpoints gets its folder's absolute path, made before the command starts (jobs/checkpoints.py).
+# The store is a folder on every machine (the far side's scripts read its files, and it costs nothing
+# to open); where the user's store is not one (STORE_SCHEME_VAR, set on this side), the job sees it
+# under STORE_SCHEME, so a script that registers its model only on a database-backed store (MLflow's
+# own examples skip registered_model_name when the scheme is file) registers it, as it would here. The
+# plugin's folder goes ahead of any PYTHONPATH the job or the machine has, never replacing it; it is
+# not exported as a whole into a container, whose image's own PYTHONPATH stays (image.ENTRY_SH).
 JOB_ENV_SH = f"""\
 export PYTHONUNBUFFERED=1
 export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
 export MLFLOW_ALLOW_FILE_STORE=true
+if [ "${{{STORE_SCHEME_VAR}-}}" = {STORE_SCHEME} ]; then
+  mkdir -p -- "$jobdir/{STORE_PLUGIN_DIR}/{_PLUGIN_DIST}" &&
+{_WRITE_PLUGIN_SH}  MLFLOW_TRACKING_URI="{STORE_SCHEME}://$jobdir/{TRACKING_DIR}" || exit 97
+  PYTHONPATH="$jobdir/{STORE_PLUGIN_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"
+  export PYTHONPATH
+fi
+unset {STORE_SCHEME_VAR}
 export PYTHONFAULTHANDLER="${{PYTHONFAULTHANDLER-1}}"
 export MLFLOW_DISABLE_TELEMETRY="${{MLFLOW_DISABLE_TELEMETRY-true}}"
 if [ -n "${{{CHECKPOINTS_VAR}-}}" ]; then

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..engines import farside
 from ..engines.base import Engine, EngineError
-from ..engines.launcher import JOB_ENV_SH, READ_ENV_SH, command_script
+from ..engines.launcher import JOB_ENV_SH, READ_ENV_SH, STORE_PLUGIN_DIR, STORE_SCHEME, command_script
 from ..engines.resources import Resources
 from ..errors import InvalidSettings
 from ..schema.environment import Image
@@ -173,9 +173,16 @@ def env_names(env: Sequence[str]) -> list[str]:
 # Run by the image's sh as `sh .container-entry ENVFILE COMMAND LOG RAN`: the job's variables from the
 # 0600 file (the launcher's format), which is removed before the command starts; the command's output
 # goes straight to the job's log (mounted), as it does outside. RAN tells container.sh the container
-# started: the run's exit code is the command's from then on.
+# started: the run's exit code is the command's from then on. A job whose store has the launcher's own
+# scheme gets the plugin's folder (in the job folder, COMMAND's) ahead of the image's own PYTHONPATH,
+# which the launcher's outside never replaces (env_names does not pass it).
 ENTRY_SH = f"""exec < "$1"
-{READ_ENV_SH}exec < /dev/null >> "$3" 2>&1
+{READ_ENV_SH}case ${{MLFLOW_TRACKING_URI-}} in {STORE_SCHEME}://*)
+  plugin="${{2%/*}}/{STORE_PLUGIN_DIR}"
+  case ":${{PYTHONPATH-}}:" in *":$plugin:"*) ;; *) PYTHONPATH="$plugin${{PYTHONPATH:+:$PYTHONPATH}}" ;; esac
+  export PYTHONPATH ;;
+esac
+exec < /dev/null >> "$3" 2>&1
 rm -f -- "$1"
 : > "$4"
 exec sh "$2"

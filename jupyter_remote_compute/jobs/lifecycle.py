@@ -34,13 +34,15 @@ from ..engines.base import (
     RemoteStatus,
 )
 from ..engines.farside import BUILDING
+from ..engines.launcher import STORE_SCHEME
 from ..environments import image as images
 from ..environments import image_registry as registry
 from ..environments.environment import builds, environment_inputs, launch_command, local_uv, tool_inputs, wheel_inputs
 from ..errors import InvalidSettings, RemoteComputeError
 from ..machines.facts import known_facts
+from ..recording.tracking import is_folder_store, tracking_uri
 from ..schema.retry import CAUSES, Cause
-from ..schema.spec import CHECKPOINTS_VAR
+from ..schema.spec import CHECKPOINTS_VAR, STORE_SCHEME_VAR
 from ..transfer.manifest import DigestCache
 from . import recording
 from .checkpoints import Checkpoints
@@ -234,9 +236,12 @@ class Driver:
             pull_env, pull_secrets = registry.pull_env(job, engine.machine_options, self.ctx.secrets)
             # The launcher makes the checkpoint folder and gives the job its path (launcher.JOB_ENV_SH).
             folder = {CHECKPOINTS_VAR: job.spec.checkpoints} if job.spec.checkpoints else {}
+            # The job's store shows the scheme of the one its run lands in: a folder, or not (launcher.JOB_ENV_SH).
+            lands_in = job.tracking_uri or tracking_uri(self.ctx.workspace.root, self.ctx.settings.tracking)
+            store = {} if is_folder_store(lands_in) else {STORE_SCHEME_VAR: STORE_SCHEME}
             launch = LaunchSpec(
                 command=command,
-                env={**env, **pull_env, **folder},
+                env={**env, **pull_env, **folder, **store},
                 secret_env={**secrets, **pull_secrets},
                 resources=job.spec.resources,
                 timeout=job.spec.timeout,

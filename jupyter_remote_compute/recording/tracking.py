@@ -30,6 +30,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from ..environments.image import log_image
 from ..fsutil import SharedFileLock
@@ -168,6 +169,15 @@ def without_far_records(record: JobRecord) -> JobRecord:
 
 def tracking_uri(workspace: Path, settings: TrackingSettings) -> str:
     return settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace / 'mlflow.db'}"
+
+
+def is_folder_store(uri: str) -> bool:
+    """Whether ``uri`` is MLflow's folder store (``file:``, or a path, which MLflow opens as one; not the
+    names MLflow gives Databricks' stores)."""
+    if uri in ("databricks", "databricks-uc", "uc"):
+        return False
+    scheme = urlparse(uri).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # one letter: a Windows drive
 
 
 def _is_local_store(uri: str) -> bool:

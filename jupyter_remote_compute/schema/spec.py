@@ -41,6 +41,9 @@ PULL_VARS = frozenset({REGISTRY_AUTH_VAR, PULL_TIMEOUT_VAR, IMAGE_MAX_AGE_VAR})
 #: from the job's ``checkpoints`` (jobs/checkpoints.py); and the variable that carries the name there.
 CHECKPOINT_DIR_VAR = "REMOTE_COMPUTE_CHECKPOINT_DIR"
 CHECKPOINTS_VAR = "REMOTE_COMPUTE_CHECKPOINTS"
+#: Set on this side when the user's MLflow store is not a folder: the launcher then gives the job its
+#: folder store under a scheme of its own (engines/launcher.JOB_ENV_SH).
+STORE_SCHEME_VAR = "REMOTE_COMPUTE_STORE_SCHEME"
 #: How often a running job's checkpoints come home when it does not say (seconds).
 DEFAULT_CHECKPOINT_EVERY = 60.0
 RESERVED_ENV = frozenset(
@@ -50,6 +53,7 @@ RESERVED_ENV = frozenset(
         "PYTHONUNBUFFERED",
         CHECKPOINT_DIR_VAR,
         CHECKPOINTS_VAR,
+        STORE_SCHEME_VAR,
         *PULL_VARS,
     }
 )

@@ -12,7 +12,7 @@
 #             rendezvous (MASTER_ADDR, MASTER_PORT) are torchrun's
 # Every line a process writes reaches the job's one log prefixed "[<node> rank R] ", so the nodes'
 # lines can be told apart (and filtered) there. Rank 0 records to the job's MLflow store; the other
-# ranks to ranks/R/mlruns, which is not brought back: one job, one run.
+# ranks to ranks/R/mlruns (under the same scheme), which is not brought back: one job, one run.
 # GPUS (per node, as the job asked) sets CUDA_VISIBLE_DEVICES: the node's GPUs are the ones Slurm gave
 # the step (its CUDA_VISIBLE_DEVICES), else the first GPUS; a torchrun worker sees all of them (it
 # picks cuda:LOCAL_RANK), a plain process its share: the LOCAL_RANK-th of LOCAL_WORLD_SIZE equal
@@ -189,7 +189,9 @@ fi
 dir="$jobdir/ranks/$RANK"
 mkdir -p "$dir" || exit 97
 if [ "$RANK" != 0 ]; then
-  MLFLOW_TRACKING_URI="file://$dir/mlruns"
+  # under the scheme rank 0's store has (file, or the launcher's own for a user whose store is not a folder)
+  scheme=${MLFLOW_TRACKING_URI:-file://}
+  MLFLOW_TRACKING_URI="${scheme%%://*}://$dir/mlruns"
   export MLFLOW_TRACKING_URI
 fi
 rm -f "$dir/exit_code"
