@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -165,7 +167,7 @@ def test_the_launchers_environment_opens_the_jobs_folder_store_under_its_own_sch
         "PYTHONPATH": "/elsewhere",
         "MLFLOW_TRACKING_URI": "sqlite:///nowhere.db",
     }
-    script = "jobdir=$1\n" + JOB_ENV_SH + 'exec python "$jobdir/program.py"\n'
+    script = "jobdir=$1\n" + JOB_ENV_SH + f'exec {shlex.quote(sys.executable)} "$jobdir/program.py"\n'
     done = subprocess.run(["sh", "-c", script, "sh", str(jobdir)], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     seen = dict(line.split(": ", 1) for line in done.stdout.splitlines())
