@@ -180,6 +180,69 @@ def test_a_job_of_fewer_nodes_than_hosts_is_prepared_and_sent_only_where_it_runs
         assert service.cancel(job.id).state == "cancelled"
 
 
+#: Rank 0 logs three loss points and writes a checkpoint, then waits for a ``go`` file; the other rank ends.
+RANK0_SCRIPT = """\
+import os, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.destroy_process_group()
+if rank == 0:
+    import mlflow
+
+    with mlflow.start_run():
+        for step in range(3):
+            mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+        folder = os.environ["REMOTE_COMPUTE_CHECKPOINT_DIR"]
+        with open(os.path.join(folder, "model.part"), "w") as f:
+            f.write("step 2")
+        os.replace(os.path.join(folder, "model.part"), os.path.join(folder, "model.pt"))
+        print("logged", flush=True)
+        while not os.path.exists("go"):
+            time.sleep(0.05)
+"""
+
+
+def test_rank_zero_on_a_later_host_gives_the_live_metrics_and_the_checkpoints(
+    host_list, quickstart: Path, sshd_bed: sshd_fixture.TestBed
+) -> None:
+    """torchrun's rendezvous orders the nodes by host name, not by list: listed with the host whose name sorts
+    last first, rank 0 runs on the second host, and its store and checkpoint folder are the job's."""
+    service, hosts = host_list
+    order = [hosts.aliases[i] for i in sorted(range(2), key=lambda i: hosts.names[i], reverse=True)]
+    service.machines.add("pair-reversed", "ssh", order[0], {**hosts.options, "hosts": order})
+    (quickstart / "rank0.py").write_text(RANK0_SCRIPT)
+    site = next(far_python_bin().parent.glob("lib/python3*/site-packages"))
+    spec = {
+        "machine": "pair-reversed",
+        "command": "python rank0.py",
+        "send": ["rank0.py"],
+        "env": {"PATH": f"{far_torch_bin()}:/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(site)},
+        "resources": {"nodes": 2, "processes_per_node": 1, "launcher": "torchrun"},
+        "checkpoints": "ckpt",
+        "checkpoint_every": 0.3,
+        "timeout": "10m",
+    }
+    job = service.submit(JobSpec.from_json(spec)).job
+
+    def losses() -> list[tuple[int, float]]:
+        service.advance(job.id)
+        page, _ = service.read_metrics(job.id)  # asking marks the job watched
+        return [(p.step, p.value) for p in page.points if p.key == "loss"]
+
+    wait_for(lambda: len(losses()) == 3, 180, "rank 0's three loss points while the job runs")
+    assert service.get(job.id).state == "running"
+    assert f"[{min(hosts.names)} rank 0] logged" in service.read_log(job.id).data.decode()  # the second host
+    model = quickstart / ".punica" / "checkpoints" / job.id / "model.pt"
+    wait_for(lambda: service.advance(job.id) and model.is_file(), 60, "rank 0's checkpoint to come home")
+    assert model.read_text() == "step 2"
+    jobs = sshd_bed.far_path(sshd_bed.base_dir.removeprefix("~/")) / "jobs"
+    (jobs / f"{job.id}-n1" / "work" / "go").write_text("")
+    done = service.wait(job.id, timeout=120)
+    assert done.state == "succeeded", (done.reason, service.read_log(job.id).data.decode())
+
+
 def two_by_two_plain(command: str) -> JobSpec:
     """``command`` as two plain processes on each of the two hosts."""
     resources = {"nodes": 2, "processes_per_node": 2, "launcher": "plain"}

@@ -8,9 +8,9 @@ each (``launcher.py``), whose ``node.sh`` sets the rank environment
 (``launcher.rank_env_sh``: the first host's address, a port from the job id, this host's ``NODE_RANK``)
 and runs ``farside/rank.sh`` as Slurm's batch script does: ``torchrun`` per node, or (``plain``) the
 node's processes. Lines are prefixed per node and rank there; each poll copies the other hosts' new
-whole lines into the first host's log, so the job has one log. Outputs and the MLflow store come from
-the host where rank 0 ran. A host whose processes fail, vanish or stop answering once another has
-ended fails the job naming it, and the others are stopped.
+whole lines into the first host's log, so the job has one log. Outputs, the MLflow store, live metrics
+and checkpoints come from the host where rank 0 runs. A host whose processes fail, vanish or stop
+answering once another has ended fails the job naming it, and the others are stopped.
 
 On a host after the first, the job's folder is ``<job id>-n<N>``: hosts sharing a home (NFS, or this
 machine's test bed) keep their folders apart.
@@ -252,16 +252,18 @@ class HostListEngine(Engine):
         metrics: dict[str, MetricBytes] = {}
         for i, some in per_node.items():
             subs = [self._sub(job, i) for job in some]
-            # Live metrics from the first host's store (rank 0's, where the rendezvous put it there).
-            mine = {job.job_id: watched[job.job_id] for job in some if i == 0 and job.job_id in watched}
+            # Live metrics from the store of the host where rank 0 runs (the job's MLflow store), asked of that
+            # host by the job's id there.
+            ours = {job.job_id for job in some if job.job_id in watched and self._rank0_node(job) == i}
+            pairs = list(zip(some, subs, strict=True))
+            offsets = {sub.job_id: watched[job.job_id] for job, sub in pairs if job.job_id in ours}
             try:
-                statuses, found = self.nodes[i].poll_watched(subs, mine)
+                statuses, found = self.nodes[i].poll_watched(subs, offsets)
             except EngineError as e:
                 failed[i] = e
                 continue
-            seen[i] = {job.job_id: statuses[sub.job_id] for job, sub in zip(some, subs, strict=True)}
-            if i == 0:
-                metrics.update({job.job_id: found.get(sub.job_id, {}) for job, sub in zip(some, subs, strict=True)})
+            seen[i] = {job.job_id: statuses[sub.job_id] for job, sub in pairs}
+            metrics.update({job.job_id: found.get(sub.job_id, {}) for job, sub in pairs if job.job_id in ours})
         out = {job.job_id: self._status_of(job, seen, failed) for job in jobs}
         return out, {k: v for k, v in metrics.items() if v}
 
@@ -397,17 +399,23 @@ class HostListEngine(Engine):
             raise errors[0]
 
     def _rank0_node(self, job: RemoteJob) -> int:
-        """The host where rank 0 ran (torchrun's rendezvous orders the nodes by name, not by list)."""
-        if job.job_id in self._rank0:
-            return self._rank0[job.job_id]
-        found = 0
-        for i in self._started(job)[1:]:
+        """The host where rank 0 runs: its outputs, MLflow store, live metrics and checkpoints.
+
+        The first host, but for a torchrun job across hosts, whose rendezvous orders the nodes by host name,
+        not by list: there, the host where rank.sh left ``ranks/0/node`` (until it did, the first host)."""
+        started = self._started(job)
+        if len(started) < 2 or not job.handle.get("rendezvous"):
+            return 0
+        with self._lock:
+            if job.job_id in self._rank0:
+                return self._rank0[job.job_id]
+        for i in started:
             d = self.nodes[i].job_dir(self._sub(job, i))
             if self.nodes[i].transport.run(f"test -f {quote(d + '/ranks/0/node')}", timeout=60).code == 0:
-                found = i
-                break
-        self._rank0[job.job_id] = found
-        return found
+                with self._lock:
+                    self._rank0[job.job_id] = i
+                return i
+        return 0
 
     def fetch(
         self, job: RemoteJob, outputs: Sequence[str], dest: Path, progress: ProgressCallback | None = None
@@ -416,10 +424,12 @@ class HostListEngine(Engine):
         return self.nodes[i].fetch(self._sub(job, i), outputs, dest, progress)
 
     def list_checkpoints(self, job: RemoteJob, folder: str) -> dict[str, tuple[int, int]]:
-        return self.nodes[0].list_checkpoints(self._sub(job, 0), folder)
+        i = self._rank0_node(job)
+        return self.nodes[i].list_checkpoints(self._sub(job, i), folder)
 
     def fetch_checkpoints(self, job: RemoteJob, paths: Sequence[str], dest: Path) -> FetchResult:
-        return self.nodes[0].fetch_checkpoints(self._sub(job, 0), paths, dest)
+        i = self._rank0_node(job)
+        return self.nodes[i].fetch_checkpoints(self._sub(job, i), paths, dest)
 
     def cleanup(self, job: RemoteJob) -> None:
         for i, node in enumerate(self.nodes):
