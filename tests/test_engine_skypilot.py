@@ -5,7 +5,8 @@ settings, the kind without SkyPilot installed. With the single-node Slurm test b
 infra (``skypilot_fixture``): one launch shared by the module's tests — a job pending while the
 cluster provisions, its outputs verified and its MLflow run recorded, a second job on the same
 cluster, a cancel, autostop configured, a restart of this side while a job waits — and
-``sky down`` at the end.
+``sky down`` at the end. What a cluster gone means for a job (``lost``, ``preempted`` for a spot
+cluster) is decided on SkyPilot's own record types: the bed has no spot capacity.
 """
 
 from __future__ import annotations
@@ -346,6 +347,105 @@ def test_an_image_waits_for_the_cluster_to_say_what_runs_it(sky_sdk) -> None:
     with pytest.raises(InvalidSettings) as e:
         images.admit(images.Image("localhost/trainer:1", "docker"), "sky", "skypilot", slurm.image_runtimes(), None)
     assert e.value.field == "environment.runtime"
+
+
+def _cluster_record(status: str, *, use_spot: bool, init_status_reason: str | None = None):
+    """A cluster record as SkyPilot 0.14's ``status`` returns it (its StatusResponse), holding a handle of
+    its own type with the resources SkyPilot launched: spot or not is read where SkyPilot records it."""
+    import sky
+    from sky.backends.cloud_vm_ray_backend import CloudVmRayResourceHandle
+    from sky.schemas.api.responses import StatusResponse
+    from sky.utils.status_lib import ClusterStatus
+
+    handle = CloudVmRayResourceHandle(
+        cluster_name="jrc-a100",
+        cluster_name_on_cloud="jrc-a100-2ea4",
+        cluster_yaml=None,
+        launched_nodes=1,
+        launched_resources=sky.Resources(use_spot=use_spot),
+    )
+    return StatusResponse(
+        name="jrc-a100", launched_at=1_765_000_000, handle=handle, status=ClusterStatus(status), autostop=30,
+        to_down=False, cluster_hash="2ea4", cluster_ever_up=True, user_hash="u1", user_name="me",
+        workspace="default", is_managed=False, nodes=1, init_status_reason=init_status_reason,
+    )  # fmt: skip
+
+
+def test_a_cluster_that_went_away_ends_its_job_lost_or_for_spot_preempted(sky_sdk) -> None:
+    """What a job's end says once SkyPilot, asked afresh, reports its cluster not UP. Spot capacity cannot be
+    had on the Slurm bed (SkyPilot refuses use_spot there): a reclaim itself is not tried, only this decision."""
+    from jupyter_remote_compute.engines.skypilot_cluster import cluster_gone, on_spot
+
+    for spot in (False, True):
+        assert cluster_gone("jrc-a100", _cluster_record("UP", use_spot=spot), spot) is None
+    stopped = _cluster_record("STOPPED", use_spot=False)
+    assert cluster_gone("jrc-a100", stopped, on_spot(stopped, False)) == (
+        "lost",
+        "SkyPilot cluster jrc-a100 is STOPPED (it went away while the job ran)",
+    )
+    unhealthy = _cluster_record("INIT", use_spot=False, init_status_reason="Cluster is abnormal: node\n terminated")
+    cause, words = cluster_gone("jrc-a100", unhealthy, on_spot(unhealthy, False))
+    assert cause == "lost"
+    assert words.startswith("SkyPilot cluster jrc-a100 is INIT: Cluster is abnormal: node terminated")
+    cause, words = cluster_gone("jrc-a100", None, on_spot(None, False))
+    assert cause == "lost" and "jrc-a100 is absent" in words
+    # Spot: as SkyPilot recorded the launch, whatever the machine's option says now; torn down (no record
+    # left), as the machine's option says.
+    reclaimed = _cluster_record("STOPPED", use_spot=True)
+    assert on_spot(reclaimed, False) and not on_spot(stopped, True) and on_spot(None, True)
+    assert cluster_gone("jrc-a100", reclaimed, on_spot(reclaimed, False)) == (
+        "preempted",
+        "the spot cluster jrc-a100 was reclaimed (SkyPilot says it is STOPPED)",
+    )
+    assert cluster_gone("jrc-a100", None, on_spot(None, True))[0] == "preempted"
+
+
+def test_skypilot_is_asked_only_when_the_heads_answer_is_bad(sky_sdk, monkeypatch) -> None:
+    """A healthy poll costs no SkyPilot call; a vanished process, or a head that does not answer, asks for the
+    cluster's refreshed status once, and a spot cluster gone ends the job preempted."""
+    from jupyter_remote_compute.engines.base import RemoteJob, RemoteStatus
+
+    engine = _engine(address="aws", use_spot=True)
+    job = RemoteJob("j1", "k1", {"dir": "/home/me/.jupyter-remote-compute/jobs/j1"})
+    answers: list[object] = []
+    asked: list[bool] = []
+
+    class Head:
+        def poll_watched(self, jobs, watched):  # type: ignore[no-untyped-def]
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return {j.job_id: answer for j in jobs}, {}
+
+    records = {"now": _cluster_record("UP", use_spot=True)}
+
+    def cluster_record(fresh: bool = False, refresh: bool = False):  # type: ignore[no-untyped-def]
+        asked.append(refresh)
+        return records["now"]
+
+    monkeypatch.setattr(engine, "head", Head)
+    monkeypatch.setattr(engine, "cluster_record", cluster_record)
+    answers += [RemoteStatus("running", log_size=10)] * 3
+    for _ in range(3):
+        assert engine.poll([job])["j1"].state == "running"
+    assert asked == []
+    # The head not answering, the cluster UP: the head's error; SkyPilot refreshes at most every REFRESH_TTL
+    # (a head that stays unreachable would otherwise cost a refresh every poll), its last record between.
+    answers += [EngineError("gpu box: ssh: connect timed out", transient=True)] * 2
+    for _ in range(2):
+        with pytest.raises(EngineError, match="timed out"):
+            engine.poll([job])
+    assert asked == [True, False]
+    # The command's own end (cluster UP): the head's answer stands. It ends the job: refreshed now, whatever the TTL.
+    answers.append(RemoteStatus("gone", detail="process vanished on gpu box", log_size=12))
+    assert engine.poll([job])["j1"] == RemoteStatus("gone", detail="process vanished on gpu box", log_size=12)
+    assert asked == [True, False, True]
+    # The spot cluster reclaimed: the job ends preempted, its log size kept.
+    records["now"] = _cluster_record("STOPPED", use_spot=True)
+    answers.append(RemoteStatus("exited", exit_code=143, log_size=14))
+    status = engine.poll([job])["j1"]
+    assert (status.state, status.cause, status.log_size) == ("gone", "preempted", 14)
+    assert status.detail == "the spot cluster jrc-gpu-box was reclaimed (SkyPilot says it is STOPPED)"
 
 
 @pytest.mark.timeout(900)

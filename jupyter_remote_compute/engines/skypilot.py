@@ -15,6 +15,10 @@ asks how they are doing (``api_status``), so no server thread waits on a launch.
 - Files, poll, log, cancel and fetch are the ssh engine's, against the head node SkyPilot
   reports (its address, port, user and key; for Slurm the login node, whose home the allocation
   shares): the content-addressed cache, verified outputs and the MLflow replay work as for ssh.
+- A job whose process vanished (or ended by a signal), or whose head does not answer, is asked of
+  SkyPilot too (its status, refreshed from the cloud or Slurm): a cluster that is no longer UP ends
+  the job ``gone`` naming the cluster and its state, cause ``lost``, or ``preempted`` for a spot
+  cluster, so a retry policy runs it again and the next attempt launches the cluster again.
 - ``start`` writes the command and environment over ssh (secrets in a 0600 file that is read and
   removed as the job starts, as for Slurm), then submits a SkyPilot job (``exec``) that starts the
   far-side launcher and lasts as long as the command. So the job runs where SkyPilot places work
@@ -34,6 +38,7 @@ what to install) where SkyPilot is not.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -60,7 +65,7 @@ from .base import (
 )
 from .launcher import command_script, launch_input
 from .resources import Resources
-from .skypilot_cluster import cluster_state, default_known_hosts, head_route, hourly_price
+from .skypilot_cluster import cluster_gone, cluster_state, default_known_hosts, head_route, hourly_price, on_spot
 from .skypilot_failures import error_line, error_text, no_infra_message, request_failure, said_plainly
 from .skypilot_launch import (
     DEFAULT_AUTOSTOP,
@@ -76,8 +81,14 @@ from .skypilot_launch import (
 from .ssh import SSHEngine
 from .transport import quote
 
+log = logging.getLogger(__name__)
+
 #: How long SkyPilot's cluster record (and the head's route) is trusted before asking again.
 RECORD_TTL = 10.0
+#: How often, at most, SkyPilot refreshes the cluster's status from the cloud (or Slurm) for a job whose
+#: head answered badly: each refresh costs seconds of CPU, and a head that stays unreachable while its
+#: cluster is UP would otherwise have one every poll. Between, the record as SkyPilot last knew it.
+REFRESH_TTL = 30.0
 #: How long SkyPilot's word on a job not started yet is kept: each asking runs Python on the head node
 #: (through the API server's executor), while the head's own poll, every poll, sees the start at once.
 JOB_STATE_TTL = 10.0
@@ -126,6 +137,7 @@ class SkyPilotEngine(Engine):
         self.settings = SkyPilotSettings.from_options(name, address, self.machine_options)
         self._lock = threading.Lock()
         self._record: tuple[float, Any] | None = None
+        self._refreshed = float("-inf")  # when SkyPilot last refreshed the cluster's status for this engine
         self._head: tuple[tuple[Any, ...], SSHEngine] | None = None
         self._job_states: dict[str, tuple[float, str]] = {}  # exec request -> (when asked, SkyPilot's state)
         self._exec_done: dict[str, tuple[float, Any]] = {}  # exec request -> (first seen done, SkyPilot job id)
@@ -155,14 +167,19 @@ class SkyPilotEngine(Engine):
             time.sleep(pause)
             pause = min(pause * 1.5, 1.0)
 
-    def cluster_record(self, fresh: bool = False) -> Any | None:
-        """SkyPilot's record of the cluster (status, handle, credentials), or None when it does not exist."""
+    def cluster_record(self, fresh: bool = False, refresh: bool = False) -> Any | None:
+        """SkyPilot's record of the cluster (status, handle, credentials), or None when it does not exist.
+
+        ``refresh``: SkyPilot asks the cloud (or Slurm) first, so a cluster that went away behind its back
+        (a spot reclaim, an ended allocation) is no longer UP; seconds of CPU, where a plain read is a look
+        at its own database."""
         with self._lock:
             cached = self._record
-        if cached is not None and not fresh and time.monotonic() - cached[0] < RECORD_TTL:
+        if cached is not None and not (fresh or refresh) and time.monotonic() - cached[0] < RECORD_TTL:
             return cached[1]
         sdk = load_sdk()
-        records = self._quick(sdk.status([self.settings.cluster], _include_credentials=True))
+        mode = {"refresh": sky_module().StatusRefreshMode.FORCE} if refresh else {}
+        records = self._quick(sdk.status([self.settings.cluster], _include_credentials=True, **mode))
         record = next((r for r in records if r["name"] == self.settings.cluster), None)
         with self._lock:
             self._record = (time.monotonic(), record)
@@ -439,13 +456,53 @@ echo written
                 statuses[job.job_id] = RemoteStatus("queued", detail=f"cluster {self.settings.cluster} is up")
         if on_head:
             head_ids = {job.job_id for job in on_head}
-            far, metrics = self.head().poll_watched(on_head, {k: v for k, v in watched.items() if k in head_ids})
+            try:
+                far, metrics = self.head().poll_watched(on_head, {k: v for k, v in watched.items() if k in head_ids})
+            except EngineError:
+                # The head did not answer (or SkyPilot no longer lists it as UP): gone with its cluster, if
+                # SkyPilot says the cluster went away; otherwise a head not answering, as for ssh.
+                went = self._cluster_went_away(final=False)
+                if went is None:
+                    raise
+                far, metrics = {job.job_id: went for job in on_head}, {}
+            else:
+                # Only a bad answer is asked of SkyPilot: a healthy job's poll costs no SkyPilot call.
+                went = self._cluster_went_away(final=True) if any(_ended_badly(s) for s in far.values()) else None
+                if went is not None:
+                    far = {
+                        job_id: dataclasses.replace(went, log_size=status.log_size) if _ended_badly(status) else status
+                        for job_id, status in far.items()
+                    }
             for job in on_head:
                 status = far[job.job_id]
                 if status.state == "gone" and status.detail == "never started":
                     status = self._starting(job, status)
                 statuses[job.job_id] = status
         return statuses, metrics
+
+    def _cluster_went_away(self, final: bool) -> RemoteStatus | None:
+        """A job's end when SkyPilot, asked afresh, says the cluster is not UP; None while it is UP (the head's
+        own answer stands) or when SkyPilot cannot be asked (a job whose process vanished is lost anyway).
+
+        ``final``: the head's answer ends the job (its process vanished), so SkyPilot refreshes the cluster's
+        status now, once for the job. Otherwise the head did not answer, which may last many polls: at most
+        every REFRESH_TTL, SkyPilot's record as last read between."""
+        with self._lock:
+            known = self._record[1] if self._record is not None else None
+            refresh = final or time.monotonic() - self._refreshed >= REFRESH_TTL
+            if refresh:
+                self._refreshed = time.monotonic()
+        try:
+            record = self.cluster_record(refresh=refresh)
+        except Exception as e:  # the API server down, a refresh that failed: says nothing of the cluster
+            log.warning("%s: could not ask SkyPilot about cluster %s: %s", self.name, self.settings.cluster, e)
+            return None
+        # A torn-down cluster has no record: whether it ran on spot is in the last one this engine read.
+        gone = cluster_gone(self.settings.cluster, record, on_spot(record or known, self.settings.use_spot))
+        if gone is None:
+            return None
+        cause, words = gone
+        return RemoteStatus("gone", detail=words, cause=cause)
 
     def _starting(self, job: RemoteJob, status: RemoteStatus) -> RemoteStatus:
         """A job whose SkyPilot job has not run the launcher yet: pending while SkyPilot works on it."""
@@ -546,6 +603,15 @@ echo written
             head, self._head = self._head, None
         if head is not None:
             head[1].close()
+
+
+def _ended_badly(status: RemoteStatus) -> bool:
+    """The head's answer that may mean the cluster went away: the job's process (or its folder) vanished, or
+    it ended by a signal (128 + N: a stopping VM or an ending Slurm allocation terminates every process, and
+    run.sh may outlive its command long enough to write the code)."""
+    if status.state == "gone":
+        return status.detail not in ("never started", "cancelled")
+    return status.state == "exited" and (status.exit_code or 0) > 128
 
 
 __all__ = ["INSTALL_HINT", "SkyPilotEngine", "SkyPilotSettings", "launch_task", "load_sdk", "sky_resources"]

@@ -1,4 +1,5 @@
-"""SkyPilot's cluster record read: the cluster's state, how its head node is reached, its price."""
+"""SkyPilot's cluster record read: the cluster's state, how its head node is reached, its price, and
+what a job's end means when its cluster went away."""
 
 from __future__ import annotations
 
@@ -14,6 +15,37 @@ def cluster_state(record: Any | None) -> str:
         return "absent"
     status = record["status"]
     return str(getattr(status, "value", status))
+
+
+def on_spot(record: Any | None, use_spot: bool) -> bool:
+    """Whether the cluster runs on spot capacity: SkyPilot's record of what it launched (the handle's
+    ``launched_resources.use_spot``), else the machine's ``use_spot`` option (no record: torn down)."""
+    handle = record.get("handle") if record is not None else None
+    spot = getattr(getattr(handle, "launched_resources", None), "use_spot", None)
+    return bool(use_spot) if spot is None else bool(spot)
+
+
+def cluster_gone(cluster: str, record: Any | None, spot: bool) -> tuple[str, str] | None:
+    """(cause, words) for a job on a cluster SkyPilot, asked afresh, says is not UP; None while it is UP.
+
+    Asked only after the head's answer was bad (the job's process vanished, the head did not answer).
+    A spot cluster that went away is taken to have been reclaimed by its cloud (``preempted``): SkyPilot's
+    record does not tell a reclaim from a ``sky stop`` or ``sky down`` made by hand. Any other went away
+    (stopped, torn down, its Slurm allocation ended, unhealthy): ``lost``.
+    """
+    state = cluster_state(record)
+    if state == "UP":
+        return None
+    said = "absent (`sky status` no longer lists it)" if state == "absent" else state
+    # INIT is SkyPilot's word for a cluster launching or unhealthy; its own reason says which.
+    why = ""
+    if state == "INIT" and record is not None:
+        why = " ".join(str(record.get("init_status_reason") or "").split())[:200]
+    if why:
+        said = f"{said}: {why}"
+    if spot:
+        return ("preempted", f"the spot cluster {cluster} was reclaimed (SkyPilot says it is {said})")
+    return ("lost", f"SkyPilot cluster {cluster} is {said} (it went away while the job ran)")
 
 
 def head_route(record: Any) -> tuple[str, int, str, str | None]:
