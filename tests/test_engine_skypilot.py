@@ -4,9 +4,10 @@ Without any cloud: the task and resources built from machine settings and job re
 settings, the kind without SkyPilot installed. With the single-node Slurm test bed as SkyPilot's
 infra (``skypilot_fixture``): one launch shared by the module's tests — a job pending while the
 cluster provisions, its outputs verified and its MLflow run recorded, a second job on the same
-cluster, a cancel, autostop configured, a restart of this side while a job waits — and
-``sky down`` at the end. What a cluster gone means for a job (``lost``, ``preempted`` for a spot
-cluster) is decided on SkyPilot's own record types: the bed has no spot capacity.
+cluster, a cancel, autostop configured, a restart of this side while a job waits, the cluster
+taken away (``sky down``) under a running job, whose retry launches it again — and ``sky down``
+at the end. What a cluster gone means for a spot cluster (``preempted``) is decided on SkyPilot's
+own record types: the bed has no spot capacity.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from waiting import wait_for
 from jupyter_remote_compute.engines import engine_class, engine_kinds
 from jupyter_remote_compute.engines.base import EngineContext, EngineError
 from jupyter_remote_compute.engines.resources import Resources
+from jupyter_remote_compute.engines.skypilot_cluster import cluster_state
 from jupyter_remote_compute.environments import image as images
 from jupyter_remote_compute.errors import InvalidSettings, RemoteComputeError
 from jupyter_remote_compute.jobs.service import JobService, require_trained
@@ -528,3 +530,74 @@ def test_check_shows_skypilots_view_and_a_missing_infra_names_sky_check(
     with pytest.raises(RemoteComputeError) as e:
         service.admin.check("cloud")
     assert "sky check" in str(e.value) and "Traceback" not in str(e.value)
+
+
+# Last of the module: it takes the cluster away; the job's retry launches it again for the tests after it.
+@pytest.mark.timeout(E2E_TIMEOUT + 600)
+def test_a_job_whose_cluster_goes_away_ends_lost_naming_it_and_its_retry_launches_it_again(
+    skypilot_bed: SkyBed, sky_client: Path, make_service, workspace: Path, monkeypatch
+) -> None:
+    """``sky down`` while a job runs (as an ended allocation or a reclaimed VM would take it): the attempt ends
+    ``lost`` naming the cluster and what SkyPilot says of it, and the next attempt relaunches the cluster."""
+    from jupyter_remote_compute.engines.skypilot import load_sdk
+
+    service = _service(make_service, workspace, skypilot_bed)
+    engine = service.engine("sky")
+    ensure_up(engine)
+    refreshes: list[bool] = []
+    read = engine.cluster_record
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        refreshes.append(bool(kwargs.get("refresh")))
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "cluster_record", counted)
+    # The first attempt leaves a mark in the node user's home and waits; the second finds it and ends.
+    mark = skypilot_bed.node_home / f"went-away-{time.time_ns()}"
+    command = f"if [ -e {mark} ]; then echo again; else touch {mark}; echo started; sleep 300; fi"
+    spec = {"machine": "sky", "command": command, "retry": {"max": 1, "on": ["lost"]}, "name": "cluster goes away"}
+    job = service.submit(JobSpec.from_json(spec)).job
+    pid: int | None = None
+    try:
+
+        def started() -> bool:
+            return service.advance(job.id).state == "running" and b"started" in service.read_log(job.id).data
+
+        wait_for(started, 600, "the job to run on the cluster", interval=0.5)
+        pid = int((Path(service.get(job.id).handle["dir"]) / "pid").read_text().split()[0])
+        for _ in range(3):
+            assert service.advance(job.id).state == "running"
+        assert not any(refreshes)  # healthy polls ask SkyPilot nothing afresh
+        sdk = load_sdk()
+        start = time.monotonic()
+        sdk.get(sdk.down(skypilot_bed.cluster))
+        timed("sky down under a running job", start)
+
+        def first_ended() -> list:  # type: ignore[type-arg]
+            return service.advance(job.id).attempts
+
+        [first] = wait_for(first_ended, 300, "the first attempt to end", interval=0.5)
+        timed("from sky down to the attempt's end", start)
+        assert first["end"] == "lost", first
+        assert first["reason"] == (
+            f"lost: SkyPilot cluster {skypilot_bed.cluster} is absent (`sky status` no longer lists it) "
+            "(it went away while the job ran)"
+        )
+        assert any(refreshes)
+        # What the head saw: on this bed the login node stays, so a process the allocation took with it
+        # shows as vanished; one that outlived it (Slurm's proctrack here follows parents only) as still
+        # there, until the head is no longer SkyPilot's.
+        print(f"[skypilot bed] the first attempt's processes after sky down: {group_members(pid)}")
+        done = service.wait(job.id, timeout=E2E_TIMEOUT)
+        timed("from sky down to the retried job's success, launch included", start)
+        assert done.state == "succeeded", done.reason
+        assert [a["end"] for a in done.attempts] == ["lost", "succeeded"]
+        assert b"again" in service.read_log(job.id).data
+        assert done.handle.get("launch_request")  # the second attempt launched the cluster again
+        assert cluster_state(_record(skypilot_bed)) == "UP"  # launched again, for the tests after this one
+    finally:
+        if pid is not None and group_members(pid):  # a first attempt that outlived its cluster: not left behind
+            subprocess.run(["kill", "-KILL", "--", f"-{pid}"], check=False)
+        mark.unlink(missing_ok=True)
+        if service.get(job.id).active:
+            service.cancel(job.id)

@@ -397,8 +397,24 @@ class SkyPilotEngine(Engine):
             handle.pop("cluster_ready", None)
             what = "restarting" if state == "STOPPED" else "launching"
             raise NotReady(f"{what} SkyPilot cluster {self.settings.cluster}", handle)
-        prepared = self.head().prepare(job)
+        prepared = self._fresh_folder(self.head(), job)
         return dataclasses.replace(prepared, handle={**handle, **prepared.handle, "cluster": self.settings.cluster})
+
+    def _fresh_folder(self, head: SSHEngine, job: RemoteJob) -> RemoteJob:
+        """The job's folder on the head, prepared; one an earlier attempt left there is removed first.
+
+        A job is started only after the folder prepare made is in its handle, so a folder with a ``pid`` for
+        a job whose handle names none is an earlier attempt's, whose cluster went away mid-job (nothing could
+        remove it then: ``cleanup`` needs the cluster UP). On Slurm the login node's home outlives the
+        cluster, on a cloud a stopped VM's disk does: its pid would pass for this attempt's start.
+        """
+        prepared = head.prepare(job)
+        if job.handle.get("dir"):
+            return prepared
+        if head.transport.run(f"test -f {quote(head.job_dir(prepared) + '/pid')}", timeout=60).code == 0:
+            head.cleanup(prepared)
+            prepared = head.prepare(job)
+        return prepared
 
     def is_prepared(self, job: RemoteJob) -> bool:
         return bool(job.handle.get("dir"))
