@@ -204,11 +204,14 @@ printf '%s%s' "$gpu_probe" "$entry" > "$jobdir/.container-entry"
 printf '%s %s\n' "$rt" "$name" > "$jobdir/container"
 # A TERM (cancel.sh; in a Slurm batch job scancel or the time limit, which send CONT then TERM to
 # every process of the job) stops the container. Its processes are conmon's, which no one else
-# signals: the stop ends within Slurm's KillWait, as the KILL that follows it would leave them running.
+# signals: the stop and the removal end within Slurm's KillWait, as the KILL that follows it would leave
+# the container behind. The container's first process ignores a TERM it has no handler for (a shell
+# running the command), so the stop often takes its whole grace: half of KillWait, the other half for the
+# runtime's own work (rootless podman on a busy node took more than 5 s).
 grace=10
 if [ -n "${SLURM_JOB_ID:-}" ]; then
   kill_wait=$(scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\).*/\1/p')
-  if [ -n "$kill_wait" ] && [ "$kill_wait" -lt 12 ]; then grace=$((kill_wait > 2 ? kill_wait - 2 : 1)); fi
+  if [ -n "$kill_wait" ] && [ "$kill_wait" -lt 20 ]; then grace=$((kill_wait > 3 ? kill_wait / 2 : 1)); fi
 fi
 # The entry creates RAN before it runs the command: without it, a run that ended never started the
 # container (a leftover name of an earlier start, a pinned id pruned since), and its code is the
