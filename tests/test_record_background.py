@@ -30,6 +30,21 @@ from jupyter_remote_compute.recording.recorder import Call
 from jupyter_remote_compute.recording.tracking import TrackingSettings
 from jupyter_remote_compute.workspace import Workspace
 
+# A model as small as MLflow logs one, registered with an alias.
+REGISTERING_SCRIPT = """\
+import mlflow
+
+
+class Echo(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input):
+        return model_input
+
+
+with mlflow.start_run():
+    mlflow.pyfunc.log_model(name="echo", python_model=Echo(), registered_model_name="again", pip_requirements=[])
+mlflow.MlflowClient().set_registered_model_alias("again", "champion", "1")
+"""
+
 # Test bed only: the recorder asks git for the commit just before it creates the job's run.
 HOLDING_GIT = """\
 #!/bin/sh
@@ -298,3 +313,33 @@ def test_a_workspace_made_again_at_the_same_path_has_its_runs_recorded(bed: dict
         close_stores()  # this test's own reads hold connections too
         uri = f"sqlite:///{root / 'mlflow.db'}"  # the workspace's own store: no MLFLOW_TRACKING_URI
         assert run_id and [r.info.run_id for r in job_runs(uri, job_id)] == [run_id], err
+
+
+def test_a_model_registered_again_in_a_workspace_made_again_at_the_same_path_is_registered_there(
+    bed: dict[str, Any], tmp_path: Path
+) -> None:
+    """The model registry keeps database connections of its own: the deleted store's registered model
+    must not stand in for the new store's (the recorder's replay failed "Registered Model … not found")."""
+    import mlflow
+
+    from jupyter_remote_compute.recording.tracking import close_stores
+
+    root = tmp_path / "again"
+    env = {name: value for name, value in bed["env"].items() if name != "MLFLOW_TRACKING_URI"}
+    env["PATH"] = os.environ["PATH"]
+    for _ in range(2):
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(QUICKSTART, root, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts", "jobs*"))
+        (root / "register.py").write_text(REGISTERING_SCRIPT)
+        cli = _cli(bed, "run", "--new", "--send", "register.py", "--", "python", "register.py", cwd=root, env=env)
+        out, err = cli.communicate(timeout=180)
+        assert cli.returncode == 0, (out, err)
+        (job_id,) = JobStore(root / ".punica/jobs.json").jobs()
+        job = JobStore(root / ".punica/jobs.json").get(job_id)
+        close_stores()  # this test's own reads hold connections too
+        client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+        assert job.mlflow_run_id, job.reason
+        (version,) = client.search_model_versions("name = 'again'")
+        assert version.run_id == job.mlflow_run_id
+        assert client.get_model_version_by_alias("again", "champion").version == version.version
+    close_stores()

@@ -283,11 +283,13 @@ def close_stores() -> None:
     a store's connections by itself: a connection kept to a workspace's ``mlflow.db`` that was deleted and
     made again at the same path reads and writes the deleted file ("readonly database", "no such table").
     """
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
 
-    engines = getattr(SqlAlchemyStore, "_engine_map", None)  # MLflow's cache of one engine per store
-    for engine in list(engines.values()) if isinstance(engines, dict) else ():
-        engine.dispose()
+    for store in (TrackingStore, RegistryStore):  # each caches one engine per database, apart
+        engines = getattr(store, "_engine_map", None)
+        for engine in list(engines.values()) if isinstance(engines, dict) else ():
+            engine.dispose()
 
 
 def _default_uri(uri: str) -> contextlib.AbstractContextManager[object]:
