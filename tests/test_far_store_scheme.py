@@ -166,6 +166,8 @@ def test_the_launchers_environment_opens_the_jobs_folder_store_under_its_own_sch
         STORE_SCHEME_VAR: "remote-compute",
         "PYTHONPATH": "/elsewhere",
         "MLFLOW_TRACKING_URI": "sqlite:///nowhere.db",
+        # The built-in machine's jobs inherit the server's environment: a registry set there is not the job's
+        "MLFLOW_REGISTRY_URI": f"sqlite:///{tmp_path / 'elsewhere.db'}",
     }
     script = "jobdir=$1\n" + JOB_ENV_SH + f'exec {shlex.quote(sys.executable)} "$jobdir/program.py"\n'
     done = subprocess.run(["sh", "-c", script, "sh", str(jobdir)], env=env, capture_output=True, text=True)
@@ -179,6 +181,7 @@ def test_the_launchers_environment_opens_the_jobs_folder_store_under_its_own_sch
     client = MlflowClient(f"file://{jobdir}/mlruns")
     assert client.get_run(seen["run"]).data.params == {"x": "1"}
     assert (jobdir / "mlruns" / "models" / "m" / "version-1").is_dir()
+    assert not (tmp_path / "elsewhere.db").exists()
 
     # A rank other than 0 (rank.sh) records to a store of its own under the same scheme.
     (jobdir / "command.sh").write_text('echo "uri: $MLFLOW_TRACKING_URI"\n')

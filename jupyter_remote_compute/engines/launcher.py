@@ -75,13 +75,16 @@ _WRITE_PLUGIN_SH = "".join(
 # The store is a folder on every machine (the far side's scripts read its files, and it costs nothing
 # to open); where the user's store is not one (STORE_SCHEME_VAR, set on this side), the job sees it
 # under STORE_SCHEME, so a script that registers its model only on a database-backed store (MLflow's
-# own examples skip registered_model_name when the scheme is file) registers it, as it would here. The
-# plugin's folder goes ahead of any PYTHONPATH the job or the machine has, never replacing it; it is
-# not exported as a whole into a container, whose image's own PYTHONPATH stays (image.ENTRY_SH).
+# own examples skip registered_model_name when the scheme is file) registers it, as it would here. Its
+# registry is the store's own: an MLFLOW_REGISTRY_URI the built-in machine inherits from the server
+# would register the job's models where the replay never looks. The plugin's folder goes ahead of any
+# PYTHONPATH the job or the machine has, never replacing it; it is not exported as a whole into a
+# container, whose image's own PYTHONPATH stays (image.ENTRY_SH).
 JOB_ENV_SH = f"""\
 export PYTHONUNBUFFERED=1
 export MLFLOW_TRACKING_URI="file://$jobdir/{TRACKING_DIR}"
 export MLFLOW_ALLOW_FILE_STORE=true
+unset MLFLOW_REGISTRY_URI
 if [ "${{{STORE_SCHEME_VAR}-}}" = {STORE_SCHEME} ]; then
   mkdir -p -- "$jobdir/{STORE_PLUGIN_DIR}/{_PLUGIN_DIST}" &&
 {_WRITE_PLUGIN_SH}  MLFLOW_TRACKING_URI="{STORE_SCHEME}://$jobdir/{TRACKING_DIR}" || exit 97
