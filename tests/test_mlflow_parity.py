@@ -81,7 +81,8 @@ def _run_job(service: JobService, root: Path, script: str, **spec: Any) -> Any:
     (root / "job.py").write_text(script)
     job_spec = {"machine": "local", "command": "python job.py", "send": ["job.py"], **spec}
     job = service.wait(service.submit(JobSpec.from_json(job_spec)).job.id, timeout=300)
-    assert job.state == "succeeded", job.reason
+    # A script's MLflow errors are in its output: the log's tail says why, where the reason has one line
+    assert job.state == "succeeded", f"{job.reason}\n{service.read_log(job.id).data[-4000:].decode(errors='replace')}"
     assert job.mlflow_run_id, job.reason
     return job
 
