@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import Conflict, InvalidSettings, NotFound, NotTrained, RemoteComputeError, SecretStoreUnavailable
 from ..guards import screen_settings
 from ..jobs.job import Job, new_job_id, utcnow
+from ..jobs.lifecycle import cancelled_by
 from ..jobs.liveness import holder_alive, process_identity
 from ..jobs.recording import PROGRAM as RECORDER
 from ..jobs.service import JobService
@@ -400,7 +401,7 @@ class PipelineRunner:
             if "stopped_early" in states:
                 run.reason = f"{states.count('stopped_early')} of {len(states)} trials stopped early"
         elif run.cancel_requested:
-            run.state, run.reason = "cancelled", f"cancelled by {run.cancel_requested}"
+            run.state, run.reason = "cancelled", cancelled_by(run.cancel_requested)
         else:
             failed = [k for k, n in run.nodes.items() if n.state == "failed"]
             run.state = "failed"
