@@ -87,6 +87,7 @@ class SSHServer:
     log: Path
     proc: subprocess.Popen
     address: str = "127.0.0.1"
+    argv: tuple[str, ...] = ()  # how it was started (in its namespace, say), to start it again
 
     @property
     def known_hosts_line(self) -> str:
@@ -114,6 +115,11 @@ class SSHServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return pids
+
+    def start_again(self) -> None:
+        """After ``stop``: the same sshd (its config, host key and address) listening again."""
+        self.proc = subprocess.Popen(list(self.argv), stdin=subprocess.DEVNULL)
+        wait_for(lambda: _banner(self.port, self.address), 20, f"sshd on {self.address}:{self.port} again")
 
     def stop(self) -> None:
         # Session processes are our own children's children: end them too, by pid (listed before the
@@ -172,8 +178,9 @@ LogLevel DEBUG1
 """
     )
     argv = [SSHD, "-D", "-f", str(config), "-E", str(log)]
-    proc = subprocess.Popen(wrap(argv) if wrap else argv, stdin=subprocess.DEVNULL)
-    server = SSHServer(port, host_key, host_pub, config, log, proc, address)
+    argv = wrap(argv) if wrap else argv
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    server = SSHServer(port, host_key, host_pub, config, log, proc, address, tuple(argv))
 
     def ready() -> bool:
         if proc.poll() is not None:

@@ -5,6 +5,7 @@ MLflow run, rank 0's; a host whose processes die, and one that never reaches the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -21,6 +22,7 @@ import sshd_fixture
 from conftest import job_runs
 from far_python import far_python_bin, far_torch_bin
 from filelock import FileLock
+from procs import group_members
 from required import require
 from slurm_nodes import LOCK, NodeNetwork
 from test_slurm_ranks import ALL_REDUCE_SCRIPT
@@ -56,6 +58,7 @@ class Hosts:
     names: list[str]  # each host's hostname, as its processes see it
     addresses: list[str]
     options: dict[str, object]
+    servers: list[sshd_fixture.SSHServer]  # each host's sshd, to stop and start again
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,9 @@ def two_hosts(sshd_bed: sshd_fixture.TestBed) -> Iterator[Hosts]:
                        for alias, s in zip(aliases, servers, strict=True)]  # fmt: skip
             config.write_text("\n".join(entries))
             options = {"known_hosts": str(known), "ssh_config": str(config), "base_dir": sshd_bed.base_dir}
-            yield Hosts(aliases, [name for name, _, _ in net.nodes], [addr for _, addr, _ in net.nodes], options)
+            yield Hosts(
+                aliases, [name for name, _, _ in net.nodes], [addr for _, addr, _ in net.nodes], options, servers
+            )
         finally:
             for server in servers:
                 server.stop()
@@ -243,10 +248,42 @@ def test_rank_zero_on_a_later_host_gives_the_live_metrics_and_the_checkpoints(
     assert done.state == "succeeded", (done.reason, service.read_log(job.id).data.decode())
 
 
-def two_by_two_plain(command: str) -> JobSpec:
+def two_by_two_plain(command: str, machine: str = "pair") -> JobSpec:
     """``command`` as two plain processes on each of the two hosts."""
     resources = {"nodes": 2, "processes_per_node": 2, "launcher": "plain"}
-    return JobSpec.from_json({"machine": "pair", "command": command, "resources": resources})
+    return JobSpec.from_json({"machine": machine, "command": command, "resources": resources})
+
+
+def test_a_host_that_stops_answering_while_the_other_runs_is_given_up_in_the_limit_and_the_other_stopped(
+    host_list, sshd_bed: sshd_fixture.TestBed
+) -> None:
+    """The second host's sshd and its sessions go (the network to it drops) while both hosts run: the
+    machine does not answer; past its ``unreachable_after`` the attempt ends machine_unreachable, and the
+    first host's processes are stopped, not left running for nobody."""
+    service, hosts = host_list
+    options = {**hosts.options, "hosts": hosts.aliases, "unreachable_after": 3}
+    service.machines.add("pair-3s", "ssh", hosts.aliases[0], options)
+    job = service.submit(two_by_two_plain('echo "up $RANK"; sleep 300', "pair-3s")).job
+
+    def ups() -> int:
+        service.driver.poll_active()
+        return sum(1 for line in service.read_log(job.id).data.decode().splitlines() if "] up " in line)
+
+    wait_for(lambda: ups() == 4, 60, "two processes on each host")
+    jobs = sshd_bed.far_path(sshd_bed.base_dir.removeprefix("~/")) / "jobs"
+    first, second = (int((jobs / name / "pid").read_text()) for name in (job.id, f"{job.id}-n1"))
+    hosts.servers[1].stop()
+    try:
+        ended = service.wait(job.id, timeout=120)
+        assert ended.state == "lost", (ended.state, ended.reason)
+        assert ended.reason.startswith("machine_unreachable: pair-3s did not answer for 3s"), ended.reason
+        assert hosts.aliases[1] in ended.reason, ended.reason
+        assert not group_members(first), "the first host's processes were stopped"
+        assert group_members(second), "the silent host's are out of reach (the test ends them)"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(second, signal.SIGKILL)
+        hosts.servers[1].start_again()
 
 
 def test_plain_processes_know_their_ranks_and_a_host_whose_processes_die_ends_the_job_naming_it(

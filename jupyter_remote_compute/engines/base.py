@@ -547,6 +547,10 @@ class Engine(abc.ABC):
     def cleanup(self, job: RemoteJob) -> None:
         """Remove the job's directory on the far side (best effort, idempotent)."""
 
+    def abandon(self, job: RemoteJob) -> None:  # noqa: B027 - optional: only engines of several hosts need it
+        """The job's machine stopped answering and its attempt was given up without asking it anything
+        more: stop what of the job can still be reached, best effort, never waiting on what cannot."""
+
     def close(self) -> None:  # noqa: B027 - optional: only engines holding connections need it
         """Release connections. Engines are cached per machine and closed on shutdown."""
 

@@ -10,7 +10,9 @@ and runs ``farside/rank.sh`` as Slurm's batch script does: ``torchrun`` per node
 node's processes. Lines are prefixed per node and rank there; each poll copies the other hosts' new
 whole lines into the first host's log, so the job has one log. Outputs, the MLflow store, live metrics
 and checkpoints come from the host where rank 0 runs. A host whose processes fail, vanish or stop
-answering once another has ended fails the job naming it, and the others are stopped.
+answering once another has ended fails the job naming it, and the others are stopped; a host that stops
+answering while the others run is the machine not answering (the job's ``unreachable_after``), and once
+the attempt is given up the others are stopped too (``abandon``).
 
 On a host after the first, the job's folder is ``<job id>-n<N>``: hosts sharing a home (NFS, or this
 machine's test bed) keep their folders apart.
@@ -397,6 +399,13 @@ class HostListEngine(Engine):
                 errors.append(e)
         if errors:
             raise errors[0]
+
+    def abandon(self, job: RemoteJob) -> None:
+        """A host stopped answering past the machine's limit: the job's processes on the hosts that still
+        answer are stopped, so none runs on once the attempt is given up (the silent host's are out of reach)."""
+        if len(self._started(job)) > 1:
+            with contextlib.suppress(EngineError):  # the silent host's; every host was tried
+                self.cancel(job, STOP_GRACE)
 
     def _rank0_node(self, job: RemoteJob) -> int:
         """The host where rank 0 runs: its outputs, MLflow store, live metrics and checkpoints.

@@ -87,6 +87,8 @@ class Collector:
                     return
                 if outcome.state == "succeeded":
                     outcome = Outcome("failed", f"could not fetch outputs from {job.machine}: {e}")
+        elif engine is not None and engine.is_prepared(remote):
+            engine.abandon(remote)  # given up unanswered: what of it still answers stops (several hosts)
 
         if outcome.state == "failed" and outcome.reason is None:
             reason = failure_reason(job.exit_code, log_path, job.spec.send, self.ctx.workspace.root)
