@@ -221,6 +221,36 @@ def test_what_cannot_be_carried_is_said_and_every_output_has_its_digest(
     assert job.outputs["answer.txt"]["sha256"] == digest
 
 
+def test_an_output_changed_or_removed_before_its_run_is_recorded_is_listed_as_it_landed_and_not_copied(
+    workspace: Path, tracking_uri: str
+) -> None:
+    """Once landed, an output is the person's: they may open, rewrite or delete it before the recorder
+    runs. The run lists each output as it landed and copies only those still as they landed."""
+    kept, rewritten = workspace / "kept.txt", workspace / "out" / "rewritten.txt"
+    rewritten.parent.mkdir()
+    kept.write_text("kept\n")
+    rewritten.write_text("the person's own now\n")
+    landed = {"kept.txt": 5, "gone.txt": 7, "out/rewritten.txt": 9}
+    record = JobRecord(
+        job_id="j-landed", key="k", name="landed", machine="local", engine="local", state="succeeded",
+        reason=None, command="python train.py", started=None, ended=time.time(), log_path=None,
+        outputs={rel: workspace / rel for rel in landed}, inputs_manifest=None, far_store=None,
+        digests={rel: f"{i}" * 64 for i, rel in enumerate(landed)}, sizes=landed,
+    )  # fmt: skip
+    run_id = tracking.record_job(workspace, TrackingSettings(tracking_uri, "tests"), record)
+    client = MlflowClient(tracking_uri)
+    listing = json.loads(Path(client.download_artifacts(run_id, "remote_compute/outputs.json")).read_text())
+    assert listing == {rel: {"sha256": record.digests[rel], "size": size} for rel, size in landed.items()}
+    assert [a.path for a in client.list_artifacts(run_id, "outputs")] == ["outputs/kept.txt"]
+    tags = client.get_run(run_id).data.tags
+    assert json.loads(tags["remote_compute.outputs_changed"]) == ["gone.txt", "out/rewritten.txt"]
+    assert "remote_compute.outputs_not_copied" not in tags
+    # A to-do written before sizes were kept reads, and sizes the files as they are now.
+    raw = record.to_json()
+    del raw["sizes"]
+    assert JobRecord.from_json(raw).sizes == {}
+
+
 def test_a_model_param_autolog_read_half_written_in_the_far_store_comes_back_whole(
     quickstart: Path, tracking_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

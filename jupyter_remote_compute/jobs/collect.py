@@ -106,6 +106,7 @@ class Collector:
         # What came back (outputs, the job's MLflow store, the log), measured before anything moves on.
         fetched = _bytes_under(incoming) + (log_path.stat().st_size if log_path and log_path.exists() else 0)
         landed: dict[str, Path] = {}
+        sizes: dict[str, int] = {}
         verified: dict[str, str] = {}
         if outcome.state == "succeeded":
             verified, problem = _verify(incoming, wanted, result)
@@ -114,7 +115,7 @@ class Collector:
             if problem:
                 outcome = Outcome("failed", problem)
             else:
-                landed = self._land(incoming, verified)
+                landed, sizes = self._land(incoming, verified)
 
         ended = utcnow()
         attempt = meter(
@@ -131,6 +132,7 @@ class Collector:
         record = dataclasses.replace(
             record,
             digests={rel: verified[rel] for rel in landed},
+            sizes=sizes,
             machine_facts={} if engine is None else self._machine_facts(job),
         )
         if secrets is None:
@@ -150,7 +152,7 @@ class Collector:
             to=outcome.state,
             reason=outcome.reason,
             ended=ended,
-            outputs={rel: {"sha256": verified[rel], "size": path.stat().st_size} for rel, path in landed.items()},
+            outputs={rel: {"sha256": verified[rel], "size": sizes[rel]} for rel in landed},
             # Never None over an id: a recorder of an earlier collection may have put it there meanwhile.
             **({"mlflow_run_id": run_id} if run_id else {}),
             lease=None,
@@ -195,15 +197,18 @@ class Collector:
                 return f"output {rel} cannot land: a folder of that name is in the workspace"
         return None
 
-    def _land(self, incoming: Path, verified: dict[str, str]) -> dict[str, Path]:
-        """Move verified outputs into the workspace; each file appears whole or not at all."""
+    def _land(self, incoming: Path, verified: dict[str, str]) -> tuple[dict[str, Path], dict[str, int]]:
+        """Move verified outputs into the workspace; each file appears whole or not at all. Their sizes
+        are read before: once landed, a file is the person's to change or remove at once."""
         landed = {}
+        sizes = {}
         for rel in verified:
-            dst = self.ctx.workspace.root / rel
+            src, dst = incoming / WORK_DIR / rel, self.ctx.workspace.root / rel
+            sizes[rel] = src.stat().st_size
             dst.parent.mkdir(parents=True, exist_ok=True)
-            move_into_place(incoming / WORK_DIR / rel, dst)
+            move_into_place(src, dst)
             landed[rel] = dst
-        return landed
+        return landed, sizes
 
     def _job_record(
         self,

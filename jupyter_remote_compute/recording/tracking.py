@@ -104,6 +104,9 @@ class JobRecord:
     user: str | None = None
     #: The sha256 of every output brought back (workspace-relative path -> digest), for outputs.json.
     digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The size of every output as it landed (workspace-relative path -> bytes): the workspace's copy is
+    #: the person's from then on, and may be changed or removed before the run is recorded.
+    sizes: Mapping[str, int] = dataclasses.field(default_factory=dict)
     #: Where it ran: the machine's address as it was at submit (``remote_compute.host``).
     host: str | None = None
     #: What the machine is (its check's ``os``, ``kernel``, ``python``, ``cpus``, ``gpu_names``): tags.
@@ -479,17 +482,21 @@ def _attach_artifacts(client: Any, run_id: str, job: JobRecord, cap: int) -> Non
         client.log_artifact(run_id, str(job.log_path), "remote_compute")
     if job.inputs_manifest and job.inputs_manifest.exists():
         client.log_artifact(run_id, str(job.inputs_manifest), "remote_compute")
+    # Each output as it landed: its size then (a record from before sizes were kept: now, if it is there).
+    landed = {rel: job.sizes.get(rel, _size_now(path)) for rel, path in sorted(job.outputs.items())}
     if job.outputs:
         # Every output brought back, as verified against the far side's sha256 (also those too big to copy).
-        listing = {
-            rel: {"sha256": job.digests.get(rel), "size": path.stat().st_size}
-            for rel, path in sorted(job.outputs.items())
-        }
+        listing = {rel: {"sha256": job.digests.get(rel), "size": size} for rel, size in landed.items()}
         client.log_dict(run_id, listing, "remote_compute/outputs.json")
     total = 0
     skipped = []
+    changed = []
     for rel, path in sorted(job.outputs.items()):
-        size = path.stat().st_size
+        if _size_now(path) != landed[rel]:
+            # Removed or rewritten in the workspace since it landed: not the file the job wrote.
+            changed.append(rel)
+            continue
+        size = landed[rel] or 0
         if total + size > cap:
             skipped.append(rel)
             continue
@@ -498,3 +505,13 @@ def _attach_artifacts(client: Any, run_id: str, job: JobRecord, cap: int) -> Non
         client.log_artifact(run_id, str(path), "outputs/" + parent if parent else "outputs")
     if skipped:
         client.set_tag(run_id, "remote_compute.outputs_not_copied", json.dumps(skipped)[:5000])
+    if changed:
+        client.set_tag(run_id, "remote_compute.outputs_changed", json.dumps(changed)[:5000])
+
+
+def _size_now(path: Path) -> int | None:
+    """The file's size in the workspace now; None once it is gone."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
