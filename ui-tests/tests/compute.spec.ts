@@ -71,6 +71,25 @@ async function startJob(
 }
 
 /**
+ * Run `check`; if it fails, fail with the server's record of the job named `name` added, so a
+ * failure tells whether the job was elsewhere (still queued or sending) or the page was behind.
+ */
+async function withJobOnServer(
+  page: IJupyterLabPageFixture,
+  name: string,
+  check: () => Promise<void>
+): Promise<void> {
+  try {
+    await check();
+  } catch (error) {
+    const answer = await page.request.get('/remote-compute/jobs');
+    const jobs: { name?: string }[] = answer.ok() ? ((await answer.json()).jobs ?? []) : [];
+    const job = jobs.find(j => j.name === name) ?? `not listed (${answer.status()})`;
+    throw new Error(`${error}\nthe server's record of ${name}: ${JSON.stringify(job)}`);
+  }
+}
+
+/**
  * The WCAG contrast ratio of an element's text against its background, as the browser paints them
  * (any CSS colour, alpha blended over the nearest opaque background).
  */
@@ -272,7 +291,9 @@ test.describe('Compute panel', () => {
     const detail = await startJob(page, tmpPath, name, 6);
     const log = page.getByRole('log', { name: /Log of job/ });
 
-    await expect(detail.getByText('running', { exact: true })).toBeVisible({ timeout: 60000 });
+    await withJobOnServer(page, name, () =>
+      expect(detail.getByText('running', { exact: true })).toBeVisible({ timeout: 60000 })
+    );
     await expect(log).toContainText('step 1 of 6');
     await expect(log).toContainText('step 4 of 6');
     await expect(detail.getByText('succeeded', { exact: true })).toBeVisible({ timeout: 90000 });
