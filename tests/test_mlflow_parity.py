@@ -245,10 +245,14 @@ def test_an_output_changed_or_removed_before_its_run_is_recorded_is_listed_as_it
     tags = client.get_run(run_id).data.tags
     assert json.loads(tags["remote_compute.outputs_changed"]) == ["gone.txt", "out/rewritten.txt"]
     assert "remote_compute.outputs_not_copied" not in tags
-    # A to-do written before sizes were kept reads, and sizes the files as they are now.
-    raw = record.to_json()
+    # A to-do written before sizes were kept reads, and sizes the files as they are now: a gone one is named.
+    raw = {**record.to_json(), "job_id": "j-older", "key": "k-older"}
     del raw["sizes"]
-    assert JobRecord.from_json(raw).sizes == {}
+    older = JobRecord.from_json(raw)
+    assert older.sizes == {}
+    run_id = tracking.record_job(workspace, TrackingSettings(tracking_uri, "tests"), older)
+    assert json.loads(client.get_run(run_id).data.tags["remote_compute.outputs_changed"]) == ["gone.txt"]
+    assert sorted(a.path for a in client.list_artifacts(run_id, "outputs")) == ["outputs/kept.txt", "outputs/out"]
 
 
 def test_a_model_param_autolog_read_half_written_in_the_far_store_comes_back_whole(

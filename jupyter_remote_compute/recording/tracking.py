@@ -482,8 +482,9 @@ def _attach_artifacts(client: Any, run_id: str, job: JobRecord, cap: int) -> Non
         client.log_artifact(run_id, str(job.log_path), "remote_compute")
     if job.inputs_manifest and job.inputs_manifest.exists():
         client.log_artifact(run_id, str(job.inputs_manifest), "remote_compute")
+    now = {rel: _size_now(path) for rel, path in sorted(job.outputs.items())}
     # Each output as it landed: its size then (a record from before sizes were kept: now, if it is there).
-    landed = {rel: job.sizes.get(rel, _size_now(path)) for rel, path in sorted(job.outputs.items())}
+    landed = {rel: job.sizes.get(rel, size) for rel, size in now.items()}
     if job.outputs:
         # Every output brought back, as verified against the far side's sha256 (also those too big to copy).
         listing = {rel: {"sha256": job.digests.get(rel), "size": size} for rel, size in landed.items()}
@@ -492,11 +493,11 @@ def _attach_artifacts(client: Any, run_id: str, job: JobRecord, cap: int) -> Non
     skipped = []
     changed = []
     for rel, path in sorted(job.outputs.items()):
-        if _size_now(path) != landed[rel]:
+        size = now[rel]
+        if size is None or size != landed[rel]:
             # Removed or rewritten in the workspace since it landed: not the file the job wrote.
             changed.append(rel)
             continue
-        size = landed[rel] or 0
         if total + size > cap:
             skipped.append(rel)
             continue
