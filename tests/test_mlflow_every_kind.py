@@ -110,8 +110,12 @@ SOURCE_TAGS = ("mlflow.user", "mlflow.source.name", "mlflow.source.type")
 
 
 def _sized(service: JobService, spec: dict[str, Any]) -> JobSpec:
-    """``spec`` as a job, with room for scikit-learn, pandas and MLflow where a scheduler limits memory:
-    they outgrow the test cluster's default per-job limit (256M)."""
+    """``spec`` as a job, with room for scikit-learn, pandas and MLflow where a scheduler limits memory.
+
+    The test cluster's default per-job limit is 256M, and it enforces it by sampling the summed RSS of the
+    job's processes every second (no cgroups here): MLflow alone peaks at 131 MB, but its client runs
+    ``uname -p`` as it starts (``platform.uname()``), and a child caught between vfork and exec counts at its
+    parent's size, so a sample there reads 262 MB and Slurm ends the job as out of memory."""
     if service.engine(spec["machine"]).kind in ("slurm", "skypilot"):
         spec = {**spec, "resources": {"memory": "1G"}}
     return JobSpec.from_json(spec)
@@ -275,7 +279,7 @@ def test_the_quickstart_script_logs_there_and_its_run_lands_here(machine, quicks
         "bring_back": ["model.pkl", "metrics.json"],
         "name": "quickstart",
     }
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=180)
     assert job.state == "succeeded", job.reason
     require_trained(job)
     for output in ("model.pkl", "metrics.json"):
@@ -297,7 +301,7 @@ def test_a_script_naming_its_own_experiment_is_replayed_whole(machine, quickstar
     service, name = machine
     (quickstart / "named.py").write_text(NAMED_EXPERIMENT)
     spec = {"machine": name, "command": "python named.py", "send": ["named.py"]}
-    job = service.wait(service.submit(JobSpec.from_json(spec)).job.id, timeout=180)
+    job = service.wait(service.submit(_sized(service, spec)).job.id, timeout=180)
     assert job.state == "succeeded", job.reason
 
     runs = job_runs(tracking_uri, job.id)
