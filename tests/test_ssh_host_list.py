@@ -32,6 +32,7 @@ from waiting import wait_for
 from jupyter_remote_compute.errors import InvalidSettings
 from jupyter_remote_compute.jobs.service import JobService
 from jupyter_remote_compute.jobs.spec import JobSpec
+from jupyter_remote_compute.jobs.transitions import TERMINAL_STATES
 
 sshd_bed = sshd_fixture.sshd_bed
 ssh_agent_env = sshd_fixture.ssh_agent_env
@@ -233,10 +234,18 @@ def test_rank_zero_on_a_later_host_gives_the_live_metrics_and_the_checkpoints(
 
     def losses() -> list[tuple[int, float]]:
         service.advance(job.id)
+        now = service.get(job.id)
+        assert now.state not in TERMINAL_STATES, (now.state, now.reason, service.read_log(job.id).data.decode())
         page, _ = service.read_metrics(job.id)  # asking marks the job watched
         return [(p.step, p.value) for p in page.points if p.key == "loss"]
 
-    wait_for(lambda: len(losses()) == 3, 180, "rank 0's three loss points while the job runs")
+    def found() -> str:
+        now = service.get(job.id)
+        return f"rank 0's three loss points while the job runs; found {losses()} as the job was {now.state}:\n" + (
+            service.read_log(job.id).data.decode()
+        )
+
+    wait_for(lambda: len(losses()) == 3, 180, found)
     # The script prints after it logged them, and the second host's lines join the job's log at a later poll.
     logged = f"[{min(hosts.names)} rank 0] logged"  # the second host
     wait_for(lambda: service.advance(job.id) and logged in service.read_log(job.id).data.decode(), 60, logged)

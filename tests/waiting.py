@@ -10,14 +10,20 @@ T = TypeVar("T")
 
 
 def wait_for(
-    condition: Callable[[], T], timeout: float = 30.0, message: str = "condition", interval: float = 0.05
+    condition: Callable[[], T],
+    timeout: float = 30.0,
+    message: str | Callable[[], str] = "condition",
+    interval: float = 0.05,
 ) -> T:
-    """Poll ``condition`` until it returns something truthy and return that; fail at the deadline."""
+    """Poll ``condition`` until it returns something truthy and return that; fail at the deadline.
+
+    ``message`` says what was awaited; a callable one is asked at the deadline, to say what was found."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {message}")
+            said = message() if callable(message) else message
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {said}")
         time.sleep(interval)
