@@ -56,6 +56,24 @@ class Registry:
         """The pushed image out of the local store, so the next job has to pull it."""
         _podman("rmi", "-f", self.ref, user=user, check=False)
 
+    @contextlib.contextmanager
+    def known_to(self, user: str) -> Iterator[None]:
+        """``user``'s rootless podman told that this loopback registry speaks plain HTTP (the test bed's
+        word, in the user's own registries.conf), the image out of their store before and after. The
+        caller holds ``rootless_user``, so no other test uses that store meanwhile."""
+        conf = Path(pwd.getpwnam(user).pw_dir) / ".config/containers/registries.conf"
+        made = not conf.exists()
+        if made:
+            conf.write_text(f'[[registry]]\nlocation = "{self.host}"\ninsecure = true\n')
+            shutil.chown(conf, user, user)
+        self.forget_locally(user=user)
+        try:
+            yield
+        finally:
+            self.forget_locally(user=user)
+            if made:
+                conf.unlink(missing_ok=True)
+
 
 def _registry_answers(host: str) -> bool:
     try:
@@ -397,17 +415,11 @@ def test_a_machines_registry_secret_pulls_for_a_rootless_ssh_job(
 ):
     """The machine's option is the default of its jobs; rootless podman gets the auth file the same way."""
     home = Path(pwd.getpwnam(rootless_user).pw_dir)
-    conf = home / ".config/containers/registries.conf"
-    made = not conf.exists()
-    if made:  # the test bed's word that the loopback registry speaks plain HTTP, for this user's podman
-        conf.write_text(f'[[registry]]\nlocation = "{registry.host}"\ninsecure = true\n')
-        shutil.chown(conf, rootless_user, rootless_user)
-    registry.forget_locally(user=rootless_user)
     uid = pwd.getpwnam(rootless_user).pw_uid
     auth_files = [home / ".config/containers/auth.json", Path(f"/run/user/{uid}/containers/auth.json"),
                   home / ".docker/config.json"]  # fmt: skip
     before = _snapshot(auth_files)
-    try:
+    with registry.known_to(rootless_user):
         service = make_service(workspace)
         service.secrets.set("registry/team", registry.credentials)
         options = {"container_runtime": "podman", "container_network": "none", "registry_secret": "registry/team"}
@@ -421,10 +433,6 @@ def test_a_machines_registry_secret_pulls_for_a_rootless_ssh_job(
         assert registry.password.encode() not in (_far_dir(job) / "log").read_bytes()
         assert not list(_far_dir(job).glob(".registry-auth*"))
         assert _snapshot(auth_files) == before, "the user's own podman credentials are untouched"
-    finally:
-        registry.forget_locally(user=rootless_user)
-        if made:
-            conf.unlink(missing_ok=True)
 
 
 def test_a_docker_job_pulls_with_the_registry_secret(registry, docker_image, workspace, make_service):

@@ -10,18 +10,22 @@ digest and the MLflow run's image tags land as for his own machine. The machine'
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import sshd_fixture
+import test_container_registry
 import test_containers
 import test_organization
 from hub_fixture import ADMIN_USER, Hub
 from sshd_fixture import TestBed
+from test_container_registry import Registry, _files_holding
 from test_containers import MARKER, BuiltImage
-from test_organization import _far_users, _mlflow_run, _service, run_through_server
+from test_organization import _as_user, _far_users, _mlflow_run, _service, run_through_server
 
 from jupyter_remote_compute.environments import image as images
 
@@ -30,6 +34,7 @@ org = test_organization.org  # the hub the group shares (hub_fixture.shared_orga
 team_ssh = test_organization.team_ssh
 test_image = test_containers.test_image
 rootless_user = test_containers.rootless_user
+registry = test_container_registry.registry
 
 
 def test_a_members_job_runs_in_its_image_on_the_organizations_machine(
@@ -85,3 +90,53 @@ def test_the_organization_machines_image_options_are_its_jobs_defaults(
     finally:
         cleared = {k: None for k in options}
         assert _service(hub, "PATCH", f"api/machines/{team_ssh}", admin, json={"options": cleared}).status_code == 200
+
+
+def test_the_organizations_registry_secret_pulls_a_members_image_and_no_member_holds_it(
+    org: tuple[Hub, Path], team_ssh: str, sshd_bed: TestBed, registry: Registry, rootless_user: str
+) -> None:
+    """rcadmin names a secret of the service's own as team-ssh's ``registry_secret`` and stores the private
+    registry's user:password there from his terminal (``secrets set --org``): rcbob's job in an image of
+    that registry pulls with it, and the value reaches neither his server, his job's record and log, nor
+    any answer of the service. Until it is stored, his job fails saying which secret an admin must store;
+    while the machine names it, it cannot be removed; a member may not list, set or remove it."""
+    hub, _ = org
+    admin = hub.user_token(ADMIN_USER)
+    name = f"registry/org-{uuid.uuid4().hex[:6]}"
+    named = {"options": {"registry_secret": name, "container_runtime": "podman"}}
+    assert _service(hub, "PATCH", f"api/machines/{team_ssh}", admin, json=named).status_code == 200
+    server = hub.start_server("rcbob")
+    home = Path(pwd.getpwnam("rcbob").pw_dir)
+    spec = {"machine": team_ssh, "command": f"cat {MARKER}", "environment": {"image": registry.ref}}
+    try:
+        with registry.known_to(rootless_user):
+            job, _ = run_through_server(server, spec, timeout=240)
+            assert job["state"] == "failed", job
+            assert f"the secret {name!r}" in job["reason"] and "ask an admin to store it" in job["reason"], job
+
+            refused = _as_user(server, "secrets", "set", name, "--org", input=registry.credentials)
+            assert refused.returncode != 0 and "custom:remote-compute:admin" in refused.stderr, refused
+            terminal = hub.start_server(ADMIN_USER)
+            stored = _as_user(terminal, "secrets", "set", name, "--org", input=registry.credentials)
+            assert stored.returncode == 0, stored.stderr
+            listed = _as_user(terminal, "secrets", "list", "--org", "--json")
+            assert listed.returncode == 0 and name in [e["name"] for e in json.loads(listed.stdout)["secrets"]]
+
+            job, log = run_through_server(server, spec, timeout=300)
+            assert job["state"] == "succeeded", (job, log)
+            assert f"container: pulling {registry.ref} from {registry.host}" in log, log
+        secret = registry.password.encode()
+        far = _far_users(sshd_bed) / "rcbob" / "jobs" / job["id"]
+        assert secret not in (far / "log").read_bytes(), "not even the far side's raw log"
+        assert _files_holding(secret, home / ".punica") == [], "nothing of rcbob's holds it"
+        assert name not in json.dumps(job), job
+        for token in (hub.user_token("rcbob"), admin):
+            for path in ("api/secrets", f"api/machines/{team_ssh}", f"api/jobs/{job['id']}"):
+                assert registry.password not in _service(hub, "GET", path, token).text, path
+        assert _service(hub, "GET", "api/secrets", hub.user_token("rcbob")).status_code == 403
+        in_use = _service(hub, "DELETE", f"api/secrets/{quote(name, safe='')}", admin)
+        assert in_use.status_code == 409 and in_use.json()["code"] == "secret_in_use", in_use.text
+    finally:
+        cleared = {"options": {"registry_secret": None, "container_runtime": None}}
+        assert _service(hub, "PATCH", f"api/machines/{team_ssh}", admin, json=cleared).status_code == 200
+        _service(hub, "DELETE", f"api/secrets/{quote(name, safe='')}", admin)

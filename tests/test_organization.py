@@ -165,9 +165,11 @@ def test_a_browser_reaches_the_service_through_the_hubs_login(org: tuple[Hub, Pa
     assert me.json() == {"name": ADMIN_USER, "groups": [], "use": True, "admin": True}
 
 
-def _as_user(server: Server, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _as_user(
+    server: Server, *argv: str, timeout: float = 120, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """``jupyter remote-compute ARGV`` as the server's user, in their home, with their server's environment
-    (its hub token among it), as a terminal of that server runs it."""
+    (its hub token among it), as a terminal of that server runs it; ``input`` on its standard input."""
     entry = pwd.getpwnam(server.user)
     return subprocess.run(
         ["jupyter-remote-compute", *argv],
@@ -178,6 +180,7 @@ def _as_user(server: Server, *argv: str, timeout: float = 120) -> subprocess.Com
         capture_output=True,
         text=True,
         timeout=timeout,
+        input=input,
     )
 
 
@@ -468,6 +471,13 @@ MATRIX: dict[tuple[str, str], list[Ask]] = {
     ("api/tracking", "get"): [Ask("GET", "api/tracking", _by(200, 403, 200))],
     ("api/tracking", "put"): [Ask("PUT", "api/tracking", _by(403, 403, 400), body={"uri": "file:///srv/mlruns"})],
     ("api/tracking", "delete"): [Ask("DELETE", "api/tracking", _by(403, 403, 204))],
+    # The service's own secrets (a machine's registry_secret): the admins' to set, nobody's to read back.
+    ("api/secrets", "get"): [Ask("GET", "api/secrets", _by(403, 403, 200))],
+    (r"api/secrets/([^/]+)", "put"): [
+        Ask("PUT", "api/secrets/matrix", _by(403, 403, 200), body={"value": "u:p"}),
+        Ask("DELETE", "api/secrets/matrix", _by(403, 403, 204)),
+    ],
+    (r"api/secrets/([^/]+)", "delete"): [Ask("DELETE", "api/secrets/no-such-secret", _by(403, 403, 404))],
     # A machine whose access list names rcbob alone (test_org_access.py has the rest): the admin's to read.
     (r"api/machines/([^/]+)", "get"): [
         Ask("GET", "api/machines/team-ssh", _by(200, 403, 200)),

@@ -57,13 +57,16 @@ from ..engines.base import (
 from ..engines.organization.wire import status_json
 from ..engines.resources import Resources
 from ..engines.shell import ShellEngine
+from ..environments.image_registry import split_credentials
 from ..errors import Conflict, InvalidSettings, NotFound
 from ..fsutil import atomic_write
 from ..jobs.job import parse_time, utcnow
 from ..machines.admin import MachineAdmin, snapshot_of
 from ..machines.facts import known_facts
 from ..schema.job import QuotaNotices
+from ..schema.spec import PULL_TIMEOUT_VAR, REGISTRY_AUTH_VAR
 from ..schema.usage import Attempt
+from ..secrets import mask
 from ..usage.ledger import USAGE_FILE, UsageRecord, summarize
 from .outputs import write_manifest_stream
 from .quotas import HOURS, NOTICE_AT, Quotas, describe, month_start, refusal
@@ -476,6 +479,7 @@ class OrgJobs:
             raise InvalidSettings(
                 "command: expected the launch's command, env and secret_env", field="command"
             ) from None
+        spec = self._with_registry_credentials(job, spec)
         gpus = self._gpus(job, spec.resources)
         if job.started is None:
             self.admit(user, job.groups, gpus)  # again: another job may have started meanwhile
@@ -488,6 +492,33 @@ class OrgJobs:
                 job.nodes = (spec.resources.nodes if spec.resources else None) or 1
             self._save(job)
         return job
+
+    def _registry_credentials(self, job: OrgJob) -> str | None:
+        """``user:password`` of the machine's ``registry_secret``, from the service's Secret Manager (None
+        where the machine names none). A member's server never sees the machine's option nor its value."""
+        name = (job.snapshot.get("options") or {}).get("registry_secret")
+        if not name:
+            return None
+        value = self.admin.secrets.get(str(name))
+        if value is None or split_credentials(value) is None:
+            raise InvalidSettings(
+                f"registry_secret: the organization's machine {job.machine} pulls images with the secret {name!r}, "
+                "which the organization service does not hold as user:password; ask an admin to store it "
+                f"(`jupyter remote-compute secrets set {name} --org`)",
+                field="registry_secret",
+            )
+        return value.strip("\n")
+
+    def _with_registry_credentials(self, job: OrgJob, launch: LaunchSpec) -> LaunchSpec:
+        """A job in an image (its server set the pull's variables) gets the machine's registry credentials on
+        the machine's standard input, as a user's own machine gives its own; a member's own registry secret
+        (their job's ``registry_secret``, sent with the launch) comes first, as it does there."""
+        if PULL_TIMEOUT_VAR not in launch.env or REGISTRY_AUTH_VAR in launch.secret_env:
+            return launch
+        value = self._registry_credentials(job)
+        if value is None:
+            return launch
+        return dataclasses.replace(launch, secret_env={**launch.secret_env, REGISTRY_AUTH_VAR: value})
 
     def _gpus(self, job: OrgJob, resources: Resources | None) -> int:
         """GPUs the job holds: what it asks for (per node x nodes), else all its machine's last check saw."""
@@ -540,7 +571,14 @@ class OrgJobs:
 
     def read_log(self, user: str, job_id: str, offset: int, limit: int) -> bytes:
         job = self.get(user, job_id)
-        return self.engine(job).read_log(job.remote(), offset, limit)
+        data = self.engine(job).read_log(job.remote(), offset, limit)
+        try:
+            credentials = self._registry_credentials(job)
+        except InvalidSettings:
+            credentials = None  # removed since: nothing of it to hide
+        if credentials is None:
+            return data
+        return mask(data, [credentials, credentials.split(":", 1)[1]])  # never in a log, should a tool print it
 
     def cancel(self, user: str, job_id: str, grace: float) -> None:
         self._cancel(self.get(user, job_id), grace, "cancelled")

@@ -17,6 +17,11 @@ may use every machine: the admins keep the lists.
 An admin may name the organization's MLflow tracking server (``tracking.json``: its URI and who set it):
 the runs of the jobs on the organization's machines are recorded there instead of each user's own store.
 Only an http(s) URI without credentials in it is taken: the credentials are each user's environment's.
+
+The service's own Secret Manager holds what its machines name but no member may hold: a machine's
+``registry_secret`` (the ``user:password`` its jobs' images are pulled with). Admins set and remove
+those secrets by name; nobody reads one back, and the service adds it to a job's launch itself
+(``jobs.py``).
 """
 
 from __future__ import annotations
@@ -124,6 +129,22 @@ class Organization:
     def clear_tracking(self) -> None:
         with self._lock:
             self._tracking_file.unlink(missing_ok=True)
+
+    # -- the service's own secrets: what its machines name (a registry_secret), set by an admin --------
+    def secrets(self) -> dict[str, Any]:
+        """The service's Secret Manager: where new secrets go and every secret's name and place, never a value."""
+        store = self.jobs.secrets
+        return {"store": store.status(), "secrets": [entry.to_json() for entry in store.entries()]}
+
+    def set_secret(self, name: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, str) or not value:
+            raise InvalidSettings("value: the secret's value must be non-empty text", field="value")
+        self.jobs.secrets.set(name, value)
+        return {"name": name, "where": self.jobs.secrets.where()}
+
+    def remove_secret(self, name: str) -> None:
+        """Refused (``secret_in_use``) while one of the organization's machines names it."""
+        self.jobs.delete_secret(name)
 
     def machine(self, name: str, member: Member | None = None) -> dict[str, Any]:
         """One machine, described; for ``member`` only if they may use it."""

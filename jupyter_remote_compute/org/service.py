@@ -21,6 +21,9 @@ Routes, under the prefix:
 - ``GET api/tracking`` (use): the organization's MLflow tracking server (``uri``, or null) and the admin
   who set it, where the runs of jobs on its machines are recorded; ``PUT`` (admin, ``{uri}``: http(s),
   no user or password in it) sets it; ``DELETE`` (admin) clears it (each user's own store again).
+- ``GET api/secrets`` (admin): the service's own Secret Manager, names and places only;
+  ``PUT api/secrets/<name>`` (admin, ``{value}``) stores one, ``DELETE`` removes one no machine names.
+  Its machines name them (``registry_secret``); no route gives a value back.
 
 Jobs on those machines (use; ``jobs.py``, their routes ``job_routes.py``), each the call of an engine
 method a user's server makes (``engines/organization/engine.py``), on the caller's own jobs only
@@ -176,6 +179,29 @@ class TrackingHandler(OrgHandler):
         self.finish()
 
 
+class SecretsHandler(OrgHandler):
+    """The service's own secrets (admin): names and places only, as a user's Secret Manager lists them."""
+
+    @route
+    async def get(self) -> None:
+        self.require(scopes.ADMIN, "manage the organization's secrets")
+        self.reply(await self.call(self.organization.secrets))
+
+
+class SecretHandler(OrgHandler):
+    @route
+    async def put(self, name: str) -> None:
+        self.require(scopes.ADMIN, "manage the organization's secrets")
+        self.reply(await self.call(self.organization.set_secret, name, self.body().get("value")))
+
+    @route
+    async def delete(self, name: str) -> None:
+        self.require(scopes.ADMIN, "manage the organization's secrets")
+        await self.call(self.organization.remove_secret, name)
+        self.set_status(204)
+        self.finish()
+
+
 class CheckHandler(OrgHandler):
     @route
     async def post(self, name: str) -> None:
@@ -257,6 +283,8 @@ API_ROUTES: list[tuple[str, type[OrgHandler]]] = [
     ("api/machines", MachinesHandler),
     ("api/default-machine", DefaultMachineHandler),
     ("api/tracking", TrackingHandler),
+    ("api/secrets", SecretsHandler),
+    (r"api/secrets/([^/]+)", SecretHandler),
     (r"api/machines/([^/]+)", MachineHandler),
     (r"api/machines/([^/]+)/check", CheckHandler),
     (r"api/machines/([^/]+)/admit", AdmitHandler),

@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from ...errors import Conflict, Forbidden, InvalidSettings, MachineError, NotFound
 from ...people import local_person
@@ -38,6 +39,8 @@ ORG_PREFIX = "org:"
 ORG_KIND = "organization"
 #: The service's errors, by their ``code``, raised here as the same errors (the field named stays named).
 ERRORS = {cls.code: cls for cls in (InvalidSettings, Conflict, NotFound, Forbidden)}
+#: A code of its own (``secret_in_use``, ``quota_exceeded``) is raised as the error of its status.
+BY_STATUS = {400: InvalidSettings, 404: NotFound, 409: Conflict}
 #: The options of an organization's machine its jobs take on the user's side, where their container
 #: command is built: the default image and how containers run there. Not its ``registry_secret``: that
 #: names an entry of the service's Secret Manager, which no user reads.
@@ -135,6 +138,16 @@ class OrganizationClient:
         except requests.RequestException as e:
             raise OrganizationUnavailable(f"the organization service at {self.url} did not answer: {e}") from None
 
+    def secrets(self) -> dict[str, Any]:
+        """The service's own Secret Manager (admin): ``{store, secrets}``, names and places only."""
+        return self._ask("GET", "api/secrets")
+
+    def set_secret(self, name: str, value: str) -> dict[str, Any]:
+        return self._ask("PUT", f"api/secrets/{quote(name, safe='')}", {"value": value})
+
+    def remove_secret(self, name: str) -> None:
+        self._ask("DELETE", f"api/secrets/{quote(name, safe='')}")
+
     def add_machine(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._ask("POST", "api/machines", body)
 
@@ -190,7 +203,7 @@ class OrganizationClient:
         if answer.ok and data is not None:
             return data
         if isinstance(data, dict) and data.get("message") and 400 <= answer.status_code < 500:
-            error = ERRORS.get(str(data.get("code")), InvalidSettings if answer.status_code == 400 else Forbidden)
+            error = ERRORS.get(str(data.get("code"))) or BY_STATUS.get(answer.status_code, Forbidden)
             raise error(str(data["message"]), field=data.get("field"))
         message = data.get("message") if isinstance(data, dict) else None
         raise OrganizationUnavailable(
