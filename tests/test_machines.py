@@ -371,6 +371,25 @@ def test_an_ssh_host_list_names_its_hosts_the_first_the_address(
     assert caught.value.field == "options.hosts" and "unknown option" in caught.value.message
 
 
+def test_a_hand_written_host_list_that_the_form_would_refuse_is_refused_at_first_use_naming_machine_and_file(
+    workspace: Path, path: Path
+) -> None:
+    """The form checks ``hosts`` at save; a compute.yaml written by hand is read as it is, so a submit is
+    what finds the list that starts elsewhere than the machine's address: a clear error, nothing queued."""
+    write(path, "machines:\n  pair:\n    kind: ssh\n    address: gpu1\n    hosts: [gpu2, gpu1]\n")
+    cli = [sys.executable, "-m", "jupyter_remote_compute.cli", "--workspace", str(workspace)]
+    ran = subprocess.run(
+        [*cli, "run", "--machine", "pair", "--nodes", "2", "--", "hostname"], capture_output=True, text=True
+    )
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr.startswith(
+        f"error: machine 'pair' in {path}: options.hosts[0]: the first host is the rendezvous"
+    ), ran.stderr
+    assert "list gpu1 first; correct it there" in ran.stderr
+    listed = subprocess.run([*cli, "jobs", "list", "--json"], capture_output=True, text=True)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout + listed.stderr
+
+
 def test_required_option(registry: MachineRegistry) -> None:
     with pytest.raises(InvalidSettings) as caught:
         registry.add("a", "strict", "a.lab")

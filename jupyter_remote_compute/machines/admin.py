@@ -111,7 +111,16 @@ class MachineAdmin:
                 punica_dir=self.registry.path.parent,
             )
             cls = engine_class(snapshot["kind"])
-            engine = cls(machine_name, snapshot["address"], dict(snapshot.get("options") or {}), context)
+            options = dict(snapshot.get("options") or {})
+            try:
+                # What the form refuses at save, a hand-written compute.yaml can still hold (an ssh host
+                # list's hosts): said at first use, naming the machine and the file.
+                cls.check_settings(snapshot["address"], options)
+            except InvalidSettings as e:
+                raise InvalidSettings(
+                    f"machine {machine_name!r} in {self.registry.path}: {e.message}; correct it there", field=e.field
+                ) from None
+            engine = cls(machine_name, snapshot["address"], options, context)
             self._engines[cache_key] = engine
             return engine
 
