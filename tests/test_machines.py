@@ -388,6 +388,10 @@ def test_a_hand_written_host_list_that_the_form_would_refuse_is_refused_at_first
     assert "list gpu1 first; correct it there" in ran.stderr
     listed = subprocess.run([*cli, "jobs", "list", "--json"], capture_output=True, text=True)
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout + listed.stderr
+    # Listed as written: no date of creation (none was written), not "built-in" as local is.
+    rows = subprocess.run([*cli, "machines", "list"], capture_output=True, text=True).stdout.splitlines()
+    column = rows[0].index("CREATED")
+    assert [row[column:].split()[0] for row in rows[1:]] == ["built-in", "-"], rows
 
 
 def test_required_option(registry: MachineRegistry) -> None:

@@ -242,7 +242,7 @@ def cmd_machines(args: argparse.Namespace) -> int:
                         m["kind"],
                         m["address"],
                         "yes" if m["enabled"] else "no",
-                        m["created"] or "built-in",
+                        m["created"] or ("built-in" if m.get("builtin") else "-"),  # hand-written: no date
                         m["owner"],
                     ]
                     for m in machines
