@@ -43,7 +43,7 @@ class AgentProcess:
 
     def start(self) -> AgentProcess:
         args = [
-            AGENT_PYTHON, str(self.bed.pyz()),
+            AGENT_PYTHON, str(self.bed.pyz(self.token)),
             "--server", self.bed.url, "--machine", self.machine, "--token-stdin", "--state-dir", str(self.state),
             *self.extra,
         ]  # fmt: skip
@@ -104,10 +104,10 @@ class AgentBed:
         self.tokens[name] = answer["agent_token"]
         return answer["agent_token"]
 
-    def pyz(self) -> Path:
-        """agent.pyz as the far machine gets it: downloaded from the server with an agent token."""
+    def pyz(self, token: str) -> Path:
+        """agent.pyz as the far machine gets it: downloaded from the server with its agent's token (not
+        the bed's first machine's, which a test of the module may have rotated or revoked since)."""
         if self._pyz is None:
-            token = next(iter(self.tokens.values()))
             req = urllib.request.Request(
                 f"{self.url}/remote-compute/agent/agent.pyz", headers={"Authorization": f"Bearer {token}"}
             )
