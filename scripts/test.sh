@@ -30,6 +30,19 @@ python -m pip uninstall -q -y rfc3987-syntax 2>/dev/null || true
 # package from source: 0.09 s of CPU each (a CLI's start 0.34 s, 0.24 s with it compiled). Compiled
 # once here, every later process reads it.
 python -m compileall -q jupyter_remote_compute tests
+# The UI tests run beside the rest, their report printed after pytest's: each leaves about a fifth of the
+# two cores idle while it waits on jobs, servers and the browser (tests/README.md), and together they fill
+# it. They start before the builds and lint below, which keep one core busy and leave the other to them.
+# Either failing fails the run.
+ui_status=0
+ui_pid=
+ui_log=$(mktemp -t remote-compute-ui-log-XXXXXX)
+# In a session of its own, so a lint failure below stops its JupyterLab and browser too, not only its shell.
+trap 'rm -f "$ui_log"; [ -z "$ui_pid" ] || kill -- "-$ui_pid" 2>/dev/null || true' EXIT
+if [ -z "${SKIP_UI_TESTS:-}" ]; then
+  setsid bash ui-tests/run.sh > "$ui_log" 2>&1 &
+  ui_pid=$!
+fi
 # Elyra's venv (tests/elyra_venv.py) is built once per machine, outside the clone: the whole suite
 # builds or finds it here first, so no test waits on it; its tests say why when it could not be built.
 if [ "$#" = 0 ]; then
@@ -42,17 +55,6 @@ ruff format --check jupyter_remote_compute tests benchmarks examples
 # openapi.yaml's schemas as the models in schema/ say (then lint:check: src/openapi.d.ts as openapi.yaml says)
 python -m jupyter_remote_compute.schema.openapi --check
 jlpm lint:check
-# The UI tests run beside the Python suite, their report printed after its: each leaves about a fifth
-# of the two cores idle while it waits on jobs, servers and the browser (tests/README.md), and together
-# they fill it. Either failing fails the run.
-ui_status=0
-ui_pid=
-ui_log=$(mktemp -t remote-compute-ui-log-XXXXXX)
-trap 'rm -f "$ui_log"; [ -z "$ui_pid" ] || kill "$ui_pid" 2>/dev/null || true' EXIT
-if [ -z "${SKIP_UI_TESTS:-}" ]; then
-  bash ui-tests/run.sh > "$ui_log" 2>&1 &
-  ui_pid=$!
-fi
 pytest_status=0
 # The report lists the 30 slowest tests and set-ups: where the suite's time goes (tests/README.md).
 python -m pytest -n "${TEST_WORKERS:-2}" --durations=30 "$@" || pytest_status=$?
