@@ -77,10 +77,15 @@ def run(playwright_args: list[str]) -> int:
             set_up_organization(hub, ssh)
             environment = {**os.environ, "HUB_URL": hub.url, "HUB_PASSWORD": hub.password, "HUB_MACHINE": MACHINE}
             command = ["jlpm", "playwright", "test", "--config", "playwright.hub.config.js", *playwright_args]
-            return subprocess.run(command, cwd=UI_TESTS, env=environment).returncode
+            status = subprocess.run(command, cwd=UI_TESTS, env=environment).returncode
+            if status != 0:
+                # A login whose server did not come up says so only here: the spawner's and the servers' lines.
+                print(f"hub_ui.py: the hub's log ends:\n{hub.log.read_text(errors='replace')[-6000:]}", file=sys.stderr)
+            return status
         finally:
             if hub is not None:
-                hub.started.update(hub_fixture.MEMBERS)  # the servers the browser's logins spawned
+                # the servers the browser's logins spawned
+                hub.started.update((*hub_fixture.MEMBERS, hub_fixture.ADMIN_USER))
                 hub.stop()
             ssh.stop()
             shutil.rmtree(state, ignore_errors=True)
