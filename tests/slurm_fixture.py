@@ -49,10 +49,11 @@ PARTITION = "debug"
 DEF_MEM_PER_CPU = 256
 #: How long squeue remembers a finished job (Slurm's default is 300 s; tests read terminal states).
 MIN_JOB_AGE = 300
-#: Seconds between TERM and KILL when Slurm ends a job (default 30). Short keeps cancel and timeout tests short,
-#: but what a job runs to stop cleanly must fit in it: container.sh's `podman stop` and `podman run --rm`'s
-#: removal took over 5 s on a loaded two-core machine (a cancelled job's container was left behind).
-KILL_WAIT = 15
+#: Seconds between TERM and KILL when Slurm ends a job: Slurm's default. What a job runs to stop cleanly must fit
+#: in it, and container.sh gives a container 10 s of it, the rest to rootless podman's stop and removal, which
+#: took over 5 s, then over 8 s, on a loaded two-core machine with 15 here (a cancelled job's container was left
+#: behind). Only a job that ignores TERM waits it out.
+KILL_WAIT = 30
 
 
 def slurm_installed() -> bool:
