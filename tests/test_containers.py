@@ -787,7 +787,10 @@ def test_scancel_stops_and_removes_the_slurm_jobs_container(hpc, rootless_user, 
     hpc.cancel(job.id)
     done = hpc.wait(job.id, timeout=120)
     assert done.state == "cancelled", (done.state, done.reason)
-    assert not _containers(job.id, user=rootless_user), "scancel leaves no container behind"
+    left = _podman(
+        "ps", "-a", "--filter", f"label=jrc.job={job.id}", "--format", "{{.Names}} {{.Status}}", user=rootless_user
+    ).stdout
+    assert not left.strip(), f"scancel left {left.strip()}; the job's log ends: {hpc.read_log(job.id).data[-2000:]!r}"
     assert not (_far_dir(done) / "container").exists()
 
 

@@ -219,6 +219,17 @@ fi
 ran="$jobdir/.container-ran"
 tidy() { rm -f -- "$envfile" "$ran" "$jobdir/.container-err" "$jobdir/container"; }
 gone() { "$rt" rm -f -- "$name" >/dev/null 2>&1; tidy; }
+# removed: podman's run --rm and the clean-up process conmon starts as the container exits both remove
+# it, and a run in the background often loses that race and returns while the other still removes it
+# (podman#4567): the script ends once the name is gone (forced after 10 s), as its caller expects.
+removed() {
+  i=0
+  while "$rt" container inspect -- "$name" >/dev/null 2>&1; do
+    i=$((i + 1))
+    if [ "$i" -ge 50 ]; then "$rt" rm -f -- "$name" >/dev/null 2>&1; return; fi
+    sleep 0.2
+  done
+}
 stopped= stopping=1 run_pid=
 stop() { stopped=1; [ -z "$run_pid" ] || "$rt" stop -t "$grace" -- "$name" >/dev/null 2>&1; }
 trap stop TERM INT HUP
@@ -294,5 +305,6 @@ fi
 # (rootless podman warns on every call), which would push the command's own words out of the reason.
 if [ ! -e "$ran" ]; then gone; exit 143; fi
 [ "$code" = 0 ] || grep -i '^\(docker: \)\{0,1\}error' -- "$jobdir/.container-err" >&2
-tidy  # --rm removed the container
+removed
+tidy
 exit "$code"
