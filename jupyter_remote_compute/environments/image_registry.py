@@ -84,26 +84,35 @@ def admit(spec: Any, secrets: SecretStore) -> None:
         )
 
 
+def stored(secrets: SecretStore, name: str) -> str | None:
+    """``user:password`` held under ``name`` (None where there is none, or it is not ``user:password``)."""
+    value = secrets.get(name)
+    if value is None or split_credentials(value) is None:
+        return None
+    return value.strip("\n")
+
+
+def hidden(value: str | None) -> list[str]:
+    """What to hide of credentials wherever a job's log is shown: the value and its password."""
+    return [] if value is None else [value, value.split(":", 1)[1]]
+
+
 def credentials(secrets: SecretStore, job: Any) -> str | None:
     """The job's registry credentials, read from the Secret Manager now (None without a registry secret)."""
     name = job.spec.registry_secret
     if name is None or job.spec.image is None:
         return None
-    value = secrets.get(name)
+    value = stored(secrets, name)
     if value is None:
-        raise InvalidSettings(f"registry_secret: the secret {name!r} is no longer in the Secret Manager")
-    if split_credentials(value) is None:
-        raise InvalidSettings(f"registry_secret: the secret {name!r} no longer holds user:password")
-    return value.strip("\n")
+        gone = secrets.get(name) is None
+        held = "is no longer in the Secret Manager" if gone else "no longer holds user:password"
+        raise InvalidSettings(f"registry_secret: the secret {name!r} {held}")
+    return value
 
 
 def mask_values(secrets: SecretStore, job: Any) -> list[str]:
-    """What to hide of the credentials wherever the job's log is shown: the value and its password."""
-    value = credentials(secrets, job)
-    if value is None:
-        return []
-    _, password = value.split(":", 1)
-    return [value, password]
+    """What to hide of the job's registry credentials wherever its log is shown."""
+    return hidden(credentials(secrets, job))
 
 
 def pull_env(job: Any, options: Mapping[str, Any], secrets: SecretStore) -> tuple[dict[str, str], dict[str, str]]:

@@ -57,7 +57,7 @@ from ..engines.base import (
 from ..engines.organization.wire import status_json
 from ..engines.resources import Resources
 from ..engines.shell import ShellEngine
-from ..environments.image_registry import split_credentials
+from ..environments import image_registry
 from ..errors import Conflict, InvalidSettings, NotFound
 from ..fsutil import atomic_write
 from ..jobs.job import parse_time, utcnow
@@ -499,15 +499,15 @@ class OrgJobs:
         name = (job.snapshot.get("options") or {}).get("registry_secret")
         if not name:
             return None
-        value = self.admin.secrets.get(str(name))
-        if value is None or split_credentials(value) is None:
+        value = image_registry.stored(self.admin.secrets, str(name))
+        if value is None:
             raise InvalidSettings(
                 f"registry_secret: the organization's machine {job.machine} pulls images with the secret {name!r}, "
                 "which the organization service does not hold as user:password; ask an admin to store it "
                 f"(`jupyter remote-compute secrets set {name} --org`)",
                 field="registry_secret",
             )
-        return value.strip("\n")
+        return value
 
     def _with_registry_credentials(self, job: OrgJob, launch: LaunchSpec) -> LaunchSpec:
         """A job in an image (its server set the pull's variables) gets the machine's registry credentials on
@@ -576,9 +576,8 @@ class OrgJobs:
             credentials = self._registry_credentials(job)
         except InvalidSettings:
             credentials = None  # removed since: nothing of it to hide
-        if credentials is None:
-            return data
-        return mask(data, [credentials, credentials.split(":", 1)[1]])  # never in a log, should a tool print it
+        # never in a log, should a tool print it
+        return mask(data, image_registry.hidden(credentials)) if credentials else data
 
     def cancel(self, user: str, job_id: str, grace: float) -> None:
         self._cancel(self.get(user, job_id), grace, "cancelled")
