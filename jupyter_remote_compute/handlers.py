@@ -14,7 +14,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from http.client import responses
 from typing import Any, TypeVar
@@ -394,13 +394,19 @@ class SecretsHandler(RemoteComputeHandler):
         self.reply({"store": status, "secrets": [e.to_json() for e in entries]})
 
 
+def secret_value(body: Mapping[str, Any]) -> str:
+    """The ``value`` of a body that stores a secret (this server's or the organization service's)."""
+    value = body.get("value")
+    if not isinstance(value, str) or not value:
+        raise InvalidSettings("value: the secret's value must be non-empty text", field="value")
+    return value
+
+
 class SecretHandler(RemoteComputeHandler):
     @api
     async def put(self, secret_name: str) -> None:
         """Store or replace one secret of the user's store; the answer names it and where it went, never the value."""
-        value = self.body().get("value")
-        if not isinstance(value, str) or not value:
-            raise InvalidSettings("value: the secret's value must be non-empty text", field="value")
+        value = secret_value(self.body())
         store = self.service.secrets
         await self.call(store.set, secret_name, value)
         self.reply({"name": secret_name, "where": await self.call(store.where)})

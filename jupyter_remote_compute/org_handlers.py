@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .engines.organization.client import OrganizationClient, organization
 from .errors import InvalidSettings, NotFound
-from .handlers import MACHINE, PREFIX, RemoteComputeHandler, api
+from .handlers import MACHINE, PREFIX, RemoteComputeHandler, api, secret_value
 
 ORG = rf"{PREFIX}/organization"
 #: The service's usage keys a panel groups by (``usage/ledger.py``'s ``ORG_GROUP_KEYS``).
@@ -115,6 +115,27 @@ class OrgTrackingHandler(RemoteComputeHandler):
         self.finish()
 
 
+class OrgSecretsHandler(RemoteComputeHandler):
+    """The service's own secrets (admin): what its machines name, e.g. a ``registry_secret``; names only."""
+
+    @api
+    async def get(self) -> None:
+        self.reply(await self.call(lambda: _client().secrets()))
+
+
+class OrgSecretHandler(RemoteComputeHandler):
+    @api
+    async def put(self, secret_name: str) -> None:
+        value = secret_value(self.body())
+        self.reply(await self.call(lambda: _client().set_secret(secret_name, value)))
+
+    @api
+    async def delete(self, secret_name: str) -> None:
+        await self.call(lambda: _client().remove_secret(secret_name))
+        self.set_status(204)
+        self.finish()
+
+
 class OrgQuotasHandler(RemoteComputeHandler):
     """The quotas binding the user, with what is used and left (an admin: every quota)."""
 
@@ -142,6 +163,8 @@ ORG_HANDLERS: list[tuple[str, type[RemoteComputeHandler]]] = [
     (rf"{ORG}/machines/{MACHINE}/check", OrgMachineCheckHandler),
     (rf"{ORG}/default-machine", OrgDefaultMachineHandler),
     (rf"{ORG}/tracking", OrgTrackingHandler),
+    (rf"{ORG}/secrets", OrgSecretsHandler),
+    (rf"{ORG}/secrets/(?P<secret_name>.+)", OrgSecretHandler),
     (rf"{ORG}/jobs", OrgJobsHandler),
     (rf"{ORG}/usage", OrgUsageHandler),
     (rf"{ORG}/quotas", OrgQuotasHandler),

@@ -543,25 +543,41 @@ export type ISecretEntry = ISecrets['secrets'][number];
 export type ISecrets = AnswerOf<paths['/remote-compute/secrets']['get']>;
 
 /**
+ * Whose Secret Manager: the user's own (their server's), or the organization service's (an admin's,
+ * asked through the user's server; what the organization's machines name).
+ */
+export type SecretsOwner = 'user' | 'organization';
+
+const SECRETS_ROUTE: Record<SecretsOwner, string> = {
+  user: 'secrets',
+  organization: 'organization/secrets'
+};
+
+/**
  * Where secrets live: the store new ones go to, and every secret's place.
  */
 export function getSecrets(
+  owner: SecretsOwner = 'user',
   settings?: ServerConnection.ISettings
 ): Promise<ISecrets> {
-  return requestAPI<ISecrets>('secrets', { method: 'GET' }, settings);
+  return requestAPI<ISecrets>(
+    SECRETS_ROUTE[owner],
+    { method: 'GET' },
+    settings
+  );
 }
 
 /**
- * Store or replace one secret of the user's store. The value goes to the server once and is never
- * sent back.
+ * Store or replace one secret. The value goes to the server once and is never sent back.
  */
 export function setSecret(
   name: string,
   value: string,
+  owner: SecretsOwner = 'user',
   settings?: ServerConnection.ISettings
 ): Promise<{ name: string; where: string }> {
   return requestAPI<{ name: string; where: string }>(
-    `secrets/${enc(name)}`,
+    `${SECRETS_ROUTE[owner]}/${enc(name)}`,
     jsonBody('PUT', { value }),
     settings
   );
@@ -573,10 +589,11 @@ export function setSecret(
  */
 export async function deleteSecret(
   name: string,
+  owner: SecretsOwner = 'user',
   settings?: ServerConnection.ISettings
 ): Promise<void> {
   await requestAPI<void>(
-    `secrets/${enc(name)}`,
+    `${SECRETS_ROUTE[owner]}/${enc(name)}`,
     { method: 'DELETE' },
     settings
   );

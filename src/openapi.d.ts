@@ -1453,36 +1453,7 @@ export interface paths {
             };
             requestBody?: never;
             responses: {
-                /** @description The Secret Manager's store and secrets */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            store: {
-                                /** @enum {string} */
-                                kind: "keyring" | "file";
-                                /** @description e.g. the system keyring (Secret Service), a private file (PATH) */
-                                where: string;
-                                /** @description to show beside secrets: a backend the user named that does not encrypt, or the private file */
-                                note: string | null;
-                                usable: boolean;
-                                /** @description why new secrets cannot be stored, and what to do */
-                                problem: string | null;
-                            };
-                            secrets: {
-                                name: string;
-                                /** @enum {string} */
-                                source: "deployment-env" | "deployment-dir" | "keyring" | "file";
-                                where: string;
-                                /** @description provided by the deployment: not changeable here */
-                                read_only: boolean;
-                                problem: string | null;
-                            }[];
-                        };
-                    };
-                };
+                200: components["responses"]["Secrets"];
                 400: components["responses"]["Invalid"];
                 403: components["responses"]["Forbidden"];
                 default: components["responses"]["Error"];
@@ -1527,19 +1498,7 @@ export interface paths {
                 };
             };
             responses: {
-                /** @description Stored; where it went */
-                200: {
-                    headers: {
-                        [name: string]: unknown;
-                    };
-                    content: {
-                        "application/json": {
-                            name: string;
-                            /** @description e.g. the system keyring (Secret Service) */
-                            where: string;
-                        };
-                    };
-                };
+                200: components["responses"]["SecretStored"];
                 400: components["responses"]["Invalid"];
                 403: components["responses"]["Forbidden"];
                 404: components["responses"]["NotFound"];
@@ -1890,6 +1849,108 @@ export interface paths {
                 };
                 400: components["responses"]["Invalid"];
                 403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/organization/secrets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The organization service's own secrets (admin) - where new ones go, every name and place, never a value */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                200: components["responses"]["Secrets"];
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                default: components["responses"]["Error"];
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/remote-compute/organization/secrets/{secret_name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the secret's name; it may hold / (team/registry), sent as is or as %2F */
+                secret_name: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        /** Store or replace one of the organization service's secrets (admin), e.g. what a machine's registry_secret names */
+        put: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description the secret's name; it may hold / (team/registry), sent as is or as %2F */
+                    secret_name: string;
+                };
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/json": {
+                        /** @description the secret itself */
+                        value: string;
+                    };
+                };
+            };
+            responses: {
+                200: components["responses"]["SecretStored"];
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                default: components["responses"]["Error"];
+            };
+        };
+        post?: never;
+        /** Remove one of the organization service's secrets (admin); refused (409 secret_in_use) while a machine names it */
+        delete: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    /** @description the secret's name; it may hold / (team/registry), sent as is or as %2F */
+                    secret_name: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description Removed */
+                204: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content?: never;
+                };
+                400: components["responses"]["Invalid"];
+                403: components["responses"]["Forbidden"];
+                404: components["responses"]["NotFound"];
+                409: components["responses"]["Conflict"];
                 default: components["responses"]["Error"];
             };
         };
@@ -3255,6 +3316,49 @@ export interface components {
             };
             content: {
                 "application/json": components["schemas"]["Error"];
+            };
+        };
+        /** @description The Secret Manager's store and secrets */
+        Secrets: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    store: {
+                        /** @enum {string} */
+                        kind: "keyring" | "file";
+                        /** @description e.g. the system keyring (Secret Service), a private file (PATH) */
+                        where: string;
+                        /** @description to show beside secrets: a backend the user named that does not encrypt, or the private file */
+                        note: string | null;
+                        usable: boolean;
+                        /** @description why new secrets cannot be stored, and what to do */
+                        problem: string | null;
+                    };
+                    secrets: {
+                        name: string;
+                        /** @enum {string} */
+                        source: "deployment-env" | "deployment-dir" | "keyring" | "file";
+                        where: string;
+                        /** @description provided by the deployment: not changeable here */
+                        read_only: boolean;
+                        problem: string | null;
+                    }[];
+                };
+            };
+        };
+        /** @description Stored; where it went */
+        SecretStored: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    name: string;
+                    /** @description e.g. the system keyring (Secret Service) */
+                    where: string;
+                };
             };
         };
         /** @description The organization's tracking server (null where there is none) and the admin who set it */

@@ -900,6 +900,12 @@ def test_an_admins_panel_is_told_so_and_reaches_the_organizations_admin_routes(
     jobs = _through(admin, "GET", "organization/jobs").json()["jobs"]
     (found,) = [j for j in jobs if j["id"] == bobs_job["job"]["id"]]
     assert found["user"] == "rcbob" and found["machine"] == "team-ssh"
+    # The service's own secrets (what a machine's registry_secret names): stored, listed by name, removed.
+    stored = _through(admin, "PUT", "organization/secrets/team%2Fpanel", json={"value": "rc:p4nel-only"})
+    assert stored.status_code == 200 and stored.json()["name"] == "team/panel", stored.text
+    names = _through(admin, "GET", "organization/secrets")
+    assert "team/panel" in {s["name"] for s in names.json()["secrets"]} and "p4nel-only" not in names.text
+    assert _through(admin, "DELETE", "organization/secrets/team%2Fpanel").status_code == 204
     # The machine form's Save and check, for one of the organization's machines: a port nobody listens on.
     machine = {"name": "panel-box", "kind": "ssh", "address": "testbox", "options": {"port": 1}}
     added = _through(admin, "POST", "organization/machines", json=machine)
@@ -927,6 +933,8 @@ def test_an_admins_panel_is_told_so_and_reaches_the_organizations_admin_routes(
         ("POST", "organization/machines", machine),
         ("PUT", "organization/default-machine", {"machine": "team-ssh"}),
         ("DELETE", "organization/default-machine", None),
+        ("GET", "organization/secrets", None),
+        ("PUT", "organization/secrets/team%2Fpanel", {"value": "rc:p4nel-only"}),
     ):
         refused = _through(bob, method, path, json=json_body)
         assert refused.status_code == 403 and ADMIN in refused.json()["message"], (path, refused.text)

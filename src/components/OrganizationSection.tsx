@@ -35,6 +35,7 @@ import {
 import { asAPIError, ComputeModel } from '../model';
 import { Field, RelativeTime } from './common';
 import { isOrganizations } from './MachineList';
+import { Secrets } from './Secrets';
 
 /**
  * The newest jobs shown; the rest are counted.
@@ -515,6 +516,7 @@ export function OrganizationSection(props: {
       )}
       <DefaultMachine model={model} onError={setError} trans={trans} />
       <TrackingServer onError={setError} trans={trans} />
+      <Secrets owner="organization" trans={trans} />
       <h4 className="jp-RemoteCompute-subsectionTitle">
         {trans.__('Quotas per month')}
       </h4>

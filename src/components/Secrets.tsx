@@ -19,6 +19,7 @@ import {
   deleteSecret,
   ISecretEntry,
   ISecrets,
+  SecretsOwner,
   setSecret,
   getSecrets
 } from '../api';
@@ -29,6 +30,7 @@ import { asAPIError } from '../model';
  */
 function SecretEditor(props: {
   trans: TranslationBundle;
+  owner: SecretsOwner;
   name?: string;
   onSave: (name: string, value: string) => Promise<void>;
   onCancel: () => void;
@@ -39,7 +41,7 @@ function SecretEditor(props: {
   const [error, setError] = React.useState<string | null>(null);
   const [busy, setBusy] = React.useState(false);
   const replacing = props.name !== undefined;
-  const idBase = `jp-RemoteCompute-secret-${replacing ? 'replace' : 'add'}`;
+  const idBase = `jp-RemoteCompute-${props.owner}-secret-${replacing ? 'replace' : 'add'}`;
 
   const save = async (): Promise<void> => {
     const input = valueRef.current;
@@ -134,8 +136,19 @@ function placeBadge(secret: ISecretEntry, trans: TranslationBundle): string {
   }
 }
 
-export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
+/**
+ * The secrets of one Secret Manager: the user's own (a section of the panel), or the organization
+ * service's (a part of an admin's Organization section).
+ */
+export function Secrets(props: {
+  trans: TranslationBundle;
+  owner?: SecretsOwner;
+}): JSX.Element {
   const { trans } = props;
+  const owner = props.owner ?? 'user';
+  const ofOrganization = owner === 'organization';
+  const titleId = `jp-RemoteCompute-${owner}-secrets-title`;
+  const Heading = ofOrganization ? 'h4' : 'h3';
   const [data, setData] = React.useState<ISecrets | null>(null);
   const [error, setError] = React.useState<string | null>(null);
   const [editing, setEditing] = React.useState<string | null>(null); // '' = adding
@@ -143,18 +156,18 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
 
   const load = React.useCallback(async (): Promise<void> => {
     try {
-      setData(await getSecrets());
+      setData(await getSecrets(owner));
       setError(null);
     } catch (e) {
       setError(asAPIError(e).message);
     }
-  }, []);
+  }, [owner]);
   React.useEffect(() => {
     void load();
   }, [load]);
 
   const save = async (name: string, value: string): Promise<void> => {
-    const stored = await setSecret(name, value);
+    const stored = await setSecret(name, value, owner);
     setEditing(null);
     setNotice(trans.__('Saved %1 in %2.', stored.name, stored.where));
     await load();
@@ -164,9 +177,13 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
     setNotice(null);
     const answer = await showDialog({
       title: trans.__('Delete secret %1?', name),
-      body: trans.__(
-        'Jobs and machines that name it can no longer use it. A machine or an unfinished job that uses it now keeps it from being deleted.'
-      ),
+      body: ofOrganization
+        ? trans.__(
+            "The organization's machines can no longer use it. A machine that names it keeps it from being deleted."
+          )
+        : trans.__(
+            'Jobs and machines that name it can no longer use it. A machine or an unfinished job that uses it now keeps it from being deleted.'
+          ),
       buttons: [
         Dialog.cancelButton({ label: trans.__('Cancel') }),
         Dialog.warnButton({ label: trans.__('Delete') })
@@ -176,7 +193,7 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
       return;
     }
     try {
-      await deleteSecret(name);
+      await deleteSecret(name, owner);
     } catch (e) {
       // Refused (in use) or failed: nothing changed, so no reload, which would clear this message.
       setError(asAPIError(e).message);
@@ -190,16 +207,26 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
   const store = data?.store;
   return (
     <section
-      className="jp-RemoteCompute-section jp-RemoteCompute-secrets"
-      aria-labelledby="jp-RemoteCompute-secrets-title"
+      className={
+        ofOrganization
+          ? 'jp-RemoteCompute-secrets'
+          : 'jp-RemoteCompute-section jp-RemoteCompute-secrets'
+      }
+      aria-labelledby={titleId}
     >
       <div className="jp-RemoteCompute-sectionHeader">
-        <h3
-          id="jp-RemoteCompute-secrets-title"
-          className="jp-RemoteCompute-sectionTitle"
+        <Heading
+          id={titleId}
+          className={
+            ofOrganization
+              ? 'jp-RemoteCompute-subsectionTitle'
+              : 'jp-RemoteCompute-sectionTitle'
+          }
         >
-          {trans.__('Secrets')}
-        </h3>
+          {ofOrganization
+            ? trans.__("The organization's secrets")
+            : trans.__('Secrets')}
+        </Heading>
         <ToolbarButtonComponent
           icon={addIcon}
           tooltip={
@@ -215,7 +242,11 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
         />
         <ToolbarButtonComponent
           icon={refreshIcon}
-          tooltip={trans.__('Refresh secrets')}
+          tooltip={
+            ofOrganization
+              ? trans.__("Refresh the organization's secrets")
+              : trans.__('Refresh secrets')
+          }
           onClick={() => void load()}
         />
       </div>
@@ -244,6 +275,7 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
       {editing === '' && (
         <SecretEditor
           trans={trans}
+          owner={owner}
           onSave={save}
           onCancel={() => setEditing(null)}
         />
@@ -295,6 +327,7 @@ export function Secrets(props: { trans: TranslationBundle }): JSX.Element {
             {editing === secret.name && (
               <SecretEditor
                 trans={trans}
+                owner={owner}
                 name={secret.name}
                 onSave={save}
                 onCancel={() => setEditing(null)}

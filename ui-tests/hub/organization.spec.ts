@@ -50,7 +50,7 @@ async function jobsNamed(request: APIRequestContext, user: string, name: string)
   return (await answer.json()).jobs;
 }
 
-test('a member runs a job on the organization machine through the hub login and sees its quota notice; another cannot see it; the admin names the default machine, who may use it and the tracking server', async ({
+test('a member runs a job on the organization machine through the hub login and sees its quota notice; another cannot see it; the admin names the default machine, who may use it, the tracking server and a secret of the organization', async ({
   browser
 }) => {
   expect(HUB, 'HUB_URL: run this spec with tests/hub_ui.py').not.toBe('');
@@ -160,4 +160,22 @@ test('a member runs a job on the organization machine through the hub login and 
   await field.fill('');
   await tracking.getByRole('button', { name: 'Clear', exact: true }).click();
   await expect.poll(kept).toBeNull();
+
+  // He stores a secret of the organization's (what a machine's registry_secret names): the service holds it,
+  // the section lists its name, and no page, listing or answer carries its value; then he deletes it.
+  const secrets = section.getByRole('region', { name: "The organization's secrets" });
+  await secrets.getByRole('button', { name: /^Add a secret/ }).click();
+  const adding = secrets.getByRole('form', { name: 'Add a secret' });
+  await adding.getByLabel('Secret name', { exact: true }).fill('team/panel-registry');
+  await adding.getByLabel('Secret value', { exact: true }).fill('rc:org-pass-5c1f');
+  await adding.getByRole('button', { name: 'Save', exact: true }).click();
+  const entry = secrets.locator('[data-name="team/panel-registry"]');
+  await expect(entry).toBeVisible();
+  const names = await admin.request.get(`${HUB}user/rcadmin/remote-compute/organization/secrets`);
+  expect((await names.json()).secrets.map((x: any) => x.name)).toContain('team/panel-registry');
+  expect(await names.text()).not.toContain('org-pass-5c1f');
+  expect(await admin.content()).not.toContain('org-pass-5c1f');
+  await entry.getByRole('button', { name: 'Delete team/panel-registry' }).click();
+  await admin.getByRole('dialog').getByRole('button', { name: 'Delete', exact: true }).click();
+  await expect(entry).toHaveCount(0);
 });
