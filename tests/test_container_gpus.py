@@ -42,6 +42,7 @@ FAKE_RUNTIME = f"""#!/bin/sh
 case $1 in
   --version) echo "fake version 1.0" ;;
   image) case "$*" in *RepoDigests*) ;; *) echo {IMAGE_ID} ;; esac ;;
+  container) exit 125 ;;  # inspect once the run ended: its --rm removed it
   run)
     shift
     : > "$FAKE_DIR/run.args"

@@ -20,8 +20,8 @@ from jupyter_remote_compute.environments import image as images
 
 # `run` announces itself, takes a second to create the container, and then runs the entry in the
 # working directory it was given unless the container was removed meanwhile; `stop` fails while there
-# is no container yet (podman: "no such container"); `rm` removes it. Every call warns first, as
-# rootless podman does without linger.
+# is no container yet (podman: "no such container"); `rm` removes it; `container inspect` finds none
+# (the run's --rm removed it). Every call warns first, as rootless podman does without linger.
 SLOW_RUNTIME = f"""#!/bin/sh
 echo 'WARN[0000] The cgroupv2 manager is set to systemd but there is no systemd user session available' >&2
 case $1 in
@@ -37,6 +37,7 @@ case $1 in
     exec sh "$@" ;;
   stop) [ -e "$FAKE_DIR/created" ] || {{ echo "Error: no container with name or ID found" >&2; exit 125; }} ;;
   rm) : > "$FAKE_DIR/removed" ;;
+  container) exit 125 ;;  # inspect once the run ended: its --rm removed it
 esac
 """
 
