@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh clone: system packages the tests use (sshd for SSH machines, Debian's python3 and
-# venv for the far side's MLflow, Chromium for the UI tests, gnome-keyring for a real Secret Service,
-# munge and Slurm for the single-node cluster tests/slurm_fixture.py starts, podman and mmdebstrap for
+# venv for the far side's MLflow, Chromium's headless shell for the UI tests, gnome-keyring for a real
+# Secret Service, munge and Slurm for the single-node cluster tests/slurm_fixture.py starts, podman and mmdebstrap for
 # the container tests, npm and useradd for the JupyterHub bed), a virtualenv in .venv,
 # and the extension installed into it in editable mode (this builds the JupyterLab front end). Only
 # what the product needs goes into .venv: scripts/test.sh adds the test extras itself.
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
-  apt_packages=(openssh-server openssh-client rsync git chromium python3 python3-venv)
+  apt_packages=(openssh-server openssh-client rsync git chromium-headless-shell python3 python3-venv)
   # gnome-keyring, libsecret-tools and dbus: a headless Secret Service for the keyring tests.
   apt_packages+=(gnome-keyring libsecret-tools dbus)
   # Slurm's controller, node daemon and user commands; no systemd needed (the tests start them).

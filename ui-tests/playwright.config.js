@@ -1,6 +1,7 @@
 /**
- * Galata (Playwright) configuration: Debian's Chromium, nothing downloaded, no video
- * (Playwright's video needs its own ffmpeg download).
+ * Galata (Playwright) configuration: Debian's chromium-headless-shell (the headless build Playwright
+ * itself runs headless tests in), nothing downloaded, no video (Playwright's video needs its own
+ * ffmpeg download).
  */
 const fs = require('fs');
 const os = require('os');
@@ -26,9 +27,11 @@ module.exports = {
   use: {
     ...baseConfig.use,
     video: 'off',
-    trace: 'retain-on-failure',
+    // A trace records screencast frames of every action: recorded for every test, it cost about a third
+    // of the UI run's CPU (tests/README.md). A test that fails is run again, and its retry is traced.
+    trace: 'on-first-retry',
     launchOptions: {
-      executablePath: process.env.CHROMIUM_PATH || '/usr/bin/chromium',
+      executablePath: process.env.CHROMIUM_PATH || '/usr/bin/chromium-headless-shell',
       args: [
         '--no-sandbox',
         '--disable-gpu',

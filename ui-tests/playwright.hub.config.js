@@ -12,5 +12,6 @@ module.exports = {
   // No retry: a pytest session's hub tests wait on this run for the test users (tests/hub_ui.py).
   retries: 0,
   webServer: undefined,
-  use: { ...main.use, baseURL: process.env.HUB_URL }
+  // With no retry, a failure's trace is kept from its only run.
+  use: { ...main.use, trace: 'retain-on-failure', baseURL: process.env.HUB_URL }
 };

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Galata UI tests of the Compute panel, in Debian's Chromium (nothing is downloaded).
+# Galata UI tests of the Compute panel, in Debian's chromium-headless-shell (nothing is downloaded).
 #
 #   ui-tests/run.sh [playwright args…]       e.g. ui-tests/run.sh -g "cancels"
 #   ui-tests/run.sh --hub [playwright args…] only the spec through JupyterHub's login (hub/), on the
@@ -7,7 +7,8 @@
 #
 # With no arguments it runs both: the specs of tests/, then the hub's.
 # Needs: the package installed in the venv (default <repo>/.venv, or $VENV) with the
-# labextension built (`jlpm build` at the repo root), /usr/bin/chromium (or $CHROMIUM_PATH),
+# labextension built (`jlpm build` at the repo root), /usr/bin/chromium-headless-shell (or a
+# Chromium of your own in $CHROMIUM_PATH, e.g. /usr/bin/chromium to run with --headed),
 # and port 8888 free (with CI set, Playwright starts its own server and refuses a busy port).
 # Exits non-zero when a test fails.
 set -euo pipefail
@@ -19,8 +20,8 @@ if [ -d "$venv/bin" ]; then
   export PATH="$venv/bin:$PATH"
 fi
 command -v jlpm >/dev/null || { echo "run.sh: jlpm not found (activate the venv or set VENV)" >&2; exit 2; }
-export CHROMIUM_PATH="${CHROMIUM_PATH:-/usr/bin/chromium}"
-[ -x "$CHROMIUM_PATH" ] || { echo "run.sh: no Chromium at $CHROMIUM_PATH (apt-get install -y chromium)" >&2; exit 2; }
+export CHROMIUM_PATH="${CHROMIUM_PATH:-/usr/bin/chromium-headless-shell}"
+[ -x "$CHROMIUM_PATH" ] || { echo "run.sh: no Chromium at $CHROMIUM_PATH (apt-get install -y chromium-headless-shell)" >&2; exit 2; }
 
 hub=0
 if [ "${1:-}" = "--hub" ]; then
