@@ -39,8 +39,11 @@ if [ -n "${CI:-}" ]; then export YARN_ENABLE_IMMUTABLE_INSTALLS=1; fi
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e .
+.venv/bin/python -m pip install -q --upgrade pip uv
+# uv (one of the product's dependencies) installs the rest: it links from its cache where pip unpacks
+# every wheel again. With their bytecode, as pip writes it: where PYTHONDONTWRITEBYTECODE is set, every
+# process would otherwise compile Jupyter's packages from source. The system's certificates, as pip's.
+.venv/bin/uv pip install --quiet --system-certs --compile-bytecode --python .venv/bin/python -e .
 # keyrings.alt is a test-only keyring (it keeps secrets in a plain file); a venv that ran the tests
 # before may hold it, and the product's environment should not.
 if .venv/bin/python -m pip show -q keyrings.alt >/dev/null 2>&1; then
