@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh clone: system packages the tests use (sshd for SSH machines, Debian's python3 and
 # venv for the far side's MLflow, Chromium's headless shell for the UI tests, gnome-keyring for a real
-# Secret Service, munge and Slurm for the single-node cluster tests/slurm_fixture.py starts, podman and mmdebstrap for
-# the container tests, npm and useradd for the JupyterHub bed), a virtualenv in .venv,
+# Secret Service, munge and Slurm for the single-node cluster tests/slurm_fixture.py starts, podman and
+# mmdebstrap for the container tests, npm and useradd for the JupyterHub bed), a virtualenv in .venv,
 # and the extension installed into it in editable mode (this builds the JupyterLab front end). Only
 # what the product needs goes into .venv: scripts/test.sh adds the test extras itself.
 set -euo pipefail
